@@ -1,0 +1,35 @@
+"""mixprec: FP32 ONNX models to FP16/BF16 mixed precision.
+
+Example:
+    >>> import mixprec
+    >>> result = mixprec.convert("model.onnx", "fp16")          # doctest: +SKIP
+    >>> result.save("model_fp16.onnx")                           # doctest: +SKIP
+    >>> print(result.report.format_summary())                    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from mixprec._convert import ConversionResult, convert, inspect
+from mixprec._errors import MixprecError
+from mixprec._policy import DEFAULT_LISTS, RULES, OpClass, OpRule, Policy, default_policy, register_rule
+from mixprec._report import NodeReport, Report
+# validate: added with _validate
+
+__all__ = [
+    "DEFAULT_LISTS",
+    "RULES",
+    "ConversionResult",
+    "MixprecError",
+    "NodeReport",
+    "OpClass",
+    "OpRule",
+    "Policy",
+    "Report",
+    "convert",
+    "default_policy",
+    "inspect",
+    "register_rule",
+
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,5 @@
+"""``python -m mixprec``."""
+
+from mixprec._cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,413 @@
+"""Public entry points: :func:`convert` and :func:`inspect`.
+
+They assemble the passes: inline functions, name nodes, fold BatchNormalization, infer
+types, calibrate ranges (ONNX Runtime), paint, apply precision, remove redundant casts,
+clean up, check.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnx_ir.passes.common as common
+
+from mixprec._config import ListChanges, resolve_log_dir, resolve_policy
+from mixprec._errors import MixprecError
+from mixprec._fold import FoldBatchNormPass
+from mixprec._io import check_opset, load_model, save_model
+from mixprec._paint import PaintPass, Precision, iter_nodes
+from mixprec._policy import OpClass, Policy
+from mixprec._report import NodeReport, Report, count_macs
+from mixprec._rewrite import ApplyPrecisionPass, RemoveRedundantCastsPass
+
+__all__ = ["ConversionResult", "convert", "inspect"]
+
+logger = logging.getLogger("mixprec")
+
+ModelLike = str | os.PathLike[str] | onnx.ModelProto | ir.Model
+
+#: Symbolic dims without a user shape: the first dim (batch) gets 1, others this value.
+DEFAULT_SYMBOLIC_DIM = 64
+
+
+@dataclass
+class ConversionResult:
+    """The converted model and the report.
+
+    Attributes:
+        model: the converted model as an ``onnx_ir.Model``.
+        report: what was done and why.
+        input_kind: "path", "proto" or "ir": the form the input was given in.
+    """
+
+    model: ir.Model
+    report: Report
+    input_kind: str
+
+    @property
+    def model_proto(self) -> onnx.ModelProto:
+        """The converted model as an ``onnx.ModelProto``."""
+        return ir.to_proto(self.model)
+
+    @property
+    def converted(self) -> onnx.ModelProto | ir.Model:
+        """The converted model in the form the input was given in (a proto for paths)."""
+        return self.model if self.input_kind == "ir" else self.model_proto
+
+    def save(self, path: str | os.PathLike[str], *, external_data: bool = False) -> None:
+        """Write the model atomically (temporary file, then rename)."""
+        save_model(self.model, path, external_data=external_data)
+
+
+def _load(model: ModelLike) -> tuple[ir.Model, str, Path | None]:
+    if isinstance(model, ir.Model):
+        return ir.from_proto(ir.to_proto(model)), "ir", None
+    if isinstance(model, onnx.ModelProto):
+        check_opset(model)
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        return ir.from_proto(copy), "proto", None
+    if isinstance(model, str | os.PathLike):
+        return load_model(model), "path", Path(model)
+    raise MixprecError(
+        f"model must be a path, onnx.ModelProto or onnx_ir.Model, not {type(model).__name__}"
+    )
+
+
+def _count_casts(model: ir.Model) -> int:
+    return sum(1 for n in iter_nodes(model.graph) if n.op_type == "Cast")
+
+
+def _param_bytes(model: ir.Model) -> int:
+    total = 0
+    graphs = [model.graph, *(g for n in iter_nodes(model.graph) for g in _graph_attrs(n))]
+    for graph in graphs:
+        for value in graph.initializers.values():
+            if value.const_value is not None:
+                total += value.const_value.nbytes
+        for node in graph:
+            if node.op_type == "Constant":
+                tensor = ir.convenience.get_const_tensor(node.outputs[0])
+                if tensor is not None:
+                    total += tensor.nbytes
+    return total
+
+
+def _graph_attrs(node: ir.Node):
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            yield attr.as_graph()
+        elif attr.type == ir.AttributeType.GRAPHS:
+            yield from attr.as_graphs()
+
+
+def _notes_about_input(model: ir.Model) -> list[str]:
+    notes = []
+    low = {ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
+    quant_ops = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
+                 "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear"}
+    has_low = any(
+        v is not None and v.dtype in low
+        for n in iter_nodes(model.graph)
+        for v in [*n.inputs, *n.outputs]
+    )
+    if has_low:
+        notes.append("the model already holds float16/bfloat16 tensors: those parts are left alone")
+    quant = sorted({n.op_type for n in iter_nodes(model.graph) if n.op_type in quant_ops})
+    if quant:
+        notes.append(f"the model holds quantized ops ({', '.join(quant)}): left alone")
+    custom = sorted(
+        {f"{n.domain}::{n.op_type}" for n in iter_nodes(model.graph) if n.domain not in ("", "ai.onnx")}
+    )
+    if custom:
+        notes.append(f"custom-domain ops kept in their precision: {', '.join(custom[:10])}")
+    return notes
+
+
+def _concrete_shapes(
+    proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None
+) -> tuple[dict[str, list[int]], list[str]]:
+    """Concrete input shapes: declared dims, the user's shapes, else documented defaults."""
+    shapes = dict(shapes or {})
+    init_names = {t.name for t in proto.graph.initializer}
+    known = {i.name for i in proto.graph.input}
+    for name in shapes:
+        if name not in known:
+            raise MixprecError(
+                f"--shape names {name!r}, which is not a model input "
+                f"(inputs: {', '.join(sorted(known - init_names))})"
+            )
+    out: dict[str, list[int]] = {}
+    notes: list[str] = []
+    for graph_input in proto.graph.input:
+        if graph_input.name in init_names or not graph_input.type.HasField("tensor_type"):
+            continue
+        dims = graph_input.type.tensor_type.shape.dim
+        if graph_input.name in shapes:
+            given = [int(d) for d in shapes[graph_input.name]]
+            if graph_input.type.tensor_type.HasField("shape") and len(given) != len(dims):
+                raise MixprecError(
+                    f"--shape {graph_input.name}: rank {len(given)} but the model declares "
+                    f"rank {len(dims)}"
+                )
+            out[graph_input.name] = given
+            continue
+        concrete = []
+        for k, d in enumerate(dims):
+            if d.HasField("dim_value") and d.dim_value > 0:
+                concrete.append(int(d.dim_value))
+            else:
+                value = 1 if k == 0 else DEFAULT_SYMBOLIC_DIM
+                label = d.dim_param or "?"
+                notes.append(
+                    f"input {graph_input.name!r} dim {k} ({label}) is symbolic: used {value} "
+                    "(give --shape to choose)"
+                )
+                concrete.append(value)
+        out[graph_input.name] = concrete
+    return out, notes
+
+
+def _prepare(model: ir.Model, fold_batchnorm: bool, report: Report) -> ir.Model:
+    if model.functions:
+        n = len(model.functions)
+        common.InlinePass()(model)
+        report.notes.append(f"inlined {n} model-local function(s) before painting")
+    common.NameFixPass()(model)
+    if fold_batchnorm:
+        folded = FoldBatchNormPass()(model)
+        report.batchnorm_folded = folded.folded
+        if folded.modified:
+            common.RemoveUnusedNodesPass()(model)
+    try:
+        common.ShapeInferencePass(data_prop=True)(model)
+    except Exception as exc:  # custom ops or odd models: go on with declared types
+        report.notes.append(f"shape inference failed ({str(exc).splitlines()[0][:120]}); "
+                            "declared types used")
+    return model
+
+
+def _calibrate(
+    model: ir.Model,
+    calibration_data: Mapping[str, np.ndarray] | None,
+    shapes: Mapping[str, Sequence[int]] | None,
+    report: Report,
+) -> dict[str, float]:
+    from mixprec import _runtime
+
+    proto = ir.to_proto(model)
+    concrete, notes = _concrete_shapes(proto, shapes)
+    report.input_shapes = concrete
+    if calibration_data is not None:
+        feeds = {k: np.asarray(v) for k, v in calibration_data.items()}
+        report.input_shapes = {k: list(v.shape) for k, v in feeds.items()}
+        report.notes.append(f"calibrated on the given inputs ({', '.join(sorted(feeds))})")
+    else:
+        feeds, more = _runtime.make_inputs(proto, shapes=concrete, seed=0)
+        report.notes.extend(notes + more)
+        report.notes.append("calibrated on generated inputs (images-like floats in [0,1))")
+    return _runtime.collect_absmax(proto, feeds)
+
+
+def convert(
+    model: ModelLike,
+    target_dtype: str | None = None,
+    *,
+    allow_add: Sequence[str] | None = None,
+    allow_remove: Sequence[str] | None = None,
+    deny_add: Sequence[str] | None = None,
+    deny_remove: Sequence[str] | None = None,
+    infer_add: Sequence[str] | None = None,
+    infer_remove: Sequence[str] | None = None,
+    clear_add: Sequence[str] | None = None,
+    clear_remove: Sequence[str] | None = None,
+    exclude_nodes: Sequence[str] | None = None,
+    keep_io_types: bool | Sequence[str] = True,
+    force_all: bool | None = None,
+    output_fp32_ops: Sequence[str] = (),
+    calibrate: bool = True,
+    calibration_data: Mapping[str, np.ndarray] | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
+    range_threshold: float | None = None,
+    fold_batchnorm: bool = True,
+    clip_weights: bool = False,
+    check: bool = True,
+    log_dir: str | os.PathLike[str] | None = None,
+    policy: Policy | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ConversionResult:
+    """Convert an FP32 model to FP16/BF16 mixed precision.
+
+    Args:
+        model: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``; never mutated.
+        target_dtype: "float16"/"fp16" or "bfloat16"/"bf16" (default: ``MIXPREC_DTYPE``,
+            else float16).
+        allow_add, ..., clear_remove: op types added to / removed from each list (an op
+            added to a list leaves its old list). ``None``: use ``MIXPREC_*LIST_*``.
+        exclude_nodes: node names or regular expressions kept in FP32.
+        keep_io_types: keep graph inputs/outputs float32 (True), or only the named ones.
+        force_all: convert every node the schema allows (unsafe).
+        output_fp32_ops: op types that compute in low precision but hand float32 on.
+        calibrate: run the FP32 model once in ONNX Runtime and keep nodes whose
+            activations exceed ``range_threshold`` in FP32.
+        calibration_data: inputs for that run (else generated from the signature).
+        shapes: concrete shapes for symbolic input dims, by input name.
+        range_threshold: |x| limit for activations (default: a quarter of the target's max).
+        fold_batchnorm: fold BatchNormalization into the preceding Conv/Gemm first.
+        clip_weights: clip out-of-range weights instead of keeping their consumers FP32.
+        check: run ``onnx.checker.check_model(full_check=True)`` on the result.
+        log_dir: write the graph before/after and the paint buckets there.
+        policy: a ready :class:`Policy` (then list arguments and env lists are ignored).
+        progress: called with a short message at each step.
+
+    Returns:
+        A :class:`ConversionResult` with ``.model``, ``.model_proto``, ``.report``, ``.save()``.
+
+    Example:
+        >>> result = mixprec.convert("model.onnx", "fp16")      # doctest: +SKIP
+        >>> result.save("model_fp16.onnx")                       # doctest: +SKIP
+        >>> print(result.report.format_summary())                # doctest: +SKIP
+    """
+    say = progress or (lambda _msg: None)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    if policy is None:
+        changes = ListChanges(
+            add={
+                OpClass.ALLOW: allow_add,
+                OpClass.DENY: deny_add,
+                OpClass.INFER: infer_add,
+                OpClass.CLEAR: clear_add,
+            },
+            remove={
+                OpClass.ALLOW: allow_remove,
+                OpClass.DENY: deny_remove,
+                OpClass.INFER: infer_remove,
+                OpClass.CLEAR: clear_remove,
+            },
+        )
+        policy = resolve_policy(
+            target_dtype,
+            changes,
+            exclude_nodes=exclude_nodes,
+            force_all=force_all,
+            output_fp32_ops=output_fp32_ops,
+        )
+    log_path = resolve_log_dir(log_dir)
+    keep: bool | frozenset[str] = (
+        keep_io_types if isinstance(keep_io_types, bool) else frozenset(keep_io_types)
+    )
+    say("loading")
+    work, kind, _ = _load(model)
+    report = Report(target=policy.target, policy=policy.to_dict())
+    report.notes.extend(_notes_about_input(work))
+    if log_path is not None:
+        original_proto = ir.to_proto(work)
+    report.casts_before = _count_casts(work)
+    report.param_bytes_before = _param_bytes(work)
+    timings["load"] = time.perf_counter() - t0
+
+    t = time.perf_counter()
+    say("preparing (inline, fold BatchNormalization, shape inference)")
+    _prepare(work, fold_batchnorm, report)
+    timings["prepare"] = time.perf_counter() - t
+
+    absmax: dict[str, float] = {}
+    t = time.perf_counter()
+    proto_for_macs = ir.to_proto(work)
+    if calibrate:
+        say("calibrating ranges with onnxruntime")
+        absmax = _calibrate(work, calibration_data, shapes, report)
+        report.calibrated = True
+    else:
+        report.input_shapes, notes = _concrete_shapes(proto_for_macs, shapes)
+    timings["calibrate"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    say("painting")
+    painted = PaintPass(policy, absmax=absmax, range_threshold=range_threshold,
+                        keep_io_types=keep)(work)
+    macs = count_macs(proto_for_macs, report.input_shapes)
+    report.nodes = [
+        NodeReport(
+            name=node.name or "",
+            op_type=node.op_type,
+            precision=d.precision.value,
+            op_class=d.op_class.value,
+            step=d.step,
+            reason=d.reason,
+            macs=macs.get(node.name or "", 0),
+        )
+        for node, d in painted.decisions.items()
+    ]
+    timings["paint"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    say("inserting casts")
+    applied = ApplyPrecisionPass(
+        policy,
+        painted.decisions,
+        painted.slots,
+        keep_io_types=keep,
+        clip_weights=clip_weights,
+    )(work)
+    cleaned = RemoveRedundantCastsPass()(work)
+    common.RemoveUnusedNodesPass()(work)
+    report.casts_inserted = applied.casts_inserted
+    report.casts_removed = cleaned.removed
+    report.weights = {k: int(v) for k, v in vars(applied.weights).items()}
+    report.casts_after = _count_casts(work)
+    report.param_bytes_after = _param_bytes(work)
+    if applied.retargeted_casts:
+        report.notes.append(
+            f"{len(applied.retargeted_casts)} Cast(to=float) node(s) inside low-precision "
+            "regions retargeted to the low dtype"
+        )
+    timings["rewrite"] = time.perf_counter() - t
+
+    if check:
+        t = time.perf_counter()
+        say("checking the result")
+        _check(work)
+        timings["check"] = time.perf_counter() - t
+    report.timings = timings
+    if log_path is not None:
+        from mixprec._logdir import write_log_dir
+
+        write_log_dir(Path(log_path), original_proto, work, report)
+    return ConversionResult(work, report, kind)
+
+
+def _check(model: ir.Model) -> None:
+    proto = ir.to_proto(model)
+    try:
+        if proto.ByteSize() < 2**31 - 2**26:
+            onnx.checker.check_model(proto, full_check=True)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise MixprecError(f"internal error: the converted model fails onnx.checker: {first}") from None
+
+
+def inspect(model: ModelLike, target_dtype: str | None = None, **kwargs: Any) -> Report:
+    """Paint without writing a model: the report of what :func:`convert` would do.
+
+    Accepts the same arguments as :func:`convert`.
+    """
+    kwargs.setdefault("check", False)
+    return convert(model, target_dtype, **kwargs).report
+
+
+def summarize_precisions(result: ConversionResult) -> dict[str, int]:
+    counts = {p.value: 0 for p in Precision}
+    for node in result.report.nodes:
+        counts[node.precision] += 1
+    return counts

@@ -1,0 +1,168 @@
+"""Loading and saving models: clear errors, never a half-written file, input untouched."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import onnx
+import onnx.defs
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+from mixprec._errors import MixprecError
+
+__all__ = ["check_output_path", "has_external_data", "load_model", "save_model"]
+
+_MAX_PROTO = 2**31 - 1
+
+
+def _external_locations(proto: onnx.ModelProto) -> list[str]:
+    locations: list[str] = []
+    graphs = [proto.graph]
+    while graphs:
+        graph = graphs.pop()
+        tensors = list(graph.initializer)
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    tensors.append(attr.t)
+                graphs.extend([attr.g] if attr.HasField("g") else [])
+                graphs.extend(attr.graphs)
+        for t in tensors:
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                for entry in t.external_data:
+                    if entry.key == "location":
+                        locations.append(entry.value)
+    return locations
+
+
+def has_external_data(path: str | os.PathLike[str]) -> bool:
+    proto = onnx.load(os.fspath(path), load_external_data=False)
+    return bool(_external_locations(proto))
+
+
+def load_model(path: str | os.PathLike[str]) -> ir.Model:
+    """Load an ONNX model from ``path`` with one-line errors for every bad input.
+
+    Raises:
+        MixprecError: missing file, not an ONNX file, truncated protobuf, external data
+            outside the model's folder, unsupported opset.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise MixprecError(f"{p}: no such file")
+    if p.is_dir():
+        raise MixprecError(f"{p}: is a directory, not an ONNX file")
+    try:
+        proto = onnx.load(os.fspath(p), load_external_data=False)
+    except (DecodeError, RuntimeWarning, ValueError) as exc:
+        raise MixprecError(f"{p}: not a valid ONNX file ({type(exc).__name__})") from None
+    except OSError as exc:
+        raise MixprecError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if not proto.HasField("graph") or (not proto.graph.node and not proto.graph.output):
+        raise MixprecError(f"{p}: not an ONNX model (no graph); truncated or another format?")
+    base = p.resolve().parent
+    for location in _external_locations(proto):
+        target = (base / location).resolve()
+        if base not in target.parents and target != base:
+            raise MixprecError(
+                f"{p}: external data location {location!r} points outside the model's folder"
+            )
+        if not target.exists():
+            raise MixprecError(f"{p}: external data file {location!r} is missing")
+    check_opset(proto, str(p))
+    try:
+        return ir.load(os.fspath(p))
+    except Exception as exc:  # onnx_ir raises various errors on malformed models
+        raise MixprecError(f"{p}: cannot be parsed as ONNX: {str(exc).splitlines()[0]}") from None
+
+
+def check_opset(proto: onnx.ModelProto, where: str = "model") -> None:
+    latest = onnx.defs.onnx_opset_version()
+    for opset in proto.opset_import:
+        if opset.domain in ("", "ai.onnx"):
+            if opset.version < 7:
+                raise MixprecError(
+                    f"{where}: opset {opset.version} is too old (mixprec supports 7..{latest})"
+                )
+            if opset.version > latest:
+                raise MixprecError(
+                    f"{where}: opset {opset.version} is newer than this onnx package knows "
+                    f"({latest}); upgrade onnx"
+                )
+    if not any(o.domain in ("", "ai.onnx") for o in proto.opset_import):
+        raise MixprecError(f"{where}: no ai.onnx opset import")
+
+
+def check_output_path(path: str | os.PathLike[str]) -> Path:
+    """Fail early, before any work, if ``path`` cannot be written."""
+    p = Path(path)
+    folder = p.resolve().parent
+    if not folder.is_dir():
+        raise MixprecError(f"{p}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise MixprecError(f"{p}: folder {folder} is not writable")
+    if p.is_dir():
+        raise MixprecError(f"{p}: is a directory")
+    return p
+
+
+def save_model(model: ir.Model, path: str | os.PathLike[str], *, external_data: bool = False) -> None:
+    """Write ``model`` to ``path`` atomically (temporary file in the same folder, then rename).
+
+    Weights go to ``<name>.data`` beside the model when ``external_data`` is set or the
+    model would exceed protobuf's 2 GB limit.
+    """
+    p = check_output_path(path)
+    folder = p.resolve().parent
+    total = sum(
+        (v.const_value.nbytes if v.const_value is not None else 0)
+        for v in model.graph.initializers.values()
+    )
+    use_external = external_data or total > _MAX_PROTO - 2**26
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
+    os.close(fd)
+    tmp_data = None
+    try:
+        if use_external:
+            data_name = p.name + ".data"
+            tmp_data_name = f".{data_name}.tmp"
+            tmp_data = folder / tmp_data_name
+            ir.save(model, tmp, external_data=tmp_data_name)
+            # The model refers to the final data name; write it with that location.
+            proto = onnx.load(tmp, load_external_data=False)
+            for t in _iter_external(proto):
+                for entry in t.external_data:
+                    if entry.key == "location":
+                        entry.value = data_name
+            with open(tmp, "wb") as fh:
+                fh.write(proto.SerializeToString())
+            os.replace(tmp_data, folder / data_name)
+            tmp_data = None
+        else:
+            ir.save(model, tmp)
+        os.replace(tmp, p)
+    except Exception as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if tmp_data is not None and tmp_data.exists():
+            tmp_data.unlink()
+        if isinstance(exc, MixprecError):
+            raise
+        raise MixprecError(f"{p}: cannot write the model: {exc}") from None
+
+
+def _iter_external(proto: onnx.ModelProto):
+    graphs = [proto.graph]
+    while graphs:
+        graph = graphs.pop()
+        yield from (t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL)
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.HasField("t") and attr.t.data_location == onnx.TensorProto.EXTERNAL:
+                    yield attr.t
+                if attr.HasField("g"):
+                    graphs.append(attr.g)
+                graphs.extend(attr.graphs)

@@ -1,0 +1,326 @@
+"""Painting: decide, for every node, whether it runs in low precision or FP32, and why.
+
+The algorithm follows TensorFlow grappler's auto mixed precision (and Intel ITEX), in steps:
+
+0. ``prepare``: nodes that cannot change are fixed first: no float32 tensors, a schema that
+   admits no low-precision type, excluded by name, control flow (If/Loop/Scan keep a
+   float32 interface; their bodies are painted like the rest), unknown output types,
+   constants outside the target range, and calibrated activations beyond the threshold.
+   Conditional rules turn a node into a DENY seed (``rule``).
+1. ``allow``: ALLOW ops go low.
+2. ``deny``: DENY ops (and rule seeds) stay FP32 and spread downstream through INFER and
+   CLEAR ops.
+3. ``infer``: INFER and CLEAR ops fed by a low-precision op go low (forward, transitively).
+4. ``weights``: INFER and CLEAR ops that sit between constants and low-precision ops (a
+   Transpose of a weight feeding a MatMul) go low, so the weight is stored in low precision.
+5. ``rest``: everything else stays FP32.
+
+The pass never modifies the model (``modified`` is always False); its result carries the
+decisions that :mod:`mixprec._rewrite` applies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+from mixprec._policy import OpClass, Policy, RuleContext, rule_for
+from mixprec._schema import SlotInfo, slot_info
+
+__all__ = ["Decision", "PaintPass", "PaintResult", "Precision", "iter_nodes"]
+
+CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+_FINFO_MAX = {
+    ir.DataType.FLOAT16: float(np.finfo(np.float16).max),
+    ir.DataType.BFLOAT16: 3.3895313892515355e38,
+}
+
+
+class Precision(enum.Enum):
+    LOW = "low"
+    FP32 = "fp32"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The final precision of one node and why."""
+
+    precision: Precision
+    step: str
+    reason: str
+    op_class: OpClass
+
+
+@dataclasses.dataclass
+class PaintResult(ir.passes.PassResult):
+    """Decisions per node, plus the float slots of every paintable node."""
+
+    decisions: dict[ir.Node, Decision] = dataclasses.field(default_factory=dict)
+    slots: dict[ir.Node, SlotInfo] = dataclasses.field(default_factory=dict)
+
+
+def iter_nodes(graph: ir.Graph) -> Iterator[ir.Node]:
+    """All nodes of ``graph`` and of its subgraphs, recursively."""
+    yield from ir.traversal.RecursiveGraphIterator(graph)
+
+
+def is_constant_node(node: ir.Node) -> bool:
+    return node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+
+
+def opset_of(model: ir.Model, domain: str) -> int:
+    key = "" if domain == "ai.onnx" else domain
+    version = model.opset_imports.get(key)
+    if version is None and key == "":
+        version = model.opset_imports.get("ai.onnx")
+    return int(version) if version is not None else 1
+
+
+class PaintPass(ir.passes.InPlacePass):
+    """Paint every node LOW or FP32 according to ``policy``; analysis only.
+
+    Args:
+        policy: the resolved policy.
+        absmax: calibrated absolute maxima of activations by value name (may be empty).
+        range_threshold: activations whose calibrated |x| max exceeds this keep their
+            producer and consumers in FP32.
+        keep_io_types: graph outputs of the main graph keep float32 (affects step 4).
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        absmax: Mapping[str, float] | None = None,
+        range_threshold: float | None = None,
+        keep_io_types: bool | frozenset[str] = True,
+    ) -> None:
+        super().__init__()
+        self.policy = policy
+        self.absmax = dict(absmax or {})
+        target = policy.target_type
+        self.range_threshold = (
+            range_threshold if range_threshold is not None else _FINFO_MAX[target] / 4
+        )
+        self.keep_io_types = keep_io_types
+        self._exclude = [re.compile(p) for p in policy.exclude_nodes]
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _excluded(self, node: ir.Node) -> str | None:
+        name = node.name or ""
+        for pattern in self._exclude:
+            if pattern.pattern == name or pattern.fullmatch(name):
+                return f"excluded by --exclude {pattern.pattern!r}"
+        return None
+
+    def _range_block(self, node: ir.Node, slots: SlotInfo) -> str | None:
+        limit = _FINFO_MAX[self.policy.target_type]
+        for i in sorted(slots.inputs):
+            value = node.inputs[i]
+            assert value is not None
+            tensor = ir.convenience.get_const_tensor(value)
+            if tensor is not None:
+                arr = tensor.numpy()
+                if arr.size and float(np.max(np.abs(arr))) > limit:
+                    return (
+                        f"constant {value.name!r} holds |x|={float(np.max(np.abs(arr))):.3g}"
+                        f" > {self.policy.target} max {limit:.6g}"
+                    )
+                continue
+            seen = self.absmax.get(value.name or "")
+            if seen is not None and seen > self.range_threshold:
+                return (
+                    f"input {value.name!r} reached |x|={seen:.3g} in calibration "
+                    f"(> threshold {self.range_threshold:.6g})"
+                )
+        for i in sorted(slots.outputs):
+            value = node.outputs[i]
+            seen = self.absmax.get(value.name or "")
+            if seen is not None and seen > self.range_threshold:
+                return (
+                    f"output {value.name!r} reached |x|={seen:.3g} in calibration "
+                    f"(> threshold {self.range_threshold:.6g})"
+                )
+        return None
+
+    def _keeps_output_fp32(self, value: ir.Value) -> bool:
+        if not value.is_graph_output():
+            return False
+        graph = value.graph
+        if graph is None or graph is not self._main_graph:
+            return True  # subgraph outputs keep their type
+        if isinstance(self.keep_io_types, bool):
+            return self.keep_io_types
+        return (value.name or "") in self.keep_io_types
+
+    # -- the pass ------------------------------------------------------------------------
+
+    def call(self, model: ir.Model) -> PaintResult:
+        self._main_graph = model.graph
+        policy = self.policy
+        target = policy.target_type
+        decisions: dict[ir.Node, Decision] = {}
+        slots: dict[ir.Node, SlotInfo] = {}
+        classes: dict[ir.Node, OpClass] = {}
+        seeds: list[tuple[ir.Node, str]] = []
+
+        def decide(node: ir.Node, precision: Precision, step: str, reason: str) -> None:
+            decisions[node] = Decision(precision, step, reason, classes.get(node, OpClass.NONE))
+
+        # Step 0: prepare.
+        for node in iter_nodes(model.graph):
+            if is_constant_node(node):
+                continue
+            rule = rule_for(node)
+            domain_opset = opset_of(model, node.domain)
+            info = slot_info(node, domain_opset, target, rule.keep_fp32_inputs)
+            standard = node.domain in ("", "ai.onnx")
+            cls = policy.op_class(node.op_type) if standard else OpClass.NONE
+            classes[node] = cls
+            if not info.convertible:
+                if info.fixed_inputs or info.fixed_outputs:
+                    decide(node, Precision.FP32, "prepare", info.reason)
+                continue
+            slots[node] = info
+            excluded = self._excluded(node)
+            if excluded:
+                decide(node, Precision.FP32, "prepare", excluded)
+            elif node.op_type in CONTROL_FLOW and standard:
+                decide(
+                    node,
+                    Precision.FP32,
+                    "prepare",
+                    "control flow keeps a float32 interface; its body is painted on its own",
+                )
+            elif any(o.dtype is None for o in node.outputs if o is not None and o.name):
+                decide(node, Precision.FP32, "prepare", "an output has an unknown type")
+            elif policy.force_all:
+                decide(node, Precision.LOW, "force-all", "force_all converts every node")
+            elif (blocked := self._range_block(node, info)) is not None:
+                decide(node, Precision.FP32, "range", blocked)
+            elif rule.fp32_if is not None and (
+                why := rule.fp32_if(node, RuleContext(policy.target, domain_opset))
+            ):
+                classes[node] = cls
+                seeds.append((node, f"rule: {why}"))
+            elif cls is OpClass.DENY:
+                seeds.append((node, "DENY list"))
+
+        def hands_fp32(node: ir.Node) -> bool:
+            return rule_for(node).output_fp32 or node.op_type in policy.output_fp32_ops
+
+        def consumers(node: ir.Node) -> Iterator[ir.Node]:
+            for j in slots[node].outputs:
+                for use in node.outputs[j].uses():
+                    user = use.node
+                    if user in slots and use.idx in slots[user].inputs:
+                        yield user
+
+        def producers(node: ir.Node) -> Iterator[ir.Node | None]:
+            for i in slots[node].inputs:
+                value = node.inputs[i]
+                assert value is not None
+                yield value.producer()
+
+        # Step 1: allow.
+        for node, info in slots.items():
+            if node not in decisions and classes[node] is OpClass.ALLOW:
+                decide(node, Precision.LOW, "allow", "ALLOW list")
+
+        # Step 2: deny, spread downstream through INFER/CLEAR.
+        queue: deque[tuple[ir.Node, str]] = deque()
+        for node, why in seeds:
+            if node not in decisions:
+                decide(node, Precision.FP32, "deny", why)
+                queue.append((node, f"downstream of {node.op_type} {node.name!r} ({why})"))
+        while queue:
+            node, why = queue.popleft()
+            for user in consumers(node):
+                if user in decisions or classes[user] not in (OpClass.INFER, OpClass.CLEAR):
+                    continue
+                decide(user, Precision.FP32, "deny", why)
+                queue.append((user, why))
+
+        # Step 3: infer, forward from low-precision nodes through INFER/CLEAR.
+        low_queue = deque(n for n, d in decisions.items() if d.precision is Precision.LOW)
+        while low_queue:
+            node = low_queue.popleft()
+            if hands_fp32(node):
+                continue  # computes in low precision but hands float32 on
+            for user in consumers(node):
+                if user in decisions or classes[user] not in (OpClass.INFER, OpClass.CLEAR):
+                    continue
+                decide(
+                    user,
+                    Precision.LOW,
+                    "infer",
+                    f"fed by low-precision {node.op_type} {node.name!r}",
+                )
+                low_queue.append(user)
+
+        # Step 4: weights, INFER/CLEAR nodes between constants and low-precision nodes.
+        def is_low(node: ir.Node | None) -> bool:
+            d = decisions.get(node) if node is not None else None
+            return d is not None and d.precision is Precision.LOW
+
+        changed = True
+        while changed:
+            changed = False
+            for node, info in slots.items():
+                if node in decisions or classes[node] not in (OpClass.INFER, OpClass.CLEAR):
+                    continue
+                inputs_ok = all(
+                    ir.convenience.get_const_tensor(node.inputs[i]) is not None  # type: ignore[arg-type]
+                    or is_low(producer)
+                    for i, producer in zip(sorted(info.inputs), producers(node), strict=True)
+                )
+                if not inputs_ok:
+                    continue
+                users: list[ir.Node] = []
+                outputs_ok = True
+                for j in info.outputs:
+                    value = node.outputs[j]
+                    if self._keeps_output_fp32(value):
+                        outputs_ok = False
+                    for use in value.uses():
+                        user = use.node
+                        users.append(user)
+                        if not (is_low(user) and use.idx in slots[user].inputs):
+                            outputs_ok = False
+                if outputs_ok and users:
+                    decide(
+                        node,
+                        Precision.LOW,
+                        "weights",
+                        f"between constants and low-precision {users[0].op_type} "
+                        f"{users[0].name!r}",
+                    )
+                    changed = True
+
+        # Step 5: rest.
+        for node in slots:
+            if node in decisions:
+                continue
+            cls = classes[node]
+            reason = {
+                OpClass.INFER: "INFER list, not fed by low precision",
+                OpClass.CLEAR: "CLEAR list, neighbours in float32",
+                OpClass.NONE: (
+                    f"{node.op_type} is in no list" if node.domain in ("", "ai.onnx")
+                    else f"custom-domain op {node.domain}::{node.op_type}"
+                ),
+                OpClass.ALLOW: "ALLOW list",
+                OpClass.DENY: "DENY list",
+            }[cls]
+            decide(node, Precision.FP32, "rest", reason)
+
+        return PaintResult(model, modified=False, decisions=decisions, slots=slots)

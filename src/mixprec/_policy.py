@@ -1,0 +1,510 @@
+"""Precision policy as data: the four op lists per target dtype and the per-op rule registry.
+
+Nothing here touches a graph. The painter (``_paint``) reads a resolved :class:`Policy`
+and the rules registered in :data:`RULES`; the rewriter (``_rewrite``) applies the result.
+
+The four lists (names follow TensorFlow grappler's auto-mixed-precision and Intel ITEX):
+
+* ``ALLOW``: always computed in low precision (compute-bound, numerically robust).
+* ``DENY``: always FP32; the deny colour spreads downstream through INFER and CLEAR ops.
+* ``INFER``: low precision only when fed by a low-precision op and not downstream of DENY.
+* ``CLEAR``: precision-neutral (data movement, max/min style ops); they follow their
+  neighbours so that casts are not placed around them.
+
+An op in no list (and any op of an unknown domain) keeps its original precision; casts are
+placed around it where its neighbours are in low precision.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from mixprec._errors import MixprecError
+
+__all__ = [
+    "DEFAULT_LISTS",
+    "RULES",
+    "OpClass",
+    "OpRule",
+    "Policy",
+    "RuleContext",
+    "default_policy",
+    "register_rule",
+    "rule_for",
+]
+
+
+class OpClass(enum.Enum):
+    """The colour an op type has in the policy lists."""
+
+    ALLOW = "allow"
+    DENY = "deny"
+    INFER = "infer"
+    CLEAR = "clear"
+    NONE = "none"
+
+
+TARGET_DTYPES: Mapping[str, ir.DataType] = {
+    "float16": ir.DataType.FLOAT16,
+    "bfloat16": ir.DataType.BFLOAT16,
+}
+
+_DTYPE_ALIASES = {
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "f16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
+
+
+def normalize_dtype(name: str) -> str:
+    """Return the canonical target dtype name ("float16" or "bfloat16").
+
+    Raises:
+        MixprecError: ``name`` is not a supported low-precision dtype.
+    """
+    key = name.strip().lower()
+    if key not in _DTYPE_ALIASES:
+        raise MixprecError(
+            f"unknown target dtype {name!r}; use one of: fp16, float16, bf16, bfloat16"
+        )
+    return _DTYPE_ALIASES[key]
+
+
+# --- Default lists ------------------------------------------------------------------------
+# The reason for each group is documented in docs/policy.md (generated from this table by
+# `mixprec lists --markdown`); keep the two in sync by editing only this table.
+
+_ALLOW_COMMON = (
+    "Conv",
+    "ConvTranspose",
+    "MatMul",
+    "Gemm",
+    "Einsum",
+)
+# Elementwise arithmetic and activations: safe in low precision when their inputs already are.
+_INFER_COMMON = (
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Sum",  # TF AddN
+    "Mean",  # elementwise mean of inputs (not a reduction)
+    "BatchNormalization",
+    "InstanceNormalization",
+    "Sigmoid",
+    "Tanh",
+    "Erf",
+    "Gelu",
+    "HardSigmoid",
+    "HardSwish",
+    "LeakyRelu",
+    "PRelu",
+    "Elu",
+    "Selu",
+    "Celu",
+    "Mish",
+    "Softsign",
+    "ThresholdedRelu",
+    "Sqrt",
+    "AveragePool",
+    "GlobalAveragePool",
+    "LpPool",
+    "LRN",
+    "Softmax",
+    "LSTM",
+    "GRU",
+    "RNN",
+    "Sin",
+    "Cos",
+)
+# Data movement and value-preserving ops.
+_CLEAR_COMMON = (
+    "Relu",
+    "Abs",
+    "Neg",
+    "Sign",
+    "Floor",
+    "Ceil",
+    "Round",
+    "Clip",
+    "Max",
+    "Min",
+    "ReduceMax",
+    "ReduceMin",
+    "ArgMax",
+    "ArgMin",
+    "TopK",
+    "MaxPool",
+    "GlobalMaxPool",
+    "MaxRoiPool",
+    "Reshape",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Flatten",
+    "Concat",
+    "Split",
+    "Slice",
+    "Gather",
+    "GatherElements",
+    "GatherND",
+    "ScatterND",
+    "ScatterElements",
+    "Expand",
+    "Tile",
+    "Pad",
+    "Identity",
+    "Dropout",
+    "DepthToSpace",
+    "SpaceToDepth",
+    "Resize",
+    "Upsample",
+    "Where",
+    "Shape",
+    "Size",
+    "Cast",
+    "CastLike",
+    "Equal",
+    "Less",
+    "LessOrEqual",
+    "Greater",
+    "GreaterOrEqual",
+    "NonZero",
+    "Compress",
+    "ReverseSequence",
+    "Trilu",
+    "IsNaN",
+    "IsInf",
+)
+# FP16 has a 5-bit exponent (max 65504): exponentials, powers, logs of small numbers,
+# long accumulations and normalisations over many elements overflow or lose precision.
+_DENY_FP16 = (
+    "Exp",
+    "Log",
+    "Pow",
+    "Reciprocal",
+    "Softplus",
+    "LogSoftmax",
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceProd",
+    "ReduceSumSquare",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "CumSum",
+    "LayerNormalization",
+    "GroupNormalization",
+    "LpNormalization",
+    "MeanVarianceNormalization",
+    "SoftmaxCrossEntropyLoss",
+    "NegativeLogLikelihoodLoss",
+    "Acos",
+    "Asin",
+    "Acosh",
+    "Asinh",
+    "Atanh",
+    "Cosh",
+    "Sinh",
+    "Tan",
+)
+# BF16 keeps FP32's 8-bit exponent: overflow-prone ops (Exp, Pow, Log, Reciprocal, Softplus)
+# are range-safe and become INFER; long accumulations and normalisations still lose
+# precision with an 8-bit mantissa and stay DENY.
+_BF16_RANGE_SAFE = ("Exp", "Log", "Pow", "Reciprocal", "Softplus")
+_DENY_BF16 = tuple(op for op in _DENY_FP16 if op not in _BF16_RANGE_SAFE)
+
+
+def _lists(allow: Iterable[str], deny: Iterable[str], infer: Iterable[str], clear: Iterable[str]):
+    return {
+        OpClass.ALLOW: frozenset(allow),
+        OpClass.DENY: frozenset(deny),
+        OpClass.INFER: frozenset(infer),
+        OpClass.CLEAR: frozenset(clear),
+    }
+
+
+DEFAULT_LISTS: Mapping[str, Mapping[OpClass, frozenset[str]]] = {
+    "float16": _lists(_ALLOW_COMMON, _DENY_FP16, _INFER_COMMON, _CLEAR_COMMON),
+    "bfloat16": _lists(
+        _ALLOW_COMMON, _DENY_BF16, _INFER_COMMON + _BF16_RANGE_SAFE, _CLEAR_COMMON
+    ),
+}
+
+KNOWN_OPS: frozenset[str] = frozenset(
+    op for lists in DEFAULT_LISTS.values() for ops in lists.values() for op in ops
+)
+
+
+# --- Rule registry ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RuleContext:
+    """What a rule's condition may look at besides the node."""
+
+    target: str  # "float16" | "bfloat16"
+    opset: int
+
+
+Condition = Callable[[ir.Node, RuleContext], "str | None"]
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """Per-op behaviour that the four lists cannot express.
+
+    Attributes:
+        keep_fp32_inputs: input indices that stay FP32 even when the op runs in low
+            precision (parameters such as Resize's roi and scales).
+        fp32_if: a condition returning a reason string when this node must stay FP32
+            (it then acts as a DENY seed), or None.
+        output_fp32: the op computes in low precision but hands FP32 to its consumers
+            (the TVM ``output_dtype`` knob); a Cast is placed right after it.
+        note: one line shown in the documentation table.
+    """
+
+    keep_fp32_inputs: frozenset[int] = frozenset()
+    fp32_if: Condition | None = None
+    output_fp32: bool = False
+    note: str = ""
+
+
+DEFAULT_RULE = OpRule(note="every float input/output bound to a type the schema admits follows")
+
+RULES: dict[tuple[str, str], OpRule] = {}
+
+
+def register_rule(op_type: str, rule: OpRule, *, domain: str = "") -> None:
+    """Register (or replace) the rule for ``(domain, op_type)``."""
+    RULES[(domain, op_type)] = rule
+
+
+def rule_for(node: ir.Node) -> OpRule:
+    """Return the rule registered for ``node``'s op, or :data:`DEFAULT_RULE`."""
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    return RULES.get((domain, node.op_type), DEFAULT_RULE)
+
+
+def _const_array(value: ir.Value | None) -> np.ndarray | None:
+    if value is None:
+        return None
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is None:
+        return None
+    try:
+        return tensor.numpy()
+    except Exception:  # pragma: no cover - exotic tensor kinds
+        return None
+
+
+def _pow_condition(node: ir.Node, ctx: RuleContext) -> str | None:
+    if ctx.target != "float16":
+        return None
+    exponent = _const_array(node.inputs[1] if len(node.inputs) > 1 else None)
+    if exponent is None:
+        return "Pow with a non-constant exponent can overflow float16"
+    if exponent.size and float(np.max(np.abs(exponent.astype(np.float64)))) > 2.0:
+        return f"Pow exponent {float(np.max(np.abs(exponent))):g} > 2 can overflow float16"
+    return None
+
+
+def _reduced_count(node: ir.Node) -> int | None:
+    """Number of elements reduced into each output element, from static shapes."""
+    x = node.inputs[0] if node.inputs else None
+    if x is None or x.shape is None:
+        return None
+    dims = list(x.shape)
+    if not all(isinstance(d, int) for d in dims):
+        return None
+    axes_attr = node.attributes.get("axes")
+    axes: list[int] | None = None
+    if axes_attr is not None:
+        axes = list(axes_attr.as_ints())
+    elif len(node.inputs) > 1 and node.inputs[1] is not None:
+        arr = _const_array(node.inputs[1])
+        if arr is None:
+            return None
+        axes = [int(a) for a in arr.reshape(-1)]
+    if not axes:
+        noop = node.attributes.get("noop_with_empty_axes")
+        if noop is not None and noop.as_int():
+            return 1
+        axes = list(range(len(dims)))
+    count = 1
+    for a in axes:
+        count *= int(dims[a % len(dims)])
+    return count
+
+
+_MAX_REDUCED = {"float16": 4096, "bfloat16": 256}
+
+
+def _reduce_condition(node: ir.Node, ctx: RuleContext) -> str | None:
+    limit = _MAX_REDUCED[ctx.target]
+    count = _reduced_count(node)
+    if count is None:
+        return f"{node.op_type} over axes of unknown length"
+    if count > limit:
+        return f"{node.op_type} accumulates {count} elements (> {limit} for {ctx.target})"
+    return None
+
+
+_MAX_SOFTMAX_AXIS = {"float16": 8192, "bfloat16": 8192}
+
+
+def _softmax_condition(node: ir.Node, ctx: RuleContext) -> str | None:
+    x = node.inputs[0] if node.inputs else None
+    if x is None or x.shape is None or len(x.shape) == 0:
+        return "Softmax over an axis of unknown length"
+    axis_attr = node.attributes.get("axis")
+    default_axis = -1 if ctx.opset >= 13 else 1
+    axis = axis_attr.as_int() if axis_attr is not None else default_axis
+    rank = len(x.shape)
+    if ctx.opset < 13:
+        dims = list(x.shape)[axis % rank :]
+    else:
+        dims = [x.shape[axis % rank]]
+    if not all(isinstance(d, int) for d in dims):
+        return "Softmax over an axis of unknown length"
+    width = int(np.prod(dims))
+    if width > _MAX_SOFTMAX_AXIS[ctx.target]:
+        return f"Softmax over {width} elements (> {_MAX_SOFTMAX_AXIS[ctx.target]})"
+    return None
+
+
+register_rule(
+    "Resize",
+    OpRule(frozenset({1, 2}), note="roi and scales stay float32 (sizes are int64)"),
+)
+register_rule("Upsample", OpRule(frozenset({1}), note="scales stays float32"))
+register_rule(
+    "Pow",
+    OpRule(fp32_if=_pow_condition, note="fp16: FP32 when the exponent is not a constant <= 2"),
+)
+for _op in ("ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2"):
+    register_rule(
+        _op,
+        OpRule(
+            fp32_if=_reduce_condition,
+            note="FP32 when it accumulates > 4096 (fp16) / 256 (bf16) elements",
+        ),
+    )
+register_rule(
+    "Softmax",
+    OpRule(fp32_if=_softmax_condition, note="FP32 when the axis is unknown or > 8192 wide"),
+)
+register_rule(
+    "LayerNormalization",
+    OpRule(note="Mean/InvStdDev outputs follow the stash type (float32)"),
+)
+
+
+# --- Resolved policy ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A resolved policy: target dtype, the four lists, exclusions and modes.
+
+    Build it with :func:`default_policy` and :meth:`with_changes`; it validates itself.
+    """
+
+    target: str
+    lists: Mapping[OpClass, frozenset[str]]
+    exclude_nodes: tuple[str, ...] = ()
+    force_all: bool = False
+    output_fp32_ops: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if self.target not in TARGET_DTYPES:
+            raise MixprecError(f"unknown target dtype {self.target!r}")
+        seen: dict[str, OpClass] = {}
+        for cls, ops in self.lists.items():
+            for op in ops:
+                if op in seen:
+                    raise MixprecError(
+                        f"op {op!r} is in both the {seen[op].value} and {cls.value} lists"
+                    )
+                seen[op] = cls
+
+    @property
+    def target_type(self) -> ir.DataType:
+        return TARGET_DTYPES[self.target]
+
+    def op_class(self, op_type: str) -> OpClass:
+        for cls, ops in self.lists.items():
+            if op_type in ops:
+                return cls
+        return OpClass.NONE
+
+    def with_changes(
+        self,
+        add: Mapping[OpClass, Iterable[str]] | None = None,
+        remove: Mapping[OpClass, Iterable[str]] | None = None,
+        *,
+        exclude_nodes: Iterable[str] = (),
+        force_all: bool | None = None,
+        output_fp32_ops: Iterable[str] = (),
+    ) -> Policy:
+        """Return a new policy with ops added to / removed from lists.
+
+        An op added to a list leaves the list it was in. Removing an op that is not in
+        that list is an error, as is an op name that is not a plausible ONNX op type.
+        """
+        lists = {cls: set(ops) for cls, ops in self.lists.items()}
+        for cls, ops in (remove or {}).items():
+            for op in ops:
+                _check_op_name(op)
+                if op not in lists[cls]:
+                    raise MixprecError(f"cannot remove {op!r} from the {cls.value} list: not in it")
+                lists[cls].discard(op)
+        for cls, ops in (add or {}).items():
+            for op in ops:
+                _check_op_name(op)
+                for other in lists.values():
+                    other.discard(op)
+                lists[cls].add(op)
+        return Policy(
+            target=self.target,
+            lists={cls: frozenset(ops) for cls, ops in lists.items()},
+            exclude_nodes=self.exclude_nodes + tuple(exclude_nodes),
+            force_all=self.force_all if force_all is None else force_all,
+            output_fp32_ops=self.output_fp32_ops | frozenset(output_fp32_ops),
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "target": self.target,
+            **{cls.value: sorted(ops) for cls, ops in self.lists.items()},
+            "exclude_nodes": list(self.exclude_nodes),
+            "force_all": self.force_all,
+            "output_fp32_ops": sorted(self.output_fp32_ops),
+        }
+
+
+def _check_op_name(op: str) -> None:
+    import onnx.defs
+
+    if not op or not op.replace("_", "").isalnum() or not op[0].isalpha():
+        raise MixprecError(f"malformed op type {op!r}")
+    if op in KNOWN_OPS or onnx.defs.has(op):
+        return
+    raise MixprecError(
+        f"unknown op type {op!r}: not an ONNX operator (names are case-sensitive, e.g. MatMul)"
+    )
+
+
+def default_policy(target: str) -> Policy:
+    """The default policy for ``target`` ("float16"/"fp16" or "bfloat16"/"bf16")."""
+    target = normalize_dtype(target)
+    return Policy(target=target, lists=dict(DEFAULT_LISTS[target]))

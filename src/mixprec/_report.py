@@ -1,0 +1,221 @@
+"""The conversion report: per-node decisions, casts, bytes, low-precision shares."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+
+__all__ = ["NodeReport", "Report", "count_macs"]
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    name: str
+    op_type: str
+    precision: str  # "low" | "fp32"
+    op_class: str
+    step: str
+    reason: str
+    macs: int = 0
+
+
+@dataclass
+class Report:
+    """What a conversion did. ``to_dict()`` is the ``--json`` output."""
+
+    target: str
+    nodes: list[NodeReport] = field(default_factory=list)
+    casts_before: int = 0
+    casts_after: int = 0
+    casts_inserted: int = 0
+    casts_removed: int = 0
+    param_bytes_before: int = 0
+    param_bytes_after: int = 0
+    weights: dict[str, int] = field(default_factory=dict)
+    batchnorm_folded: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    calibrated: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+    policy: dict[str, object] = field(default_factory=dict)
+    validation: dict[str, object] | None = None
+
+    @property
+    def low_nodes(self) -> int:
+        return sum(1 for n in self.nodes if n.precision == "low")
+
+    @property
+    def low_node_share(self) -> float:
+        return self.low_nodes / len(self.nodes) if self.nodes else 0.0
+
+    @property
+    def total_macs(self) -> int:
+        return sum(n.macs for n in self.nodes)
+
+    @property
+    def low_mac_share(self) -> float:
+        total = self.total_macs
+        return sum(n.macs for n in self.nodes if n.precision == "low") / total if total else 0.0
+
+    def fp32_nodes(self) -> list[NodeReport]:
+        return [n for n in self.nodes if n.precision == "fp32"]
+
+    def to_dict(self) -> dict[str, object]:
+        data = dataclasses.asdict(self)
+        data["summary"] = {
+            "nodes": len(self.nodes),
+            "low_nodes": self.low_nodes,
+            "low_node_share": round(self.low_node_share, 4),
+            "macs": self.total_macs,
+            "low_mac_share": round(self.low_mac_share, 4),
+            "casts_inserted": self.casts_inserted,
+            "casts_after": self.casts_after,
+            "param_bytes_before": self.param_bytes_before,
+            "param_bytes_after": self.param_bytes_after,
+        }
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def format_summary(self, *, max_fp32: int = 25) -> str:
+        """A readable summary: counts, shares, casts, bytes, and nodes kept in FP32."""
+        lines = [f"mixprec: {self.target} mixed precision"]
+        counts = Counter(n.precision for n in self.nodes)
+        rows = [
+            ("float nodes painted", f"{len(self.nodes)}"),
+            ("  low precision", f"{counts['low']} ({self.low_node_share:.1%})"),
+            ("  kept fp32", f"{counts['fp32']}"),
+            (
+                "multiply-accumulates in low precision",
+                f"{self.low_mac_share:.1%} of {self.total_macs / 1e6:.1f} M"
+                if self.total_macs
+                else "n/a (no Conv/MatMul/Gemm with known shapes)",
+            ),
+            ("casts inserted", f"{self.casts_inserted}"),
+            ("casts in model (before -> after)", f"{self.casts_before} -> {self.casts_after}"),
+            (
+                "parameter bytes",
+                f"{_mb(self.param_bytes_before)} -> {_mb(self.param_bytes_after)}",
+            ),
+            ("BatchNormalization folded", f"{len(self.batchnorm_folded)}"),
+            ("range calibration", "yes" if self.calibrated else "no (--no-calibrate)"),
+        ]
+        if self.weights.get("flushed_to_zero"):
+            rows.append(("weight values flushed to zero", str(self.weights["flushed_to_zero"])))
+        if self.weights.get("overflowed"):
+            rows.append(("weight values overflowed to inf", str(self.weights["overflowed"])))
+        if self.timings:
+            rows.append(("time", f"{sum(self.timings.values()):.2f} s"))
+        width = max(len(k) for k, _ in rows)
+        lines += [f"  {k.ljust(width)}  {v}" for k, v in rows]
+        fp32 = [n for n in self.fp32_nodes() if n.step not in ("rest",) or n.op_class != "none"]
+        if fp32:
+            by_reason = Counter((n.step, n.reason) for n in fp32)
+            lines.append(f"kept in fp32 ({len(fp32)} nodes), by reason:")
+            for (step, reason), k in by_reason.most_common(max_fp32):
+                lines.append(f"  {k:4d}  [{step}] {reason}")
+            if len(by_reason) > max_fp32:
+                lines.append(f"  ... {len(by_reason) - max_fp32} more reasons (see --json)")
+        for note in self.notes:
+            lines.append(f"note: {note}")
+        if self.validation is not None:
+            lines.append(str(self.validation.get("table", "")))
+        return "\n".join(lines)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def _shape_map(graph: onnx.GraphProto, out: dict[str, list[int | None]]) -> None:
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            out[vi.name] = [
+                d.dim_value if d.HasField("dim_value") else None
+                for d in vi.type.tensor_type.shape.dim
+            ]
+    for init in graph.initializer:
+        out[init.name] = list(init.dims)
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    out[node.output[0]] = list(attr.t.dims)
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                _shape_map(attr.g, out)
+            for g in attr.graphs:
+                _shape_map(g, out)
+
+
+def _known(shape: Sequence[int | None] | None) -> bool:
+    return shape is not None and all(isinstance(d, int) and d > 0 for d in shape)
+
+
+def count_macs(proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
+    """Multiply-accumulates of each Conv/ConvTranspose/MatMul/Gemm node, by node name.
+
+    Shapes come from onnx shape inference on a copy whose inputs are fixed to
+    ``input_shapes``; nodes with unknown shapes count 0.
+    """
+    m = onnx.ModelProto()
+    m.CopyFrom(proto)
+    for graph_input in m.graph.input:
+        dims = input_shapes.get(graph_input.name)
+        if dims is None or not graph_input.type.HasField("tensor_type"):
+            continue
+        shape = graph_input.type.tensor_type.shape
+        del shape.dim[:]
+        for d in dims:
+            shape.dim.add().dim_value = int(d)
+    # Stale or wrong declarations (Paddle writes -1 dims) would pin shapes: infer afresh.
+    del m.graph.value_info[:]
+    for graph_output in m.graph.output:
+        if graph_output.type.HasField("tensor_type"):
+            graph_output.type.tensor_type.ClearField("shape")
+    try:
+        m = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    except Exception:  # shape inference is best effort here
+        pass
+    shapes: dict[str, list[int | None]] = {}
+    _shape_map(m.graph, shapes)
+    macs: dict[str, int] = {}
+
+    def visit(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    visit(attr.g)
+                for g in attr.graphs:
+                    visit(g)
+            if node.op_type not in ("Conv", "ConvTranspose", "MatMul", "Gemm"):
+                continue
+            y = shapes.get(node.output[0])
+            w = shapes.get(node.input[1]) if len(node.input) > 1 else None
+            a = shapes.get(node.input[0])
+            value = 0
+            if node.op_type == "Conv" and _known(y) and _known(w):
+                assert y is not None and w is not None
+                value = int(np.prod(y, dtype=np.int64)) * int(np.prod(w[1:], dtype=np.int64))
+            elif node.op_type == "ConvTranspose" and _known(a) and _known(w):
+                assert a is not None and w is not None
+                value = int(np.prod(a, dtype=np.int64)) * int(np.prod(w[1:], dtype=np.int64))
+            elif node.op_type == "MatMul" and _known(y) and _known(a) and a:
+                assert y is not None and a is not None
+                value = int(np.prod(y, dtype=np.int64)) * int(a[-1])
+            elif node.op_type == "Gemm" and _known(y) and _known(a):
+                assert y is not None and a is not None
+                trans_a = any(at.name == "transA" and at.i for at in node.attribute)
+                k = a[0] if trans_a else a[-1]
+                value = int(np.prod(y, dtype=np.int64)) * int(k)
+            macs[node.name] = value
+
+    visit(m.graph)
+    return macs

@@ -1,0 +1,426 @@
+"""Rewriting passes: apply painted decisions, store weights in low precision, place casts.
+
+Mechanism only: the decisions come from :mod:`mixprec._paint`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+
+import ml_dtypes
+import numpy as np
+import onnx_ir as ir
+
+from mixprec._paint import Decision, Precision, is_constant_node, iter_nodes
+from mixprec._policy import Policy, rule_for
+from mixprec._schema import SlotInfo
+
+__all__ = [
+    "ApplyPrecisionPass",
+    "ApplyPrecisionResult",
+    "RemoveRedundantCastsPass",
+    "RemoveRedundantCastsResult",
+]
+
+_NUMPY_DTYPE = {ir.DataType.FLOAT16: np.dtype(np.float16), ir.DataType.BFLOAT16: np.dtype(ml_dtypes.bfloat16)}
+_FLOATS = frozenset(
+    {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
+)
+
+
+@dataclasses.dataclass
+class WeightStats:
+    """What happened to float32 constants (initializers and Constant nodes)."""
+
+    converted: int = 0
+    converted_bytes_before: int = 0
+    converted_bytes_after: int = 0
+    duplicated: int = 0  # small weights read by both precisions: a low copy was added
+    cast_at_runtime: int = 0  # large weights read by both precisions: one Cast node
+    flushed_to_zero: int = 0  # non-zero values that became 0 in the target dtype
+    overflowed: int = 0  # finite values that became inf (only in force_all mode)
+    clipped: int = 0  # values clipped to the target range (clip_weights=True)
+
+
+@dataclasses.dataclass
+class ApplyPrecisionResult(ir.passes.PassResult):
+    casts_inserted: int = 0
+    retargeted_casts: list[str] = dataclasses.field(default_factory=list)
+    weights: WeightStats = dataclasses.field(default_factory=WeightStats)
+
+
+class _Names:
+    """Unique value and node names for the whole model (all graphs)."""
+
+    def __init__(self, model: ir.Model) -> None:
+        self.used: set[str] = set()
+        graphs = [model.graph, *(g for n in iter_nodes(model.graph) for g in _subgraphs(n))]
+        for graph in graphs:
+            self.used.update(v.name for v in graph.inputs if v.name)
+            self.used.update(graph.initializers)
+            for node in graph:
+                self.used.update(v.name for v in node.outputs if v.name)
+                if node.name:
+                    self.used.add(node.name)
+
+    def fresh(self, base: str) -> str:
+        name = base
+        k = 1
+        while name in self.used:
+            name = f"{base}_{k}"
+            k += 1
+        self.used.add(name)
+        return name
+
+
+def _subgraphs(node: ir.Node) -> Iterable[ir.Graph]:
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            yield attr.as_graph()
+        elif attr.type == ir.AttributeType.GRAPHS:
+            yield from attr.as_graphs()
+
+
+def _short(dtype: ir.DataType) -> str:
+    return {ir.DataType.FLOAT16: "fp16", ir.DataType.BFLOAT16: "bf16", ir.DataType.FLOAT: "fp32"}[
+        dtype
+    ]
+
+
+class ApplyPrecisionPass(ir.passes.InPlacePass):
+    """Retype low-precision nodes, convert weights and insert shared casts.
+
+    One Cast per (tensor, dtype), placed right after the tensor's producer (or at the
+    top of the graph that owns a graph input or initializer) so nodes stay in
+    topological order; every consumer needing that dtype shares it.
+
+    Args:
+        policy: the resolved policy (target dtype, output_fp32 ops).
+        decisions: node decisions from :class:`~mixprec._paint.PaintPass`.
+        slots: float slots per paintable node.
+        keep_io_types: True/False, or the names of main-graph inputs/outputs that keep
+            float32.
+        small_weight_bytes: a weight read by both precisions is duplicated (one low copy)
+            when its float32 size is at most this; larger ones get one Cast node.
+        clip_weights: clip constants to the target range instead of keeping their
+            consumers in FP32 (only meaningful with force_all).
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        decisions: Mapping[ir.Node, Decision],
+        slots: Mapping[ir.Node, SlotInfo],
+        *,
+        keep_io_types: bool | frozenset[str] = True,
+        small_weight_bytes: int = 256 * 1024,
+        clip_weights: bool = False,
+    ) -> None:
+        super().__init__()
+        self.policy = policy
+        self.decisions = decisions
+        self.slots = slots
+        self.keep_io_types = keep_io_types
+        self.small_weight_bytes = small_weight_bytes
+        self.clip_weights = clip_weights
+
+    def _is_low(self, node: ir.Node) -> bool:
+        d = self.decisions.get(node)
+        return d is not None and d.precision is Precision.LOW
+
+    def _keeps(self, value: ir.Value, main: ir.Graph) -> bool:
+        if value.graph is not main:
+            return True
+        if isinstance(self.keep_io_types, bool):
+            return self.keep_io_types
+        return (value.name or "") in self.keep_io_types
+
+    def call(self, model: ir.Model) -> ApplyPrecisionResult:
+        target = self.policy.target_type
+        main = model.graph
+        names = _Names(model)
+        result = ApplyPrecisionResult(model, modified=False)
+
+        # 1. Which dtype each (value, use) needs, decided on the original types.
+        need: dict[ir.Value, dict[ir.DataType, list[tuple[ir.Node, int]]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
+        for node, info in self.slots.items():
+            low = self._is_low(node)
+            for i, value in enumerate(node.inputs):
+                if value is None or value.dtype != ir.DataType.FLOAT:
+                    continue
+                want = target if low and i in info.inputs else ir.DataType.FLOAT
+                need[value][want].append((node, i))
+        # Float32 inputs of nodes that are not paintable (no convertible slot) need float32.
+        for node in iter_nodes(main):
+            if node in self.slots or is_constant_node(node):
+                continue
+            for i, value in enumerate(node.inputs):
+                if value is not None and value.dtype == ir.DataType.FLOAT:
+                    need[value][ir.DataType.FLOAT].append((node, i))
+
+        graph_outputs: dict[ir.Value, list[tuple[ir.Graph, int]]] = defaultdict(list)
+        graphs = [main, *(g for n in iter_nodes(main) for g in _subgraphs(n))]
+        for graph in graphs:
+            for k, value in enumerate(graph.outputs):
+                if value.dtype == ir.DataType.FLOAT:
+                    graph_outputs[value].append((graph, k))
+
+        # 2. Retype the outputs of low-precision nodes; retarget Cast(to=float).
+        produced_low: set[ir.Value] = set()
+        hand_fp32: list[ir.Value] = []
+        for node, info in self.slots.items():
+            if not self._is_low(node):
+                continue
+            result.modified = True
+            if node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
+                to = node.attributes.get("to")
+                if to is not None and to.as_int() == ir.DataType.FLOAT:
+                    node.attributes["to"] = ir.AttrInt64("to", int(target))
+                    result.retargeted_casts.append(node.name or "")
+                else:
+                    continue
+            for j in info.outputs:
+                value = node.outputs[j]
+                value.dtype = target
+                produced_low.add(value)
+            if rule_for(node).output_fp32 or node.op_type in self.policy.output_fp32_ops:
+                hand_fp32.extend(node.outputs[j] for j in info.outputs)
+
+        # 3. Main-graph inputs that do not keep float32 become low precision.
+        for value in main.inputs:
+            if value.dtype == ir.DataType.FLOAT and not self._keeps(value, main):
+                if value.name in main.initializers:
+                    continue
+                value.dtype = target
+                produced_low.add(value)
+                result.modified = True
+
+        # 4. Weights: convert in place, duplicate or cast once.
+        for value, by_dtype in list(need.items()):
+            if value in produced_low or value.is_graph_input():
+                continue
+            if not (value.is_initializer() or _constant_producer(value)):
+                continue
+            low_uses = by_dtype.get(target, [])
+            f32_uses = by_dtype.get(ir.DataType.FLOAT, [])
+            keeps_f32 = bool(f32_uses) or value in graph_outputs
+            if not low_uses:
+                continue
+            result.modified = True
+            if not keeps_f32:
+                self._convert_weight_in_place(value, target, result.weights)
+                produced_low.add(value)
+                del need[value]
+            elif _nbytes(value) <= self.small_weight_bytes:
+                copy = self._low_copy(value, target, names, result.weights)
+                for node, i in low_uses:
+                    node.replace_input_with(i, copy)
+                result.weights.duplicated += 1
+                by_dtype.pop(target)
+            else:
+                result.weights.cast_at_runtime += 1  # the generic cast below handles it
+
+        # 5. Casts at every remaining precision boundary, one per (tensor, dtype).
+        for value, by_dtype in need.items():
+            have = target if value in produced_low else ir.DataType.FLOAT
+            for want, uses in by_dtype.items():
+                if want == have or not uses:
+                    continue
+                cast_out = self._cast(value, want, names)
+                for node, i in uses:
+                    node.replace_input_with(i, cast_out)
+                result.casts_inserted += 1
+                result.modified = True
+        # Values handed on in float32 by output_fp32 ops: all uses read a float32 copy.
+        for value in hand_fp32:
+            users = [(u.node, u.idx) for u in value.uses()]
+            if not users and value not in graph_outputs:
+                continue
+            cast_out = self._cast(value, ir.DataType.FLOAT, names)
+            for node, i in users:
+                if node is not cast_out.producer():
+                    node.replace_input_with(i, cast_out)
+            for graph, k in graph_outputs.pop(value, []):
+                graph.outputs[k] = cast_out
+            result.casts_inserted += 1
+        # Graph outputs that must stay float32 but are now produced in low precision.
+        for value, places in graph_outputs.items():
+            if value not in produced_low:
+                continue
+            if not any(self._keeps(value, graph) or graph is not main for graph, _ in places):
+                continue
+            cast_out = self._cast(value, ir.DataType.FLOAT, names)
+            # The graph output keeps its name: the low-precision tensor is renamed.
+            old_name = value.name or names.fresh("output")
+            value.name = names.fresh(f"{old_name}_{_short(target)}")
+            cast_out.name = old_name
+            producer = cast_out.producer()
+            assert producer is not None
+            producer.name = names.fresh(f"{old_name}_cast_fp32")
+            for graph, k in places:
+                if graph is main and not self._keeps(value, main):
+                    continue
+                graph.outputs[k] = cast_out
+            result.casts_inserted += 1
+            result.modified = True
+        return result
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _cast(self, value: ir.Value, to: ir.DataType, names: _Names) -> ir.Value:
+        base = value.name or "value"
+        out = ir.Value(
+            name=names.fresh(f"{base}_{_short(to)}"),
+            type=ir.TensorType(to),
+            shape=value.shape.copy() if value.shape is not None else None,
+        )
+        cast = ir.Node(
+            "",
+            "Cast",
+            inputs=[value],
+            attributes=[ir.AttrInt64("to", int(to))],
+            outputs=[out],
+            name=names.fresh(f"{base}_cast_{_short(to)}"),
+        )
+        producer = value.producer()
+        if producer is not None and producer.graph is not None:
+            producer.graph.insert_after(producer, cast)
+        else:
+            graph = value.graph
+            assert graph is not None, f"value {value.name!r} belongs to no graph"
+            if len(graph) > 0:
+                graph.insert_before(graph.node(0), cast)
+            else:
+                graph.append(cast)
+        return out
+
+    def _to_low(self, arr: np.ndarray, target: ir.DataType, stats: WeightStats) -> np.ndarray:
+        np_dtype = _NUMPY_DTYPE[target]
+        finfo_max = float(ml_dtypes.finfo(np_dtype).max)
+        src = arr.astype(np.float32, copy=False)
+        if self.clip_weights:
+            over = np.abs(src) > finfo_max
+            stats.clipped += int(np.count_nonzero(over & np.isfinite(src)))
+            src = np.clip(src, -finfo_max, finfo_max)
+        low = src.astype(np_dtype)
+        stats.flushed_to_zero += int(np.count_nonzero((low == 0) & (src != 0)))
+        stats.overflowed += int(np.count_nonzero(np.isinf(low) & np.isfinite(src)))
+        return low
+
+    def _convert_weight_in_place(
+        self, value: ir.Value, target: ir.DataType, stats: WeightStats
+    ) -> None:
+        before = _nbytes(value)
+        producer = _constant_producer(value)
+        tensor = ir.convenience.get_const_tensor(value)
+        assert tensor is not None
+        low = self._to_low(tensor.numpy(), target, stats)
+        new_tensor = ir.tensor(low, dtype=target, name=value.name)
+        if producer is not None:
+            for key in [k for k in producer.attributes if k.startswith("value")]:
+                del producer.attributes[key]
+            producer.attributes["value"] = ir.AttrTensor("value", new_tensor)
+        else:
+            value.const_value = new_tensor
+        value.dtype = target
+        stats.converted += 1
+        stats.converted_bytes_before += before
+        stats.converted_bytes_after += low.nbytes
+
+    def _low_copy(
+        self, value: ir.Value, target: ir.DataType, names: _Names, stats: WeightStats
+    ) -> ir.Value:
+        tensor = ir.convenience.get_const_tensor(value)
+        assert tensor is not None
+        low = self._to_low(tensor.numpy(), target, stats)
+        name = names.fresh(f"{value.name or 'weight'}_{_short(target)}")
+        new_tensor = ir.tensor(low, dtype=target, name=name)
+        producer = _constant_producer(value)
+        if producer is not None and producer.graph is not None:
+            out = ir.Value(name=name, type=ir.TensorType(target), shape=value.shape)
+            const = ir.Node(
+                "",
+                "Constant",
+                inputs=[],
+                attributes=[ir.AttrTensor("value", new_tensor)],
+                outputs=[out],
+                name=names.fresh(f"{name}_const"),
+            )
+            producer.graph.insert_after(producer, const)
+            return out
+        graph = value.graph
+        assert graph is not None
+        out = ir.Value(
+            name=name, type=ir.TensorType(target), shape=value.shape, const_value=new_tensor
+        )
+        graph.register_initializer(out)
+        return out
+
+
+def _constant_producer(value: ir.Value) -> ir.Node | None:
+    producer = value.producer()
+    if producer is not None and is_constant_node(producer):
+        return producer
+    return None
+
+
+def _nbytes(value: ir.Value) -> int:
+    tensor = ir.convenience.get_const_tensor(value)
+    if tensor is None:
+        return 0
+    return int(tensor.size) * 4
+
+
+@dataclasses.dataclass
+class RemoveRedundantCastsResult(ir.passes.PassResult):
+    removed: int = 0
+
+
+class RemoveRedundantCastsPass(ir.passes.InPlacePass):
+    """Rewire ``x -> Cast(a) -> Cast(b)`` to ``x`` when ``x`` already has dtype ``b``.
+
+    Only float-to-float chains are touched (integer casts truncate). The second Cast is
+    left without users; dead casts are removed here too.
+    """
+
+    def call(self, model: ir.Model) -> RemoveRedundantCastsResult:
+        rewired = 0
+        for node in list(iter_nodes(model.graph)):
+            if node.op_type != "Cast" or node.domain not in ("", "ai.onnx"):
+                continue
+            out = node.outputs[0]
+            src = node.inputs[0]
+            first = src.producer() if src is not None else None
+            if first is None or first.op_type != "Cast" or first.domain not in ("", "ai.onnx"):
+                continue
+            origin = first.inputs[0]
+            if origin is None or src is None:
+                continue
+            if not {origin.dtype, src.dtype, out.dtype} <= _FLOATS:
+                continue
+            if origin.dtype != out.dtype or out.is_graph_output():
+                continue
+            out.replace_all_uses_with(origin)
+            rewired += 1
+        removed = 0
+        dead = True
+        while dead:
+            dead = False
+            for node in list(iter_nodes(model.graph)):
+                if (
+                    node.op_type == "Cast"
+                    and node.domain in ("", "ai.onnx")
+                    and not node.outputs[0].uses()
+                    and not node.outputs[0].is_graph_output()
+                    and node.graph is not None
+                ):
+                    node.graph.remove(node, safe=True)
+                    removed += 1
+                    dead = True
+        return RemoveRedundantCastsResult(
+            model, modified=bool(rewired or removed), removed=removed
+        )
