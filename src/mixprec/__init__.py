@@ -13,7 +13,7 @@ from mixprec._convert import ConversionResult, convert, inspect
 from mixprec._errors import MixprecError
 from mixprec._policy import DEFAULT_LISTS, RULES, OpClass, OpRule, Policy, default_policy, register_rule
 from mixprec._report import NodeReport, Report
-# validate: added with _validate
+from mixprec._validate import validate
 
 __all__ = [
     "DEFAULT_LISTS",
@@ -29,7 +29,7 @@ __all__ = [
     "default_policy",
     "inspect",
     "register_rule",
-
+    "validate",
 ]
 
 __version__ = "0.1.0"

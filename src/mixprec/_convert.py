@@ -26,7 +26,7 @@ from mixprec._fold import FoldBatchNormPass
 from mixprec._io import check_opset, load_model, save_model
 from mixprec._paint import PaintPass, Precision, iter_nodes
 from mixprec._policy import OpClass, Policy
-from mixprec._report import NodeReport, Report, count_macs
+from mixprec._report import NodeReport, Report, concrete_shapes, count_macs
 from mixprec._rewrite import ApplyPrecisionPass, RemoveRedundantCastsPass
 
 __all__ = ["ConversionResult", "convert", "inspect"]
@@ -177,6 +177,56 @@ def _concrete_shapes(
     return out, notes
 
 
+#: The first ai.onnx opset whose Conv, ConvTranspose, pooling and most activations admit
+#: bfloat16.
+BF16_OPSET = 22
+
+
+def _needs_upgrade(model: ir.Model, policy: Policy) -> list[str]:
+    """Op types that would admit the target dtype only at :data:`BF16_OPSET`."""
+    import onnx.defs
+
+    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    if policy.target != "bfloat16" or opset >= BF16_OPSET:
+        return []
+    wanted = set().union(*(policy.lists[c] for c in (OpClass.ALLOW, OpClass.INFER, OpClass.CLEAR)))
+    needed = set()
+    for node in iter_nodes(model.graph):
+        if node.domain not in ("", "ai.onnx") or node.op_type not in wanted:
+            continue
+        try:
+            old = onnx.defs.get_schema(node.op_type, opset)
+            new = onnx.defs.get_schema(node.op_type, BF16_OPSET)
+        except onnx.defs.SchemaError:
+            continue
+
+        def admits(schema: onnx.defs.OpSchema) -> bool:
+            return any("tensor(bfloat16)" in c.allowed_type_strs for c in schema.type_constraints)
+
+        if not admits(old) and admits(new):
+            needed.add(node.op_type)
+    return sorted(needed)
+
+
+def _upgrade_opset(model: ir.Model, ops: list[str], report: Report) -> ir.Model:
+    from onnx import version_converter
+
+    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    try:
+        proto = version_converter.convert_version(ir.to_proto(model), BF16_OPSET)
+    except Exception as exc:
+        report.notes.append(
+            f"could not raise opset {opset} -> {BF16_OPSET} for bfloat16 "
+            f"({str(exc).splitlines()[0][:100]}): {', '.join(ops)} stay FP32"
+        )
+        return model
+    report.notes.append(
+        f"opset raised {opset} -> {BF16_OPSET}: bfloat16 {', '.join(ops[:8])}"
+        f"{' ...' if len(ops) > 8 else ''} need it (upgrade_opset=False to keep {opset})"
+    )
+    return ir.from_proto(proto)
+
+
 def _prepare(model: ir.Model, fold_batchnorm: bool, report: Report) -> ir.Model:
     if model.functions:
         n = len(model.functions)
@@ -239,6 +289,7 @@ def convert(
     shapes: Mapping[str, Sequence[int]] | None = None,
     range_threshold: float | None = None,
     fold_batchnorm: bool = True,
+    upgrade_opset: bool = True,
     clip_weights: bool = False,
     check: bool = True,
     log_dir: str | os.PathLike[str] | None = None,
@@ -263,6 +314,8 @@ def convert(
         shapes: concrete shapes for symbolic input dims, by input name.
         range_threshold: |x| limit for activations (default: a quarter of the target's max).
         fold_batchnorm: fold BatchNormalization into the preceding Conv/Gemm first.
+        upgrade_opset: for bfloat16, raise the opset to 22 when ops in the lists admit
+            bfloat16 only there (recorded in the report's notes).
         clip_weights: clip out-of-range weights instead of keeping their consumers FP32.
         check: run ``onnx.checker.check_model(full_check=True)`` on the result.
         log_dir: write the graph before/after and the paint buckets there.
@@ -318,6 +371,10 @@ def convert(
 
     t = time.perf_counter()
     say("preparing (inline, fold BatchNormalization, shape inference)")
+    if upgrade_opset:
+        needed = _needs_upgrade(work, policy)
+        if needed:
+            work = _upgrade_opset(work, needed, report)
     _prepare(work, fold_batchnorm, report)
     timings["prepare"] = time.perf_counter() - t
 
@@ -334,9 +391,15 @@ def convert(
 
     t = time.perf_counter()
     say("painting")
-    painted = PaintPass(policy, absmax=absmax, range_threshold=range_threshold,
-                        keep_io_types=keep)(work)
-    macs = count_macs(proto_for_macs, report.input_shapes)
+    shaped, shapes_by_name = concrete_shapes(proto_for_macs, report.input_shapes)
+    painted = PaintPass(
+        policy,
+        absmax=absmax,
+        range_threshold=range_threshold,
+        keep_io_types=keep,
+        shapes=shapes_by_name,
+    )(work)
+    macs = count_macs(shaped, shapes_by_name)
     report.nodes = [
         NodeReport(
             name=node.name or "",

@@ -25,7 +25,7 @@ import dataclasses
 import enum
 import re
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,6 +93,7 @@ class PaintPass(ir.passes.InPlacePass):
         range_threshold: activations whose calibrated |x| max exceeds this keep their
             producer and consumers in FP32.
         keep_io_types: graph outputs of the main graph keep float32 (affects step 4).
+        shapes: concrete shapes by value name for shape-dependent rules.
     """
 
     def __init__(
@@ -102,8 +103,10 @@ class PaintPass(ir.passes.InPlacePass):
         absmax: Mapping[str, float] | None = None,
         range_threshold: float | None = None,
         keep_io_types: bool | frozenset[str] = True,
+        shapes: Mapping[str, Sequence[int | None]] | None = None,
     ) -> None:
         super().__init__()
+        self.shapes = dict(shapes or {})
         self.policy = policy
         self.absmax = dict(absmax or {})
         target = policy.target_type
@@ -208,7 +211,9 @@ class PaintPass(ir.passes.InPlacePass):
             elif (blocked := self._range_block(node, info)) is not None:
                 decide(node, Precision.FP32, "range", blocked)
             elif rule.fp32_if is not None and (
-                why := rule.fp32_if(node, RuleContext(policy.target, domain_opset))
+                why := rule.fp32_if(
+                    node, RuleContext(policy.target, domain_opset, self.shapes)
+                )
             ):
                 classes[node] = cls
                 seeds.append((node, f"rule: {why}"))

@@ -18,7 +18,7 @@ placed around it where its neighbours are in low precision.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -250,10 +250,29 @@ KNOWN_OPS: frozenset[str] = frozenset(
 
 @dataclass(frozen=True)
 class RuleContext:
-    """What a rule's condition may look at besides the node."""
+    """What a rule's condition may look at besides the node.
 
-    target: str  # "float16" | "bfloat16"
+    Attributes:
+        target: "float16" or "bfloat16".
+        opset: the opset of the node's domain.
+        shapes: concrete shapes by value name, inferred from the calibration/--shape
+            input shapes (may be empty).
+    """
+
+    target: str
     opset: int
+    shapes: Mapping[str, Sequence[int | None]] = field(default_factory=dict)
+
+    def shape(self, value: ir.Value | None) -> list[int | None] | None:
+        """The best known shape of ``value``: concrete if inferred, else declared."""
+        if value is None:
+            return None
+        known = self.shapes.get(value.name or "")
+        if known is not None and all(isinstance(d, int) and d > 0 for d in known):
+            return list(known)
+        if value.shape is None:
+            return None
+        return [d if isinstance(d, int) and d > 0 else None for d in value.shape]
 
 
 Condition = Callable[[ir.Node, RuleContext], "str | None"]
@@ -318,13 +337,10 @@ def _pow_condition(node: ir.Node, ctx: RuleContext) -> str | None:
     return None
 
 
-def _reduced_count(node: ir.Node) -> int | None:
-    """Number of elements reduced into each output element, from static shapes."""
-    x = node.inputs[0] if node.inputs else None
-    if x is None or x.shape is None:
-        return None
-    dims = list(x.shape)
-    if not all(isinstance(d, int) for d in dims):
+def _reduced_count(node: ir.Node, ctx: RuleContext) -> int | None:
+    """Number of elements reduced into each output element, from known shapes."""
+    dims = ctx.shape(node.inputs[0] if node.inputs else None)
+    if dims is None:
         return None
     axes_attr = node.attributes.get("axes")
     axes: list[int] | None = None
@@ -342,7 +358,10 @@ def _reduced_count(node: ir.Node) -> int | None:
         axes = list(range(len(dims)))
     count = 1
     for a in axes:
-        count *= int(dims[a % len(dims)])
+        d = dims[a % len(dims)]
+        if d is None:
+            return None
+        count *= int(d)
     return count
 
 
@@ -351,7 +370,7 @@ _MAX_REDUCED = {"float16": 4096, "bfloat16": 256}
 
 def _reduce_condition(node: ir.Node, ctx: RuleContext) -> str | None:
     limit = _MAX_REDUCED[ctx.target]
-    count = _reduced_count(node)
+    count = _reduced_count(node, ctx)
     if count is None:
         return f"{node.op_type} over axes of unknown length"
     if count > limit:
@@ -363,20 +382,17 @@ _MAX_SOFTMAX_AXIS = {"float16": 8192, "bfloat16": 8192}
 
 
 def _softmax_condition(node: ir.Node, ctx: RuleContext) -> str | None:
-    x = node.inputs[0] if node.inputs else None
-    if x is None or x.shape is None or len(x.shape) == 0:
+    shape = ctx.shape(node.inputs[0] if node.inputs else None)
+    if not shape:
         return "Softmax over an axis of unknown length"
     axis_attr = node.attributes.get("axis")
     default_axis = -1 if ctx.opset >= 13 else 1
     axis = axis_attr.as_int() if axis_attr is not None else default_axis
-    rank = len(x.shape)
-    if ctx.opset < 13:
-        dims = list(x.shape)[axis % rank :]
-    else:
-        dims = [x.shape[axis % rank]]
+    rank = len(shape)
+    dims = shape[axis % rank :] if ctx.opset < 13 else [shape[axis % rank]]
     if not all(isinstance(d, int) for d in dims):
         return "Softmax over an axis of unknown length"
-    width = int(np.prod(dims))
+    width = int(np.prod([int(d) for d in dims if d is not None]))
     if width > _MAX_SOFTMAX_AXIS[ctx.target]:
         return f"Softmax over {width} elements (> {_MAX_SOFTMAX_AXIS[ctx.target]})"
     return None

@@ -159,11 +159,12 @@ def _known(shape: Sequence[int | None] | None) -> bool:
     return shape is not None and all(isinstance(d, int) and d > 0 for d in shape)
 
 
-def count_macs(proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]) -> dict[str, int]:
-    """Multiply-accumulates of each Conv/ConvTranspose/MatMul/Gemm node, by node name.
+def concrete_shapes(
+    proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]
+) -> tuple[onnx.ModelProto, dict[str, list[int | None]]]:
+    """Shapes of every value, by name, with the inputs fixed to ``input_shapes``.
 
-    Shapes come from onnx shape inference on a copy whose inputs are fixed to
-    ``input_shapes``; nodes with unknown shapes count 0.
+    Shapes come from onnx shape inference on a copy; returns that copy and the map.
     """
     m = onnx.ModelProto()
     m.CopyFrom(proto)
@@ -186,6 +187,16 @@ def count_macs(proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]
         pass
     shapes: dict[str, list[int | None]] = {}
     _shape_map(m.graph, shapes)
+    return m, shapes
+
+
+def count_macs(
+    proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int | None]]
+) -> dict[str, int]:
+    """Multiply-accumulates of each Conv/ConvTranspose/MatMul/Gemm node, by node name.
+
+    ``shapes`` comes from :func:`concrete_shapes`; nodes with unknown shapes count 0.
+    """
     macs: dict[str, int] = {}
 
     def visit(graph: onnx.GraphProto) -> None:
@@ -217,5 +228,5 @@ def count_macs(proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]
                 value = int(np.prod(y, dtype=np.int64)) * int(k)
             macs[node.name] = value
 
-    visit(m.graph)
+    visit(proto.graph)
     return macs

@@ -91,7 +91,7 @@ _PACKED_TYPES = frozenset(
     for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
     if hasattr(TensorProto, n)
 )
-_LOW_NAMES = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
+_LOW_NAMES: dict[int, str] = {TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _STANDARD_DOMAINS = ("", "ai.onnx")
 # Integer attributes that name an output element type.
@@ -176,12 +176,19 @@ def _iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
                     yield from _iter_graphs(sub)
 
 
+def _is_repeated(fd: Any) -> bool:
+    # protobuf >= 5 has ``is_repeated``; ``label`` is gone from newer upb descriptors.
+    if hasattr(fd, "is_repeated"):
+        return bool(fd.is_repeated)
+    return bool(fd.label == fd.LABEL_REPEATED)
+
+
 def _copy_fields(src: Any, dst: Any, skip: frozenset[str]) -> None:
     """Copies every set field of protobuf message ``src`` into ``dst`` except ``skip``."""
     for fd, value in src.ListFields():
         if fd.name in skip:
             continue
-        if fd.label == fd.LABEL_REPEATED:
+        if _is_repeated(fd):
             getattr(dst, fd.name).extend(value)
         elif fd.type == fd.TYPE_MESSAGE:
             getattr(dst, fd.name).CopyFrom(value)
@@ -798,9 +805,7 @@ def _run_chunk(
     except MixprecError as e:
         if len(items) == 1 or depth >= _MAX_BISECT_DEPTH:
             shown = ", ".join(repr(n) for n, _ in items[:3]) + (", ..." if len(items) > 3 else "")
-            logger.warning(
-                "range analysis skipped %d tensor(s) (%s): %s", len(items), shown, e
-            )
+            logger.warning("range analysis skipped %d tensor(s) (%s): %s", len(items), shown, e)
             return
         mid = len(items) // 2
         _run_chunk(runner, items[:mid], result, depth + 1)
@@ -1028,9 +1033,7 @@ def _upcast_tensor(t: onnx.TensorProto) -> None:
     try:
         values = numpy_helper.to_array(t).astype(np.float32)
     except Exception as e:
-        raise MixprecError(
-            f"cannot read low-precision tensor {t.name!r}: {_first_line(e)}"
-        ) from e
+        raise MixprecError(f"cannot read low-precision tensor {t.name!r}: {_first_line(e)}") from e
     new = numpy_helper.from_array(values, name=t.name)
     new.doc_string = t.doc_string
     t.CopyFrom(new)
@@ -1078,7 +1081,9 @@ class _Namer:
         return name
 
 
-def _low_outputs(node: onnx.NodeProto, types: Mapping[str, onnx.TypeProto]) -> list[tuple[int, int]]:
+def _low_outputs(
+    node: onnx.NodeProto, types: Mapping[str, onnx.TypeProto]
+) -> list[tuple[int, int]]:
     """(index, low elem type) of each float16/bfloat16 output of ``node``."""
     fallback: int | None = None
     if node.domain in _STANDARD_DOMAINS:

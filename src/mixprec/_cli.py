@@ -1,0 +1,303 @@
+"""Command line: ``mixprec convert | inspect | validate | lists``.
+
+Every user error ends in one line on stderr and exit status 2; a failed validation
+exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from mixprec._errors import MixprecError
+
+EXIT_ERROR = 2
+EXIT_VALIDATION_FAILED = 1
+
+_LISTS = ("allow", "deny", "infer", "clear")
+
+
+def _shape(text: str) -> tuple[str, list[int]]:
+    name, sep, dims = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=D0,D1,..., got {text!r}")
+    try:
+        values = [int(d) for d in dims.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"dims must be integers in {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"dims must be positive in {text!r}")
+    return name, values
+
+
+def _ops(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _add_input_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--inputs", metavar="FILE.npz", help="inputs for calibration/validation")
+    p.add_argument(
+        "--shape",
+        action="append",
+        type=_shape,
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="concrete shape for an input with symbolic dims (repeatable)",
+    )
+
+
+def _add_policy_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", help="fp16 (default) or bf16; env MIXPREC_DTYPE")
+    for name in _LISTS:
+        for kind in ("add", "remove"):
+            p.add_argument(
+                f"--{name}-{kind}",
+                type=_ops,
+                action="extend",
+                default=None,
+                metavar="OPS",
+                help=f"comma-separated op types to {kind} {'to' if kind == 'add' else 'from'} "
+                f"the {name.upper()} list",
+            )
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=None,
+        metavar="REGEX",
+        help="keep nodes whose name matches (exact or regex) in FP32 (repeatable)",
+    )
+    p.add_argument("--force-all", action="store_true", default=None, help="convert everything "
+                   "the schema allows (unsafe)")
+    p.add_argument("--output-fp32", type=_ops, action="extend", default=[], metavar="OPS",
+                   help="op types that compute in low precision but hand FP32 on")
+    io = p.add_mutually_exclusive_group()
+    io.add_argument("--keep-io-types", dest="keep_io_types", action="store_true", default=True,
+                    help="keep model inputs/outputs float32 (default)")
+    io.add_argument("--no-keep-io-types", dest="keep_io_types", action="store_false",
+                    help="let model inputs/outputs become low precision")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="skip the onnxruntime range run (lists and rules only)")
+    p.add_argument("--range-threshold", type=float, default=None,
+                   help="activation |x| limit (default: a quarter of the dtype's max)")
+    p.add_argument("--no-fold-batchnorm", action="store_true",
+                   help="do not fold BatchNormalization into Conv/Gemm")
+    p.add_argument("--no-upgrade-opset", action="store_true",
+                   help="bf16: never raise the opset to 22")
+    p.add_argument("--clip-weights", action="store_true",
+                   help="clip out-of-range weights instead of keeping consumers FP32")
+    _add_input_args(p)
+    p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mixprec",
+        description="Convert FP32 ONNX models to FP16/BF16 mixed precision.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("convert", help="convert a model")
+    c.add_argument("model", help="FP32 ONNX model")
+    c.add_argument("-o", "--output", required=True, help="where to write the converted model")
+    _add_policy_args(c)
+    c.add_argument("--log-dir", help="write graphs before/after and paint buckets here; "
+                   "env MIXPREC_LOG_PATH")
+    c.add_argument("--validate", action="store_true", help="compare with the FP32 model in "
+                   "onnxruntime after converting")
+    c.add_argument("--rtol", type=float, default=None, help="validation tolerance (rel. L2)")
+    c.add_argument("--external-data", action="store_true",
+                   help="write weights to OUTPUT.data beside the model")
+
+    i = sub.add_parser("inspect", help="show the painting without writing a model")
+    i.add_argument("model")
+    _add_policy_args(i)
+    i.add_argument("--all-nodes", action="store_true", help="list every node's decision")
+
+    v = sub.add_parser("validate", help="compare a converted model with the original")
+    v.add_argument("original")
+    v.add_argument("converted")
+    _add_input_args(v)
+    v.add_argument("--rtol", type=float, default=None,
+                   help="max relative L2 error per output (default per dtype)")
+    v.add_argument("--atol", type=float, default=1e-3,
+                   help="max abs error accepted where the reference is near zero")
+    v.add_argument("--mode", choices=("auto", "ort", "emulated"), default="auto")
+    v.add_argument("--json", action="store_true")
+
+    lists = sub.add_parser("lists", help="print the default op lists and rules")
+    lists.add_argument("--dtype", default="fp16")
+    lists.add_argument("--markdown", action="store_true")
+    return parser
+
+
+def _convert_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    for name in _LISTS:
+        for kind in ("add", "remove"):
+            kwargs[f"{name}_{kind}"] = getattr(args, f"{name}_{kind}")
+    kwargs.update(
+        exclude_nodes=args.exclude,
+        force_all=args.force_all,
+        output_fp32_ops=args.output_fp32,
+        keep_io_types=args.keep_io_types,
+        calibrate=not args.no_calibrate,
+        range_threshold=args.range_threshold,
+        fold_batchnorm=not args.no_fold_batchnorm,
+        upgrade_opset=not args.no_upgrade_opset,
+        clip_weights=args.clip_weights,
+        shapes=dict(args.shape) or None,
+    )
+    return kwargs
+
+
+def _progress(quiet: bool):
+    start = time.perf_counter()
+
+    def say(message: str) -> None:
+        if not quiet and sys.stderr.isatty() or (not quiet and time.perf_counter() - start > 1.0):
+            print(f"[{time.perf_counter() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def _load_feeds(path: str | None, model_path: str):
+    if path is None:
+        return None
+    from mixprec import _runtime
+    from mixprec._io import load_model
+
+    import onnx_ir as ir
+
+    return _runtime.load_inputs_npz(path, ir.to_proto(load_model(model_path)))
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from mixprec._convert import convert
+    from mixprec._io import check_output_path
+
+    out = Path(args.output)
+    check_output_path(out)
+    if Path(args.model).exists() and out.exists() and out.resolve() == Path(args.model).resolve():
+        raise MixprecError(f"{out}: output would overwrite the input model")
+    feeds = _load_feeds(args.inputs, args.model)
+    result = convert(
+        args.model,
+        args.dtype,
+        calibration_data=feeds,
+        log_dir=args.log_dir,
+        progress=_progress(args.quiet or args.json),
+        **_convert_kwargs(args),
+    )
+    result.save(out, external_data=args.external_data)
+    status = 0
+    if args.validate:
+        from mixprec._validate import validate
+
+        validation = validate(
+            args.model,
+            out,
+            inputs=feeds,
+            shapes=dict(args.shape) or result.report.input_shapes,
+            rtol=args.rtol,
+        )
+        result.report.validation = {**validation.to_dict(), "table": validation.format_table()}
+        status = 0 if validation.passed else EXIT_VALIDATION_FAILED
+    if args.json:
+        data = result.report.to_dict()
+        data["output"] = str(out)
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(result.report.format_summary())
+        print(f"wrote {out}")
+    return status
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from mixprec._convert import inspect
+
+    feeds = _load_feeds(args.inputs, args.model)
+    report = inspect(
+        args.model,
+        args.dtype,
+        calibration_data=feeds,
+        progress=_progress(args.quiet or args.json),
+        **_convert_kwargs(args),
+    )
+    if args.json:
+        print(report.to_json())
+        return 0
+    print(report.format_summary())
+    if args.all_nodes:
+        for n in report.nodes:
+            print(f"  {n.precision:4s}  {n.op_type:22s} {n.name:40s} [{n.step}] {n.reason}")
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from mixprec._validate import validate
+
+    feeds = _load_feeds(args.inputs, args.original)
+    report = validate(
+        args.original,
+        args.converted,
+        inputs=feeds,
+        shapes=dict(args.shape) or None,
+        rtol=args.rtol,
+        atol=args.atol,
+        mode=args.mode,
+    )
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        print(report.format_table())
+    return 0 if report.passed else EXIT_VALIDATION_FAILED
+
+
+def _cmd_lists(args: argparse.Namespace) -> int:
+    from mixprec._policy import RULES, OpClass, default_policy
+
+    policy = default_policy(args.dtype)
+    if args.markdown:
+        print(f"| list | {policy.target} ops |\n|---|---|")
+        for cls in (OpClass.ALLOW, OpClass.DENY, OpClass.INFER, OpClass.CLEAR):
+            print(f"| {cls.value.upper()} | {', '.join(sorted(policy.lists[cls]))} |")
+        print("\n| rule (domain, op) | behaviour |\n|---|---|")
+        for (domain, op), rule in sorted(RULES.items()):
+            print(f"| {domain or 'ai.onnx'}::{op} | {rule.note} |")
+        return 0
+    for cls in (OpClass.ALLOW, OpClass.DENY, OpClass.INFER, OpClass.CLEAR):
+        print(f"{cls.value.upper():6s} {', '.join(sorted(policy.lists[cls]))}")
+    for (domain, op), rule in sorted(RULES.items()):
+        print(f"RULE   {domain or 'ai.onnx'}::{op}: {rule.note}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mixprec`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="mixprec: %(levelname)s: %(message)s")
+    handlers = {
+        "convert": _cmd_convert,
+        "inspect": _cmd_inspect,
+        "validate": _cmd_validate,
+        "lists": _cmd_lists,
+    }
+    try:
+        return handlers[args.command](args)
+    except MixprecError as exc:
+        print(f"mixprec: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("mixprec: interrupted", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print("mixprec: error: out of memory", file=sys.stderr)
+        return EXIT_ERROR
