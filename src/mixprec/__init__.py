@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from mixprec._convert import ConversionResult, convert, inspect
 from mixprec._errors import MixprecError
-from mixprec._policy import DEFAULT_LISTS, RULES, OpClass, OpRule, Policy, default_policy, register_rule
+from mixprec._policy import (
+    DEFAULT_LISTS,
+    RULES,
+    OpClass,
+    OpRule,
+    Policy,
+    default_policy,
+    register_rule,
+)
 from mixprec._report import NodeReport, Report
 from mixprec._validate import validate
 

@@ -72,25 +72,58 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
         metavar="REGEX",
         help="keep nodes whose name matches (exact or regex) in FP32 (repeatable)",
     )
-    p.add_argument("--force-all", action="store_true", default=None, help="convert everything "
-                   "the schema allows (unsafe)")
-    p.add_argument("--output-fp32", type=_ops, action="extend", default=[], metavar="OPS",
-                   help="op types that compute in low precision but hand FP32 on")
+    p.add_argument(
+        "--force-all",
+        action="store_true",
+        default=None,
+        help="convert everything the schema allows (unsafe)",
+    )
+    p.add_argument(
+        "--output-fp32",
+        type=_ops,
+        action="extend",
+        default=[],
+        metavar="OPS",
+        help="op types that compute in low precision but hand FP32 on",
+    )
     io = p.add_mutually_exclusive_group()
-    io.add_argument("--keep-io-types", dest="keep_io_types", action="store_true", default=True,
-                    help="keep model inputs/outputs float32 (default)")
-    io.add_argument("--no-keep-io-types", dest="keep_io_types", action="store_false",
-                    help="let model inputs/outputs become low precision")
-    p.add_argument("--no-calibrate", action="store_true",
-                   help="skip the onnxruntime range run (lists and rules only)")
-    p.add_argument("--range-threshold", type=float, default=None,
-                   help="activation |x| limit (default: a quarter of the dtype's max)")
-    p.add_argument("--no-fold-batchnorm", action="store_true",
-                   help="do not fold BatchNormalization into Conv/Gemm")
-    p.add_argument("--no-upgrade-opset", action="store_true",
-                   help="bf16: never raise the opset to 22")
-    p.add_argument("--clip-weights", action="store_true",
-                   help="clip out-of-range weights instead of keeping consumers FP32")
+    io.add_argument(
+        "--keep-io-types",
+        dest="keep_io_types",
+        action="store_true",
+        default=True,
+        help="keep model inputs/outputs float32 (default)",
+    )
+    io.add_argument(
+        "--no-keep-io-types",
+        dest="keep_io_types",
+        action="store_false",
+        help="let model inputs/outputs become low precision",
+    )
+    p.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="skip the onnxruntime range run (lists and rules only)",
+    )
+    p.add_argument(
+        "--range-threshold",
+        type=float,
+        default=None,
+        help="activation |x| limit (default: a quarter of the dtype's max)",
+    )
+    p.add_argument(
+        "--no-fold-batchnorm",
+        action="store_true",
+        help="do not fold BatchNormalization into Conv/Gemm",
+    )
+    p.add_argument(
+        "--no-upgrade-opset", action="store_true", help="bf16: never raise the opset to 22"
+    )
+    p.add_argument(
+        "--clip-weights",
+        action="store_true",
+        help="clip out-of-range weights instead of keeping consumers FP32",
+    )
     _add_input_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
@@ -107,13 +140,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("model", help="FP32 ONNX model")
     c.add_argument("-o", "--output", required=True, help="where to write the converted model")
     _add_policy_args(c)
-    c.add_argument("--log-dir", help="write graphs before/after and paint buckets here; "
-                   "env MIXPREC_LOG_PATH")
-    c.add_argument("--validate", action="store_true", help="compare with the FP32 model in "
-                   "onnxruntime after converting")
+    c.add_argument(
+        "--log-dir", help="write graphs before/after and paint buckets here; env MIXPREC_LOG_PATH"
+    )
+    c.add_argument(
+        "--validate",
+        action="store_true",
+        help="compare with the FP32 model in onnxruntime after converting",
+    )
     c.add_argument("--rtol", type=float, default=None, help="validation tolerance (rel. L2)")
-    c.add_argument("--external-data", action="store_true",
-                   help="write weights to OUTPUT.data beside the model")
+    c.add_argument(
+        "--external-data", action="store_true", help="write weights to OUTPUT.data beside the model"
+    )
 
     i = sub.add_parser("inspect", help="show the painting without writing a model")
     i.add_argument("model")
@@ -124,10 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("original")
     v.add_argument("converted")
     _add_input_args(v)
-    v.add_argument("--rtol", type=float, default=None,
-                   help="max relative L2 error per output (default per dtype)")
-    v.add_argument("--atol", type=float, default=1e-3,
-                   help="max abs error accepted where the reference is near zero")
+    v.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        help="max relative L2 error per output (default per dtype)",
+    )
+    v.add_argument(
+        "--atol",
+        type=float,
+        default=1e-3,
+        help="max abs error accepted where the reference is near zero",
+    )
     v.add_argument("--mode", choices=("auto", "ort", "emulated"), default="auto")
     v.add_argument("--json", action="store_true")
 
@@ -161,7 +207,7 @@ def _progress(quiet: bool):
     start = time.perf_counter()
 
     def say(message: str) -> None:
-        if not quiet and sys.stderr.isatty() or (not quiet and time.perf_counter() - start > 1.0):
+        if (not quiet and sys.stderr.isatty()) or (not quiet and time.perf_counter() - start > 1.0):
             print(f"[{time.perf_counter() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
 
     return say
@@ -170,10 +216,10 @@ def _progress(quiet: bool):
 def _load_feeds(path: str | None, model_path: str):
     if path is None:
         return None
+    import onnx_ir as ir
+
     from mixprec import _runtime
     from mixprec._io import load_model
-
-    import onnx_ir as ir
 
     return _runtime.load_inputs_npz(path, ir.to_proto(load_model(model_path)))
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import onnx
@@ -22,12 +22,17 @@ import onnx_ir.passes.common as common
 
 from mixprec._config import ListChanges, resolve_log_dir, resolve_policy
 from mixprec._errors import MixprecError
-from mixprec._fold import FoldBatchNormPass
+from mixprec._fold import FoldBatchNormPass, FoldBatchNormResult
 from mixprec._io import check_opset, load_model, save_model
-from mixprec._paint import PaintPass, Precision, iter_nodes
+from mixprec._paint import PaintPass, PaintResult, Precision, iter_nodes
 from mixprec._policy import OpClass, Policy
 from mixprec._report import NodeReport, Report, concrete_shapes, count_macs
-from mixprec._rewrite import ApplyPrecisionPass, RemoveRedundantCastsPass
+from mixprec._rewrite import (
+    ApplyPrecisionPass,
+    ApplyPrecisionResult,
+    RemoveRedundantCastsPass,
+    RemoveRedundantCastsResult,
+)
 
 __all__ = ["ConversionResult", "convert", "inspect"]
 
@@ -113,8 +118,15 @@ def _graph_attrs(node: ir.Node):
 def _notes_about_input(model: ir.Model) -> list[str]:
     notes = []
     low = {ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
-    quant_ops = {"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul",
-                 "MatMulInteger", "ConvInteger", "DynamicQuantizeLinear"}
+    quant_ops = {
+        "QuantizeLinear",
+        "DequantizeLinear",
+        "QLinearConv",
+        "QLinearMatMul",
+        "MatMulInteger",
+        "ConvInteger",
+        "DynamicQuantizeLinear",
+    }
     has_low = any(
         v is not None and v.dtype in low
         for n in iter_nodes(model.graph)
@@ -126,7 +138,11 @@ def _notes_about_input(model: ir.Model) -> list[str]:
     if quant:
         notes.append(f"the model holds quantized ops ({', '.join(quant)}): left alone")
     custom = sorted(
-        {f"{n.domain}::{n.op_type}" for n in iter_nodes(model.graph) if n.domain not in ("", "ai.onnx")}
+        {
+            f"{n.domain}::{n.op_type}"
+            for n in iter_nodes(model.graph)
+            if n.domain not in ("", "ai.onnx")
+        }
     )
     if custom:
         notes.append(f"custom-domain ops kept in their precision: {', '.join(custom[:10])}")
@@ -234,15 +250,16 @@ def _prepare(model: ir.Model, fold_batchnorm: bool, report: Report) -> ir.Model:
         report.notes.append(f"inlined {n} model-local function(s) before painting")
     common.NameFixPass()(model)
     if fold_batchnorm:
-        folded = FoldBatchNormPass()(model)
+        folded = cast(FoldBatchNormResult, FoldBatchNormPass()(model))
         report.batchnorm_folded = folded.folded
         if folded.modified:
             common.RemoveUnusedNodesPass()(model)
     try:
         common.ShapeInferencePass(data_prop=True)(model)
     except Exception as exc:  # custom ops or odd models: go on with declared types
-        report.notes.append(f"shape inference failed ({str(exc).splitlines()[0][:120]}); "
-                            "declared types used")
+        report.notes.append(
+            f"shape inference failed ({str(exc).splitlines()[0][:120]}); declared types used"
+        )
     return model
 
 
@@ -251,6 +268,7 @@ def _calibrate(
     calibration_data: Mapping[str, np.ndarray] | None,
     shapes: Mapping[str, Sequence[int]] | None,
     report: Report,
+    shapes_out: dict[str, list[int]],
 ) -> dict[str, float]:
     from mixprec import _runtime
 
@@ -265,7 +283,9 @@ def _calibrate(
         feeds, more = _runtime.make_inputs(proto, shapes=concrete, seed=0)
         report.notes.extend(notes + more)
         report.notes.append("calibrated on generated inputs (images-like floats in [0,1))")
-    return _runtime.collect_absmax(proto, feeds)
+    for name, array in feeds.items():
+        shapes_out[name] = list(np.shape(array))
+    return _runtime.collect_absmax(proto, feeds, shapes_out=shapes_out)
 
 
 def convert(
@@ -379,26 +399,32 @@ def convert(
     timings["prepare"] = time.perf_counter() - t
 
     absmax: dict[str, float] = {}
+    observed: dict[str, list[int]] = {}  # tensor shapes seen in the calibration run
     t = time.perf_counter()
     proto_for_macs = ir.to_proto(work)
     if calibrate:
         say("calibrating ranges with onnxruntime")
-        absmax = _calibrate(work, calibration_data, shapes, report)
+        absmax = _calibrate(work, calibration_data, shapes, report, observed)
         report.calibrated = True
     else:
-        report.input_shapes, notes = _concrete_shapes(proto_for_macs, shapes)
+        report.input_shapes, shape_notes = _concrete_shapes(proto_for_macs, shapes)
+        report.notes.extend(shape_notes)
     timings["calibrate"] = time.perf_counter() - t
 
     t = time.perf_counter()
     say("painting")
-    shaped, shapes_by_name = concrete_shapes(proto_for_macs, report.input_shapes)
-    painted = PaintPass(
-        policy,
-        absmax=absmax,
-        range_threshold=range_threshold,
-        keep_io_types=keep,
-        shapes=shapes_by_name,
-    )(work)
+    shaped, inferred = concrete_shapes(proto_for_macs, report.input_shapes)
+    shapes_by_name: dict[str, Sequence[int | None]] = {**inferred, **observed}
+    painted = cast(
+        PaintResult,
+        PaintPass(
+            policy,
+            absmax=absmax,
+            range_threshold=range_threshold,
+            keep_io_types=keep,
+            shapes=shapes_by_name,
+        )(work),
+    )
     macs = count_macs(shaped, shapes_by_name)
     report.nodes = [
         NodeReport(
@@ -416,14 +442,17 @@ def convert(
 
     t = time.perf_counter()
     say("inserting casts")
-    applied = ApplyPrecisionPass(
-        policy,
-        painted.decisions,
-        painted.slots,
-        keep_io_types=keep,
-        clip_weights=clip_weights,
-    )(work)
-    cleaned = RemoveRedundantCastsPass()(work)
+    applied = cast(
+        ApplyPrecisionResult,
+        ApplyPrecisionPass(
+            policy,
+            painted.decisions,
+            painted.slots,
+            keep_io_types=keep,
+            clip_weights=clip_weights,
+        )(work),
+    )
+    cleaned = cast(RemoveRedundantCastsResult, RemoveRedundantCastsPass()(work))
     common.RemoveUnusedNodesPass()(work)
     report.casts_inserted = applied.casts_inserted
     report.casts_removed = cleaned.removed
@@ -457,7 +486,9 @@ def _check(model: ir.Model) -> None:
             onnx.checker.check_model(proto, full_check=True)
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0]
-        raise MixprecError(f"internal error: the converted model fails onnx.checker: {first}") from None
+        raise MixprecError(
+            f"internal error: the converted model fails onnx.checker: {first}"
+        ) from None
 
 
 def inspect(model: ModelLike, target_dtype: str | None = None, **kwargs: Any) -> Report:

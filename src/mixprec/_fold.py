@@ -71,9 +71,9 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
         if len(x.uses()) != 1 or x.is_graph_output():
             return f"{producer.op_type} output has other consumers"
         params = [_const(v) for v in bn.inputs[1:5]]
-        if any(p is None for p in params):
+        scale, bias, mean, var = params
+        if scale is None or bias is None or mean is None or var is None:
             return "BatchNormalization parameters are not float32 constants"
-        scale, bias, mean, var = params  # type: ignore[misc]
         eps_attr = bn.attributes.get("epsilon")
         eps = eps_attr.as_float() if eps_attr is not None else 1e-5
         factor = scale / np.sqrt(var + eps)
@@ -103,8 +103,6 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
             b = old_bias if old_bias is not None else np.zeros(channels)
             new_b = b * factor + shift
         else:  # Gemm
-            if x.shape is None or len(x.shape) != 2:
-                return "Gemm output rank unknown"
             trans_b = producer.attributes.get("transB")
             tb = trans_b.as_int() if trans_b is not None else 0
             beta_attr = producer.attributes.get("beta")
@@ -117,12 +115,13 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
                 if weight.shape[1] != channels:
                     return "channel count mismatch"
                 new_w = weight * factor.reshape(1, -1)
-            if old_bias is not None:
-                b = np.broadcast_to(old_bias * beta, (channels,)) if old_bias.ndim <= 1 else None
-                if b is None:
-                    return "Gemm bias is not per-column"
-            else:
-                b = np.zeros(channels)
+            if old_bias is not None and old_bias.ndim > 1:
+                return "Gemm bias is not per-column"
+            b = (
+                np.broadcast_to(old_bias * beta, (channels,)).astype(np.float64)
+                if old_bias is not None
+                else np.zeros(channels)
+            )
             new_b = b * factor + shift
             producer.attributes["beta"] = ir.AttrFloat32("beta", 1.0)
         graph = producer.graph
@@ -161,6 +160,8 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
         else:
             y.replace_all_uses_with(x)
         x.type = y.type or x.type
+        if y.shape is not None:
+            x.shape = y.shape
         graph.remove(bn, safe=True)
         return None
 

@@ -109,7 +109,9 @@ def check_output_path(path: str | os.PathLike[str]) -> Path:
     return p
 
 
-def save_model(model: ir.Model, path: str | os.PathLike[str], *, external_data: bool = False) -> None:
+def save_model(
+    model: ir.Model, path: str | os.PathLike[str], *, external_data: bool = False
+) -> None:
     """Write ``model`` to ``path`` atomically (temporary file in the same folder, then rename).
 
     Weights go to ``<name>.data`` beside the model when ``external_data`` is set or the

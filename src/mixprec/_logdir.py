@@ -71,6 +71,8 @@ def write_log_dir(folder: Path, before: onnx.ModelProto, after: ir.Model, report
         ops = report.policy.get(cls, [])
         lines.append(f"{cls.upper()} list: {', '.join(ops) if isinstance(ops, list) else ops}")
     lines.append("")
-    lines += [f"{n.precision:4s} {n.op_type:20s} {n.name:40s} [{n.step}] {n.reason}" for n in report.nodes]
+    lines += [
+        f"{n.precision:4s} {n.op_type:20s} {n.name:40s} [{n.step}] {n.reason}" for n in report.nodes
+    ]
     (folder / "paint_buckets.txt").write_text("\n".join(lines) + "\n")
     (folder / "report.json").write_text(report.to_json())

@@ -211,9 +211,7 @@ class PaintPass(ir.passes.InPlacePass):
             elif (blocked := self._range_block(node, info)) is not None:
                 decide(node, Precision.FP32, "range", blocked)
             elif rule.fp32_if is not None and (
-                why := rule.fp32_if(
-                    node, RuleContext(policy.target, domain_opset, self.shapes)
-                )
+                why := rule.fp32_if(node, RuleContext(policy.target, domain_opset, self.shapes))
             ):
                 classes[node] = cls
                 seeds.append((node, f"rule: {why}"))
@@ -237,7 +235,7 @@ class PaintPass(ir.passes.InPlacePass):
                 yield value.producer()
 
         # Step 1: allow.
-        for node, info in slots.items():
+        for node in slots:
             if node not in decisions and classes[node] is OpClass.ALLOW:
                 decide(node, Precision.LOW, "allow", "ALLOW list")
 
@@ -306,8 +304,7 @@ class PaintPass(ir.passes.InPlacePass):
                         node,
                         Precision.LOW,
                         "weights",
-                        f"between constants and low-precision {users[0].op_type} "
-                        f"{users[0].name!r}",
+                        f"between constants and low-precision {users[0].op_type} {users[0].name!r}",
                     )
                     changed = True
 
@@ -320,7 +317,8 @@ class PaintPass(ir.passes.InPlacePass):
                 OpClass.INFER: "INFER list, not fed by low precision",
                 OpClass.CLEAR: "CLEAR list, neighbours in float32",
                 OpClass.NONE: (
-                    f"{node.op_type} is in no list" if node.domain in ("", "ai.onnx")
+                    f"{node.op_type} is in no list"
+                    if node.domain in ("", "ai.onnx")
                     else f"custom-domain op {node.domain}::{node.op_type}"
                 ),
                 OpClass.ALLOW: "ALLOW list",

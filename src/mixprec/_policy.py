@@ -235,9 +235,7 @@ def _lists(allow: Iterable[str], deny: Iterable[str], infer: Iterable[str], clea
 
 DEFAULT_LISTS: Mapping[str, Mapping[OpClass, frozenset[str]]] = {
     "float16": _lists(_ALLOW_COMMON, _DENY_FP16, _INFER_COMMON, _CLEAR_COMMON),
-    "bfloat16": _lists(
-        _ALLOW_COMMON, _DENY_BF16, _INFER_COMMON + _BF16_RANGE_SAFE, _CLEAR_COMMON
-    ),
+    "bfloat16": _lists(_ALLOW_COMMON, _DENY_BF16, _INFER_COMMON + _BF16_RANGE_SAFE, _CLEAR_COMMON),
 }
 
 KNOWN_OPS: frozenset[str] = frozenset(

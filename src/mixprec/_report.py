@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections import Counter
@@ -155,8 +156,11 @@ def _shape_map(graph: onnx.GraphProto, out: dict[str, list[int | None]]) -> None
                 _shape_map(g, out)
 
 
-def _known(shape: Sequence[int | None] | None) -> bool:
-    return shape is not None and all(isinstance(d, int) and d > 0 for d in shape)
+def _known(shape: Sequence[int | None] | None) -> list[int] | None:
+    """``shape`` as plain ints when every dim is known and positive, else None."""
+    if shape is None or not all(isinstance(d, int) and d > 0 for d in shape):
+        return None
+    return [int(d) for d in shape if d is not None]
 
 
 def concrete_shapes(
@@ -181,13 +185,15 @@ def concrete_shapes(
     for graph_output in m.graph.output:
         if graph_output.type.HasField("tensor_type"):
             graph_output.type.tensor_type.ClearField("shape")
-    try:
+    with contextlib.suppress(Exception):  # shape inference is best effort here
         m = onnx.shape_inference.infer_shapes(m, data_prop=True)
-    except Exception:  # shape inference is best effort here
-        pass
     shapes: dict[str, list[int | None]] = {}
     _shape_map(m.graph, shapes)
     return m, shapes
+
+
+def _prod(dims: Sequence[int]) -> int:
+    return int(np.prod(dims, dtype=np.int64))
 
 
 def count_macs(
@@ -208,24 +214,19 @@ def count_macs(
                     visit(g)
             if node.op_type not in ("Conv", "ConvTranspose", "MatMul", "Gemm"):
                 continue
-            y = shapes.get(node.output[0])
-            w = shapes.get(node.input[1]) if len(node.input) > 1 else None
-            a = shapes.get(node.input[0])
+            y = _known(shapes.get(node.output[0]))
+            w = _known(shapes.get(node.input[1])) if len(node.input) > 1 else None
+            a = _known(shapes.get(node.input[0]))
             value = 0
-            if node.op_type == "Conv" and _known(y) and _known(w):
-                assert y is not None and w is not None
-                value = int(np.prod(y, dtype=np.int64)) * int(np.prod(w[1:], dtype=np.int64))
-            elif node.op_type == "ConvTranspose" and _known(a) and _known(w):
-                assert a is not None and w is not None
-                value = int(np.prod(a, dtype=np.int64)) * int(np.prod(w[1:], dtype=np.int64))
-            elif node.op_type == "MatMul" and _known(y) and _known(a) and a:
-                assert y is not None and a is not None
-                value = int(np.prod(y, dtype=np.int64)) * int(a[-1])
-            elif node.op_type == "Gemm" and _known(y) and _known(a):
-                assert y is not None and a is not None
+            if node.op_type == "Conv" and y and w:
+                value = _prod(y) * _prod(w[1:])
+            elif node.op_type == "ConvTranspose" and a and w:
+                value = _prod(a) * _prod(w[1:])
+            elif node.op_type == "MatMul" and y and a:
+                value = _prod(y) * a[-1]
+            elif node.op_type == "Gemm" and y and a:
                 trans_a = any(at.name == "transA" and at.i for at in node.attribute)
-                k = a[0] if trans_a else a[-1]
-                value = int(np.prod(y, dtype=np.int64)) * int(k)
+                value = _prod(y) * (a[0] if trans_a else a[-1])
             macs[node.name] = value
 
     visit(proto.graph)

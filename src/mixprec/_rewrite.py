@@ -24,7 +24,10 @@ __all__ = [
     "RemoveRedundantCastsResult",
 ]
 
-_NUMPY_DTYPE = {ir.DataType.FLOAT16: np.dtype(np.float16), ir.DataType.BFLOAT16: np.dtype(ml_dtypes.bfloat16)}
+_NUMPY_DTYPE = {
+    ir.DataType.FLOAT16: np.dtype(np.float16),
+    ir.DataType.BFLOAT16: np.dtype(ml_dtypes.bfloat16),
+}
 _FLOATS = frozenset(
     {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 )
@@ -421,6 +424,4 @@ class RemoveRedundantCastsPass(ir.passes.InPlacePass):
                     node.graph.remove(node, safe=True)
                     removed += 1
                     dead = True
-        return RemoveRedundantCastsResult(
-            model, modified=bool(rewired or removed), removed=removed
-        )
+        return RemoveRedundantCastsResult(model, modified=bool(rewired or removed), removed=removed)

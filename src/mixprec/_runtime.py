@@ -32,6 +32,7 @@ import dataclasses
 import logging
 import math
 import os
+import re
 import tempfile
 import zipfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -122,10 +123,14 @@ def _copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
     return m
 
 
+# ORT prefixes messages with a C++ source location and function signature; drop them.
+_ORT_SOURCE_NOISE = re.compile(r"\s*/onnxruntime_src/\S+:\d+\s+[^\s(]+\([^()]*\)\s*")
+
+
 def _first_line(error: BaseException) -> str:
     for line in str(error).splitlines():
         if line.strip():
-            text = line.strip()
+            text = _ORT_SOURCE_NOISE.sub(" ", line).strip()
             return text if len(text) <= 400 else text[:397] + "..."
     return type(error).__name__
 
@@ -248,6 +253,55 @@ def _tensor_type_of(types: Mapping[str, onnx.TypeProto], name: str) -> int | Non
         return None
     elem = int(tp.tensor_type.elem_type)
     return elem or None
+
+
+# Standard ops whose output 0 has the element type of input 0 (Where: of input 1; Split: all
+# outputs). Used only to fill in types that shape inference left unknown.
+_SAME_TYPE_OPS = frozenset(
+    {
+        "Abs", "Add", "AveragePool", "BatchNormalization", "Ceil", "Clip", "Concat", "Conv",
+        "ConvTranspose", "Cos", "CumSum", "Div", "Dropout", "Elu", "Erf", "Exp", "Expand",
+        "Flatten", "Floor", "Gather", "GatherElements", "GatherND", "Gelu", "Gemm",
+        "GlobalAveragePool", "GlobalMaxPool", "HardSigmoid", "HardSwish", "Identity",
+        "InstanceNormalization", "LayerNormalization", "LeakyRelu", "Log", "LogSoftmax",
+        "MatMul", "Max", "MaxPool", "Mean", "Min", "Mish", "Mul", "Neg", "Pad", "Pow",
+        "PRelu", "Reciprocal", "ReduceL2", "ReduceMax", "ReduceMean", "ReduceMin",
+        "ReduceProd", "ReduceSum", "Relu", "Reshape", "Resize", "Round", "Selu", "Sigmoid",
+        "Sign", "Sin", "Slice", "Softmax", "Softplus", "Split", "Sqrt", "Squeeze", "Sub",
+        "Sum", "Tanh", "Tile", "Transpose", "Unsqueeze", "Where",
+    }
+)  # fmt: skip
+
+
+def _elem_types(graph: onnx.GraphProto, types: Mapping[str, onnx.TypeProto]) -> dict[str, int]:
+    """Element types of ``graph``'s tensors: from ``types``, else derived node by node.
+
+    Cast and Constant outputs take the type they name; outputs of the simple ops in
+    ``_SAME_TYPE_OPS`` take their data input's type. Other unknown values stay unknown.
+    """
+    elems: dict[str, int] = {}
+    for name in types:
+        elem = _tensor_type_of(types, name)
+        if elem is not None:
+            elems[name] = elem
+    for node in graph.node:
+        if node.domain not in _STANDARD_DOMAINS:
+            continue
+        guess: int | None = None
+        if node.op_type == "Cast":
+            guess = next((int(a.i) for a in node.attribute if a.name == "to"), None)
+        elif node.op_type == "Constant":
+            guess = next((int(a.t.data_type) for a in node.attribute if a.name == "value"), None)
+        elif node.op_type in _SAME_TYPE_OPS and node.input:
+            source = node.input[1] if node.op_type == "Where" and len(node.input) > 1 else None
+            guess = elems.get(source or node.input[0])
+        if guess is None:
+            continue
+        outputs = node.output if node.op_type == "Split" else node.output[:1]
+        for name in outputs:
+            if name and name not in elems:
+                elems[name] = guess
+    return elems
 
 
 # --------------------------------------------------------------------------- inputs
@@ -575,14 +629,49 @@ def _check_external(model: onnx.ModelProto) -> None:
             )
 
 
-def _make_session(source: str | bytes, threads: int) -> ort.InferenceSession:
+_IR_VERSION_ERROR = re.compile(
+    r"Unsupported model IR version: (\d+), max supported IR version: (\d+)"
+)
+
+
+def _make_session(
+    source: str | bytes, threads: int, *, owned: bool = False
+) -> ort.InferenceSession:
+    """Creates a CPU session.
+
+    When ORT rejects only the model's IR version (models written by a newer onnx than
+    this ORT knows), the session is retried with the IR version ORT names; that rewrites
+    in-memory bytes, or a file when ``owned`` (mixprec's own temporary files), never a
+    user's file.
+    """
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     so.log_severity_level = 3
+    providers = ["CPUExecutionProvider"]
     try:
-        return ort.InferenceSession(source, sess_options=so, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(source, sess_options=so, providers=providers)
+    except Exception as e:
+        match = _IR_VERSION_ERROR.search(str(e))
+        if match is None or not (isinstance(source, bytes) or owned):
+            raise _OrtLoadError(f"onnxruntime cannot load the model: {_first_line(e)}") from e
+    supported = int(match.group(2))
+    logger.info(
+        "model IR version %s > %d, which onnxruntime supports: lowered it for the run",
+        match.group(1),
+        supported,
+    )
+    if isinstance(source, bytes):
+        proto = onnx.ModelProto.FromString(source)
+        proto.ir_version = supported
+        source = proto.SerializeToString()
+    else:
+        proto = onnx.load_model(source, load_external_data=False)
+        proto.ir_version = supported
+        onnx.save_model(proto, source)
+    try:
+        return ort.InferenceSession(source, sess_options=so, providers=providers)
     except Exception as e:
         raise _OrtLoadError(f"onnxruntime cannot load the model: {_first_line(e)}") from e
 
@@ -598,7 +687,7 @@ def _session_for(model: onnx.ModelProto, threads: int) -> Iterator[ort.Inference
         skeleton = _external_skeleton(model, Path(tmp))
         path = Path(tmp) / "model.onnx"
         onnx.save_model(skeleton, path)
-        yield _make_session(str(path), threads)
+        yield _make_session(str(path), threads, owned=True)
 
 
 def _bf16_from_ortvalue(value: ort.OrtValue) -> np.ndarray:
@@ -745,16 +834,22 @@ class _VariantRunner:
     """Runs copies of one model that differ only in their graph outputs."""
 
     def __init__(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], threads: int):
-        self._model = model  # owned by the caller's private copy; outputs are swapped in place
+        # ``model`` is not modified: outputs are swapped on a private copy, or, over the
+        # protobuf limit, on a skeleton whose initializers live in a temporary file.
         self._original_outputs = [_copy_vi(vi) for vi in model.graph.output]
         self._feeds = feeds
         self._threads = threads
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         if model.ByteSize() > _PROTO_LIMIT:
             self._dir = tempfile.TemporaryDirectory(prefix="mixprec-")
-            self._model = _external_skeleton(model, Path(self._dir.name))
+            try:
+                self._model = _external_skeleton(model, Path(self._dir.name))
+            except BaseException:
+                self.close()
+                raise
         else:
             _check_external(model)
+            self._model = _copy_model(model)
 
     def close(self) -> None:
         if self._dir is not None:
@@ -775,7 +870,7 @@ class _VariantRunner:
         finally:
             del graph.output[:]
             graph.output.extend(self._original_outputs)
-        session = _make_session(source, self._threads)
+        session = _make_session(source, self._threads, owned=self._dir is not None)
         return _run_session(session, self._feeds, [vi.name for vi in outputs])
 
 
@@ -785,10 +880,17 @@ def _copy_vi(vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto:
     return out
 
 
-def _record(outs: dict[str, np.ndarray], result: dict[str, float]) -> None:
-    """Reduces each array to its absmax and drops it right away."""
+def _record(
+    outs: dict[str, np.ndarray],
+    result: dict[str, float],
+    shapes: dict[str, list[int]] | None = None,
+) -> None:
+    """Reduces each array to its absmax (and shape) and drops it right away."""
     for name in list(outs):
-        value = _absmax(outs.pop(name))
+        array = outs.pop(name)
+        if shapes is not None and hasattr(array, "shape"):
+            shapes[name] = [int(d) for d in array.shape]
+        value = _absmax(array)
         if value is not None:
             result[name] = value
 
@@ -798,6 +900,7 @@ def _run_chunk(
     items: list[tuple[str, int]],
     result: dict[str, float],
     depth: int = 0,
+    shapes: dict[str, list[int]] | None = None,
 ) -> None:
     outputs = [helper.make_tensor_value_info(n, et, None) for n, et in items]
     try:
@@ -808,10 +911,10 @@ def _run_chunk(
             logger.warning("range analysis skipped %d tensor(s) (%s): %s", len(items), shown, e)
             return
         mid = len(items) // 2
-        _run_chunk(runner, items[:mid], result, depth + 1)
-        _run_chunk(runner, items[mid:], result, depth + 1)
+        _run_chunk(runner, items[:mid], result, depth + 1, shapes)
+        _run_chunk(runner, items[mid:], result, depth + 1, shapes)
         return
-    _record(outs, result)
+    _record(outs, result, shapes)
 
 
 def collect_absmax(
@@ -820,6 +923,7 @@ def collect_absmax(
     *,
     chunk_size: int = 2000,
     threads: int = 2,
+    shapes_out: dict[str, list[int]] | None = None,
 ) -> dict[str, float]:
     """Range analysis: ``max(|x|)`` of every floating-point tensor of the FP32 model.
 
@@ -840,6 +944,7 @@ def collect_absmax(
         feeds: Input arrays by name.
         chunk_size: Most extra outputs fetched per ORT session, to bound memory.
         threads: ORT intra-op thread count.
+        shapes_out: when given, filled with the observed shape of every fetched tensor.
 
     Returns:
         Absmax by tensor name.
@@ -849,7 +954,7 @@ def collect_absmax(
     """
     if chunk_size < 1:
         raise MixprecError(f"chunk size must be a positive integer, got {chunk_size}")
-    m = _copy_model(model)
+    m = model  # only read here; _VariantRunner makes the copy it edits
     result: dict[str, float] = {}
     for vi in _graph_inputs(m):
         if vi.name in feeds:
@@ -862,6 +967,7 @@ def collect_absmax(
     types = _value_types(m.graph)
     if inferred is not None:
         types.update(_value_types(inferred.graph))
+    elems = _elem_types(m.graph, types)
 
     output_names = {vi.name for vi in m.graph.output}
     candidates: list[tuple[str, int]] = []
@@ -874,7 +980,7 @@ def collect_absmax(
             if not name or name in seen or name in output_names or name in result:
                 continue
             seen.add(name)
-            elem = _tensor_type_of(types, name)
+            elem = elems.get(name)
             if elem is None:
                 unknown.append(name)
             elif elem in _FLOAT_TYPES:
@@ -896,9 +1002,9 @@ def collect_absmax(
             logger.debug("range analysis: first chunk failed (%s); checking the plain model", e)
             outs = runner.run(originals)  # raises when the model itself cannot run
             chunks.insert(0, first)
-        _record(outs, result)
+        _record(outs, result, shapes_out)
         for chunk in chunks:
-            _run_chunk(runner, chunk, result)
+            _run_chunk(runner, chunk, result, shapes=shapes_out)
     finally:
         runner.close()
     return result
@@ -1081,26 +1187,12 @@ class _Namer:
         return name
 
 
-def _low_outputs(
-    node: onnx.NodeProto, types: Mapping[str, onnx.TypeProto]
-) -> list[tuple[int, int]]:
+def _low_outputs(node: onnx.NodeProto, elems: Mapping[str, int]) -> list[tuple[int, int]]:
     """(index, low elem type) of each float16/bfloat16 output of ``node``."""
-    fallback: int | None = None
-    if node.domain in _STANDARD_DOMAINS:
-        for attr in node.attribute:
-            if node.op_type == "Cast" and attr.name == "to":
-                fallback = int(attr.i)
-            elif node.op_type == "Constant" and attr.name == "value":
-                fallback = int(attr.t.data_type)
     found: list[tuple[int, int]] = []
     for i, name in enumerate(node.output):
-        if not name:
-            continue
-        elem = _tensor_type_of(types, name)
-        if elem is None and i == 0:
-            elem = fallback
-        if elem in _LOW_TYPES:
-            assert elem is not None
+        elem = elems.get(name) if name else None
+        if elem is not None and elem in _LOW_TYPES:
             found.append((i, elem))
     return found
 
@@ -1151,7 +1243,7 @@ def _emulate_graph(
     namer: _Namer,
 ) -> None:
     """Rewrites ``graph`` and its subgraphs in place (see :func:`emulate_low_precision`)."""
-    types = next(type_maps)
+    elems = _elem_types(graph, next(type_maps))
     for t in graph.initializer:
         if t.data_type in _LOW_TYPES:
             _upcast_tensor(t)
@@ -1164,7 +1256,7 @@ def _emulate_graph(
     new_nodes: list[onnx.NodeProto] = []
     changed = False
     for node in graph.node:
-        low = _low_outputs(node, types)
+        low = _low_outputs(node, elems)
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
                 _emulate_graph(attr.g, type_maps, namer)

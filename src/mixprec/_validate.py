@@ -70,6 +70,4 @@ def validate(
         feeds, _notes = _runtime.make_inputs(ref_model, shapes=shapes, seed=seed)
     else:
         feeds = dict(inputs)
-    return _runtime.validate_models(
-        ref_model, new_model, feeds, rtol=rtol, atol=atol, mode=mode
-    )
+    return _runtime.validate_models(ref_model, new_model, feeds, rtol=rtol, atol=atol, mode=mode)
