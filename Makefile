@@ -16,7 +16,6 @@ $(STAMP): $(BIN)/python pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python examples/make_demo_model.py demo-out/demo_fp32.onnx
 	$(BIN)/mixprec convert demo-out/demo_fp32.onnx -o demo-out/demo_fp16.onnx --dtype fp16 --validate
-	@echo "wrote demo-out/demo_fp16.onnx"
 
 test: $(STAMP)
 	$(BIN)/python -m ruff check src tests

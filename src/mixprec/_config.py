@@ -29,6 +29,8 @@ ENV_VARS: tuple[str, ...] = (
     "MIXPREC_FORCE_ALL",
     "MIXPREC_LOG_PATH",
 )
+# Read by the test suite and the bench, not by the converter; accepted here.
+_OTHER_VARS = frozenset({"MIXPREC_CORPUS", "MIXPREC_BENCH_CACHE"})
 
 
 @dataclass(frozen=True)
@@ -70,22 +72,27 @@ def resolve_policy(
     """Build the policy from explicit arguments, then ``MIXPREC_*`` variables, then defaults."""
     env = os.environ if env is None else env
     for var in env:
-        if var.startswith(ENV_PREFIX) and var not in ENV_VARS and var != "MIXPREC_BENCH_CACHE":
+        if var.startswith(ENV_PREFIX) and var not in ENV_VARS and var not in _OTHER_VARS:
             raise MixprecError(f"unknown environment variable {var}; known: {', '.join(ENV_VARS)}")
     dtype = target_dtype if target_dtype is not None else env.get("MIXPREC_DTYPE") or "float16"
     policy = default_policy(normalize_dtype(dtype))
+    # Environment lists first, explicit lists second, so an explicit argument wins even
+    # when it names an op that an environment variable moved to another list.
+    env_add: dict[OpClass, list[str]] = {}
+    env_remove: dict[OpClass, list[str]] = {}
     add: dict[OpClass, list[str]] = {}
     remove: dict[OpClass, list[str]] = {}
     for cls, name in _LIST_ENV.items():
-        for kind, given, out in (
-            ("ADD", changes.add.get(cls), add),
-            ("REMOVE", changes.remove.get(cls), remove),
+        for kind, given, out, from_env in (
+            ("ADD", changes.add.get(cls), add, env_add),
+            ("REMOVE", changes.remove.get(cls), remove, env_remove),
         ):
             var = f"MIXPREC_{name}_{kind}"
             if given is not None:
                 out[cls] = list(given)
             elif env.get(var):
-                out[cls] = _split(env[var], var)
+                from_env[cls] = _split(env[var], var)
+    policy = policy.with_changes(env_add, env_remove)
     if exclude_nodes is None:
         raw = env.get("MIXPREC_EXCLUDE_NODES")
         exclude_nodes = _split(raw, "MIXPREC_EXCLUDE_NODES") if raw else []

@@ -126,6 +126,9 @@ def save_model(
     use_external = external_data or total > _MAX_PROTO - 2**26
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
     os.close(fd)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a saved model follows the umask
     tmp_data = None
     try:
         if use_external:

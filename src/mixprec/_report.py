@@ -119,9 +119,14 @@ class Report:
         fp32 = [n for n in self.fp32_nodes() if n.step not in ("rest",) or n.op_class != "none"]
         if fp32:
             by_reason = Counter((n.step, n.reason) for n in fp32)
+            names: dict[tuple[str, str], list[str]] = {}
+            for n in fp32:
+                names.setdefault((n.step, n.reason), []).append(n.name or n.op_type)
             lines.append(f"kept in fp32 ({len(fp32)} nodes), by reason:")
             for (step, reason), k in by_reason.most_common(max_fp32):
-                lines.append(f"  {k:4d}  [{step}] {reason}")
+                shown = names[(step, reason)]
+                more = f", +{len(shown) - 3}" if len(shown) > 3 else ""
+                lines.append(f"  {k:4d}  [{step}] {reason}: {', '.join(shown[:3])}{more}")
             if len(by_reason) > max_fp32:
                 lines.append(f"  ... {len(by_reason) - max_fp32} more reasons (see --json)")
         for note in self.notes:

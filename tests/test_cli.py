@@ -1,0 +1,485 @@
+"""The ``mixprec`` command line: bad input ends in one stderr line and exit 2, good input
+writes valid models, reports, logs; environment variables and their priority.
+
+Every error case runs twice: in-process through ``mixprec._cli.main`` and as
+``python -m mixprec`` in a subprocess (what a user sees, tracebacks included).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.shape_inference
+import onnx_ir
+import pytest
+
+import mixprec
+from helpers import assert_close, make_model, run_ort, sha256_of
+from mixprec._cli import main
+
+MODES = ["inproc", "subproc"]
+
+
+def _init(name: str, arr: np.ndarray) -> str:
+    dims = ",".join(str(d) for d in arr.shape)
+    return f"float[{dims}] {name} = {{{', '.join(f'{v:.7g}' for v in arr.ravel())}}}"
+
+
+def small_model_text(batch: str | int = 1) -> str:
+    """Conv -> Relu -> MatMul -> Softmax with initializers, opset 17."""
+    rng = np.random.default_rng(0)
+    w = (0.3 * rng.standard_normal((4, 3, 3, 3))).astype(np.float32)
+    b = (0.1 * rng.standard_normal(4)).astype(np.float32)
+    k = (0.3 * rng.standard_normal((8, 4))).astype(np.float32)
+    return f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    small (float[{batch},3,8,8] x) => (float[{batch},4,8,4] y)
+    <{_init("w", w)}, {_init("b", b)}, {_init("k", k)}>
+    {{
+        c = Conv <pads = [1, 1, 1, 1]> (x, w, b)
+        r = Relu (c)
+        m = MatMul (r, k)
+        y = Softmax <axis = -1> (m)
+    }}
+    """
+
+
+@dataclass(frozen=True)
+class Paths:
+    root: Path
+    inp: Path  # input models; never modified
+    small: Path
+    sym: Path
+    sym_fp16: Path
+    string: Path
+    new_opset: Path
+    truncated: Path
+    text: Path
+    empty: Path
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Paths:
+    root = tmp_path_factory.mktemp("cli")
+    inp = root / "in"
+    inp.mkdir()
+    small = make_model(small_model_text())
+    onnx.save(small, inp / "small.onnx")
+    sym = make_model(small_model_text("N"))
+    onnx.save(sym, inp / "sym.onnx")
+    mixprec.convert(sym, "fp16").save(inp / "sym_fp16.onnx")
+    string = make_model(
+        '<ir_version: 8, opset_import: ["" : 17]> g (string[1] s) => (string[1] t) '
+        "{ t = Identity(s) }"
+    )
+    onnx.save(string, inp / "string.onnx")
+    newer = onnx.ModelProto()
+    newer.CopyFrom(small)
+    newer.opset_import[0].version = 99
+    onnx.save(newer, inp / "new_opset.onnx")
+    data = (inp / "small.onnx").read_bytes()
+    (inp / "truncated.onnx").write_bytes(data[: len(data) // 2])
+    (inp / "text.onnx").write_text("this is a text file, not an ONNX model\n")
+    (inp / "empty.onnx").write_bytes(b"")
+    return Paths(
+        root,
+        inp,
+        inp / "small.onnx",
+        inp / "sym.onnx",
+        inp / "sym_fp16.onnx",
+        inp / "string.onnx",
+        inp / "new_opset.onnx",
+        inp / "truncated.onnx",
+        inp / "text.onnx",
+        inp / "empty.onnx",
+    )
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+
+
+def _clean_env(extra: Mapping[str, str] | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIXPREC_")}
+    env.update(extra or {})
+    return env
+
+
+def cli(
+    args: Sequence[str],
+    mode: str = "inproc",
+    *,
+    env: Mapping[str, str] | None = None,
+    monkeypatch: pytest.MonkeyPatch | None = None,
+    cwd: Path | None = None,
+) -> Result:
+    """Run ``mixprec ARGS`` in-process (``main``) or as ``python -m mixprec``."""
+    args = [str(a) for a in args]
+    if mode == "subproc":
+        proc = subprocess.run(
+            [sys.executable, "-m", "mixprec", *args],
+            capture_output=True,
+            text=True,
+            env=_clean_env(env),
+            cwd=cwd,
+            timeout=120,
+            check=False,
+        )
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+    assert monkeypatch is not None, "in-process runs need monkeypatch for the environment"
+    for key, value in (env or {}).items():
+        monkeypatch.setenv(key, value)
+    if cwd is not None:
+        monkeypatch.chdir(cwd)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(args)
+        except SystemExit as exc:  # argparse
+            rc = exc.code if isinstance(exc.code, int) else 2
+    for key in env or {}:
+        monkeypatch.delenv(key)
+    return Result(rc, out.getvalue(), err.getvalue())
+
+
+def _snapshot(folder: Path) -> dict[str, str]:
+    return {p.name: sha256_of(p) for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True)
+class Bad:
+    """One bad invocation: args from the paths, env, what stderr must name."""
+
+    make: Callable[[Paths, Path], list[str]]
+    expect: str
+    env: Mapping[str, str] | None = None
+    argparse: bool = False
+
+
+def _convert(model: Callable[[Paths], Path], *extra: str) -> Callable[[Paths, Path], list]:
+    return lambda p, out: ["convert", model(p), "-o", out / "out.onnx", *extra]
+
+
+BAD: dict[str, Bad] = {
+    "missing-file": Bad(
+        lambda p, out: ["convert", p.inp / "nope.onnx", "-o", out / "o.onnx"], "no such file"
+    ),
+    "text-file": Bad(_convert(lambda p: p.text), "not a valid ONNX file"),
+    "truncated": Bad(_convert(lambda p: p.truncated), "not a valid ONNX file"),
+    "empty-file": Bad(_convert(lambda p: p.empty), "not an ONNX model"),
+    "directory": Bad(_convert(lambda p: p.inp), "is a directory"),
+    "unknown-dtype": Bad(_convert(lambda p: p.small, "--dtype", "fp8"), "'fp8'"),
+    "unknown-op": Bad(_convert(lambda p: p.small, "--allow-add", "NotAnOp"), "'NotAnOp'"),
+    "env-bad-bool": Bad(
+        _convert(lambda p: p.small), "MIXPREC_FORCE_ALL", env={"MIXPREC_FORCE_ALL": "maybe"}
+    ),
+    "env-unknown-var": Bad(
+        _convert(lambda p: p.small), "MIXPREC_FROBNICATE", env={"MIXPREC_FROBNICATE": "1"}
+    ),
+    "bad-regex": Bad(_convert(lambda p: p.small, "--exclude", "(["), "'(['"),
+    "shape-rank": Bad(_convert(lambda p: p.small, "--shape", "x=1,3,8"), "rank"),
+    "shape-name": Bad(_convert(lambda p: p.small, "--shape", "z=1,3,8,8"), "'z'"),
+    "shape-syntax": Bad(
+        _convert(lambda p: p.small, "--shape", "x:1,3,8,8"), "NAME=D0", argparse=True
+    ),
+    "shape-not-int": Bad(
+        _convert(lambda p: p.small, "--shape", "x=1,a,8,8"), "integers", argparse=True
+    ),
+    "output-folder-missing": Bad(
+        lambda p, out: ["convert", p.small, "-o", out / "no" / "such" / "o.onnx"],
+        "does not exist",
+    ),
+    "output-is-input": Bad(lambda p, out: ["convert", p.small, "-o", p.small], "overwrite"),
+    "opset-too-new": Bad(_convert(lambda p: p.new_opset), "opset 99"),
+    "string-input": Bad(_convert(lambda p: p.string), "string"),
+    "validate-symbolic-dims": Bad(lambda p, out: ["validate", p.sym, p.sym_fp16], "--shape x="),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_one_line_exit_2(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str, mode: str
+) -> None:
+    bad = BAD[case]
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    before = _snapshot(models.inp)
+    res = cli(bad.make(models, out_dir), mode, env=bad.env, monkeypatch=monkeypatch)
+
+    assert res.rc == 2, (res.rc, res.out, res.err)
+    assert "Traceback" not in res.err
+    lines = res.err.strip().splitlines()
+    if bad.argparse:  # argparse: usage lines, then one "error:" line
+        assert lines[-1].startswith("mixprec convert: error:"), res.err
+    else:
+        assert len(lines) == 1, res.err
+        assert lines[0].startswith("mixprec: error: "), res.err
+    assert bad.expect in lines[-1], res.err
+    assert res.out == ""
+    assert _snapshot(models.inp) == before, "an input file changed"
+    assert _leftovers(out_dir) == [], "output or temporary files left behind"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_output_in_read_only_folder(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("this user (root?) can write into a 0o555 folder")
+        before = _snapshot(models.inp)
+        res = cli(["convert", models.small, "-o", ro / "o.onnx"], mode, monkeypatch=monkeypatch)
+        assert res.rc == 2 and "Traceback" not in res.err
+        assert len(res.err.strip().splitlines()) == 1 and "not writable" in res.err
+        assert _snapshot(models.inp) == before
+        assert _leftovers(ro) == []
+    finally:
+        ro.chmod(0o755)
+
+
+# --------------------------------------------------------------------------- success
+
+
+def _converted(path: Path) -> onnx.ModelProto:
+    model = onnx.load(path)
+    onnx.checker.check_model(model, full_check=True)
+    onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    return model
+
+
+def _init_types(model: onnx.ModelProto) -> set[int]:
+    return {t.data_type for t in model.graph.initializer}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_convert_writes_valid_fp16_model(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    out = tmp_path / "small_fp16.onnx"
+    before = sha256_of(models.small)
+    res = cli(["convert", models.small, "-o", out], mode, monkeypatch=monkeypatch)
+    assert res.rc == 0, res.err
+    assert f"wrote {out}" in res.out
+    model = _converted(out)
+    assert onnx.TensorProto.FLOAT16 in _init_types(model)
+    assert sha256_of(models.small) == before
+    assert _leftovers(tmp_path) == ["small_fp16.onnx"]
+    x = np.random.default_rng(1).random((1, 3, 8, 8), dtype=np.float32)
+    assert_close(run_ort(models.small, {"x": x})["y"], run_ort(out, {"x": x})["y"], "float16")
+
+
+def test_output_file_mode_follows_umask(models: Paths, tmp_path: Path) -> None:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    out = tmp_path / "o.onnx"
+    assert main(["convert", str(models.small), "-o", str(out), "-q"]) == 0
+    assert out.stat().st_mode & 0o777 == 0o666 & ~mask
+
+
+def test_convert_json_report(models: Paths, tmp_path: Path) -> None:
+    out = tmp_path / "o.onnx"
+    res = cli(["convert", models.small, "-o", out, "--json"], "subproc")
+    assert res.rc == 0, res.err
+    data = json.loads(res.out)
+    summary = data["summary"]
+    for key in (
+        "nodes",
+        "low_nodes",
+        "low_node_share",
+        "macs",
+        "low_mac_share",
+        "casts_inserted",
+        "casts_after",
+        "param_bytes_before",
+        "param_bytes_after",
+    ):
+        assert key in summary, key
+    assert summary["nodes"] == 4 and summary["low_nodes"] == 4
+    assert summary["low_mac_share"] == 1.0
+    assert data["output"] == str(out)
+    assert {n["op_type"] for n in data["nodes"]} == {"Conv", "Relu", "MatMul", "Softmax"}
+    assert out.is_file()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_inspect_prints_counts_and_writes_nothing(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    before = _snapshot(models.inp)
+    res = cli(["inspect", models.small, "--all-nodes"], mode, monkeypatch=monkeypatch, cwd=tmp_path)
+    assert res.rc == 0, res.err
+    assert "float nodes painted" in res.out and "4 (100.0%)" in res.out
+    assert all(op in res.out for op in ("Conv", "Relu", "MatMul", "Softmax"))
+    assert _snapshot(models.inp) == before
+    assert _leftovers(tmp_path) == []
+
+
+def _scale_weights(model: onnx.ModelProto, factor: float) -> onnx.ModelProto:
+    broken = onnx.ModelProto()
+    broken.CopyFrom(model)
+    for t in broken.graph.initializer:
+        arr = onnx.numpy_helper.to_array(t)
+        if arr.dtype.kind == "f":
+            t.CopyFrom(onnx.numpy_helper.from_array((arr * factor).astype(arr.dtype), t.name))
+    return broken
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_validate_good_and_broken(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    good = tmp_path / "good.onnx"
+    mixprec.convert(models.small, "fp16").save(good)
+    res = cli(["validate", models.small, good], mode, monkeypatch=monkeypatch)
+    assert res.rc == 0, res.out + res.err
+    assert "PASSED" in res.out and "y" in res.out
+
+    broken = tmp_path / "broken.onnx"
+    onnx.save(_scale_weights(onnx.load(good), 2.0), broken)
+    res = cli(["validate", models.small, broken], mode, monkeypatch=monkeypatch)
+    assert res.rc == 1, res.out + res.err
+    assert "Traceback" not in res.err
+    assert "FAILED" in res.out
+    assert any(
+        line.startswith("y ") and line.rstrip().endswith("NO") for line in res.out.splitlines()
+    ), res.out
+
+
+def test_log_dir(models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    logs = tmp_path / "logs"
+    res = cli(
+        ["convert", models.small, "-o", tmp_path / "o.onnx", "--log-dir", logs, "-q"],
+        monkeypatch=monkeypatch,
+    )
+    assert res.rc == 0, res.err
+    names = {p.name for p in logs.iterdir()}
+    expected = {
+        "before.onnx",
+        "after.onnx",
+        "before.txt",
+        "after.txt",
+        "paint_buckets.json",
+        "paint_buckets.txt",
+    }
+    assert expected <= names, names
+    onnx.checker.check_model(onnx.load(logs / "after.onnx"), full_check=True)
+    buckets = json.loads((logs / "paint_buckets.json").read_text())
+    assert "Conv" in buckets["buckets"]["low"]
+    assert "Conv" in (logs / "before.txt").read_text()
+
+
+def test_lists_markdown() -> None:
+    res = cli(["lists", "--markdown"], "subproc")
+    assert res.rc == 0, res.err
+    lines = res.out.splitlines()
+    assert lines[0].startswith("| list |") and lines[1].startswith("|---")
+    for name in ("ALLOW", "DENY", "INFER", "CLEAR"):
+        assert any(line.startswith(f"| {name} |") for line in lines), name
+    allow = next(line for line in lines if line.startswith("| ALLOW |"))
+    assert "MatMul" in allow and "Conv" in allow
+    assert any(line.startswith("| ai.onnx::") for line in lines), "no rule table"
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def _precisions(stdout: str) -> dict[str, str]:
+    return {n["op_type"]: n["precision"] for n in json.loads(stdout)["nodes"]}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_env_dtype_and_cli_override(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    env = {"MIXPREC_DTYPE": "bf16"}
+    bf = tmp_path / "bf.onnx"
+    res = cli(["convert", models.small, "-o", bf, "-q"], mode, env=env, monkeypatch=monkeypatch)
+    assert res.rc == 0, res.err
+    types = _init_types(_converted(bf))
+    assert onnx.TensorProto.BFLOAT16 in types and onnx.TensorProto.FLOAT16 not in types
+
+    fp = tmp_path / "fp.onnx"
+    res = cli(
+        ["convert", models.small, "-o", fp, "-q", "--dtype", "fp16"],
+        mode,
+        env=env,
+        monkeypatch=monkeypatch,
+    )
+    assert res.rc == 0, res.err
+    types = _init_types(_converted(fp))
+    assert onnx.TensorProto.FLOAT16 in types and onnx.TensorProto.BFLOAT16 not in types
+
+
+def test_env_denylist_keeps_relu_fp32(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["convert", models.small, "-o", tmp_path / "o.onnx", "--json"]
+    res = cli(args, monkeypatch=monkeypatch)
+    assert res.rc == 0 and _precisions(res.out)["Relu"] == "low"
+    res = cli(args, env={"MIXPREC_DENYLIST_ADD": "Relu"}, monkeypatch=monkeypatch)
+    assert res.rc == 0, res.err
+    assert _precisions(res.out)["Relu"] == "fp32"
+    assert _precisions(res.out)["Conv"] == "low"
+
+
+@pytest.mark.parametrize("override", [["--allow-add", "Relu"], ["--deny-remove", "Relu"]])
+def test_cli_list_options_override_env_denylist(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, override: list[str]
+) -> None:
+    args = ["convert", models.small, "-o", tmp_path / "o.onnx", "--json", *override]
+    res = cli(args, env={"MIXPREC_DENYLIST_ADD": "Relu"}, monkeypatch=monkeypatch)
+    assert res.rc == 0, res.err
+    relu = next(n for n in json.loads(res.out)["nodes"] if n["op_type"] == "Relu")
+    if override[0] == "--allow-add":
+        assert relu["precision"] == "low" and relu["op_class"] == "allow", relu
+    else:
+        # Removed from DENY after the env added it: in no list, so it keeps FP32 (documented).
+        assert relu["precision"] == "fp32" and relu["reason"] == "Relu is in no list", relu
+
+
+# --------------------------------------------------------------------------- atomic write
+
+
+def test_failed_save_keeps_old_output_and_leaves_no_temp(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "o.onnx"
+    out.write_bytes(b"previous output, must survive")
+    before = sha256_of(out)
+
+    def broken_save(model, path, *args, **kwargs):
+        with open(path, "wb") as fh:
+            fh.write(b"\x08\x07partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(onnx_ir, "save", broken_save)
+    res = cli(["convert", models.small, "-o", out, "-q"], monkeypatch=monkeypatch)
+    assert res.rc == 2, res.err
+    assert "Traceback" not in res.err and len(res.err.strip().splitlines()) == 1
+    assert "cannot write" in res.err
+    assert sha256_of(out) == before
+    assert _leftovers(tmp_path) == ["o.onnx"]
