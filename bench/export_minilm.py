@@ -22,7 +22,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np
 import torch
-from common import corpus_dir, derived_dir, sha256_of
+from common import derived_dir, minilm_dir, sha256_of
 from sentences import CALIBRATION_SENTENCES, EVAL_SENTENCES
 
 OPSET = 17
@@ -51,14 +51,10 @@ class SentenceEncoder(torch.nn.Module):
         return hidden, embedding
 
 
-def weights_dir() -> Path:
-    return corpus_dir() / "minilm"
-
-
 def load_encoder() -> tuple[SentenceEncoder, object]:
     from transformers import AutoModel, AutoTokenizer
 
-    folder = str(weights_dir())
+    folder = str(minilm_dir())
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     bert = AutoModel.from_pretrained(folder, local_files_only=True, attn_implementation="eager")
     bert.eval()
@@ -116,7 +112,7 @@ def verify(encoder: SentenceEncoder, tokenizer: object, target: Path) -> dict[st
 def main() -> int:
     target = derived_dir() / "minilm.onnx"
     stamp = target.with_suffix(".json")
-    weights_digest = sha256_of(weights_dir() / "model.safetensors")
+    weights_digest = sha256_of(minilm_dir() / "model.safetensors")
     script_digest = sha256_of(Path(__file__))
     if target.is_file() and stamp.is_file():
         meta = json.loads(stamp.read_text())

@@ -1,0 +1,306 @@
+"""Benchmark mixprec against peer FP16/BF16 converters on real pretrained models.
+
+    python bench/bench.py [--models a,b] [--converters x,y] [--timeout 600] [--no-latency]
+
+Needs the corpus (bench/fetch.py) and the derived models (bench/export_minilm.py,
+bench/train_mnist.py). Every conversion runs in its own subprocess (bench/convert_one.py)
+with a timeout; the rest is measured here. Writes bench/results/<date>.json, .md and .png
+and prints the markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import report
+from common import BENCH_DIR, REPO_ROOT, RESULTS_DIR, cache_dir
+from convert_one import vm_hwm_mb
+from emulate import emulator
+from evaluate import Baseline, evaluate, first_line, make_baseline
+from metrics import macs_by_name, runtime_shapes
+from models import MODELS, ModelSpec
+
+JOBS: list[tuple[str, str]] = [
+    ("mixprec", "fp16"),
+    ("mixprec-nocal", "fp16"),
+    ("onnxconverter-common", "fp16"),
+    ("ort-float16", "fp16"),
+    ("modelopt", "fp16"),
+    ("mixprec", "bf16"),
+    ("mixprec-nocal", "bf16"),
+    ("modelopt", "bf16"),
+]
+
+PACKAGES = ("mixprec", "onnx", "onnxruntime", "onnxconverter-common", "nvidia-modelopt",
+            "polygraphy", "onnx-graphsurgeon", "onnxscript", "onnxslim", "onnx-ir", "torch",
+            "transformers", "tokenizers", "numpy", "ml_dtypes", "protobuf", "matplotlib")
+
+
+def versions() -> dict[str, str | None]:
+    found: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    try:
+        found["mixprec_git"] = subprocess.run(
+            ["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"],
+            capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        found["mixprec_git"] = None
+    return found
+
+
+def machine() -> dict[str, Any]:
+    cpu = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                memory = round(int(line.split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return {"cpu": cpu, "logical_cores": os.cpu_count(),
+            "usable_cores": len(os.sched_getaffinity(0)), "memory_gib": memory,
+            "platform": platform.platform()}
+
+
+def run_measured(cmd: list[str], timeout: float, log: Path) -> dict[str, Any]:
+    """Runs ``cmd``; returns exit code, wall time, sampled peak RSS and time-out flag.
+
+    Peak RSS is sampled from /proc/PID/status (VmHWM) while the child runs; the child
+    also reports its own final VmHWM, which the caller prefers.
+    """
+    start = time.perf_counter()
+    timed_out = False
+    peak: float | None = None
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                cwd=str(REPO_ROOT))
+        while True:
+            sample = vm_hwm_mb(proc.pid)
+            if sample is not None:
+                peak = sample if peak is None else max(peak, sample)
+            pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - start > timeout:
+                timed_out = True
+                os.killpg(proc.pid, signal.SIGKILL)
+                pid, status, _ = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.02)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return {"exit_code": proc.returncode, "wall_s": time.perf_counter() - start,
+            "sampled_peak_rss_mb": peak, "timed_out": timed_out}
+
+
+def convert(spec: ModelSpec, converter: str, dtype: str, work: Path, calib: Path,
+            shapes: dict[str, tuple[int, ...]], timeout: float) -> tuple[dict[str, Any], Path]:
+    tag = f"{spec.name}__{converter}__{dtype}"
+    out = work / f"{tag}.onnx"
+    result_json = work / f"{tag}.json"
+    result_json.unlink(missing_ok=True)
+    cmd = [sys.executable, str(BENCH_DIR / "convert_one.py"), converter, dtype,
+           str(spec.path()), str(out), str(result_json), "--calib", str(calib),
+           "--calib-dir", str(calib.parent)]
+    model = onnx.load(str(spec.path()), load_external_data=False)
+    initializers = {i.name for i in model.graph.initializer}
+    for vi in model.graph.input:
+        if vi.name in initializers or vi.name not in shapes:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if any(not d.HasField("dim_value") or d.dim_value <= 0 for d in dims):
+            cmd += ["--shape", f"{vi.name}={','.join(str(d) for d in shapes[vi.name])}"]
+    proc = run_measured(cmd, timeout, work / f"{tag}.log")
+    row: dict[str, Any] = {}
+    if result_json.is_file():
+        row.update(json.loads(result_json.read_text()))
+    samples = [v for v in (row.get("vm_hwm_mb"), proc["sampled_peak_rss_mb"]) if v is not None]
+    row.update(wall_s=proc["wall_s"], peak_rss_mb=max(samples) if samples else None)
+    if proc["timed_out"]:
+        row.update(status="timeout", error=f"killed after {timeout:.0f}s")
+    elif "status" not in row:
+        tail = (work / f"{tag}.log").read_text(errors="replace")[-1500:]
+        row.update(status="error", error=f"convert_one exited {proc['exit_code']}: {tail}")
+    row.pop("traceback", None)
+    return row, out
+
+
+def prepare(spec: ModelSpec, work: Path) -> tuple[Baseline, Path]:
+    feeds = spec.make_inputs("eval")
+    calib_feeds = spec.make_inputs("calib")
+    calib_dir = work / "inputs" / spec.name
+    calib_dir.mkdir(parents=True, exist_ok=True)
+    calib = calib_dir / "calib.npz"
+    np.savez(calib, **calib_feeds)
+    np.savez(work / "inputs" / f"{spec.name}_eval.npz", **feeds)
+    model = onnx.load(str(spec.path()))
+    shapes = {k: tuple(v.shape) for k, v in feeds.items()}
+    macs = macs_by_name(model, shapes, runtime_shapes(model, feeds))
+    return make_baseline(spec, feeds, macs), calib
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", help="comma-separated subset of: "
+                        + ",".join(m.name for m in MODELS))
+    parser.add_argument("--converters", help="comma-separated subset of converter names")
+    parser.add_argument("--timeout", type=float,
+                        default=float(os.environ.get("MIXPREC_BENCH_TIMEOUT", "600")),
+                        help="seconds per conversion (env MIXPREC_BENCH_TIMEOUT, default 600)")
+    parser.add_argument("--no-latency", action="store_true", help="skip the latency runs")
+    parser.add_argument("--results", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args(argv)
+
+    specs = [m for m in MODELS if not args.models or m.name in args.models.split(",")]
+    jobs = [j for j in JOBS if not args.converters or j[0] in args.converters.split(",")]
+    started = time.perf_counter()
+    date = dt.date.today().isoformat()
+    work = cache_dir() / "work" / date
+    work.mkdir(parents=True, exist_ok=True)
+    emulate_fn, emulate_name = emulator()
+    info = {"date": date, "started": dt.datetime.now().isoformat(timespec="seconds"),
+            "machine": machine(), "versions": versions(), "emulation": emulate_name,
+            "timeout_s": args.timeout, "threads": 2, "jobs": jobs}
+    print(f"bench: {len(specs)} models x {len(jobs)} conversions; work dir {work}", flush=True)
+
+    rows: list[dict[str, Any]] = []
+    baselines: dict[str, dict[str, Any]] = {}
+    for spec in specs:
+        base, calib = prepare(spec, work)
+        baselines[spec.name] = {
+            "source": spec.source, "path": str(base.path), "size_bytes": base.path.stat().st_size,
+            "input_shapes": {k: list(v) for k, v in base.shapes.items()},
+            "checker_error": base.checker_error, "stats": base.stats.to_dict(),
+            "accuracy": base.accuracy,
+        }
+        for converter, dtype in jobs:
+            t0 = time.perf_counter()
+            row, out = convert(spec, converter, dtype, work, calib, base.shapes, args.timeout)
+            row.update(model=spec.name, converter=converter, dtype=dtype)
+            if row["status"] == "ok":
+                try:
+                    row.update(evaluate(base, out, dtype, emulate_fn, not args.no_latency))
+                except Exception as exc:  # keep going with the other rows
+                    row["evaluation_error"] = first_line(exc, 500)
+            row["valid"] = report.is_valid(row)
+            rows.append(row)
+            summary = row.get("error") or (
+                f"valid={row['valid']} casts={(row.get('stats') or {}).get('casts')} "
+                f"relL2={row.get('worst_rel_l2')}")
+            print(f"bench: {spec.name:11s} {converter:21s} {dtype} {row['status']:11s} "
+                  f"{time.perf_counter() - t0:6.1f}s  {str(summary)[:110]}", flush=True)
+
+    names = [s.name for s in specs]
+    targets = report.evaluate_targets(rows, names,
+                                      {k: v["size_bytes"] for k, v in baselines.items()})
+    agg = report.aggregate(rows)
+    info["elapsed_s"] = time.perf_counter() - started
+
+    args.results.mkdir(parents=True, exist_ok=True)
+    stem = args.results / date
+    payload = {**info, "models": baselines, "rows": rows, "aggregate": agg, "targets": targets}
+    stem.with_suffix(".json").write_text(json.dumps(_json_safe(payload), indent=1))
+    report.chart(rows, names, stem.with_suffix(".png"))
+    markdown = render(info, baselines, rows, agg, targets)
+    stem.with_suffix(".md").write_text(markdown)
+    print(markdown)
+    print(f"bench: wrote {stem}.json, .md and .png in {info['elapsed_s']:.0f}s")
+    return 0
+
+
+def render(info: dict[str, Any], baselines: dict[str, dict[str, Any]], rows: list[dict[str, Any]],
+           agg: list[dict[str, Any]], targets: list[dict[str, Any]]) -> str:
+    v = info["versions"]
+    m = info["machine"]
+    lines = [
+        f"# mixprec benchmark, {info['date']}",
+        "",
+        f"Machine: {m['cpu']}, {m['usable_cores']} usable cores, {m['memory_gib']} GiB. "
+        f"ORT CPU, {info['threads']} intra-op threads.",
+        "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val),
+        "",
+        "Columns: valid = fp16 runs in ORT / bf16 passes onnx.checker full_check; check/ORT = "
+        "full checker passes / ORT CPU loads and runs it; casts = Cast nodes (subgraphs "
+        "included); low nodes / low MACs = share of float nodes / of Conv, ConvTranspose, "
+        "MatMul, Gemm multiply-accumulates whose first float input is fp16/bf16; size = file "
+        "size / FP32 file; worst rel L2 and max abs err over all outputs vs the FP32 model in "
+        f"ORT ((emu) = {info['emulation']}: every low-precision tensor rounded through its "
+        "dtype in an FP32 graph, used for bf16 and for models ORT cannot run); top-1 = "
+        "lowest arg-max agreement over class-score outputs; conv s = reading, converting and "
+        "writing (no interpreter start or imports); peak RSS = of the converter's whole "
+        "process; latency = median converted / median FP32, interleaved runs.",
+        "",
+        "## FP32 models",
+        "",
+        "| model | source | inputs | MB | nodes | GMACs | full check |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, b in baselines.items():
+        shapes = "; ".join(f"{k} {'x'.join(map(str, s)) or 'scalar'}"
+                           for k, s in b["input_shapes"].items())
+        check = "pass" if b["checker_error"] is None else f"fail: {b['checker_error'][:60]}"
+        acc = f" (accuracy {100 * b['accuracy']:.1f}%)" if b.get("accuracy") is not None else ""
+        lines.append(f"| {name} | {b['source']}{acc} | {shapes} | {b['size_bytes'] / 2**20:.1f} "
+                     f"| {b['stats']['nodes']} | {b['stats']['macs_total'] / 1e9:.2f} | {check} |")
+    lines += ["", "## Per model and converter", "", report.model_table(rows), "",
+              "## Per converter", "", report.aggregate_table(agg), "",
+              "## Issue 3 targets for mixprec", "", report.targets_markdown(targets), ""]
+    problems = [r for r in rows if r.get("status") == "ok" and (
+        r.get("ort_error") or r.get("checker_error") or r.get("emulation_error"))]
+    if problems:
+        lines += ["## Problems with converted models", ""]
+        for r in problems:
+            for key in ("checker_error", "ort_error", "emulation_error"):
+                if r.get(key):
+                    text = str(r[key]).replace("\n", " ")[:220]
+                    lines.append(f"- {r['model']} {report.label(r)}: {key}: {text}")
+        lines.append("")
+    failures = [r for r in rows if r.get("status") != "ok"]
+    if failures:
+        lines += ["## Conversions that did not produce a model", ""]
+        for r in failures:
+            text = str(r.get("error")).replace("\n", " ")[:300]
+            lines.append(f"- {r['model']} {report.label(r)}: {r['status']}: {text}")
+        lines.append("")
+    lines.append(f"Total bench.py time: {info['elapsed_s']:.0f} s.")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
