@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Mapping
@@ -19,6 +20,7 @@ THREADS = 2
 MIN_LATENCY_PAIRS = 20
 MAX_LATENCY_PAIRS = 200
 LATENCY_SECONDS = 3.0  # per row, beyond the minimum number of pairs
+MIN_SAMPLE_SECONDS = 0.005  # tiny models: one timing sample repeats the run this long
 
 
 def session(model: str | bytes, optimize: bool = True) -> ort.InferenceSession:
@@ -31,6 +33,9 @@ def session(model: str | bytes, optimize: bool = True) -> ort.InferenceSession:
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3
+    # Two sessions are timed alternately on 2 cores: threads that keep spinning after
+    # one session's run would steal the cores from the other's.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
 
 
@@ -124,22 +129,27 @@ def interleaved_latency(a: ort.InferenceSession, b: ort.InferenceSession,
     for _ in range(3):
         a.run(None, fa)
         b.run(None, fb)
+    t0 = time.perf_counter()
+    a.run(None, fa)
+    repeat = max(1, math.ceil(MIN_SAMPLE_SECONDS / max(time.perf_counter() - t0, 1e-6)))
+
+    def sample(sess: ort.InferenceSession, feeds_: Feeds) -> float:
+        begin = time.perf_counter()
+        for _ in range(repeat):
+            sess.run(None, feeds_)
+        return (time.perf_counter() - begin) / repeat
+
     times_a: list[float] = []
     times_b: list[float] = []
     started = time.perf_counter()
     while len(times_a) < MAX_LATENCY_PAIRS:
-        t0 = time.perf_counter()
-        a.run(None, fa)
-        t1 = time.perf_counter()
-        b.run(None, fb)
-        t2 = time.perf_counter()
-        times_a.append(t1 - t0)
-        times_b.append(t2 - t1)
-        if len(times_a) >= MIN_LATENCY_PAIRS and t2 - started > LATENCY_SECONDS:
+        times_a.append(sample(a, fa))
+        times_b.append(sample(b, fb))
+        if len(times_a) >= MIN_LATENCY_PAIRS and time.perf_counter() - started > LATENCY_SECONDS:
             break
     med_a, med_b = statistics.median(times_a), statistics.median(times_b)
     return {"fp32_ms": med_a * 1e3, "converted_ms": med_b * 1e3, "ratio": med_b / med_a,
-            "pairs": len(times_a)}
+            "pairs": len(times_a), "runs_per_sample": repeat}
 
 
 def make_baseline(spec: ModelSpec, feeds: Feeds, macs: dict[str, int]) -> Baseline:

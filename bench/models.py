@@ -8,7 +8,7 @@ seeds, sentences or digits, so no converter is calibrated on the data it is scor
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +26,6 @@ class ModelSpec:
     class_outputs: tuple[str, ...] = ()  # outputs holding class scores (argmax over last axis)
     latency_batch: int | None = None  # slice the eval feeds' batch for latency runs
     labels: Callable[[], np.ndarray] | None = None  # ground truth for the eval feeds
-    notes: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 def _seed(name: str, split: str) -> int:

@@ -28,7 +28,9 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$STAMP"
 fi
 echo "run.sh: installing mixprec from $ROOT"
-"$PY" -m pip install --disable-pip-version-check -q --no-deps --no-build-isolation -e .
+# constrained by the pins, so mixprec's own dependency ranges cannot move them
+"$PY" -m pip install --disable-pip-version-check -q --no-build-isolation \
+  -c bench/requirements.txt -e .
 "$PY" -m pip check --disable-pip-version-check || echo "run.sh: pip check reported the above"
 echo "run.sh: environment ready after $(( $(date +%s) - start ))s"
 
