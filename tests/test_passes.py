@@ -361,14 +361,82 @@ def test_convert_does_not_mutate_inputs():
 
 def test_chain_numeric_and_valid():
     model = _chain_model()
-    result = mixprec.convert(model, "fp16")
-    proto = result.model_proto
-    _full_check(proto)
     x = np.random.default_rng(3).random((1, 4, 8, 8), dtype=np.float32)
-    assert_close(run_ort(model, {"x": x})["y"], run_ort(proto, {"x": x})["y"], "float16")
-    ops = _ops(proto)
+    # Without calibration the DENY op (Exp) and what it feeds stay FP32.
+    plain = mixprec.convert(model, "fp16", calibrate=False).model_proto
+    _full_check(plain)
+    assert_close(run_ort(model, {"x": x})["y"], run_ort(plain, {"x": x})["y"], "float16")
+    ops = _ops(plain)
     assert ops.count("Cast") == 4  # x->fp16, c1->fp32, r->fp16, y->fp32
     assert ops.index("Exp") > ops.index("Cast")
+    # With calibration, Exp's measured range is safe: it runs in fp16 and casts drop to 2.
+    result = mixprec.convert(model, "fp16", calibration_data={"x": x})
+    calibrated = result.model_proto
+    _full_check(calibrated)
+    assert _ops(calibrated).count("Cast") == 2
+    exp = next(n for n in result.report.nodes if n.op_type == "Exp")
+    assert exp.precision == "low" and "calibrated safe range" in exp.reason
+    assert_close(run_ort(model, {"x": x})["y"], run_ort(calibrated, {"x": x})["y"], "float16")
+
+
+def test_range_checked_deny_op_stays_fp32_when_its_range_is_unsafe():
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,8] x) => (float[2,8] y) <float[8,8] w> {
+        m = MatMul (x, w)
+        e = Exp (m)
+        y = MatMul (e, w)
+    }
+    """
+    model = _model(text, w=np.full((8, 8), 1.5))
+    x = np.full((2, 8), 1.0, np.float32)  # m = 12 -> exp(12) = 1.6e5 > fp16 max
+    result = mixprec.convert(model, "fp16", calibration_data={"x": x})
+    exp = next(n for n in result.report.nodes if n.op_type == "Exp")
+    assert exp.precision == "fp32" and exp.step == "range", exp
+    assert np.isfinite(run_ort(result.model_proto, {"x": x})["y"]).all()
+
+
+def test_embedding_region_fed_by_constants_goes_low():
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (int64[2,5] ids) => (float[2,5,8] y) <float[50,8] table, float[8,8] w, float[8] s,
+                                            float[8] b> {
+        e = Gather (table, ids)
+        n = LayerNormalization <axis = -1> (e, s, b)
+        y = MatMul (n, w)
+    }
+    """
+    model = _model(text, s=np.ones(8), b=np.zeros(8))
+    ids = np.arange(10, dtype=np.int64).reshape(2, 5)
+    result = mixprec.convert(model, "fp16", calibration_data={"ids": ids})
+    proto = result.model_proto
+    _full_check(proto)
+    precisions = {n.op_type: (n.precision, n.step) for n in result.report.nodes}
+    assert precisions["Gather"] == ("low", "weights"), precisions
+    assert precisions["LayerNormalization"] == ("low", "weights"), precisions
+    # The table is stored in fp16 and the only cast is the output one.
+    table = next(t for t in proto.graph.initializer if t.name == "table")
+    assert table.data_type == onnx.TensorProto.FLOAT16
+    assert _ops(proto).count("Cast") == 1
+    assert_close(run_ort(model, {"ids": ids})["y"], run_ort(proto, {"ids": ids})["y"], "float16")
+
+
+def test_shape_only_ops_take_any_dtype_without_casts():
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,8] x, float[8,8] w) => (float[2,8] y, int64[2] s) {
+        m = MatMul (x, w)
+        s = Shape (m)
+        y = Relu (m)
+    }
+    """
+    result = mixprec.convert(_model(text), "fp16", calibrate=False)
+    proto = result.model_proto
+    _full_check(proto)
+    shape = next(n for n in proto.graph.node if n.op_type == "Shape")
+    producer = next(n for n in proto.graph.node if shape.input[0] in n.output)
+    assert producer.op_type == "MatMul"  # no Cast in between
+    assert all(n.op_type != "Shape" for n in result.report.nodes)
 
 
 # --- BatchNormalization folding ---------------------------------------------------------

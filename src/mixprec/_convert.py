@@ -22,7 +22,7 @@ import onnx_ir.passes.common as common
 
 from mixprec._config import ListChanges, resolve_log_dir, resolve_policy
 from mixprec._errors import MixprecError
-from mixprec._fold import FoldBatchNormPass, FoldBatchNormResult
+from mixprec._fold import FoldBatchNormPass, FoldBatchNormResult, FoldCastsPass, FoldCastsResult
 from mixprec._io import check_opset, load_model, save_model
 from mixprec._paint import PaintPass, PaintResult, Precision, iter_nodes
 from mixprec._policy import OpClass, Policy
@@ -260,6 +260,13 @@ def _prepare(model: ir.Model, fold_batchnorm: bool, report: Report) -> ir.Model:
         report.notes.append(
             f"shape inference failed ({str(exc).splitlines()[0][:120]}); declared types used"
         )
+    casts = cast(FoldCastsResult, FoldCastsPass()(model))
+    if casts.modified:
+        report.notes.append(
+            f"folded {casts.folded} Cast(s) of constants and removed {casts.identities} "
+            "Cast(s) to their input's own dtype"
+        )
+        common.RemoveUnusedNodesPass()(model)
     return model
 
 

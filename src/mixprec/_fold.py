@@ -173,3 +173,56 @@ def _fresh(graph: ir.Graph, base: str) -> str:
         name = f"{base}_{k}"
         k += 1
     return name
+
+
+@dataclasses.dataclass
+class FoldCastsResult(ir.passes.PassResult):
+    folded: int = 0  # Casts of constants replaced by constants
+    identities: int = 0  # Casts to the dtype their input already has
+
+
+class FoldCastsPass(ir.passes.InPlacePass):
+    """Fold ``Cast(constant)`` into a constant and drop ``Cast`` to the input's own dtype.
+
+    Exporters leave many of both in shape arithmetic (int32 <-> int64). A Cast whose
+    output is a graph output is kept: its name is part of the interface.
+    """
+
+    def call(self, model: ir.Model) -> FoldCastsResult:
+        result = FoldCastsResult(model, modified=False)
+        for node in list(iter_nodes(model.graph)):
+            if node.op_type != "Cast" or node.domain not in ("", "ai.onnx"):
+                continue
+            src, out = node.inputs[0], node.outputs[0]
+            to = node.attributes.get("to")
+            if src is None or to is None or out.is_graph_output() or node.graph is None:
+                continue
+            target = ir.DataType(to.as_int())
+            if src.dtype == target:
+                out.replace_all_uses_with(src)
+                node.graph.remove(node, safe=True)
+                result.identities += 1
+                result.modified = True
+                continue
+            tensor = ir.convenience.get_const_tensor(src)
+            if tensor is None or src.is_graph_input() or tensor.size > 4096:
+                continue  # only small constants: large weights are the rewriter's job
+            if ir.DataType.STRING in (tensor.dtype, target):
+                continue
+            folded = ir.tensor(tensor.numpy().astype(target.numpy()), dtype=target)
+            value = ir.Value(name=out.name, type=ir.TensorType(target), shape=out.shape)
+            const = ir.Node(
+                "",
+                "Constant",
+                inputs=[],
+                attributes=[ir.AttrTensor("value", folded)],
+                outputs=[value],
+                name=node.name,
+            )
+            out.name = None
+            node.graph.insert_before(node, const)
+            out.replace_all_uses_with(value)
+            node.graph.remove(node, safe=True)
+            result.folded += 1
+            result.modified = True
+        return result

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
-from mixprec._policy import OpClass, Policy, RuleContext, rule_for
+from mixprec._policy import SHAPE_ONLY_OPS, OpClass, Policy, RuleContext, rule_for
 from mixprec._schema import SlotInfo, slot_info
 
 __all__ = ["Decision", "PaintPass", "PaintResult", "Precision", "iter_nodes"]
@@ -42,6 +42,9 @@ _FINFO_MAX = {
     ir.DataType.FLOAT16: float(np.finfo(np.float16).max),
     ir.DataType.BFLOAT16: 3.3895313892515355e38,
 }
+
+
+_NO_SLOTS = SlotInfo(frozenset(), frozenset(), frozenset(), frozenset())
 
 
 class Precision(enum.Enum):
@@ -155,6 +158,15 @@ class PaintPass(ir.passes.InPlacePass):
                 )
         return None
 
+    def _calibrated(self, node: ir.Node, slots: SlotInfo) -> bool:
+        """Every float tensor the node touches is a constant or was seen in calibration."""
+        values = [node.inputs[i] for i in slots.inputs] + [node.outputs[j] for j in slots.outputs]
+        return bool(self.absmax) and all(
+            v is not None
+            and ((v.name or "") in self.absmax or ir.convenience.get_const_tensor(v) is not None)
+            for v in values
+        )
+
     def _keeps_output_fp32(self, value: ir.Value) -> bool:
         if not value.is_graph_output():
             return False
@@ -180,8 +192,11 @@ class PaintPass(ir.passes.InPlacePass):
             decisions[node] = Decision(precision, step, reason, classes.get(node, OpClass.NONE))
 
         # Step 0: prepare.
+        range_ok: set[ir.Node] = set()  # range-checked DENY ops painted as INFER
         for node in iter_nodes(model.graph):
-            if is_constant_node(node):
+            if is_constant_node(node) or (
+                node.op_type in SHAPE_ONLY_OPS and node.domain in ("", "ai.onnx")
+            ):
                 continue
             rule = rule_for(node)
             domain_opset = opset_of(model, node.domain)
@@ -215,6 +230,13 @@ class PaintPass(ir.passes.InPlacePass):
             ):
                 classes[node] = cls
                 seeds.append((node, f"rule: {why}"))
+            elif (
+                cls is OpClass.DENY
+                and node.op_type in policy.range_checked
+                and (self._calibrated(node, info))
+            ):
+                classes[node] = OpClass.INFER
+                range_ok.add(node)
             elif cls is OpClass.DENY:
                 seeds.append((node, "DENY list"))
 
@@ -253,37 +275,58 @@ class PaintPass(ir.passes.InPlacePass):
                 decide(user, Precision.FP32, "deny", why)
                 queue.append((user, why))
 
-        # Step 3: infer, forward from low-precision nodes through INFER/CLEAR.
-        low_queue = deque(n for n, d in decisions.items() if d.precision is Precision.LOW)
-        while low_queue:
-            node = low_queue.popleft()
-            if hands_fp32(node):
-                continue  # computes in low precision but hands float32 on
-            for user in consumers(node):
-                if user in decisions or classes[user] not in (OpClass.INFER, OpClass.CLEAR):
-                    continue
-                decide(
-                    user,
-                    Precision.LOW,
-                    "infer",
-                    f"fed by low-precision {node.op_type} {node.name!r}",
-                )
-                low_queue.append(user)
-
-        # Step 4: weights, INFER/CLEAR nodes between constants and low-precision nodes.
         def is_low(node: ir.Node | None) -> bool:
             d = decisions.get(node) if node is not None else None
             return d is not None and d.precision is Precision.LOW
 
-        changed = True
-        while changed:
+        def note(node: ir.Node) -> str:
+            return " (DENY op with calibrated safe range)" if node in range_ok else ""
+
+        def forward() -> bool:
+            """Step 3: INFER/CLEAR nodes fed by low precision go low, transitively."""
             changed = False
-            for node, info in slots.items():
+            queue = deque(n for n, d in decisions.items() if d.precision is Precision.LOW)
+            while queue:
+                node = queue.popleft()
+                if hands_fp32(node):
+                    continue  # computes in low precision but hands float32 on
+                for user in consumers(node):
+                    if user in decisions or classes[user] not in (OpClass.INFER, OpClass.CLEAR):
+                        continue
+                    decide(
+                        user,
+                        Precision.LOW,
+                        "infer",
+                        f"fed by low-precision {node.op_type} {node.name!r}{note(user)}",
+                    )
+                    queue.append(user)
+                    changed = True
+            return changed
+
+        # Nodes computing from constants only (embedding lookups, weight transposes...).
+        order = list(slots)
+        const_fed: set[ir.Node] = set()
+        for node in order:
+            if classes[node] not in (OpClass.INFER, OpClass.CLEAR):
+                continue
+            if all(
+                ir.convenience.get_const_tensor(node.inputs[i]) is not None  # type: ignore[arg-type]
+                or producer in const_fed
+                for i, producer in zip(sorted(slots[node].inputs), producers(node), strict=True)
+            ):
+                const_fed.add(node)
+
+        def backward() -> bool:
+            """Step 4: constant-fed INFER/CLEAR nodes whose consumers are all low go low."""
+            changed = False
+            for node in reversed(order):
                 if node in decisions or classes[node] not in (OpClass.INFER, OpClass.CLEAR):
                     continue
+                info = slots[node]
                 inputs_ok = all(
                     ir.convenience.get_const_tensor(node.inputs[i]) is not None  # type: ignore[arg-type]
                     or is_low(producer)
+                    or producer in const_fed
                     for i, producer in zip(sorted(info.inputs), producers(node), strict=True)
                 )
                 if not inputs_ok:
@@ -296,17 +339,26 @@ class PaintPass(ir.passes.InPlacePass):
                         outputs_ok = False
                     for use in value.uses():
                         user = use.node
+                        if user.op_type in SHAPE_ONLY_OPS:
+                            continue
                         users.append(user)
-                        if not (is_low(user) and use.idx in slots[user].inputs):
+                        if not (is_low(user) and use.idx in slots.get(user, _NO_SLOTS).inputs):
                             outputs_ok = False
                 if outputs_ok and users:
                     decide(
                         node,
                         Precision.LOW,
                         "weights",
-                        f"between constants and low-precision {users[0].op_type} {users[0].name!r}",
+                        f"computes from constants for low-precision {users[0].op_type} "
+                        f"{users[0].name!r}{note(node)}",
                     )
                     changed = True
+            return changed
+
+        # Steps 3 and 4 feed each other: repeat to a fixed point.
+        forward()
+        while backward():
+            forward()
 
         # Step 5: rest.
         for node in slots:
@@ -324,6 +376,8 @@ class PaintPass(ir.passes.InPlacePass):
                 OpClass.ALLOW: "ALLOW list",
                 OpClass.DENY: "DENY list",
             }[cls]
+            if node in range_ok:
+                reason = "DENY op with calibrated safe range, not fed by low precision"
             decide(node, Precision.FP32, "rest", reason)
 
         return PaintResult(model, modified=False, decisions=decisions, slots=slots)

@@ -119,6 +119,7 @@ _INFER_COMMON = (
     "LpPool",
     "LRN",
     "Softmax",
+    "LayerNormalization",  # statistics in float32 (stash_type) by the ONNX spec
     "LSTM",
     "GRU",
     "RNN",
@@ -168,8 +169,6 @@ _CLEAR_COMMON = (
     "Resize",
     "Upsample",
     "Where",
-    "Shape",
-    "Size",
     "Cast",
     "CastLike",
     "Equal",
@@ -202,7 +201,6 @@ _DENY_FP16 = (
     "ReduceLogSum",
     "ReduceLogSumExp",
     "CumSum",
-    "LayerNormalization",
     "GroupNormalization",
     "LpNormalization",
     "MeanVarianceNormalization",
@@ -233,6 +231,26 @@ def _lists(allow: Iterable[str], deny: Iterable[str], infer: Iterable[str], clea
     }
 
 
+# fp16 DENY ops that are unsafe only through their range: with a calibration run that saw
+# every tensor they touch within range, they are painted as INFER instead.
+_RANGE_CHECKED_FP16 = frozenset(
+    {
+        "Exp",
+        "Pow",
+        "Reciprocal",
+        "Softplus",
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceSumSquare",
+        "ReduceL1",
+        "ReduceL2",
+    }
+)
+RANGE_CHECKED: Mapping[str, frozenset[str]] = {
+    "float16": _RANGE_CHECKED_FP16,
+    "bfloat16": frozenset(),  # bf16 has fp32's range: its DENY ops are about precision
+}
+
 DEFAULT_LISTS: Mapping[str, Mapping[OpClass, frozenset[str]]] = {
     "float16": _lists(_ALLOW_COMMON, _DENY_FP16, _INFER_COMMON, _CLEAR_COMMON),
     "bfloat16": _lists(_ALLOW_COMMON, _DENY_BF16, _INFER_COMMON + _BF16_RANGE_SAFE, _CLEAR_COMMON),
@@ -240,8 +258,12 @@ DEFAULT_LISTS: Mapping[str, Mapping[OpClass, frozenset[str]]] = {
 
 KNOWN_OPS: frozenset[str] = frozenset(
     op for lists in DEFAULT_LISTS.values() for ops in lists.values() for op in ops
-)
+) | frozenset({"Shape", "Size"})
 
+
+#: Ops that read only the shape of their input: they take any dtype, are never painted
+#: and never get a cast.
+SHAPE_ONLY_OPS: frozenset[str] = frozenset({"Shape", "Size"})
 
 # --- Rule registry ------------------------------------------------------------------------
 
@@ -417,9 +439,21 @@ register_rule(
     "Softmax",
     OpRule(fp32_if=_softmax_condition, note="FP32 when the axis is unknown or > 8192 wide"),
 )
+
+
+def _stash_condition(node: ir.Node, ctx: RuleContext) -> str | None:
+    stash = node.attributes.get("stash_type")
+    if stash is not None and stash.as_int() != ir.DataType.FLOAT:
+        return "LayerNormalization with a stash_type other than float32"
+    return None
+
+
 register_rule(
     "LayerNormalization",
-    OpRule(note="Mean/InvStdDev outputs follow the stash type (float32)"),
+    OpRule(
+        fp32_if=_stash_condition,
+        note="low precision computes its statistics in float32 (stash_type=1, the default)",
+    ),
 )
 
 
@@ -438,6 +472,7 @@ class Policy:
     exclude_nodes: tuple[str, ...] = ()
     force_all: bool = False
     output_fp32_ops: frozenset[str] = field(default_factory=frozenset)
+    range_checked: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
         if self.target not in TARGET_DTYPES:
@@ -494,6 +529,7 @@ class Policy:
             exclude_nodes=self.exclude_nodes + tuple(exclude_nodes),
             force_all=self.force_all if force_all is None else force_all,
             output_fp32_ops=self.output_fp32_ops | frozenset(output_fp32_ops),
+            range_checked=self.range_checked,
         )
 
     def to_dict(self) -> dict[str, object]:
@@ -503,6 +539,7 @@ class Policy:
             "exclude_nodes": list(self.exclude_nodes),
             "force_all": self.force_all,
             "output_fp32_ops": sorted(self.output_fp32_ops),
+            "range_checked": sorted(self.range_checked),
         }
 
 
@@ -521,4 +558,6 @@ def _check_op_name(op: str) -> None:
 def default_policy(target: str) -> Policy:
     """The default policy for ``target`` ("float16"/"fp16" or "bfloat16"/"bf16")."""
     target = normalize_dtype(target)
-    return Policy(target=target, lists=dict(DEFAULT_LISTS[target]))
+    return Policy(
+        target=target, lists=dict(DEFAULT_LISTS[target]), range_checked=RANGE_CHECKED[target]
+    )

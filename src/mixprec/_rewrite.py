@@ -14,7 +14,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec._paint import Decision, Precision, is_constant_node, iter_nodes
-from mixprec._policy import Policy, rule_for
+from mixprec._policy import SHAPE_ONLY_OPS, Policy, rule_for
 from mixprec._schema import SlotInfo
 
 __all__ = [
@@ -159,7 +159,7 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
                 need[value][want].append((node, i))
         # Float32 inputs of nodes that are not paintable (no convertible slot) need float32.
         for node in iter_nodes(main):
-            if node in self.slots or is_constant_node(node):
+            if node in self.slots or is_constant_node(node) or node.op_type in SHAPE_ONLY_OPS:
                 continue
             for i, value in enumerate(node.inputs):
                 if value is not None and value.dtype == ir.DataType.FLOAT:

@@ -388,8 +388,55 @@ def _audio_like(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     return np.clip(signal, -1.0, 1.0)
 
 
+_INDEX_PASSTHROUGH = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity"})
+
+
+def _index_bounds(model: onnx.ModelProto) -> dict[str, int]:
+    """Graph inputs used as Gather indices into a constant table: name -> table size.
+
+    Follows the indices back through shape-only ops (Cast, Unsqueeze, Reshape...) to a
+    graph input, so generated token ids (or token-type ids) stay within the embedding.
+    """
+    graph = model.graph
+    dims: dict[str, list[int]] = {t.name: list(t.dims) for t in graph.initializer}
+    producer: dict[str, onnx.NodeProto] = {}
+    for node in graph.node:
+        for out in node.output:
+            producer[out] = node
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    dims[node.output[0]] = list(attr.t.dims)
+    inputs = {vi.name for vi in graph.input}
+    bounds: dict[str, int] = {}
+    for node in graph.node:
+        if node.op_type not in ("Gather", "GatherElements") or len(node.input) < 2:
+            continue
+        table = dims.get(node.input[0])
+        if not table:
+            continue
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        size = table[axis % len(table)]
+        name = node.input[1]
+        for _ in range(4):
+            if name in inputs or name not in producer:
+                break
+            prev = producer[name]
+            if prev.op_type not in _INDEX_PASSTHROUGH or not prev.input:
+                break
+            name = prev.input[0]
+        if name in inputs and size > 0:
+            bounds[name] = min(bounds.get(name, size), size)
+    return bounds
+
+
 def _generate(
-    name: str, elem_type: int, shape: tuple[int, ...], rng: np.random.Generator, notes: list[str]
+    name: str,
+    elem_type: int,
+    shape: tuple[int, ...],
+    rng: np.random.Generator,
+    notes: list[str],
+    index_bound: int | None = None,
 ) -> np.ndarray:
     lname = name.lower()
     if elem_type in _FLOAT_TYPES:
@@ -413,6 +460,12 @@ def _generate(
         if "mask" in lname:
             notes.append(f"input {name!r}: looks like a mask, used all ones")
             return np.ones(shape, dtype=dtype)
+        if index_bound is not None:
+            high = min(100, index_bound)
+            notes.append(
+                f"input {name!r}: indexes a table of {index_bound} rows, used ints in [0, {high})"
+            )
+            return rng.integers(0, high, size=shape).astype(dtype)
         return rng.integers(0, 100, size=shape).astype(dtype)
     if elem_type == TensorProto.BOOL:
         return np.asarray(rng.random(shape) < 0.5)
@@ -471,6 +524,7 @@ def make_inputs(
                 f"(inputs: {', '.join(names) or 'none'})"
             )
     rng = np.random.default_rng(seed)
+    bounds = _index_bounds(model)
     feeds: dict[str, np.ndarray] = {}
     notes: list[str] = []
     for vi in inputs:
@@ -481,7 +535,7 @@ def make_inputs(
                 "mixprec cannot generate or convert string inputs"
             )
         shape = _resolve_shape(vi, given.get(vi.name), default_dim, notes)
-        feeds[vi.name] = _generate(vi.name, elem_type, shape, rng, notes)
+        feeds[vi.name] = _generate(vi.name, elem_type, shape, rng, notes, bounds.get(vi.name))
     return feeds, notes
 
 
@@ -656,7 +710,7 @@ def _make_session(
         if optimize
         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # errors come back as exceptions; ORT's own log stays quiet
     providers = ["CPUExecutionProvider"]
     try:
         return ort.InferenceSession(source, sess_options=so, providers=providers)
