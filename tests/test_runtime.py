@@ -676,6 +676,8 @@ def test_collect_absmax_bisects_failing_chunks(
         return real_run(self, outputs)
 
     monkeypatch.setattr(rt._VariantRunner, "run", run)
+    # Force the fetch-in-chunks fallback (used when the in-graph reduction cannot run).
+    monkeypatch.setattr(rt, "_absmax_in_graph", lambda *args, **kwargs: None)
     feeds = {"x": np.array([0.25, -0.5], np.float32), "cond": np.array(False)}
     with caplog.at_level("WARNING", logger="mixprec._runtime"):
         absmax = collect_absmax(_range_model(), feeds)
@@ -699,3 +701,20 @@ def test_run_model_lowers_an_ir_version_newer_than_onnxruntime(tmp_path: Path) -
     with pytest.raises(MixprecError, match=r"Unsupported model IR version: 99"):
         run_model(path, {"x": x})  # a user's file is never rewritten
     assert onnx.load_model(path).ir_version == 99
+
+
+def test_collect_absmax_in_graph_matches_fetching(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-graph ReduceMax(Abs) path gives the same ranges and shapes as fetching."""
+    import mixprec._runtime as rt
+
+    feeds = {"x": np.array([0.25, -0.5], np.float32), "cond": np.array(False)}
+    shapes_fast: dict[str, list[int]] = {}
+    fast = collect_absmax(_range_model(), feeds, shapes_out=shapes_fast)
+    monkeypatch.setattr(rt, "_absmax_in_graph", lambda *args, **kwargs: None)
+    shapes_slow: dict[str, list[int]] = {}
+    slow = collect_absmax(_range_model(), feeds, shapes_out=shapes_slow)
+    assert fast.keys() == slow.keys(), (sorted(fast), sorted(slow))
+    for name in fast:
+        assert fast[name] == pytest.approx(slow[name]), (name, fast[name], slow[name])
+    for name, dims in shapes_slow.items():
+        assert shapes_fast.get(name) == dims, (name, shapes_fast.get(name), dims)

@@ -271,7 +271,7 @@ def _prepare(model: ir.Model, fold_batchnorm: bool, report: Report) -> ir.Model:
 
 
 def _calibrate(
-    model: ir.Model,
+    proto: onnx.ModelProto,
     calibration_data: Mapping[str, np.ndarray] | None,
     shapes: Mapping[str, Sequence[int]] | None,
     report: Report,
@@ -279,7 +279,6 @@ def _calibrate(
 ) -> dict[str, float]:
     from mixprec import _runtime
 
-    proto = ir.to_proto(model)
     concrete, notes = _concrete_shapes(proto, shapes)
     report.input_shapes = concrete
     if calibration_data is not None:
@@ -411,7 +410,7 @@ def convert(
     proto_for_macs = ir.to_proto(work)
     if calibrate:
         say("calibrating ranges with onnxruntime")
-        absmax = _calibrate(work, calibration_data, shapes, report, observed)
+        absmax = _calibrate(proto_for_macs, calibration_data, shapes, report, observed)
         report.calibrated = True
     else:
         report.input_shapes, shape_notes = _concrete_shapes(proto_for_macs, shapes)
@@ -487,11 +486,16 @@ def convert(
 
 
 def _check(model: ir.Model) -> None:
-    proto = ir.to_proto(model)
+    """``onnx.checker.check_model(full_check=True)`` on a copy without large weight
+    payloads (they become typed graph inputs): the same checks on structure, types and
+    shapes, without serializing the weights twice.
+    """
+    from mixprec._runtime import _light_copy
+
+    light = _light_copy(ir.to_proto(model))
     try:
-        if proto.ByteSize() < 2**31 - 2**26:
-            onnx.checker.check_model(proto, full_check=True)
-    except onnx.checker.ValidationError as exc:
+        onnx.checker.check_model(light, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         first = str(exc).strip().splitlines()[0]
         raise MixprecError(
             f"internal error: the converted model fails onnx.checker: {first}"

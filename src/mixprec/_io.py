@@ -74,6 +74,8 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
             raise MixprecError(f"{p}: external data file {location!r} is missing")
     check_opset(proto, str(p))
     try:
+        if not _external_locations(proto):
+            return ir.from_proto(proto)  # parsed once; ir.load would parse the file again
         return ir.load(os.fspath(p))
     except Exception as exc:  # onnx_ir raises various errors on malformed models
         raise MixprecError(f"{p}: cannot be parsed as ONNX: {str(exc).splitlines()[0]}") from None

@@ -43,6 +43,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnx.inliner
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper, shape_inference
@@ -691,7 +692,12 @@ _IR_VERSION_ERROR = re.compile(
 
 
 def _make_session(
-    source: str | bytes, threads: int, *, owned: bool = False, optimize: bool = True
+    source: str | bytes,
+    threads: int,
+    *,
+    owned: bool = False,
+    optimize: bool = True,
+    in_order: bool = False,
 ) -> ort.InferenceSession:
     """Creates a CPU session.
 
@@ -710,6 +716,10 @@ def _make_session(
         if optimize
         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
+    if in_order:
+        # Run nodes in the given order: range probes placed after each producer then
+        # free every activation right away (the default order keeps them all alive).
+        so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
     so.log_severity_level = 4  # errors come back as exceptions; ORT's own log stays quiet
     providers = ["CPUExecutionProvider"]
     try:
@@ -915,7 +925,8 @@ class _VariantRunner:
                 raise
         else:
             _check_external(model)
-            self._model = _copy_model(model)
+            # No copy: ``run`` swaps the outputs and restores them before returning.
+            self._model = model
 
     def close(self) -> None:
         if self._dir is not None:
@@ -983,6 +994,71 @@ def _run_chunk(
     _record(outs, result, shapes)
 
 
+def _absmax_in_graph(
+    model: onnx.ModelProto,
+    candidates: list[tuple[str, int]],
+    feeds: Mapping[str, np.ndarray],
+    threads: int,
+    shapes_out: dict[str, list[int]] | None,
+) -> dict[str, float] | None:
+    """One run of the model with ``ReduceMax(Abs(t))`` and ``Shape(t)`` outputs per tensor.
+
+    ONNX Runtime computes the reductions itself, so no full-size intermediate leaves the
+    session and its memory planner can reuse activation buffers: peak memory stays near a
+    plain inference run. Returns None when the augmented model fails (the caller then
+    falls back to fetching tensors in chunks).
+    """
+    # Built through onnx_ir, which shares the weight bytes with ``model`` (no copy) and
+    # places each probe right after the tensor's producer, so the tensor can be freed
+    # as soon as it is measured (ONNX Runtime keeps the given node order).
+    work = ir.from_proto(model)
+    by_name = {v.name: v for n in work.graph for v in n.outputs if v.name}
+    names: list[tuple[str, str, str]] = []
+    for k, (name, elem) in enumerate(candidates):
+        value = by_name.get(name)
+        producer = value.producer() if value is not None else None
+        if value is None or producer is None:
+            continue
+        absolute = ir.Value(name=f"__mp_abs_{k}")
+        peak = ir.Value(name=f"__mp_max_{k}", type=ir.TensorType(ir.DataType(elem)))
+        peak.shape = ir.Shape([])
+        shape = ir.Value(name=f"__mp_shape_{k}", type=ir.TensorType(ir.DataType.INT64))
+        probes = [
+            ir.Node("", "Abs", [value], outputs=[absolute], name=absolute.name),
+            ir.Node(
+                "",
+                "ReduceMax",
+                [absolute],
+                attributes=[ir.AttrInt64("keepdims", 0)],
+                outputs=[peak],
+                name=peak.name,
+            ),
+            ir.Node("", "Shape", [value], outputs=[shape], name=shape.name),
+        ]
+        work.graph.insert_after(producer, probes)
+        work.graph.outputs.extend([peak, shape])
+        names.append((name, peak.name or "", shape.name or ""))
+    source = ir.to_proto(work).SerializeToString()
+    del work, by_name
+    try:
+        session = _make_session(source, threads, in_order=True)
+        del source
+        wanted = [o for _, peak, shape in names for o in (peak, shape)]
+        outs = _run_session(session, _feeds_for(model, feeds), wanted)
+    except MixprecError as e:
+        logger.debug("range analysis in-graph reduction failed (%s); fetching tensors", e)
+        return None
+    result: dict[str, float] = {}
+    for name, peak, shape in names:
+        value = float(np.asarray(outs[peak], dtype=np.float64))
+        if math.isnan(value):
+            continue  # ReduceMax propagates NaN: the caller measures it by fetching
+        result[name] = value
+        if shapes_out is not None:
+            shapes_out[name] = [int(d) for d in np.asarray(outs[shape]).reshape(-1)]
+    return result
+
+
 def collect_absmax(
     model: onnx.ModelProto,
     feeds: Mapping[str, np.ndarray],
@@ -1029,8 +1105,9 @@ def collect_absmax(
                 result[vi.name] = value
     _static_absmax(m.graph, result)
 
-    inferred = _infer(m)
     types = _value_types(m.graph)
+    produced = [o for n in m.graph.node for o in n.output if o]
+    inferred = None if all(o in types for o in produced) else _infer(m)
     if inferred is not None:
         types.update(_value_types(inferred.graph))
     elems = _elem_types(m.graph, types)
@@ -1053,6 +1130,21 @@ def collect_absmax(
                 candidates.append((name, elem))
     if unknown:
         logger.debug("range analysis: %d value(s) of unknown type skipped", len(unknown))
+
+    if candidates and m.ByteSize() <= _PROTO_LIMIT:
+        graph_outputs = [
+            (vi.name, vi.type.tensor_type.elem_type)
+            for vi in m.graph.output
+            if vi.type.tensor_type.elem_type in _FLOAT_TYPES and vi.name not in result
+        ]
+        probes = candidates + graph_outputs
+        reduced = _absmax_in_graph(m, probes, feeds, threads, shapes_out)
+        if reduced is not None:
+            result.update(reduced)
+            # Tensors holding NaN: absmax over their finite values, fetched below.
+            candidates = [c for c in probes if c[0] not in result]
+            if not candidates:
+                return result
 
     chunks = [candidates[i : i + chunk_size] for i in range(0, len(candidates), chunk_size)]
     runner = _VariantRunner(m, feeds, threads)
