@@ -43,8 +43,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import onnx
-import onnx_ir as ir
 import onnx.inliner
+import onnx_ir as ir
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
@@ -1049,13 +1049,14 @@ def _absmax_in_graph(
         logger.debug("range analysis in-graph reduction failed (%s); fetching tensors", e)
         return None
     result: dict[str, float] = {}
-    for name, peak, shape in names:
-        value = float(np.asarray(outs[peak], dtype=np.float64))
-        if math.isnan(value):
+    for tensor_name, peak_name, shape_name in names:
+        measured = float(np.asarray(outs[peak_name], dtype=np.float64))
+        if math.isnan(measured):
             continue  # ReduceMax propagates NaN: the caller measures it by fetching
-        result[name] = value
+        result[tensor_name] = measured
         if shapes_out is not None:
-            shapes_out[name] = [int(d) for d in np.asarray(outs[shape]).reshape(-1)]
+            dims = np.asarray(outs[shape_name]).reshape(-1)
+            shapes_out[tensor_name] = [int(d) for d in dims]
     return result
 
 
