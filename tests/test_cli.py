@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx.shape_inference
-import onnx_ir
 import pytest
 
 import mixprec
@@ -476,7 +475,9 @@ def test_failed_save_keeps_old_output_and_leaves_no_temp(
             fh.write(b"\x08\x07partial")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(onnx_ir, "save", broken_save)
+    import mixprec._io
+
+    monkeypatch.setattr(mixprec._io, "_write_streaming", broken_save)
     res = cli(["convert", models.small, "-o", out, "-q"], monkeypatch=monkeypatch)
     assert res.rc == 2, res.err
     assert "Traceback" not in res.err and len(res.err.strip().splitlines()) == 1

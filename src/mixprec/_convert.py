@@ -20,7 +20,9 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
+from mixprec import _runtime  # imported eagerly: onnxruntime loads with mixprec
 from mixprec._config import ListChanges, resolve_log_dir, resolve_policy
+from mixprec._constants import const_tensor
 from mixprec._errors import MixprecError
 from mixprec._fold import FoldBatchNormPass, FoldBatchNormResult, FoldCastsPass, FoldCastsResult
 from mixprec._io import check_opset, load_model, save_model
@@ -101,7 +103,7 @@ def _param_bytes(model: ir.Model) -> int:
                 total += value.const_value.nbytes
         for node in graph:
             if node.op_type == "Constant":
-                tensor = ir.convenience.get_const_tensor(node.outputs[0])
+                tensor = const_tensor(node.outputs[0])
                 if tensor is not None:
                     total += tensor.nbytes
     return total
@@ -276,8 +278,8 @@ def _calibrate(
     shapes: Mapping[str, Sequence[int]] | None,
     report: Report,
     shapes_out: dict[str, list[int]],
+    external: Mapping[str, np.ndarray],
 ) -> dict[str, float]:
-    from mixprec import _runtime
 
     concrete, notes = _concrete_shapes(proto, shapes)
     report.input_shapes = concrete
@@ -291,7 +293,7 @@ def _calibrate(
         report.notes.append("calibrated on generated inputs (images-like floats in [0,1))")
     for name, array in feeds.items():
         shapes_out[name] = list(np.shape(array))
-    return _runtime.collect_absmax(proto, feeds, shapes_out=shapes_out)
+    return _runtime.collect_absmax(proto, feeds, shapes_out=shapes_out, external=external)
 
 
 def convert(
@@ -407,14 +409,16 @@ def convert(
     absmax: dict[str, float] = {}
     observed: dict[str, list[int]] = {}  # tensor shapes seen in the calibration run
     t = time.perf_counter()
-    proto_for_macs = ir.to_proto(work)
+    # Weights stay in ``work``: analysis reads only dims, ORT gets the arrays in memory.
+    proto_for_macs, external = _runtime.weightless_proto(work, with_arrays=calibrate)
     if calibrate:
         say("calibrating ranges with onnxruntime")
-        absmax = _calibrate(proto_for_macs, calibration_data, shapes, report, observed)
+        absmax = _calibrate(proto_for_macs, calibration_data, shapes, report, observed, external)
         report.calibrated = True
     else:
         report.input_shapes, shape_notes = _concrete_shapes(proto_for_macs, shapes)
         report.notes.extend(shape_notes)
+    del external  # the calibration run's copies of the weights
     timings["calibrate"] = time.perf_counter() - t
 
     t = time.perf_counter()

@@ -11,6 +11,7 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
+from mixprec._constants import const_tensor
 from mixprec._paint import iter_nodes
 
 __all__ = ["FoldBatchNormPass", "FoldBatchNormResult"]
@@ -25,7 +26,7 @@ class FoldBatchNormResult(ir.passes.PassResult):
 def _const(value: ir.Value | None) -> np.ndarray | None:
     if value is None:
         return None
-    tensor = ir.convenience.get_const_tensor(value)
+    tensor = const_tensor(value)
     if tensor is None or tensor.dtype != ir.DataType.FLOAT:
         return None
     return tensor.numpy().astype(np.float64)
@@ -204,7 +205,7 @@ class FoldCastsPass(ir.passes.InPlacePass):
                 result.identities += 1
                 result.modified = True
                 continue
-            tensor = ir.convenience.get_const_tensor(src)
+            tensor = const_tensor(src)
             if tensor is None or src.is_graph_input() or tensor.size > 4096:
                 continue  # only small constants: large weights are the rewriter's job
             if ir.DataType.STRING in (tensor.dtype, target):

@@ -149,7 +149,7 @@ def save_model(
             os.replace(tmp_data, folder / data_name)
             tmp_data = None
         else:
-            ir.save(model, tmp)
+            _write_streaming(model, tmp)
         os.replace(tmp, p)
     except Exception as exc:
         if os.path.exists(tmp):
@@ -173,3 +173,64 @@ def _iter_external(proto: onnx.ModelProto):
                 if attr.HasField("g"):
                     graphs.append(attr.g)
                 graphs.extend(attr.graphs)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+_GRAPH_FIELD = 7  # ModelProto.graph
+_INITIALIZER_FIELD = 5  # GraphProto.initializer
+
+
+def _write_streaming(model: ir.Model, path: str, min_bytes: int = 1 << 16) -> None:
+    """Write ``model`` as one .onnx file, serializing large initializers one at a time.
+
+    The main graph is serialized without its large initializers; each of them is then
+    serialized on its own and appended as a ``GraphProto.initializer`` field (protobuf
+    concatenates repeated fields), so at most one tensor's bytes are duplicated in
+    memory instead of the whole model's.
+    """
+    large = [
+        value
+        for value in model.graph.initializers.values()
+        if value.const_value is not None and value.const_value.nbytes > min_bytes
+    ]
+    for value in large:
+        model.graph.initializers.pop(value.name or "")
+    try:
+        proto = ir.to_proto(model)
+    finally:
+        for value in large:
+            model.graph.initializers[value.name or ""] = value
+    graph_bytes = proto.graph.SerializeToString()
+    proto.ClearField("graph")
+    head = proto.SerializeToString()
+    del proto
+    sizes = []
+    for value in large:
+        assert value.const_value is not None
+        sizes.append(ir.serde.serialize_tensor(value.const_value).ByteSize())
+    init_tag = _varint((_INITIALIZER_FIELD << 3) | 2)
+    graph_len = len(graph_bytes) + sum(len(init_tag) + len(_varint(n)) + n for n in sizes)
+    with open(path, "wb") as fh:
+        fh.write(head)
+        fh.write(_varint((_GRAPH_FIELD << 3) | 2))
+        fh.write(_varint(graph_len))
+        fh.write(graph_bytes)
+        for value, size in zip(large, sizes, strict=True):
+            assert value.const_value is not None
+            data = ir.serde.serialize_tensor(value.const_value).SerializeToString()
+            if len(data) != size:  # pragma: no cover - serialization is deterministic
+                raise MixprecError(f"{path}: tensor {value.name!r} changed while writing")
+            fh.write(init_tag)
+            fh.write(_varint(size))
+            fh.write(data)

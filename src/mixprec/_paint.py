@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from mixprec._constants import const_tensor
 from mixprec._policy import SHAPE_ONLY_OPS, OpClass, Policy, RuleContext, rule_for
 from mixprec._schema import SlotInfo, slot_info
 
@@ -133,7 +134,7 @@ class PaintPass(ir.passes.InPlacePass):
         for i in sorted(slots.inputs):
             value = node.inputs[i]
             assert value is not None
-            tensor = ir.convenience.get_const_tensor(value)
+            tensor = const_tensor(value)
             if tensor is not None:
                 arr = tensor.numpy()
                 if arr.size and float(np.max(np.abs(arr))) > limit:
@@ -162,8 +163,7 @@ class PaintPass(ir.passes.InPlacePass):
         """Every float tensor the node touches is a constant or was seen in calibration."""
         values = [node.inputs[i] for i in slots.inputs] + [node.outputs[j] for j in slots.outputs]
         return bool(self.absmax) and all(
-            v is not None
-            and ((v.name or "") in self.absmax or ir.convenience.get_const_tensor(v) is not None)
+            v is not None and ((v.name or "") in self.absmax or const_tensor(v) is not None)
             for v in values
         )
 
@@ -310,8 +310,7 @@ class PaintPass(ir.passes.InPlacePass):
             if classes[node] not in (OpClass.INFER, OpClass.CLEAR):
                 continue
             if all(
-                ir.convenience.get_const_tensor(node.inputs[i]) is not None  # type: ignore[arg-type]
-                or producer in const_fed
+                const_tensor(node.inputs[i]) is not None or producer in const_fed
                 for i, producer in zip(sorted(slots[node].inputs), producers(node), strict=True)
             ):
                 const_fed.add(node)
@@ -324,7 +323,7 @@ class PaintPass(ir.passes.InPlacePass):
                     continue
                 info = slots[node]
                 inputs_ok = all(
-                    ir.convenience.get_const_tensor(node.inputs[i]) is not None  # type: ignore[arg-type]
+                    const_tensor(node.inputs[i]) is not None
                     or is_low(producer)
                     or producer in const_fed
                     for i, producer in zip(sorted(info.inputs), producers(node), strict=True)

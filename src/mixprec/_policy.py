@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from mixprec._constants import const_tensor
 from mixprec._errors import MixprecError
 
 __all__ = [
@@ -337,7 +338,7 @@ def rule_for(node: ir.Node) -> OpRule:
 def _const_array(value: ir.Value | None) -> np.ndarray | None:
     if value is None:
         return None
-    tensor = ir.convenience.get_const_tensor(value)
+    tensor = const_tensor(value)
     if tensor is None:
         return None
     try:

@@ -13,6 +13,7 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
+from mixprec._constants import const_tensor
 from mixprec._paint import Decision, Precision, is_constant_node, iter_nodes
 from mixprec._policy import SHAPE_ONLY_OPS, Policy, rule_for
 from mixprec._schema import SlotInfo
@@ -319,7 +320,7 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
     ) -> None:
         before = _nbytes(value)
         producer = _constant_producer(value)
-        tensor = ir.convenience.get_const_tensor(value)
+        tensor = const_tensor(value)
         assert tensor is not None
         low = self._to_low(tensor.numpy(), target, stats)
         new_tensor = ir.tensor(low, dtype=target, name=value.name)
@@ -330,6 +331,10 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
         else:
             value.const_value = new_tensor
         value.dtype = target
+        if isinstance(tensor, ir.TensorProtoTensor) and tensor.raw.HasField("raw_data"):
+            # The float32 bytes belong to mixprec's private copy of the model and nothing
+            # reads them any more: release them now rather than at the end.
+            tensor.raw.ClearField("raw_data")
         stats.converted += 1
         stats.converted_bytes_before += before
         stats.converted_bytes_after += low.nbytes
@@ -337,7 +342,7 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
     def _low_copy(
         self, value: ir.Value, target: ir.DataType, names: _Names, stats: WeightStats
     ) -> ir.Value:
-        tensor = ir.convenience.get_const_tensor(value)
+        tensor = const_tensor(value)
         assert tensor is not None
         low = self._to_low(tensor.numpy(), target, stats)
         name = names.fresh(f"{value.name or 'weight'}_{_short(target)}")
@@ -372,7 +377,7 @@ def _constant_producer(value: ir.Value) -> ir.Node | None:
 
 
 def _nbytes(value: ir.Value) -> int:
-    tensor = ir.convenience.get_const_tensor(value)
+    tensor = const_tensor(value)
     if tensor is None:
         return 0
     return int(tensor.size) * 4

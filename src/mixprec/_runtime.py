@@ -105,6 +105,8 @@ _DTYPE_ATTRS = ("to", "dtype", "output_dtype")
 _PROTO_LIMIT = 2_000_000_000
 # Initializers with more elements than this are left out of shape inference (as inputs).
 _LIGHT_MAX_ELEMS = 1024
+# Location of external-data placeholders whose arrays are handed to ONNX Runtime in memory.
+_IN_MEMORY = "__mixprec_in_memory__"
 # Bisection depth when a range-analysis chunk fails in ONNX Runtime.
 _MAX_BISECT_DEPTH = 12
 
@@ -677,9 +679,13 @@ def _external_skeleton(model: onnx.ModelProto, directory: Path) -> onnx.ModelPro
     return skeleton
 
 
+def _is_in_memory(t: TensorProto) -> bool:
+    return any(e.key == "location" and e.value == _IN_MEMORY for e in t.external_data)
+
+
 def _check_external(model: onnx.ModelProto) -> None:
     for t in model.graph.initializer:
-        if t.data_location == TensorProto.EXTERNAL:
+        if t.data_location == TensorProto.EXTERNAL and not _is_in_memory(t):
             raise MixprecError(
                 f"initializer {t.name!r} has external data that is not loaded; load the model "
                 "with onnx.load(path) or pass its path"
@@ -698,6 +704,7 @@ def _make_session(
     owned: bool = False,
     optimize: bool = True,
     in_order: bool = False,
+    external: Mapping[str, np.ndarray] | None = None,
 ) -> ort.InferenceSession:
     """Creates a CPU session.
 
@@ -720,6 +727,11 @@ def _make_session(
         # Run nodes in the given order: range probes placed after each producer then
         # free every activation right away (the default order keeps them all alive).
         so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    if external:
+        names = list(external)
+        so.add_external_initializers(
+            names, [ort.OrtValue.ortvalue_from_numpy(external[n]) for n in names]
+        )
     so.log_severity_level = 4  # errors come back as exceptions; ORT's own log stays quiet
     providers = ["CPUExecutionProvider"]
     try:
@@ -909,7 +921,14 @@ def _static_absmax(graph: onnx.GraphProto, result: dict[str, float]) -> None:
 class _VariantRunner:
     """Runs copies of one model that differ only in their graph outputs."""
 
-    def __init__(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], threads: int):
+    def __init__(
+        self,
+        model: onnx.ModelProto,
+        feeds: Mapping[str, np.ndarray],
+        threads: int,
+        external: Mapping[str, np.ndarray] | None = None,
+    ):
+        self._external = external
         # ``model`` is not modified: outputs are swapped on a private copy, or, over the
         # protobuf limit, on a skeleton whose initializers live in a temporary file.
         self._original_outputs = [_copy_vi(vi) for vi in model.graph.output]
@@ -947,7 +966,9 @@ class _VariantRunner:
         finally:
             del graph.output[:]
             graph.output.extend(self._original_outputs)
-        session = _make_session(source, self._threads, owned=self._dir is not None)
+        session = _make_session(
+            source, self._threads, owned=self._dir is not None, external=self._external
+        )
         return _run_session(session, self._feeds, [vi.name for vi in outputs])
 
 
@@ -994,12 +1015,85 @@ def _run_chunk(
     _record(outs, result, shapes)
 
 
+def weightless_proto(
+    model: ir.Model, min_bytes: int = 4096, *, with_arrays: bool = True
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``model`` as a proto whose large main-graph initializers are in-memory placeholders.
+
+    Returns the proto and, with ``with_arrays``, the placeholders' arrays (protobuf hands
+    out a copy of each tensor's bytes: skip them when only shapes are needed). Shape work
+    reads only dims; ONNX Runtime gets the arrays through ``add_external_initializers``
+    (``collect_absmax(external=...)``). ``model`` is unchanged afterwards.
+    """
+    swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        for name, value in model.graph.initializers.items():
+            tensor = value.const_value
+            if tensor is None or tensor.nbytes <= min_bytes or value.is_graph_input():
+                continue
+            if tensor.dtype not in (
+                ir.DataType.FLOAT,
+                ir.DataType.FLOAT16,
+                ir.DataType.DOUBLE,
+                ir.DataType.INT64,
+                ir.DataType.INT32,
+                ir.DataType.INT8,
+                ir.DataType.UINT8,
+            ):
+                continue
+            if with_arrays:
+                arrays[name] = tensor.numpy()
+            value.const_value = ir.ExternalTensor(
+                _IN_MEMORY,
+                0,
+                tensor.nbytes,
+                tensor.dtype,
+                shape=ir.Shape([int(d) for d in tensor.shape.dims]),
+                name=name,
+            )
+            swapped.append((value, tensor))
+        proto = ir.to_proto(model)
+    finally:
+        for value, tensor in swapped:
+            value.const_value = tensor
+    placeholders = {value.name for value, _ in swapped}
+    for t in proto.graph.initializer:
+        if t.name in placeholders:
+            del t.external_data[:]
+            entry = t.external_data.add()
+            entry.key, entry.value = "location", _IN_MEMORY
+    return proto, arrays
+
+
+def _detach_large_initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Turn large main-graph initializers into external placeholders; return their arrays.
+
+    The arrays view the tensors' bytes (no copy) and reach ONNX Runtime through
+    ``add_external_initializers``, so the serialized model it parses holds no weights.
+    """
+    arrays: dict[str, np.ndarray] = {}
+    for t in model.graph.initializer:
+        if len(t.raw_data) <= 4096 or t.data_location == TensorProto.EXTERNAL:
+            continue
+        dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
+        if t.data_type in (TensorProto.BFLOAT16, TensorProto.STRING) or dtype.itemsize == 0:
+            continue
+        arrays[t.name] = np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims))
+        t.ClearField("raw_data")
+        t.data_location = TensorProto.EXTERNAL
+        entry = t.external_data.add()
+        entry.key, entry.value = "location", _IN_MEMORY
+    return arrays
+
+
 def _absmax_in_graph(
     model: onnx.ModelProto,
     candidates: list[tuple[str, int]],
     feeds: Mapping[str, np.ndarray],
     threads: int,
     shapes_out: dict[str, list[int]] | None,
+    external: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, float] | None:
     """One run of the model with ``ReduceMax(Abs(t))`` and ``Shape(t)`` outputs per tensor.
 
@@ -1038,10 +1132,13 @@ def _absmax_in_graph(
         work.graph.insert_after(producer, probes)
         work.graph.outputs.extend([peak, shape])
         names.append((name, peak.name or "", shape.name or ""))
-    source = ir.to_proto(work).SerializeToString()
+    augmented = ir.to_proto(work)
     del work, by_name
+    detached = {**_detach_large_initializers(augmented), **(external or {})}
+    source = augmented.SerializeToString()
+    del augmented
     try:
-        session = _make_session(source, threads, in_order=True)
+        session = _make_session(source, threads, in_order=True, external=detached)
         del source
         wanted = [o for _, peak, shape in names for o in (peak, shape)]
         outs = _run_session(session, _feeds_for(model, feeds), wanted)
@@ -1067,6 +1164,7 @@ def collect_absmax(
     chunk_size: int = 2000,
     threads: int = 2,
     shapes_out: dict[str, list[int]] | None = None,
+    external: Mapping[str, np.ndarray] | None = None,
 ) -> dict[str, float]:
     """Range analysis: ``max(|x|)`` of every floating-point tensor of the FP32 model.
 
@@ -1088,6 +1186,8 @@ def collect_absmax(
         chunk_size: Most extra outputs fetched per ORT session, to bound memory.
         threads: ORT intra-op thread count.
         shapes_out: when given, filled with the observed shape of every fetched tensor.
+        external: arrays of initializers that ``model`` holds as in-memory placeholders
+            (see :func:`weightless_proto`).
 
     Returns:
         Absmax by tensor name.
@@ -1105,6 +1205,10 @@ def collect_absmax(
             if value is not None:
                 result[vi.name] = value
     _static_absmax(m.graph, result)
+    for name, array in (external or {}).items():
+        measured = _absmax(array)
+        if measured is not None:
+            result[name] = measured
 
     types = _value_types(m.graph)
     produced = [o for n in m.graph.node for o in n.output if o]
@@ -1139,7 +1243,7 @@ def collect_absmax(
             if vi.type.tensor_type.elem_type in _FLOAT_TYPES and vi.name not in result
         ]
         probes = candidates + graph_outputs
-        reduced = _absmax_in_graph(m, probes, feeds, threads, shapes_out)
+        reduced = _absmax_in_graph(m, probes, feeds, threads, shapes_out, external)
         if reduced is not None:
             result.update(reduced)
             # Tensors holding NaN: absmax over their finite values, fetched below.
@@ -1148,7 +1252,7 @@ def collect_absmax(
                 return result
 
     chunks = [candidates[i : i + chunk_size] for i in range(0, len(candidates), chunk_size)]
-    runner = _VariantRunner(m, feeds, threads)
+    runner = _VariantRunner(m, feeds, threads, external)
     try:
         first = chunks.pop(0) if chunks else []
         originals = list(runner._original_outputs)

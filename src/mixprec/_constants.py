@@ -1,0 +1,26 @@
+"""Fast access to the constant tensor behind a value (initializer or Constant node)."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+__all__ = ["const_tensor"]
+
+
+def const_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
+    """The tensor of an initializer or of a ``Constant(value=...)`` node's output, else None.
+
+    A fast path for the two common cases; other Constant forms (``value_float`` ...) go
+    through ``onnx_ir.convenience.get_const_tensor``.
+    """
+    if value is None:
+        return None
+    if value.const_value is not None:
+        return value.const_value
+    producer = value.producer()
+    if producer is None or producer.op_type != "Constant" or producer.domain not in ("", "ai.onnx"):
+        return None
+    attr = producer.attributes.get("value")
+    if attr is not None and attr.type == ir.AttributeType.TENSOR:
+        return attr.as_tensor()
+    return ir.convenience.get_const_tensor(value)
