@@ -1049,7 +1049,7 @@ def weightless_proto(
                 0,
                 tensor.nbytes,
                 tensor.dtype,
-                shape=ir.Shape([int(d) for d in tensor.shape.dims]),
+                shape=ir.Shape([d if isinstance(d, int) else 0 for d in tensor.shape.dims]),
                 name=name,
             )
             swapped.append((value, tensor))
