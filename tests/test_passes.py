@@ -527,7 +527,7 @@ g (float[2,8] x, bool c) => (float[2,8] y) <float[8,8] w> {
 """
 
 
-def test_if_subgraph_converted_with_float32_interface():
+def test_if_subgraph_converted_consistently():
     model = _model(IF_MODEL, scale=1.0)
     result = mixprec.convert(model, "fp16", calibrate=False)
     proto = result.model_proto
@@ -639,3 +639,42 @@ def test_streamed_save_writes_the_same_model(tmp_path):
     assert list(result.model.graph.initializers) == [t.name for t in expected.graph.initializer]
     x = np.random.default_rng(9).random((4, 256), dtype=np.float32)
     np.testing.assert_array_equal(run_ort(written, {"x": x})["y"], run_ort(expected, {"x": x})["y"])
+
+
+def test_if_outputs_follow_their_branches_and_consumers():
+    """A PyTorch-style conditional squeeze between two MatMuls stays in low precision."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1,8] x, bool c) => (float[8] y) <float[8,8] w, float[8,8] w2> {
+        h = MatMul (x, w)
+        r = Relu (h)
+        s = If (c) <
+            then_branch = t () => (float[8] o1) {
+                ax = Constant <value = int64[1] {0}> ()
+                o1 = Squeeze (r, ax)
+            },
+            else_branch = e () => (float[8] o2) {
+                ax2 = Constant <value = int64[1] {0}> ()
+                o2 = Squeeze (r, ax2)
+            }
+        >
+        y = MatMul (s, w2)
+    }
+    """
+    model = _model(text, scale=0.5)
+    result = mixprec.convert(model, "fp16", calibrate=False)
+    proto = result.model_proto
+    _full_check(proto)
+    by_op = {n.op_type: n.precision for n in result.report.nodes}
+    assert by_op["If"] == "low" and by_op["Squeeze"] == "low", result.report.nodes
+    assert _ops(proto).count("Cast") == 2  # x in, y out: none around the If
+    if_node = next(n for n in proto.graph.node if n.op_type == "If")
+    for attr in if_node.attribute:
+        assert attr.g.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+        assert all(n.op_type != "Cast" for n in attr.g.node)
+    for cond in (True, False):
+        feeds = {
+            "x": np.random.default_rng(11).random((1, 8), dtype=np.float32),
+            "c": np.array(cond),
+        }
+        assert_close(run_ort(model, feeds)["y"], run_ort(proto, feeds)["y"], "float16")

@@ -71,6 +71,17 @@ class PaintResult(ir.passes.PassResult):
     slots: dict[ir.Node, SlotInfo] = dataclasses.field(default_factory=dict)
 
 
+def if_branch_owners(graph: ir.Graph) -> dict[ir.Graph, ir.Node]:
+    """Every If branch graph (recursively) mapped to its If node."""
+    owners: dict[ir.Graph, ir.Node] = {}
+    for node in iter_nodes(graph):
+        if node.op_type == "If" and node.domain in ("", "ai.onnx"):
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.GRAPH:
+                    owners[attr.as_graph()] = node
+    return owners
+
+
 def iter_nodes(graph: ir.Graph) -> Iterator[ir.Node]:
     """All nodes of ``graph`` and of its subgraphs, recursively."""
     yield from ir.traversal.RecursiveGraphIterator(graph)
@@ -167,12 +178,21 @@ class PaintPass(ir.passes.InPlacePass):
             for v in values
         )
 
+    def _branch_owner(self, value: ir.Value) -> tuple[ir.Node, int] | None:
+        """(If node, output index) when ``value`` is an output of one of its branches."""
+        graph = value.graph
+        if graph is None or graph not in self._owners or not value.is_graph_output():
+            return None
+        return self._owners[graph], list(graph.outputs).index(value)
+
     def _keeps_output_fp32(self, value: ir.Value) -> bool:
         if not value.is_graph_output():
             return False
         graph = value.graph
+        if graph is not None and graph in self._owners:
+            return False  # an If branch output follows the If node
         if graph is None or graph is not self._main_graph:
-            return True  # subgraph outputs keep their type
+            return True  # Loop/Scan body outputs keep their type
         if isinstance(self.keep_io_types, bool):
             return self.keep_io_types
         return (value.name or "") in self.keep_io_types
@@ -181,6 +201,12 @@ class PaintPass(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> PaintResult:
         self._main_graph = model.graph
+        self._owners = if_branch_owners(model.graph)
+        if_nodes = set(self._owners.values())
+
+        def branches_of(node: ir.Node) -> list[ir.Graph]:
+            return [g for g, owner in self._owners.items() if owner is node]
+
         policy = self.policy
         target = policy.target_type
         decisions: dict[ir.Node, Decision] = {}
@@ -212,12 +238,16 @@ class PaintPass(ir.passes.InPlacePass):
             excluded = self._excluded(node)
             if excluded:
                 decide(node, Precision.FP32, "prepare", excluded)
+            elif node.op_type == "If" and standard:
+                # Precision-neutral: its outputs follow its branches' outputs and consumers.
+                classes[node] = OpClass.CLEAR
             elif node.op_type in CONTROL_FLOW and standard:
                 decide(
                     node,
                     Precision.FP32,
                     "prepare",
-                    "control flow keeps a float32 interface; its body is painted on its own",
+                    "Loop/Scan keep a float32 interface (carried state keeps its dtype); "
+                    "the body is painted on its own",
                 )
             elif any(o.dtype is None for o in node.outputs if o is not None and o.name):
                 decide(node, Precision.FP32, "prepare", "an output has an unknown type")
@@ -243,18 +273,48 @@ class PaintPass(ir.passes.InPlacePass):
         def hands_fp32(node: ir.Node) -> bool:
             return rule_for(node).output_fp32 or node.op_type in policy.output_fp32_ops
 
-        def consumers(node: ir.Node) -> Iterator[ir.Node]:
-            for j in slots[node].outputs:
-                for use in node.outputs[j].uses():
-                    user = use.node
-                    if user in slots and use.idx in slots[user].inputs:
-                        yield user
+        def feeders(node: ir.Node) -> Iterator[tuple[ir.Value, ir.Node | None]]:
+            """The float values a node computes from, with their producers.
 
-        def producers(node: ir.Node) -> Iterator[ir.Node | None]:
-            for i in slots[node].inputs:
+            For an If node: the branch outputs behind its convertible outputs.
+            """
+            if node in if_nodes:
+                for branch in branches_of(node):
+                    for k in slots[node].outputs:
+                        if k < len(branch.outputs):
+                            out = branch.outputs[k]
+                            yield out, out.producer()
+                return
+            for i in sorted(slots[node].inputs):
                 value = node.inputs[i]
                 assert value is not None
-                yield value.producer()
+                yield value, value.producer()
+
+        def users(node: ir.Node) -> Iterator[tuple[ir.Node, bool]]:
+            """Who reads the node's float outputs, and whether that slot can go low.
+
+            A branch output of an If counts as read by the If node.
+            """
+            for j in slots[node].outputs:
+                value = node.outputs[j]
+                for use in value.uses():
+                    user = use.node
+                    if user.op_type in SHAPE_ONLY_OPS:
+                        continue
+                    yield user, user in slots and use.idx in slots[user].inputs
+                found = self._branch_owner(value)
+                if found is not None:
+                    owner, k = found
+                    yield owner, owner in slots and k in slots[owner].outputs
+
+        def consumers(node: ir.Node) -> Iterator[ir.Node]:
+            for user, ok in users(node):
+                if ok:
+                    yield user
+
+        def producers(node: ir.Node) -> Iterator[ir.Node | None]:
+            for _, producer in feeders(node):
+                yield producer
 
         # Step 1: allow.
         for node in slots:
@@ -310,8 +370,8 @@ class PaintPass(ir.passes.InPlacePass):
             if classes[node] not in (OpClass.INFER, OpClass.CLEAR):
                 continue
             if all(
-                const_tensor(node.inputs[i]) is not None or producer in const_fed
-                for i, producer in zip(sorted(slots[node].inputs), producers(node), strict=True)
+                const_tensor(value) is not None or producer in const_fed
+                for value, producer in feeders(node)
             ):
                 const_fed.add(node)
 
@@ -323,33 +383,24 @@ class PaintPass(ir.passes.InPlacePass):
                     continue
                 info = slots[node]
                 inputs_ok = all(
-                    const_tensor(node.inputs[i]) is not None
-                    or is_low(producer)
-                    or producer in const_fed
-                    for i, producer in zip(sorted(info.inputs), producers(node), strict=True)
+                    const_tensor(value) is not None or is_low(producer) or producer in const_fed
+                    for value, producer in feeders(node)
                 )
                 if not inputs_ok:
                     continue
-                users: list[ir.Node] = []
-                outputs_ok = True
-                for j in info.outputs:
-                    value = node.outputs[j]
-                    if self._keeps_output_fp32(value):
+                readers: list[ir.Node] = []
+                outputs_ok = not any(self._keeps_output_fp32(node.outputs[j]) for j in info.outputs)
+                for user, ok in users(node):
+                    readers.append(user)
+                    if not (ok and is_low(user)):
                         outputs_ok = False
-                    for use in value.uses():
-                        user = use.node
-                        if user.op_type in SHAPE_ONLY_OPS:
-                            continue
-                        users.append(user)
-                        if not (is_low(user) and use.idx in slots.get(user, _NO_SLOTS).inputs):
-                            outputs_ok = False
-                if outputs_ok and users:
+                if outputs_ok and readers:
                     decide(
                         node,
                         Precision.LOW,
                         "weights",
-                        f"computes from constants for low-precision {users[0].op_type} "
-                        f"{users[0].name!r}{note(node)}",
+                        f"computes from constants for low-precision {readers[0].op_type} "
+                        f"{readers[0].name!r}{note(node)}",
                     )
                     changed = True
             return changed

@@ -14,7 +14,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec._constants import const_tensor
-from mixprec._paint import Decision, Precision, is_constant_node, iter_nodes
+from mixprec._paint import Decision, Precision, if_branch_owners, is_constant_node, iter_nodes
 from mixprec._policy import SHAPE_ONLY_OPS, Policy, rule_for
 from mixprec._schema import SlotInfo
 
@@ -145,6 +145,7 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
         target = self.policy.target_type
         main = model.graph
         names = _Names(model)
+        self._owners = if_branch_owners(main)
         result = ApplyPrecisionResult(model, modified=False)
 
         # 1. Which dtype each (value, use) needs, decided on the original types.
@@ -211,8 +212,14 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
                 continue
             low_uses = by_dtype.get(target, [])
             f32_uses = by_dtype.get(ir.DataType.FLOAT, [])
-            keeps_f32 = bool(f32_uses) or value in graph_outputs
-            if not low_uses:
+            wants = [self._output_want(g, k, main) for g, k in graph_outputs.get(value, [])]
+            low_places = [
+                place
+                for place, w in zip(graph_outputs.get(value, []), wants, strict=True)
+                if w == target
+            ]
+            keeps_f32 = bool(f32_uses) or ir.DataType.FLOAT in wants
+            if not low_uses and not low_places:
                 continue
             result.modified = True
             if not keeps_f32:
@@ -223,8 +230,10 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
                 copy = self._low_copy(value, target, names, result.weights)
                 for node, i in low_uses:
                     node.replace_input_with(i, copy)
+                for graph, k in low_places:
+                    graph.outputs[k] = copy
                 result.weights.duplicated += 1
-                by_dtype.pop(target)
+                by_dtype.pop(target, None)
             else:
                 result.weights.cast_at_runtime += 1  # the generic cast below handles it
 
@@ -251,31 +260,49 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
             for graph, k in graph_outputs.pop(value, []):
                 graph.outputs[k] = cast_out
             result.casts_inserted += 1
-        # Graph outputs that must stay float32 but are now produced in low precision.
+        # Graph outputs: the main graph's keep float32 (keep_io_types) under their names;
+        # an If branch's outputs follow the If node; Loop/Scan bodies' keep float32.
         for value, places in graph_outputs.items():
-            if value not in produced_low:
-                continue
-            if not any(self._keeps(value, graph) or graph is not main for graph, _ in places):
-                continue
-            cast_out = self._cast(value, ir.DataType.FLOAT, names)
-            # The graph output keeps its name: the low-precision tensor is renamed.
-            old_name = value.name or names.fresh("output")
-            value.name = names.fresh(f"{old_name}_{_short(target)}")
-            cast_out.name = old_name
-            producer = cast_out.producer()
-            assert producer is not None
-            producer.name = names.fresh(f"{old_name}_cast_fp32")
+            have = target if value in produced_low else ir.DataType.FLOAT
+            kept_main = [(g, k) for g, k in places if g is main and self._keeps(value, main)]
+            if have == target and kept_main:
+                cast_out = self._cast(value, ir.DataType.FLOAT, names)
+                # The graph output keeps its name: the low-precision tensor is renamed.
+                old_name = value.name or names.fresh("output")
+                value.name = names.fresh(f"{old_name}_{_short(target)}")
+                cast_out.name = old_name
+                producer = cast_out.producer()
+                assert producer is not None
+                producer.name = names.fresh(f"{old_name}_cast_fp32")
+                for graph, k in kept_main:
+                    graph.outputs[k] = cast_out
+                result.casts_inserted += 1
+                result.modified = True
             for graph, k in places:
-                if graph is main and not self._keeps(value, main):
+                if graph is main:
                     continue
-                graph.outputs[k] = cast_out
-            result.casts_inserted += 1
-            result.modified = True
+                wanted = self._output_want(graph, k, main)
+                if wanted is None or wanted == have or graph.outputs[k] is not value:
+                    continue
+                graph.outputs[k] = self._cast(value, wanted, names, graph=graph)
+                result.casts_inserted += 1
+                result.modified = True
         return result
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _cast(self, value: ir.Value, to: ir.DataType, names: _Names) -> ir.Value:
+    def _output_want(self, graph: ir.Graph, k: int, main: ir.Graph) -> ir.DataType | None:
+        """The dtype graph output ``k`` of ``graph`` must have; None: whatever is produced."""
+        if graph is main:
+            return ir.DataType.FLOAT if self._keeps(graph.outputs[k], main) else None
+        owner = self._owners.get(graph)
+        if owner is not None and self._is_low(owner) and k in self.slots[owner].outputs:
+            return self.policy.target_type
+        return ir.DataType.FLOAT
+
+    def _cast(
+        self, value: ir.Value, to: ir.DataType, names: _Names, graph: ir.Graph | None = None
+    ) -> ir.Value:
         base = value.name or "value"
         out = ir.Value(
             name=names.fresh(f"{base}_{_short(to)}"),
@@ -291,7 +318,9 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
             name=names.fresh(f"{base}_cast_{_short(to)}"),
         )
         producer = value.producer()
-        if producer is not None and producer.graph is not None:
+        if graph is not None:
+            graph.append(cast)  # feeds an output of ``graph``: its end is always in order
+        elif producer is not None and producer.graph is not None:
             producer.graph.insert_after(producer, cast)
         else:
             graph = value.graph
