@@ -20,7 +20,6 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
-from mixprec import _runtime  # imported eagerly: onnxruntime loads with mixprec
 from mixprec._config import ListChanges, resolve_log_dir, resolve_policy
 from mixprec._constants import const_tensor
 from mixprec._errors import MixprecError
@@ -28,6 +27,7 @@ from mixprec._fold import FoldBatchNormPass, FoldBatchNormResult, FoldCastsPass,
 from mixprec._io import check_opset, load_model, save_model
 from mixprec._paint import PaintPass, PaintResult, Precision, iter_nodes
 from mixprec._policy import OpClass, Policy
+from mixprec._protos import weightless_proto
 from mixprec._report import NodeReport, Report, concrete_shapes, count_macs
 from mixprec._rewrite import (
     ApplyPrecisionPass,
@@ -281,6 +281,8 @@ def _calibrate(
     external: Mapping[str, np.ndarray],
 ) -> dict[str, float]:
 
+    from mixprec import _runtime  # onnxruntime is imported only when calibrating
+
     concrete, notes = _concrete_shapes(proto, shapes)
     report.input_shapes = concrete
     if calibration_data is not None:
@@ -410,7 +412,7 @@ def convert(
     observed: dict[str, list[int]] = {}  # tensor shapes seen in the calibration run
     t = time.perf_counter()
     # Weights stay in ``work``: analysis reads only dims, ORT gets the arrays in memory.
-    proto_for_macs, external = _runtime.weightless_proto(work, with_arrays=calibrate)
+    proto_for_macs, external = weightless_proto(work, with_arrays=calibrate)
     if calibrate:
         say("calibrating ranges with onnxruntime")
         absmax = _calibrate(proto_for_macs, calibration_data, shapes, report, observed, external)
@@ -494,7 +496,7 @@ def _check(model: ir.Model) -> None:
     payloads (they become typed graph inputs): the same checks on structure, types and
     shapes, without serializing the weights twice.
     """
-    from mixprec._runtime import _light_copy
+    from mixprec._protos import _light_copy
 
     light = _light_copy(ir.to_proto(model))
     try:

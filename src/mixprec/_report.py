@@ -175,7 +175,7 @@ def concrete_shapes(
 
     Shapes come from onnx shape inference on a copy; returns that copy and the map.
     """
-    from mixprec._runtime import _light_copy
+    from mixprec._protos import _light_copy
 
     m = _light_copy(proto)  # no weight payloads: shapes only need dims
     for graph_input in m.graph.input:

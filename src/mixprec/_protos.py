@@ -1,0 +1,112 @@
+"""Proto helpers that need no ONNX Runtime: light and weightless copies of a model."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx import TensorProto, helper
+
+__all__ = ["weightless_proto"]
+
+# Initializers up to this many elements stay in light copies (shape inference may read them).
+_LIGHT_MAX_ELEMS = 1024
+# Location of external-data placeholders whose arrays are handed to ONNX Runtime in memory.
+_IN_MEMORY = "__mixprec_in_memory__"
+
+
+def _is_repeated(fd: Any) -> bool:
+    # protobuf >= 5 has ``is_repeated``; ``label`` is gone from newer upb descriptors.
+    if hasattr(fd, "is_repeated"):
+        return bool(fd.is_repeated)
+    return bool(fd.label == fd.LABEL_REPEATED)
+
+
+def _copy_fields(src: Any, dst: Any, skip: frozenset[str]) -> None:
+    """Copies every set field of protobuf message ``src`` into ``dst`` except ``skip``."""
+    for fd, value in src.ListFields():
+        if fd.name in skip:
+            continue
+        if _is_repeated(fd):
+            getattr(dst, fd.name).extend(value)
+        elif fd.type == fd.TYPE_MESSAGE:
+            getattr(dst, fd.name).CopyFrom(value)
+        else:
+            setattr(dst, fd.name, value)
+
+
+def _numel(dims: Sequence[int]) -> int:
+    return math.prod(int(d) for d in dims)
+
+
+def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy for shape inference: large main-graph initializers become typed graph inputs.
+
+    Shape inference only needs their types and shapes, so this keeps it cheap and
+    below the 2 GB protobuf limit.
+    """
+    light = onnx.ModelProto()
+    _copy_fields(model, light, frozenset({"graph"}))
+    _copy_fields(model.graph, light.graph, frozenset({"initializer"}))
+    input_names = {vi.name for vi in model.graph.input}
+    for t in model.graph.initializer:
+        if _numel(t.dims) <= _LIGHT_MAX_ELEMS and t.data_location != TensorProto.EXTERNAL:
+            light.graph.initializer.add().CopyFrom(t)
+        elif t.name not in input_names:
+            light.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, t.dims))
+    return light
+
+
+def weightless_proto(
+    model: ir.Model, min_bytes: int = 4096, *, with_arrays: bool = True
+) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``model`` as a proto whose large main-graph initializers are in-memory placeholders.
+
+    Returns the proto and, with ``with_arrays``, the placeholders' arrays (protobuf hands
+    out a copy of each tensor's bytes: skip them when only shapes are needed). Shape work
+    reads only dims; ONNX Runtime gets the arrays through ``add_external_initializers``
+    (``collect_absmax(external=...)``). ``model`` is unchanged afterwards.
+    """
+    swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
+    arrays: dict[str, np.ndarray] = {}
+    try:
+        for name, value in model.graph.initializers.items():
+            tensor = value.const_value
+            if tensor is None or tensor.nbytes <= min_bytes or value.is_graph_input():
+                continue
+            if tensor.dtype not in (
+                ir.DataType.FLOAT,
+                ir.DataType.FLOAT16,
+                ir.DataType.DOUBLE,
+                ir.DataType.INT64,
+                ir.DataType.INT32,
+                ir.DataType.INT8,
+                ir.DataType.UINT8,
+            ):
+                continue
+            if with_arrays:
+                arrays[name] = tensor.numpy()
+            value.const_value = ir.ExternalTensor(
+                _IN_MEMORY,
+                0,
+                tensor.nbytes,
+                tensor.dtype,
+                shape=ir.Shape([d if isinstance(d, int) else 0 for d in tensor.shape.dims]),
+                name=name,
+            )
+            swapped.append((value, tensor))
+        proto = ir.to_proto(model)
+    finally:
+        for value, tensor in swapped:
+            value.const_value = tensor
+    placeholders = {value.name for value, _ in swapped}
+    for t in proto.graph.initializer:
+        if t.name in placeholders:
+            del t.external_data[:]
+            entry = t.external_data.add()
+            entry.key, entry.value = "location", _IN_MEMORY
+    return proto, arrays
