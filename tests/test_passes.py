@@ -678,3 +678,16 @@ def test_if_outputs_follow_their_branches_and_consumers():
             "c": np.array(cond),
         }
         assert_close(run_ort(model, feeds)["y"], run_ort(proto, feeds)["y"], "float16")
+
+
+def test_no_value_info_added_and_existing_annotations_retyped():
+    model = _chain_model()
+    assert not model.graph.value_info
+    out = mixprec.convert(model, "fp16", calibrate=False).model_proto
+    assert [v.name for v in out.graph.value_info] == []
+    annotated = onnx.shape_inference.infer_shapes(model)  # every intermediate annotated
+    out = mixprec.convert(annotated, "fp16", calibrate=False).model_proto
+    types = {v.name: v.type.tensor_type.elem_type for v in out.graph.value_info}
+    assert types["c1"] == onnx.TensorProto.FLOAT16  # Conv output, now low precision
+    assert types["e"] == onnx.TensorProto.FLOAT  # Exp stays FP32 without calibration
+    _full_check(out)

@@ -90,6 +90,37 @@ def _load(model: ModelLike) -> tuple[ir.Model, str, Path | None]:
     )
 
 
+def _annotated_values(model: ir.Model) -> set[str]:
+    """Names of intermediate values that carry a type annotation (value_info)."""
+    return {
+        v.name
+        for n in iter_nodes(model.graph)
+        for v in n.outputs
+        if v.name and v.type is not None and not v.is_graph_output()
+    }
+
+
+def _drop_added_annotations(model: ir.Model, keep: set[str]) -> None:
+    """Forget the types/shapes of intermediates that the input model did not annotate.
+
+    Shape inference annotated every value while converting; writing all of that as
+    value_info would grow small models by a tenth and add nothing a runtime needs.
+    Annotations the input had are kept (retyped where the value changed dtype).
+    """
+    for node in iter_nodes(model.graph):
+        for value in node.outputs:
+            if value.name not in keep and not value.is_graph_output():
+                value.type = None
+                value.shape = None
+    graphs = [model.graph, *(g for n in iter_nodes(model.graph) for g in _graph_attrs(n))]
+    for graph in graphs:
+        for value in graph.initializers.values():
+            # The tensor itself carries dtype and dims; a value_info entry only repeats them.
+            if not value.is_graph_input() and not value.is_graph_output():
+                value.type = None
+                value.shape = None
+
+
 def _count_casts(model: ir.Model) -> int:
     return sum(1 for n in iter_nodes(model.graph) if n.op_type == "Cast")
 
@@ -396,6 +427,7 @@ def convert(
     if log_path is not None:
         original_proto = ir.to_proto(work)
     report.casts_before = _count_casts(work)
+    annotated = _annotated_values(work)
     report.param_bytes_before = _param_bytes(work)
     timings["load"] = time.perf_counter() - t0
 
@@ -470,6 +502,7 @@ def convert(
     report.casts_removed = cleaned.removed
     report.weights = {k: int(v) for k, v in vars(applied.weights).items()}
     report.casts_after = _count_casts(work)
+    _drop_added_annotations(work, annotated)
     report.param_bytes_after = _param_bytes(work)
     if applied.retargeted_casts:
         report.notes.append(
