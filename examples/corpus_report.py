@@ -79,8 +79,9 @@ def main() -> int:
             worst = max(o.rel_l2_error for o in report.outputs)
             r = result.report
             short = name.split("__")[1].removesuffix(".onnx")
+            macs = f"{r.low_mac_share:.1%}" if r.total_macs else "n/a (shapes unknown)"
             print(
-                f"| {short} | {dtype} | {valid} | {r.casts_inserted} | {r.low_mac_share:.1%} "
+                f"| {short} | {dtype} | {valid} | {r.casts_inserted} | {macs} "
                 f"| {r.low_node_share:.1%} | {worst:.2e} | {report.kind} | {seconds:.2f} |"
             )
     return 0
