@@ -14,7 +14,6 @@ skipped with the reason shown; under CI (``$CI`` set) they fail instead.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -22,6 +21,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import sha256_of
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: Read once at import: the autouse fixture below hides MIXPREC_* variables from tests.
@@ -44,14 +45,6 @@ def _shared_corpus() -> Path | None:
         if (base / "corpus" / "fetch.sh").is_file():
             return base / "corpus"
     return None
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def expected_sha256() -> dict[str, str]:
@@ -85,7 +78,7 @@ def _problems(folder: Path, digests: dict[str, str]) -> list[str]:
         path = folder / rel
         if not path.is_file():
             out.append(f"{rel} missing")
-        elif _file_sha256(path) != digest:
+        elif sha256_of(path) != digest:
             out.append(f"{rel} has the wrong sha256")
     return out
 
@@ -115,7 +108,7 @@ def _fetch_with_bench(cache: Path, digests: dict[str, str]) -> None:
     )
     if proc.returncode != 0:
         _cannot_fetch(f"bench/fetch.py failed: {_tail(proc.stderr + proc.stdout)}")
-    by_digest = {_file_sha256(p): p for p in (bench_cache / "corpus").glob("*.onnx")}
+    by_digest = {sha256_of(p): p for p in (bench_cache / "corpus").glob("*.onnx")}
     for rel, digest in digests.items():
         if digest in by_digest:
             (cache / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from mixprec._constants import const_tensor
 from mixprec._errors import MixprecError
 from mixprec._fold import FoldBatchNormPass, FoldBatchNormResult, FoldCastsPass, FoldCastsResult
 from mixprec._io import check_opset, load_model, save_model
-from mixprec._paint import PaintPass, PaintResult, Precision, iter_nodes
+from mixprec._paint import PaintPass, PaintResult, Precision, all_graphs, iter_nodes
 from mixprec._policy import OpClass, Policy
 from mixprec._protos import weightless_proto
 from mixprec._report import NodeReport, Report, concrete_shapes, count_macs
@@ -112,7 +112,7 @@ def _drop_added_annotations(model: ir.Model, keep: set[str]) -> None:
             if value.name not in keep and not value.is_graph_output():
                 value.type = None
                 value.shape = None
-    graphs = [model.graph, *(g for n in iter_nodes(model.graph) for g in _graph_attrs(n))]
+    graphs = all_graphs(model.graph)
     for graph in graphs:
         for value in graph.initializers.values():
             # The tensor itself carries dtype and dims; a value_info entry only repeats them.
@@ -127,7 +127,7 @@ def _count_casts(model: ir.Model) -> int:
 
 def _param_bytes(model: ir.Model) -> int:
     total = 0
-    graphs = [model.graph, *(g for n in iter_nodes(model.graph) for g in _graph_attrs(n))]
+    graphs = all_graphs(model.graph)
     for graph in graphs:
         for value in graph.initializers.values():
             if value.const_value is not None:
@@ -138,14 +138,6 @@ def _param_bytes(model: ir.Model) -> int:
                 if tensor is not None:
                     total += tensor.nbytes
     return total
-
-
-def _graph_attrs(node: ir.Node):
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            yield attr.as_graph()
-        elif attr.type == ir.AttributeType.GRAPHS:
-            yield from attr.as_graphs()
 
 
 def _notes_about_input(model: ir.Model) -> list[str]:

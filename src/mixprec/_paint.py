@@ -71,14 +71,27 @@ class PaintResult(ir.passes.PassResult):
     slots: dict[ir.Node, SlotInfo] = dataclasses.field(default_factory=dict)
 
 
+def subgraphs_of(node: ir.Node) -> Iterator[ir.Graph]:
+    """The graphs held in ``node``'s attributes (If branches, Loop/Scan bodies)."""
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            yield attr.as_graph()
+        elif attr.type == ir.AttributeType.GRAPHS:
+            yield from attr.as_graphs()
+
+
+def all_graphs(graph: ir.Graph) -> list[ir.Graph]:
+    """``graph`` and every subgraph inside it, recursively."""
+    return [graph, *(sub for node in iter_nodes(graph) for sub in subgraphs_of(node))]
+
+
 def if_branch_owners(graph: ir.Graph) -> dict[ir.Graph, ir.Node]:
     """Every If branch graph (recursively) mapped to its If node."""
     owners: dict[ir.Graph, ir.Node] = {}
     for node in iter_nodes(graph):
         if node.op_type == "If" and node.domain in ("", "ai.onnx"):
-            for attr in node.attributes.values():
-                if attr.type == ir.AttributeType.GRAPH:
-                    owners[attr.as_graph()] = node
+            for branch in subgraphs_of(node):
+                owners[branch] = node
     return owners
 
 

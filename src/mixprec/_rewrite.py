@@ -7,14 +7,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
 from mixprec._constants import const_tensor
-from mixprec._paint import Decision, Precision, if_branch_owners, is_constant_node, iter_nodes
+from mixprec._paint import (
+    Decision,
+    Precision,
+    all_graphs,
+    if_branch_owners,
+    is_constant_node,
+    iter_nodes,
+)
 from mixprec._policy import SHAPE_ONLY_OPS, Policy, rule_for
 from mixprec._schema import SlotInfo
 
@@ -60,7 +67,7 @@ class _Names:
 
     def __init__(self, model: ir.Model) -> None:
         self.used: set[str] = set()
-        graphs = [model.graph, *(g for n in iter_nodes(model.graph) for g in _subgraphs(n))]
+        graphs = all_graphs(model.graph)
         for graph in graphs:
             self.used.update(v.name for v in graph.inputs if v.name)
             self.used.update(graph.initializers)
@@ -77,14 +84,6 @@ class _Names:
             k += 1
         self.used.add(name)
         return name
-
-
-def _subgraphs(node: ir.Node) -> Iterable[ir.Graph]:
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            yield attr.as_graph()
-        elif attr.type == ir.AttributeType.GRAPHS:
-            yield from attr.as_graphs()
 
 
 def _short(dtype: ir.DataType) -> str:
@@ -168,7 +167,7 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
                     need[value][ir.DataType.FLOAT].append((node, i))
 
         graph_outputs: dict[ir.Value, list[tuple[ir.Graph, int]]] = defaultdict(list)
-        graphs = [main, *(g for n in iter_nodes(main) for g in _subgraphs(n))]
+        graphs = all_graphs(main)
         for graph in graphs:
             for k, value in enumerate(graph.outputs):
                 if value.dtype == ir.DataType.FLOAT:
