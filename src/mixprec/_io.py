@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -12,6 +13,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from mixprec._errors import MixprecError
+from mixprec._protos import iter_proto_tensors
 
 __all__ = ["check_output_path", "has_external_data", "load_model", "save_model"]
 
@@ -19,23 +21,13 @@ _MAX_PROTO = 2**31 - 1
 
 
 def _external_locations(proto: onnx.ModelProto) -> list[str]:
-    locations: list[str] = []
-    graphs = [proto.graph]
-    while graphs:
-        graph = graphs.pop()
-        tensors = list(graph.initializer)
-        for node in graph.node:
-            for attr in node.attribute:
-                if attr.HasField("t"):
-                    tensors.append(attr.t)
-                graphs.extend([attr.g] if attr.HasField("g") else [])
-                graphs.extend(attr.graphs)
-        for t in tensors:
-            if t.data_location == onnx.TensorProto.EXTERNAL:
-                for entry in t.external_data:
-                    if entry.key == "location":
-                        locations.append(entry.value)
-    return locations
+    return [
+        entry.value
+        for t in iter_proto_tensors(proto.graph)
+        if t.data_location == onnx.TensorProto.EXTERNAL
+        for entry in t.external_data
+        if entry.key == "location"
+    ]
 
 
 def has_external_data(path: str | os.PathLike[str]) -> bool:
@@ -161,18 +153,10 @@ def save_model(
         raise MixprecError(f"{p}: cannot write the model: {exc}") from None
 
 
-def _iter_external(proto: onnx.ModelProto):
-    graphs = [proto.graph]
-    while graphs:
-        graph = graphs.pop()
-        yield from (t for t in graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL)
-        for node in graph.node:
-            for attr in node.attribute:
-                if attr.HasField("t") and attr.t.data_location == onnx.TensorProto.EXTERNAL:
-                    yield attr.t
-                if attr.HasField("g"):
-                    graphs.append(attr.g)
-                graphs.extend(attr.graphs)
+def _iter_external(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    return (
+        t for t in iter_proto_tensors(proto.graph) if t.data_location == onnx.TensorProto.EXTERNAL
+    )
 
 
 def _varint(n: int) -> bytes:

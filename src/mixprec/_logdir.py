@@ -11,6 +11,7 @@ import onnx.printer
 import onnx_ir as ir
 
 from mixprec._errors import MixprecError
+from mixprec._protos import iter_proto_tensors
 from mixprec._report import Report
 
 __all__ = ["write_log_dir"]
@@ -27,22 +28,9 @@ def _strip_weights(proto: onnx.ModelProto) -> onnx.ModelProto:
     """A copy without tensor payloads, so the text form stays readable."""
     m = onnx.ModelProto()
     m.CopyFrom(proto)
-    graphs = [m.graph]
-    while graphs:
-        g = graphs.pop()
-        for t in g.initializer:
-            t.ClearField("raw_data")
-            t.ClearField("float_data")
-            t.ClearField("int32_data")
-            t.ClearField("int64_data")
-        for node in g.node:
-            for attr in node.attribute:
-                if attr.HasField("t"):
-                    attr.t.ClearField("raw_data")
-                    attr.t.ClearField("float_data")
-                if attr.HasField("g"):
-                    graphs.append(attr.g)
-                graphs.extend(attr.graphs)
+    for t in iter_proto_tensors(m.graph):
+        for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data"):
+            t.ClearField(field)
     return m
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -11,7 +11,7 @@ import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper
 
-__all__ = ["weightless_proto"]
+__all__ = ["iter_proto_graphs", "iter_proto_tensors", "weightless_proto"]
 
 # Initializers up to this many elements stay in light copies (shape inference may read them).
 _LIGHT_MAX_ELEMS = 1024
@@ -110,3 +110,25 @@ def weightless_proto(
             entry = t.external_data.add()
             entry.key, entry.value = "location", _IN_MEMORY
     return proto, arrays
+
+
+def iter_proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """Yields ``graph`` and all its subgraphs, depth first, in node/attribute order."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from iter_proto_graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    yield from iter_proto_graphs(sub)
+
+
+def iter_proto_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    """Every initializer and tensor attribute (Constant values) in ``graph`` and below."""
+    for g in iter_proto_graphs(graph):
+        yield from g.initializer
+        for node in g.node:
+            for attr in node.attribute:
+                if attr.HasField("t"):
+                    yield attr.t

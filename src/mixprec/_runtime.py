@@ -55,6 +55,9 @@ from mixprec._protos import (
     _light_copy,
     _numel,
 )
+from mixprec._protos import (
+    iter_proto_graphs as _iter_graphs,
+)
 
 __all__ = [
     "DEFAULT_RTOL",
@@ -176,18 +179,6 @@ def _np_dtype(elem_type: int) -> np.dtype[Any]:
 
 def _is_float_dtype(dtype: np.dtype[Any]) -> bool:
     return dtype.kind == "f" or dtype == _BF16
-
-
-def _iter_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """Yields ``graph`` and all its subgraphs, depth first, in node/attribute order."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _iter_graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from _iter_graphs(sub)
 
 
 def _infer(model: onnx.ModelProto) -> onnx.ModelProto | None:
