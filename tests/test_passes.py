@@ -691,3 +691,27 @@ def test_no_value_info_added_and_existing_annotations_retyped():
     assert types["c1"] == onnx.TensorProto.FLOAT16  # Conv output, now low precision
     assert types["e"] == onnx.TensorProto.FLOAT  # Exp stays FP32 without calibration
     _full_check(out)
+
+
+def test_model_with_external_data_converts_with_calibration(tmp_path):
+    model = _chain_model()
+    path = tmp_path / "chain.onnx"
+    on_disk = onnx.ModelProto()
+    on_disk.CopyFrom(model)  # onnx.save moves the tensors of the proto it saves
+    onnx.save(
+        on_disk,
+        path,
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="chain.data",
+        size_threshold=0,
+    )
+    x = np.random.default_rng(12).random((1, 4, 8, 8), dtype=np.float32)
+    result = mixprec.convert(path, "fp16", calibration_data={"x": x})
+    out = tmp_path / "out.onnx"
+    result.save(out, external_data=True)
+    assert (tmp_path / "out.onnx.data").exists()
+    onnx.checker.check_model(str(out), full_check=True)
+    assert_close(run_ort(model, {"x": x})["y"], run_ort(str(out), {"x": x})["y"], "float16")
+    again = mixprec.convert(out, "fp16", calibration_data={"x": x})  # already fp16: left alone
+    assert any("already holds float16" in n for n in again.report.notes)

@@ -76,7 +76,11 @@ def weightless_proto(
     try:
         for name, value in model.graph.initializers.items():
             tensor = value.const_value
-            if tensor is None or tensor.nbytes <= min_bytes or value.is_graph_input():
+            if tensor is None or value.is_graph_input():
+                continue
+            # External tensors always become placeholders: ORT cannot resolve their files
+            # from an in-memory model. Others only when large.
+            if tensor.nbytes <= min_bytes and not isinstance(tensor, ir.ExternalTensor):
                 continue
             if tensor.dtype not in (
                 ir.DataType.FLOAT,
