@@ -271,12 +271,11 @@ class PaintPass(ir.passes.InPlacePass):
             elif rule.fp32_if is not None and (
                 why := rule.fp32_if(node, RuleContext(policy.target, domain_opset, self.shapes))
             ):
-                classes[node] = cls
                 seeds.append((node, f"rule: {why}"))
             elif (
                 cls is OpClass.DENY
                 and node.op_type in policy.range_checked
-                and (self._calibrated(node, info))
+                and self._calibrated(node, info)
             ):
                 classes[node] = OpClass.INFER
                 range_ok.add(node)
