@@ -24,8 +24,9 @@ from mixprec._config import ListChanges, resolve_log_dir, resolve_policy
 from mixprec._constants import const_tensor
 from mixprec._errors import MixprecError
 from mixprec._fold import FoldBatchNormPass, FoldBatchNormResult, FoldCastsPass, FoldCastsResult
+from mixprec._graphs import all_graphs, iter_nodes
 from mixprec._io import check_opset, load_model, save_model
-from mixprec._paint import PaintPass, PaintResult, Precision, all_graphs, iter_nodes
+from mixprec._paint import PaintPass, PaintResult, Precision
 from mixprec._policy import OpClass, Policy
 from mixprec._protos import weightless_proto
 from mixprec._report import NodeReport, Report, concrete_shapes, count_macs

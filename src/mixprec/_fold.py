@@ -12,7 +12,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec._constants import const_tensor
-from mixprec._paint import iter_nodes
+from mixprec._graphs import UniqueNames, iter_nodes
 
 __all__ = ["FoldBatchNormPass", "FoldBatchNormResult"]
 
@@ -32,6 +32,10 @@ def _const(value: ir.Value | None) -> np.ndarray | None:
     return tensor.numpy().astype(np.float64)
 
 
+#: Weight axis of the output channels (Gemm: 0 with transB, else 1).
+_OUT_CHANNEL_AXIS = {"Conv": 0, "ConvTranspose": 1, "Gemm": 0}
+
+
 class FoldBatchNormPass(ir.passes.InPlacePass):
     """``Conv -> BatchNormalization`` becomes one Conv with scaled weights and a bias.
 
@@ -43,6 +47,7 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> FoldBatchNormResult:
         result = FoldBatchNormResult(model, modified=False)
+        self._names = UniqueNames(model)
         for bn in list(iter_nodes(model.graph)):
             if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):
                 continue
@@ -88,69 +93,43 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
             if old_bias is None:
                 return f"{producer.op_type} bias is not a float32 constant"
         channels = factor.shape[0]
-        if producer.op_type == "Conv":
-            if weight.shape[0] != channels:
-                return "channel count mismatch"
-            new_w = weight * factor.reshape((-1,) + (1,) * (weight.ndim - 1))
-            b = old_bias if old_bias is not None else np.zeros(channels)
-            new_b = b * factor + shift
-        elif producer.op_type == "ConvTranspose":
+        if producer.op_type == "ConvTranspose":
             group = producer.attributes.get("group")
             if group is not None and group.as_int() != 1:
                 return "ConvTranspose with group > 1"
-            if weight.shape[1] != channels:
-                return "channel count mismatch"
-            new_w = weight * factor.reshape((1, -1) + (1,) * (weight.ndim - 2))
-            b = old_bias if old_bias is not None else np.zeros(channels)
-            new_b = b * factor + shift
-        else:  # Gemm
-            trans_b = producer.attributes.get("transB")
-            tb = trans_b.as_int() if trans_b is not None else 0
+        gemm = producer.op_type == "Gemm"
+        trans_b = producer.attributes.get("transB")
+        # The weight axis that holds the output channels the BatchNormalization scales.
+        axis = _OUT_CHANNEL_AXIS[producer.op_type]
+        if gemm and not (trans_b is not None and trans_b.as_int()):
+            axis = 1
+        if weight.shape[axis] != channels:
+            return "channel count mismatch"
+        per_axis = [1] * weight.ndim
+        per_axis[axis] = -1
+        new_w = weight * factor.reshape(per_axis)
+        if old_bias is None:
+            b = np.zeros(channels)
+        elif gemm:
+            if old_bias.ndim > 1:
+                return "Gemm bias is not per-column"
             beta_attr = producer.attributes.get("beta")
             beta = beta_attr.as_float() if beta_attr is not None else 1.0
-            if tb:
-                if weight.shape[0] != channels:
-                    return "channel count mismatch"
-                new_w = weight * factor.reshape(-1, 1)
-            else:
-                if weight.shape[1] != channels:
-                    return "channel count mismatch"
-                new_w = weight * factor.reshape(1, -1)
-            if old_bias is not None and old_bias.ndim > 1:
-                return "Gemm bias is not per-column"
-            b = (
-                np.broadcast_to(old_bias * beta, (channels,)).astype(np.float64)
-                if old_bias is not None
-                else np.zeros(channels)
-            )
-            new_b = b * factor + shift
+            b = np.broadcast_to(old_bias * beta, (channels,)).astype(np.float64)
+        else:
+            b = old_bias
+        new_b = b * factor + shift
+        if gemm:
             producer.attributes["beta"] = ir.AttrFloat32("beta", 1.0)
         graph = producer.graph
         assert graph is not None
         base = producer.name or "folded"
-        w_val = ir.Value(
-            name=_fresh(graph, f"{base}_W_bnfold"),
-            type=ir.TensorType(ir.DataType.FLOAT),
-            shape=ir.Shape(list(new_w.shape)),
-            const_value=ir.tensor(new_w.astype(np.float32)),
-        )
-        b_val = ir.Value(
-            name=_fresh(graph, f"{base}_B_bnfold"),
-            type=ir.TensorType(ir.DataType.FLOAT),
-            shape=ir.Shape([channels]),
-            const_value=ir.tensor(new_b.astype(np.float32)),
-        )
-        assert w_val.const_value is not None and b_val.const_value is not None
-        w_val.const_value.name = w_val.name
-        b_val.const_value.name = b_val.name
-        graph.register_initializer(w_val)
-        graph.register_initializer(b_val)
+        w_val = _add_initializer(graph, self._names.fresh(f"{base}_W_bnfold"), new_w)
+        b_val = _add_initializer(graph, self._names.fresh(f"{base}_B_bnfold"), new_b)
         producer.replace_input_with(1, w_val)
-        if len(producer.inputs) > 2:
-            producer.replace_input_with(2, b_val)
-        else:
+        if len(producer.inputs) < 3:
             producer.resize_inputs(3)
-            producer.replace_input_with(2, b_val)
+        producer.replace_input_with(2, b_val)
         y = bn.outputs[0]
         if y.is_graph_output():
             # Keep the output's name: hand it to the producer's output.
@@ -167,13 +146,17 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
         return None
 
 
-def _fresh(graph: ir.Graph, base: str) -> str:
-    name = base
-    k = 1
-    while name in graph.initializers:
-        name = f"{base}_{k}"
-        k += 1
-    return name
+def _add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
+    """Register ``array`` (as float32) as a new initializer of ``graph``."""
+    tensor = ir.tensor(array.astype(np.float32), name=name)
+    value = ir.Value(
+        name=name,
+        type=ir.TensorType(ir.DataType.FLOAT),
+        shape=ir.Shape(list(array.shape)),
+        const_value=tensor,
+    )
+    graph.register_initializer(value)
+    return value
 
 
 @dataclasses.dataclass

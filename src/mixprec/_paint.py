@@ -32,10 +32,17 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec._constants import const_tensor
+from mixprec._graphs import (
+    if_branch_owners,
+    is_constant_node,
+    iter_nodes,
+    keeps_io_dtype,
+    opset_of,
+)
 from mixprec._policy import SHAPE_ONLY_OPS, OpClass, Policy, RuleContext, rule_for
 from mixprec._schema import SlotInfo, slot_info
 
-__all__ = ["Decision", "PaintPass", "PaintResult", "Precision", "iter_nodes"]
+__all__ = ["Decision", "PaintPass", "PaintResult", "Precision"]
 
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
@@ -43,9 +50,6 @@ _FINFO_MAX = {
     ir.DataType.FLOAT16: float(np.finfo(np.float16).max),
     ir.DataType.BFLOAT16: 3.3895313892515355e38,
 }
-
-
-_NO_SLOTS = SlotInfo(frozenset(), frozenset(), frozenset(), frozenset())
 
 
 class Precision(enum.Enum):
@@ -69,47 +73,6 @@ class PaintResult(ir.passes.PassResult):
 
     decisions: dict[ir.Node, Decision] = dataclasses.field(default_factory=dict)
     slots: dict[ir.Node, SlotInfo] = dataclasses.field(default_factory=dict)
-
-
-def subgraphs_of(node: ir.Node) -> Iterator[ir.Graph]:
-    """The graphs held in ``node``'s attributes (If branches, Loop/Scan bodies)."""
-    for attr in node.attributes.values():
-        if attr.type == ir.AttributeType.GRAPH:
-            yield attr.as_graph()
-        elif attr.type == ir.AttributeType.GRAPHS:
-            yield from attr.as_graphs()
-
-
-def all_graphs(graph: ir.Graph) -> list[ir.Graph]:
-    """``graph`` and every subgraph inside it, recursively."""
-    return [graph, *(sub for node in iter_nodes(graph) for sub in subgraphs_of(node))]
-
-
-def if_branch_owners(graph: ir.Graph) -> dict[ir.Graph, ir.Node]:
-    """Every If branch graph (recursively) mapped to its If node."""
-    owners: dict[ir.Graph, ir.Node] = {}
-    for node in iter_nodes(graph):
-        if node.op_type == "If" and node.domain in ("", "ai.onnx"):
-            for branch in subgraphs_of(node):
-                owners[branch] = node
-    return owners
-
-
-def iter_nodes(graph: ir.Graph) -> Iterator[ir.Node]:
-    """All nodes of ``graph`` and of its subgraphs, recursively."""
-    yield from ir.traversal.RecursiveGraphIterator(graph)
-
-
-def is_constant_node(node: ir.Node) -> bool:
-    return node.op_type == "Constant" and node.domain in ("", "ai.onnx")
-
-
-def opset_of(model: ir.Model, domain: str) -> int:
-    key = "" if domain == "ai.onnx" else domain
-    version = model.opset_imports.get(key)
-    if version is None and key == "":
-        version = model.opset_imports.get("ai.onnx")
-    return int(version) if version is not None else 1
 
 
 class PaintPass(ir.passes.InPlacePass):
@@ -206,9 +169,7 @@ class PaintPass(ir.passes.InPlacePass):
             return False  # an If branch output follows the If node
         if graph is None or graph is not self._main_graph:
             return True  # Loop/Scan body outputs keep their type
-        if isinstance(self.keep_io_types, bool):
-            return self.keep_io_types
-        return (value.name or "") in self.keep_io_types
+        return keeps_io_dtype(self.keep_io_types, value)
 
     # -- the pass ------------------------------------------------------------------------
 

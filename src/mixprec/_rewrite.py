@@ -14,14 +14,15 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec._constants import const_tensor
-from mixprec._paint import (
-    Decision,
-    Precision,
+from mixprec._graphs import (
+    UniqueNames,
     all_graphs,
     if_branch_owners,
     is_constant_node,
     iter_nodes,
+    keeps_io_dtype,
 )
+from mixprec._paint import Decision, Precision
 from mixprec._policy import SHAPE_ONLY_OPS, Policy, rule_for
 from mixprec._schema import SlotInfo
 
@@ -60,30 +61,6 @@ class ApplyPrecisionResult(ir.passes.PassResult):
     casts_inserted: int = 0
     retargeted_casts: list[str] = dataclasses.field(default_factory=list)
     weights: WeightStats = dataclasses.field(default_factory=WeightStats)
-
-
-class _Names:
-    """Unique value and node names for the whole model (all graphs)."""
-
-    def __init__(self, model: ir.Model) -> None:
-        self.used: set[str] = set()
-        graphs = all_graphs(model.graph)
-        for graph in graphs:
-            self.used.update(v.name for v in graph.inputs if v.name)
-            self.used.update(graph.initializers)
-            for node in graph:
-                self.used.update(v.name for v in node.outputs if v.name)
-                if node.name:
-                    self.used.add(node.name)
-
-    def fresh(self, base: str) -> str:
-        name = base
-        k = 1
-        while name in self.used:
-            name = f"{base}_{k}"
-            k += 1
-        self.used.add(name)
-        return name
 
 
 def _short(dtype: ir.DataType) -> str:
@@ -134,16 +111,12 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
         return d is not None and d.precision is Precision.LOW
 
     def _keeps(self, value: ir.Value, main: ir.Graph) -> bool:
-        if value.graph is not main:
-            return True
-        if isinstance(self.keep_io_types, bool):
-            return self.keep_io_types
-        return (value.name or "") in self.keep_io_types
+        return value.graph is not main or keeps_io_dtype(self.keep_io_types, value)
 
     def call(self, model: ir.Model) -> ApplyPrecisionResult:
         target = self.policy.target_type
         main = model.graph
-        names = _Names(model)
+        names = UniqueNames(model)
         self._owners = if_branch_owners(main)
         result = ApplyPrecisionResult(model, modified=False)
 
@@ -300,7 +273,7 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
         return ir.DataType.FLOAT
 
     def _cast(
-        self, value: ir.Value, to: ir.DataType, names: _Names, graph: ir.Graph | None = None
+        self, value: ir.Value, to: ir.DataType, names: UniqueNames, graph: ir.Graph | None = None
     ) -> ir.Value:
         base = value.name or "value"
         out = ir.Value(
@@ -368,7 +341,7 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
         stats.converted_bytes_after += low.nbytes
 
     def _low_copy(
-        self, value: ir.Value, target: ir.DataType, names: _Names, stats: WeightStats
+        self, value: ir.Value, target: ir.DataType, names: UniqueNames, stats: WeightStats
     ) -> ir.Value:
         tensor = const_tensor(value)
         assert tensor is not None

@@ -1,0 +1,89 @@
+"""Graph helpers shared by the passes: traversal, opsets, If branches, names, interface."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import onnx_ir as ir
+
+__all__ = [
+    "UniqueNames",
+    "all_graphs",
+    "if_branch_owners",
+    "is_constant_node",
+    "iter_nodes",
+    "keeps_io_dtype",
+    "opset_of",
+    "subgraphs_of",
+]
+
+
+def subgraphs_of(node: ir.Node) -> Iterator[ir.Graph]:
+    """The graphs held in ``node``'s attributes (If branches, Loop/Scan bodies)."""
+    for attr in node.attributes.values():
+        if attr.type == ir.AttributeType.GRAPH:
+            yield attr.as_graph()
+        elif attr.type == ir.AttributeType.GRAPHS:
+            yield from attr.as_graphs()
+
+
+def all_graphs(graph: ir.Graph) -> list[ir.Graph]:
+    """``graph`` and every subgraph inside it, recursively."""
+    return [graph, *(sub for node in iter_nodes(graph) for sub in subgraphs_of(node))]
+
+
+def if_branch_owners(graph: ir.Graph) -> dict[ir.Graph, ir.Node]:
+    """Every If branch graph (recursively) mapped to its If node."""
+    owners: dict[ir.Graph, ir.Node] = {}
+    for node in iter_nodes(graph):
+        if node.op_type == "If" and node.domain in ("", "ai.onnx"):
+            for branch in subgraphs_of(node):
+                owners[branch] = node
+    return owners
+
+
+def iter_nodes(graph: ir.Graph) -> Iterator[ir.Node]:
+    """All nodes of ``graph`` and of its subgraphs, recursively."""
+    yield from ir.traversal.RecursiveGraphIterator(graph)
+
+
+def is_constant_node(node: ir.Node) -> bool:
+    return node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+
+
+def opset_of(model: ir.Model, domain: str) -> int:
+    key = "" if domain == "ai.onnx" else domain
+    version = model.opset_imports.get(key)
+    if version is None and key == "":
+        version = model.opset_imports.get("ai.onnx")
+    return int(version) if version is not None else 1
+
+
+def keeps_io_dtype(keep_io_types: bool | frozenset[str], value: ir.Value) -> bool:
+    """Whether a main-graph input or output keeps float32 under ``keep_io_types``."""
+    if isinstance(keep_io_types, bool):
+        return keep_io_types
+    return (value.name or "") in keep_io_types
+
+
+class UniqueNames:
+    """Fresh value and node names, unique across the whole model (all graphs)."""
+
+    def __init__(self, model: ir.Model) -> None:
+        self.used: set[str] = set()
+        for graph in all_graphs(model.graph):
+            self.used.update(v.name for v in graph.inputs if v.name)
+            self.used.update(graph.initializers)
+            for node in graph:
+                self.used.update(v.name for v in node.outputs if v.name)
+                if node.name:
+                    self.used.add(node.name)
+
+    def fresh(self, base: str) -> str:
+        name = base
+        k = 1
+        while name in self.used:
+            name = f"{base}_{k}"
+            k += 1
+        self.used.add(name)
+        return name
