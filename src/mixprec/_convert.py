@@ -7,7 +7,6 @@ clean up, check.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -24,9 +23,9 @@ from mixprec._config import ListChanges, resolve_log_dir, resolve_policy
 from mixprec._constants import const_tensor
 from mixprec._errors import MixprecError
 from mixprec._fold import FoldBatchNormPass, FoldBatchNormResult, FoldCastsPass, FoldCastsResult
-from mixprec._graphs import all_graphs, iter_nodes
+from mixprec._graphs import all_graphs, iter_nodes, opset_of
 from mixprec._io import check_opset, load_model, save_model
-from mixprec._paint import PaintPass, PaintResult, Precision
+from mixprec._paint import PaintPass, PaintResult
 from mixprec._policy import OpClass, Policy
 from mixprec._protos import weightless_proto
 from mixprec._report import NodeReport, Report, concrete_shapes, count_macs
@@ -38,8 +37,6 @@ from mixprec._rewrite import (
 )
 
 __all__ = ["ConversionResult", "convert", "inspect"]
-
-logger = logging.getLogger("mixprec")
 
 ModelLike = str | os.PathLike[str] | onnx.ModelProto | ir.Model
 
@@ -76,16 +73,17 @@ class ConversionResult:
         save_model(self.model, path, external_data=external_data)
 
 
-def _load(model: ModelLike) -> tuple[ir.Model, str, Path | None]:
+def _load(model: ModelLike) -> tuple[ir.Model, str]:
+    """A private copy of ``model`` and the form it came in ("ir", "proto" or "path")."""
     if isinstance(model, ir.Model):
-        return ir.from_proto(ir.to_proto(model)), "ir", None
+        return ir.from_proto(ir.to_proto(model)), "ir"
     if isinstance(model, onnx.ModelProto):
         check_opset(model)
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-        return ir.from_proto(copy), "proto", None
+        return ir.from_proto(copy), "proto"
     if isinstance(model, str | os.PathLike):
-        return load_model(model), "path", Path(model)
+        return load_model(model), "path"
     raise MixprecError(
         f"model must be a path, onnx.ModelProto or onnx_ir.Model, not {type(model).__name__}"
     )
@@ -175,10 +173,12 @@ def _notes_about_input(model: ir.Model) -> list[str]:
     return notes
 
 
-def _concrete_shapes(
+def _input_shapes(
     proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None
 ) -> tuple[dict[str, list[int]], list[str]]:
-    """Concrete input shapes: declared dims, the user's shapes, else documented defaults."""
+    """Concrete shapes of the graph inputs: declared dims, the user's shapes, else the
+    documented defaults (1 for a symbolic first dim, :data:`DEFAULT_SYMBOLIC_DIM` others).
+    """
     shapes = dict(shapes or {})
     init_names = {t.name for t in proto.graph.initializer}
     known = {i.name for i in proto.graph.input}
@@ -228,7 +228,7 @@ def _needs_upgrade(model: ir.Model, policy: Policy) -> list[str]:
     """Op types that would admit the target dtype only at :data:`BF16_OPSET`."""
     import onnx.defs
 
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    opset = opset_of(model, "")
     if policy.target != "bfloat16" or opset >= BF16_OPSET:
         return []
     wanted = set().union(*(policy.lists[c] for c in (OpClass.ALLOW, OpClass.INFER, OpClass.CLEAR)))
@@ -253,7 +253,7 @@ def _needs_upgrade(model: ir.Model, policy: Policy) -> list[str]:
 def _upgrade_opset(model: ir.Model, ops: list[str], report: Report) -> ir.Model:
     from onnx import version_converter
 
-    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 1))
+    opset = opset_of(model, "")
     try:
         proto = version_converter.convert_version(ir.to_proto(model), BF16_OPSET)
     except Exception as exc:
@@ -307,7 +307,7 @@ def _calibrate(
 
     from mixprec import _runtime  # onnxruntime is imported only when calibrating
 
-    concrete, notes = _concrete_shapes(proto, shapes)
+    concrete, notes = _input_shapes(proto, shapes)
     report.input_shapes = concrete
     if calibration_data is not None:
         feeds = {k: np.asarray(v) for k, v in calibration_data.items()}
@@ -414,7 +414,7 @@ def convert(
         keep_io_types if isinstance(keep_io_types, bool) else frozenset(keep_io_types)
     )
     say("loading")
-    work, kind, _ = _load(model)
+    work, kind = _load(model)
     report = Report(target=policy.target, policy=policy.to_dict())
     report.notes.extend(_notes_about_input(work))
     if log_path is not None:
@@ -443,7 +443,7 @@ def convert(
         absmax = _calibrate(proto_for_macs, calibration_data, shapes, report, observed, external)
         report.calibrated = True
     else:
-        report.input_shapes, shape_notes = _concrete_shapes(proto_for_macs, shapes)
+        report.input_shapes, shape_notes = _input_shapes(proto_for_macs, shapes)
         report.notes.extend(shape_notes)
     del external  # the calibration run's copies of the weights
     timings["calibrate"] = time.perf_counter() - t
@@ -520,11 +520,11 @@ def convert(
 def _check(model: ir.Model) -> None:
     """``onnx.checker.check_model(full_check=True)`` on a copy without large weight
     payloads (they become typed graph inputs): the same checks on structure, types and
-    shapes, without serializing the weights twice.
+    shapes, without serializing the weights.
     """
     from mixprec._protos import _light_copy
 
-    light = _light_copy(ir.to_proto(model))
+    light = _light_copy(weightless_proto(model, with_arrays=False)[0])
     try:
         onnx.checker.check_model(light, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
@@ -541,10 +541,3 @@ def inspect(model: ModelLike, target_dtype: str | None = None, **kwargs: Any) ->
     """
     kwargs.setdefault("check", False)
     return convert(model, target_dtype, **kwargs).report
-
-
-def summarize_precisions(result: ConversionResult) -> dict[str, int]:
-    counts = {p.value: 0 for p in Precision}
-    for node in result.report.nodes:
-        counts[node.precision] += 1
-    return counts
