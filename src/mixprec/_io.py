@@ -15,7 +15,7 @@ from google.protobuf.message import DecodeError
 from mixprec._errors import MixprecError
 from mixprec._protos import iter_proto_tensors
 
-__all__ = ["check_output_path", "has_external_data", "load_model", "save_model"]
+__all__ = ["check_output_path", "load_model", "save_model"]
 
 _MAX_PROTO = 2**31 - 1
 
@@ -28,11 +28,6 @@ def _external_locations(proto: onnx.ModelProto) -> list[str]:
         for entry in t.external_data
         if entry.key == "location"
     ]
-
-
-def has_external_data(path: str | os.PathLike[str]) -> bool:
-    proto = onnx.load(os.fspath(path), load_external_data=False)
-    return bool(_external_locations(proto))
 
 
 def load_model(path: str | os.PathLike[str]) -> ir.Model:

@@ -73,10 +73,14 @@ def weightless_proto(
     """
     swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
     arrays: dict[str, np.ndarray] = {}
+    in_memory: set[str] = set()
     try:
         for name, value in model.graph.initializers.items():
             tensor = value.const_value
             if tensor is None or value.is_graph_input():
+                continue
+            if isinstance(tensor, ir.ExternalTensor) and tensor.location == _IN_MEMORY:
+                in_memory.add(name)  # already a placeholder: its array is the caller's
                 continue
             # External tensors always become placeholders: ORT cannot resolve their files
             # from an in-memory model. Others only when large.
@@ -107,7 +111,7 @@ def weightless_proto(
     finally:
         for value, tensor in swapped:
             value.const_value = tensor
-    placeholders = {value.name for value, _ in swapped}
+    placeholders = {value.name for value, _ in swapped} | in_memory
     for t in proto.graph.initializer:
         if t.name in placeholders:
             del t.external_data[:]

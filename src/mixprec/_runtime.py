@@ -54,10 +54,9 @@ from mixprec._protos import (
     _copy_fields,
     _light_copy,
     _numel,
+    weightless_proto,
 )
-from mixprec._protos import (
-    iter_proto_graphs as _iter_graphs,
-)
+from mixprec._protos import iter_proto_graphs as _iter_graphs
 
 __all__ = [
     "DEFAULT_RTOL",
@@ -968,27 +967,6 @@ def _run_chunk(
     _record(outs, result, shapes)
 
 
-def _detach_large_initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """Turn large main-graph initializers into external placeholders; return their arrays.
-
-    The arrays view the tensors' bytes (no copy) and reach ONNX Runtime through
-    ``add_external_initializers``, so the serialized model it parses holds no weights.
-    """
-    arrays: dict[str, np.ndarray] = {}
-    for t in model.graph.initializer:
-        if len(t.raw_data) <= 4096 or t.data_location == TensorProto.EXTERNAL:
-            continue
-        dtype = helper.tensor_dtype_to_np_dtype(t.data_type)
-        if t.data_type in (TensorProto.BFLOAT16, TensorProto.STRING) or dtype.itemsize == 0:
-            continue
-        arrays[t.name] = np.frombuffer(t.raw_data, dtype=dtype).reshape(tuple(t.dims))
-        t.ClearField("raw_data")
-        t.data_location = TensorProto.EXTERNAL
-        entry = t.external_data.add()
-        entry.key, entry.value = "location", _IN_MEMORY
-    return arrays
-
-
 def _absmax_in_graph(
     model: onnx.ModelProto,
     candidates: list[tuple[str, int]],
@@ -1034,9 +1012,9 @@ def _absmax_in_graph(
         work.graph.insert_after(producer, probes)
         work.graph.outputs.extend([peak, shape])
         names.append((name, peak.name or "", shape.name or ""))
-    augmented = ir.to_proto(work)
+    augmented, detached = weightless_proto(work)  # ORT parses no weight bytes
     del work, by_name
-    detached = {**_detach_large_initializers(augmented), **(external or {})}
+    detached.update(external or {})
     source = augmented.SerializeToString()
     del augmented
     try:
