@@ -116,17 +116,27 @@ class PaintPass(ir.passes.InPlacePass):
                 return f"excluded by --exclude {pattern.pattern!r}"
         return None
 
+    def _const_absmax(self, value: ir.Value) -> float | None:
+        """|x| max of a constant (0 when empty), once per value; None if not constant."""
+        if value not in self._const_peaks:
+            tensor = const_tensor(value)
+            if tensor is None:
+                self._const_peaks[value] = None
+            else:
+                arr = tensor.numpy()
+                self._const_peaks[value] = float(np.max(np.abs(arr))) if arr.size else 0.0
+        return self._const_peaks[value]
+
     def _range_block(self, node: ir.Node, slots: SlotInfo) -> str | None:
         limit = _FINFO_MAX[self.policy.target_type]
         for i in sorted(slots.inputs):
             value = node.inputs[i]
             assert value is not None
-            tensor = const_tensor(value)
-            if tensor is not None:
-                arr = tensor.numpy()
-                if arr.size and float(np.max(np.abs(arr))) > limit:
+            peak = self._const_absmax(value)
+            if peak is not None:
+                if peak > limit:
                     return (
-                        f"constant {value.name!r} holds |x|={float(np.max(np.abs(arr))):.3g}"
+                        f"constant {value.name!r} holds |x|={peak:.3g}"
                         f" > {self.policy.target} max {limit:.6g}"
                     )
                 continue
@@ -175,6 +185,7 @@ class PaintPass(ir.passes.InPlacePass):
 
     def call(self, model: ir.Model) -> PaintResult:
         self._main_graph = model.graph
+        self._const_peaks: dict[ir.Value, float | None] = {}
         self._owners = if_branch_owners(model.graph)
         if_nodes = set(self._owners.values())
 
