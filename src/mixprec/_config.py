@@ -6,14 +6,18 @@ auto-mixed-precision variables; list values are comma-separated op types or patt
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 from mixprec._errors import MixprecError
 from mixprec._policy import OpClass, Policy, default_policy, normalize_dtype
 
-__all__ = ["ENV_VARS", "ListChanges", "resolve_policy"]
+__all__ = ["ENV_VARS", "ConvertConfig", "ListChanges", "resolve_policy"]
 
 ENV_PREFIX = "MIXPREC_"
 _LIST_ENV = {
@@ -119,3 +123,153 @@ def resolve_log_dir(log_dir: str | os.PathLike[str] | None, env: Mapping[str, st
     if log_dir is not None:
         return log_dir
     return env.get("MIXPREC_LOG_PATH") or None
+
+
+#: Option names of :func:`mixprec.convert` that edit the policy lists.
+LIST_OPTIONS: tuple[str, ...] = tuple(
+    f"{cls.value}_{kind}"
+    for cls in (OpClass.ALLOW, OpClass.DENY, OpClass.INFER, OpClass.CLEAR)
+    for kind in ("add", "remove")
+)
+_POLICY_OPTIONS = frozenset({*LIST_OPTIONS, "exclude_nodes", "force_all", "output_fp32_ops"})
+_OBSERVERS = ("absmax", "minmax", "histogram")
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """Everything a conversion is told, resolved and validated once.
+
+    Build it with :meth:`resolve` (explicit options > ``MIXPREC_*`` > defaults) and
+    change it with :meth:`replace`; stages read it and never change it.
+
+    Attributes:
+        policy: the resolved op lists, rules, exclusions and modes.
+        keep_io_types: keep graph inputs/outputs float32 (True), or only the named ones.
+        calibrate: run the FP32 model in ONNX Runtime and use the measured ranges.
+        observer: what calibration records per tensor: "absmax", "minmax" or "histogram".
+        shapes: concrete shapes for symbolic input dims, by input name.
+        range_threshold: |x| limit for activations (None: a quarter of the target's max).
+        fold_batchnorm: fold BatchNormalization into the preceding Conv/Gemm first.
+        upgrade_opset: for bfloat16, raise the opset to 22 when the lists need it.
+        clip_weights: clip out-of-range weights instead of keeping their consumers FP32.
+        check: hold the result to ``onnx.checker.check_model(full_check=True)``.
+        log_dir: folder for the graphs before/after and the paint buckets.
+    """
+
+    policy: Policy
+    keep_io_types: bool | frozenset[str] = True
+    calibrate: bool = True
+    observer: str = "absmax"
+    shapes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    range_threshold: float | None = None
+    fold_batchnorm: bool = True
+    upgrade_opset: bool = True
+    clip_weights: bool = False
+    check: bool = True
+    log_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.policy, Policy):
+            raise MixprecError(f"policy must be a Policy, not {type(self.policy).__name__}")
+        if self.observer not in _OBSERVERS:
+            raise MixprecError(
+                f"unknown observer {self.observer!r}; use one of: {', '.join(_OBSERVERS)}"
+            )
+        if self.range_threshold is not None and not (
+            isinstance(self.range_threshold, int | float) and self.range_threshold > 0
+        ):
+            raise MixprecError(f"range_threshold must be > 0, got {self.range_threshold!r}")
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name, dims in dict(self.shapes or {}).items():
+            try:
+                fixed = tuple(int(d) for d in dims)
+            except (TypeError, ValueError):
+                raise MixprecError(f"shape of {name!r} must be integers, got {dims!r}") from None
+            if any(d <= 0 for d in fixed):
+                raise MixprecError(f"shape of {name!r} must be positive, got {list(fixed)}")
+            shapes[str(name)] = fixed
+        object.__setattr__(self, "shapes", MappingProxyType(shapes))
+        keep = self.keep_io_types
+        if not isinstance(keep, bool):
+            if isinstance(keep, str):
+                raise MixprecError("keep_io_types must be a bool or a list of names")
+            object.__setattr__(self, "keep_io_types", frozenset(str(k) for k in keep))
+        if self.log_dir is not None:
+            object.__setattr__(self, "log_dir", Path(self.log_dir))
+
+    @property
+    def target(self) -> str:
+        return self.policy.target
+
+    @classmethod
+    def resolve(
+        cls,
+        target_dtype: str | None = None,
+        *,
+        policy: Policy | None = None,
+        env: Mapping[str, str] | None = None,
+        **options: Any,
+    ) -> ConvertConfig:
+        """A config from :func:`mixprec.convert`'s keyword options, env and defaults.
+
+        Raises:
+            MixprecError: an unknown option or an invalid value.
+        """
+        names = {f.name for f in fields(cls)} - {"policy"}
+        unknown = sorted(set(options) - names - _POLICY_OPTIONS)
+        if unknown:
+            raise MixprecError(f"unknown option(s): {', '.join(unknown)}")
+        policy_opts = {k: options.pop(k) for k in list(options) if k in _POLICY_OPTIONS}
+        if policy is None:
+            policy = _policy_from_options(target_dtype, policy_opts, env)
+        elif policy_opts:
+            given = ", ".join(sorted(policy_opts))
+            raise MixprecError(f"give either policy= or list options ({given}), not both")
+        log_dir = resolve_log_dir(options.pop("log_dir", None), env)
+        return cls(policy=policy, log_dir=Path(log_dir) if log_dir else None, **options)
+
+    def replace(self, **changes: Any) -> ConvertConfig:
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "policy": self.policy.to_dict(),
+            "keep_io_types": (
+                self.keep_io_types
+                if isinstance(self.keep_io_types, bool)
+                else sorted(self.keep_io_types)
+            ),
+            "calibrate": self.calibrate,
+            "observer": self.observer,
+            "shapes": {k: list(v) for k, v in self.shapes.items()},
+            "range_threshold": self.range_threshold,
+            "fold_batchnorm": self.fold_batchnorm,
+            "upgrade_opset": self.upgrade_opset,
+            "clip_weights": self.clip_weights,
+            "check": self.check,
+            "log_dir": str(self.log_dir) if self.log_dir else None,
+        }
+
+
+def _policy_from_options(
+    target_dtype: str | None, options: Mapping[str, Any], env: Mapping[str, str] | None
+) -> Policy:
+    changes = ListChanges(
+        add={
+            cls: options.get(f"{cls.value}_add")
+            for cls in (OpClass.ALLOW, OpClass.DENY, OpClass.INFER, OpClass.CLEAR)
+        },
+        remove={
+            cls: options.get(f"{cls.value}_remove")
+            for cls in (OpClass.ALLOW, OpClass.DENY, OpClass.INFER, OpClass.CLEAR)
+        },
+    )
+    return resolve_policy(
+        target_dtype,
+        changes,
+        exclude_nodes=options.get("exclude_nodes"),
+        force_all=options.get("force_all"),
+        output_fp32_ops=options.get("output_fp32_ops") or (),
+        env=env,
+    )

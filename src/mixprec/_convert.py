@@ -1,47 +1,40 @@
 """Public entry points: :func:`convert` and :func:`inspect`.
 
-They assemble the passes: inline functions, name nodes, fold BatchNormalization, infer
-types, calibrate ranges (ONNX Runtime), paint, apply precision, remove redundant casts,
-clean up, check.
+They resolve a :class:`~mixprec._config.ConvertConfig`, run the stages of
+:class:`~mixprec._pipeline.Pipeline` on a private copy of the model, and build the
+:class:`~mixprec._report.Report` from what the stages recorded on the model.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
-import numpy as np
 import onnx
 import onnx_ir as ir
-import onnx_ir.passes.common as common
 
-from mixprec._config import ListChanges, resolve_log_dir, resolve_policy
+from mixprec._cleanup import annotated_values
+from mixprec._config import ConvertConfig
 from mixprec._constants import const_tensor
 from mixprec._errors import MixprecError
-from mixprec._fold import FoldBatchNormPass, FoldBatchNormResult, FoldCastsPass, FoldCastsResult
-from mixprec._graphs import all_graphs, iter_nodes, opset_of
+from mixprec._fold import FoldBatchNormResult, FoldCastsResult
+from mixprec._graphs import all_graphs, iter_nodes
 from mixprec._io import check_opset, load_model, save_model
-from mixprec._paint import PaintPass, PaintResult
-from mixprec._policy import OpClass, Policy
-from mixprec._protos import weightless_proto
-from mixprec._report import NodeReport, Report, concrete_shapes, count_macs
-from mixprec._rewrite import (
-    ApplyPrecisionPass,
-    ApplyPrecisionResult,
-    RemoveRedundantCastsPass,
-    RemoveRedundantCastsResult,
-)
+from mixprec._measure import MACS, calibration_of
+from mixprec._opset import UpgradeOpsetResult
+from mixprec._paint import painted
+from mixprec._pipeline import Pipeline, Stage
+from mixprec._report import NodeReport, Report
+from mixprec._rewrite import ApplyPrecisionResult, RemoveRedundantCastsResult
+from mixprec._shapes import InferShapesResult, ReconcileDeclaredShapesResult
 
 __all__ = ["ConversionResult", "convert", "inspect"]
 
 ModelLike = str | os.PathLike[str] | onnx.ModelProto | ir.Model
-
-#: Symbolic dims without a user shape: the first dim (batch) gets 1, others this value.
-DEFAULT_SYMBOLIC_DIM = 64
+CalibrationData = Mapping[str, Any] | Iterable[Mapping[str, Any]]
 
 
 @dataclass
@@ -87,37 +80,6 @@ def _load(model: ModelLike) -> tuple[ir.Model, str]:
     raise MixprecError(
         f"model must be a path, onnx.ModelProto or onnx_ir.Model, not {type(model).__name__}"
     )
-
-
-def _annotated_values(model: ir.Model) -> set[str]:
-    """Names of intermediate values that carry a type annotation (value_info)."""
-    return {
-        v.name
-        for n in iter_nodes(model.graph)
-        for v in n.outputs
-        if v.name and v.type is not None and not v.is_graph_output()
-    }
-
-
-def _drop_added_annotations(model: ir.Model, keep: set[str]) -> None:
-    """Forget the types/shapes of intermediates that the input model did not annotate.
-
-    Shape inference annotated every value while converting; writing all of that as
-    value_info would grow small models by a tenth and add nothing a runtime needs.
-    Annotations the input had are kept (retyped where the value changed dtype).
-    """
-    for node in iter_nodes(model.graph):
-        for value in node.outputs:
-            if value.name not in keep and not value.is_graph_output():
-                value.type = None
-                value.shape = None
-    graphs = all_graphs(model.graph)
-    for graph in graphs:
-        for value in graph.initializers.values():
-            # The tensor itself carries dtype and dims; a value_info entry only repeats them.
-            if not value.is_graph_input() and not value.is_graph_output():
-                value.type = None
-                value.shape = None
 
 
 def _count_casts(model: ir.Model) -> int:
@@ -173,182 +135,119 @@ def _notes_about_input(model: ir.Model) -> list[str]:
     return notes
 
 
-def _input_shapes(
-    proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None
-) -> tuple[dict[str, list[int]], list[str]]:
-    """Concrete shapes of the graph inputs: declared dims, the user's shapes, else the
-    documented defaults (1 for a symbolic first dim, :data:`DEFAULT_SYMBOLIC_DIM` others).
-    """
-    shapes = dict(shapes or {})
-    init_names = {t.name for t in proto.graph.initializer}
-    known = {i.name for i in proto.graph.input}
-    for name in shapes:
-        if name not in known:
+def _resolve_config(
+    target_dtype: str | None, config: ConvertConfig | None, options: dict[str, Any]
+) -> ConvertConfig:
+    if config is None:
+        return ConvertConfig.resolve(target_dtype, **options)
+    if target_dtype is not None:
+        from mixprec._policy import normalize_dtype
+
+        if normalize_dtype(target_dtype) != config.target:
             raise MixprecError(
-                f"--shape names {name!r}, which is not a model input "
-                f"(inputs: {', '.join(sorted(known - init_names))})"
+                f"target_dtype {target_dtype!r} contradicts config (target {config.target})"
             )
-    out: dict[str, list[int]] = {}
-    notes: list[str] = []
-    for graph_input in proto.graph.input:
-        if graph_input.name in init_names or not graph_input.type.HasField("tensor_type"):
-            continue
-        dims = graph_input.type.tensor_type.shape.dim
-        if graph_input.name in shapes:
-            given = [int(d) for d in shapes[graph_input.name]]
-            if graph_input.type.tensor_type.HasField("shape") and len(given) != len(dims):
-                raise MixprecError(
-                    f"--shape {graph_input.name}: rank {len(given)} but the model declares "
-                    f"rank {len(dims)}"
-                )
-            out[graph_input.name] = given
-            continue
-        concrete = []
-        for k, d in enumerate(dims):
-            if d.HasField("dim_value") and d.dim_value > 0:
-                concrete.append(int(d.dim_value))
-            else:
-                value = 1 if k == 0 else DEFAULT_SYMBOLIC_DIM
-                label = d.dim_param or "?"
-                notes.append(
-                    f"input {graph_input.name!r} dim {k} ({label}) is symbolic: used {value} "
-                    "(give --shape to choose)"
-                )
-                concrete.append(value)
-        out[graph_input.name] = concrete
-    return out, notes
+    return config.replace(**options) if options else config
 
 
-#: The first ai.onnx opset whose Conv, ConvTranspose, pooling and most activations admit
-#: bfloat16.
-BF16_OPSET = 22
+def _run(
+    model: ModelLike,
+    target_dtype: str | None,
+    config: ConvertConfig | None,
+    calibration_data: CalibrationData | None,
+    progress: Callable[[str], None] | None,
+    options: dict[str, Any],
+    until: str,
+) -> ConversionResult:
+    config = _resolve_config(target_dtype, config, options)
+    say = progress or (lambda _msg: None)
+    t0 = time.perf_counter()
+    say("loading")
+    work, kind = _load(model)
+    report = Report(target=config.target, policy=config.policy.to_dict())
+    report.notes.extend(_notes_about_input(work))
+    original_proto = ir.to_proto(work) if config.log_dir is not None else None
+    report.casts_before = _count_casts(work)
+    report.param_bytes_before = _param_bytes(work)
+    pipeline = Pipeline(config, calibration_data=calibration_data, progress=progress)
+    pipeline.keep_annotations = annotated_values(work)
+    functions = len(work.functions)
+    load_s = time.perf_counter() - t0
+    work = pipeline.run(work, until=until)
+    report.timings = {"load": load_s, **pipeline.timings}
+    if functions:
+        report.notes.insert(0, f"inlined {functions} model-local function(s) before painting")
+    _report_stages(report, pipeline.stages, work)
+    if "apply" in pipeline.stages:
+        report.casts_after = _count_casts(work)
+        report.param_bytes_after = _param_bytes(work)
+    if original_proto is not None and config.log_dir is not None:
+        from mixprec._logdir import write_log_dir
+
+        write_log_dir(config.log_dir, original_proto, work, report)
+    return ConversionResult(work, report, kind)
 
 
-def _needs_upgrade(model: ir.Model, policy: Policy) -> list[str]:
-    """Op types that would admit the target dtype only at :data:`BF16_OPSET`."""
-    import onnx.defs
+def _report_stages(report: Report, stages: Mapping[str, Stage], model: ir.Model) -> None:
+    """Fill the report from what each stage that ran recorded (results and meta)."""
+    for name, stage in stages.items():
+        for result in stage.results:
+            _report_result(report, name, result)
+    if "calibrate" in stages:
+        calibration = calibration_of(model)
+        report.input_shapes = calibration.input_shapes
+        report.calibrated = calibration.samples > 0
+        report.notes.extend(calibration.notes)
+    if "annotate" in stages:
+        report.nodes = [
+            NodeReport(
+                name=node.name or "",
+                op_type=node.op_type,
+                precision=d.precision.value,
+                op_class=d.op_class.value,
+                step=d.step,
+                reason=d.reason,
+                macs=int(node.meta.get(MACS, 0)),
+            )
+            for node, d in painted(model)
+        ]
 
-    opset = opset_of(model, "")
-    if policy.target != "bfloat16" or opset >= BF16_OPSET:
-        return []
-    wanted = set().union(*(policy.lists[c] for c in (OpClass.ALLOW, OpClass.INFER, OpClass.CLEAR)))
-    needed = set()
-    for node in iter_nodes(model.graph):
-        if node.domain not in ("", "ai.onnx") or node.op_type not in wanted:
-            continue
-        try:
-            old = onnx.defs.get_schema(node.op_type, opset)
-            new = onnx.defs.get_schema(node.op_type, BF16_OPSET)
-        except onnx.defs.SchemaError:
-            continue
 
-        def admits(schema: onnx.defs.OpSchema) -> bool:
-            return any("tensor(bfloat16)" in c.allowed_type_strs for c in schema.type_constraints)
-
-        if not admits(old) and admits(new):
-            needed.add(node.op_type)
-    return sorted(needed)
-
-
-def _upgrade_opset(model: ir.Model, ops: list[str], report: Report) -> ir.Model:
-    from onnx import version_converter
-
-    opset = opset_of(model, "")
-    try:
-        proto = version_converter.convert_version(ir.to_proto(model), BF16_OPSET)
-    except Exception as exc:
+def _report_result(report: Report, stage: str, result: ir.passes.PassResult) -> None:
+    if isinstance(result, FoldBatchNormResult):
+        report.batchnorm_folded = result.folded
+    elif isinstance(result, FoldCastsResult) and result.modified:
         report.notes.append(
-            f"could not raise opset {opset} -> {BF16_OPSET} for bfloat16 "
-            f"({str(exc).splitlines()[0][:100]}): {', '.join(ops)} stay FP32"
-        )
-        return model
-    report.notes.append(
-        f"opset raised {opset} -> {BF16_OPSET}: bfloat16 {', '.join(ops[:8])}"
-        f"{' ...' if len(ops) > 8 else ''} need it (upgrade_opset=False to keep {opset})"
-    )
-    return ir.from_proto(proto)
-
-
-def _prepare(model: ir.Model, fold_batchnorm: bool, report: Report) -> ir.Model:
-    if model.functions:
-        n = len(model.functions)
-        common.InlinePass()(model)
-        report.notes.append(f"inlined {n} model-local function(s) before painting")
-    common.NameFixPass()(model)
-    if fold_batchnorm:
-        folded = cast(FoldBatchNormResult, FoldBatchNormPass()(model))
-        report.batchnorm_folded = folded.folded
-        if folded.modified:
-            common.RemoveUnusedNodesPass()(model)
-    try:
-        common.ShapeInferencePass(data_prop=True)(model)
-    except Exception as exc:  # custom ops or odd models: go on with declared types
-        report.notes.append(
-            f"shape inference failed ({str(exc).splitlines()[0][:120]}); declared types used"
-        )
-    casts = cast(FoldCastsResult, FoldCastsPass()(model))
-    if casts.modified:
-        report.notes.append(
-            f"folded {casts.folded} Cast(s) of constants and removed {casts.identities} "
+            f"folded {result.folded} Cast(s) of constants and removed {result.identities} "
             "Cast(s) to their input's own dtype"
         )
-        common.RemoveUnusedNodesPass()(model)
-    return model
-
-
-def _calibrate(
-    proto: onnx.ModelProto,
-    calibration_data: Mapping[str, np.ndarray] | None,
-    shapes: Mapping[str, Sequence[int]] | None,
-    report: Report,
-    shapes_out: dict[str, list[int]],
-    external: Mapping[str, np.ndarray],
-) -> dict[str, float]:
-
-    from mixprec import _runtime  # onnxruntime is imported only when calibrating
-
-    concrete, notes = _input_shapes(proto, shapes)
-    report.input_shapes = concrete
-    if calibration_data is not None:
-        feeds = {k: np.asarray(v) for k, v in calibration_data.items()}
-        report.input_shapes = {k: list(v.shape) for k, v in feeds.items()}
-        report.notes.append(f"calibrated on the given inputs ({', '.join(sorted(feeds))})")
-    else:
-        feeds, more = _runtime.make_inputs(proto, shapes=concrete, seed=0)
-        report.notes.extend(notes + more)
-        report.notes.append("calibrated on generated inputs (images-like floats in [0,1))")
-    for name, array in feeds.items():
-        shapes_out[name] = list(np.shape(array))
-    return _runtime.collect_absmax(proto, feeds, shapes_out=shapes_out, external=external)
+    elif isinstance(result, InferShapesResult) and result.failure:
+        report.notes.append(f"shape inference failed ({result.failure}); declared types used")
+    elif isinstance(result, ReconcileDeclaredShapesResult):
+        when = "in the input model" if stage == "prepare" else f"after {stage}"
+        report.notes.extend(f"shape {fix.describe()} ({when})" for fix in result.fixes)
+    elif isinstance(result, UpgradeOpsetResult) and result.note:
+        report.notes.append(result.note)
+    elif isinstance(result, ApplyPrecisionResult):
+        report.casts_inserted = result.casts_inserted
+        report.weights = {k: int(v) for k, v in vars(result.weights).items()}
+        if result.retargeted_casts:
+            report.notes.append(
+                f"{len(result.retargeted_casts)} Cast(to=float) node(s) inside low-precision "
+                "regions retargeted to the low dtype"
+            )
+    elif isinstance(result, RemoveRedundantCastsResult):
+        report.casts_removed = result.removed
 
 
 def convert(
     model: ModelLike,
     target_dtype: str | None = None,
     *,
-    allow_add: Sequence[str] | None = None,
-    allow_remove: Sequence[str] | None = None,
-    deny_add: Sequence[str] | None = None,
-    deny_remove: Sequence[str] | None = None,
-    infer_add: Sequence[str] | None = None,
-    infer_remove: Sequence[str] | None = None,
-    clear_add: Sequence[str] | None = None,
-    clear_remove: Sequence[str] | None = None,
-    exclude_nodes: Sequence[str] | None = None,
-    keep_io_types: bool | Sequence[str] = True,
-    force_all: bool | None = None,
-    output_fp32_ops: Sequence[str] = (),
-    calibrate: bool = True,
-    calibration_data: Mapping[str, np.ndarray] | None = None,
-    shapes: Mapping[str, Sequence[int]] | None = None,
-    range_threshold: float | None = None,
-    fold_batchnorm: bool = True,
-    upgrade_opset: bool = True,
-    clip_weights: bool = False,
-    check: bool = True,
-    log_dir: str | os.PathLike[str] | None = None,
-    policy: Policy | None = None,
+    config: ConvertConfig | None = None,
+    calibration_data: CalibrationData | None = None,
     progress: Callable[[str], None] | None = None,
+    **options: Any,
 ) -> ConversionResult:
     """Convert an FP32 model to FP16/BF16 mixed precision.
 
@@ -356,188 +255,46 @@ def convert(
         model: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``; never mutated.
         target_dtype: "float16"/"fp16" or "bfloat16"/"bf16" (default: ``MIXPREC_DTYPE``,
             else float16).
-        allow_add, ..., clear_remove: op types added to / removed from each list (an op
-            added to a list leaves its old list). ``None``: use ``MIXPREC_*LIST_*``.
-        exclude_nodes: node names or regular expressions kept in FP32.
-        keep_io_types: keep graph inputs/outputs float32 (True), or only the named ones.
-        force_all: convert every node the schema allows (unsafe).
-        output_fp32_ops: op types that compute in low precision but hand float32 on.
-        calibrate: run the FP32 model once in ONNX Runtime and keep nodes whose
-            activations exceed ``range_threshold`` in FP32.
-        calibration_data: inputs for that run (else generated from the signature).
-        shapes: concrete shapes for symbolic input dims, by input name.
-        range_threshold: |x| limit for activations (default: a quarter of the target's max).
-        fold_batchnorm: fold BatchNormalization into the preceding Conv/Gemm first.
-        upgrade_opset: for bfloat16, raise the opset to 22 when ops in the lists admit
-            bfloat16 only there (recorded in the report's notes).
-        clip_weights: clip out-of-range weights instead of keeping their consumers FP32.
-        check: run ``onnx.checker.check_model(full_check=True)`` on the result.
-        log_dir: write the graph before/after and the paint buckets there.
-        policy: a ready :class:`Policy` (then list arguments and env lists are ignored).
-        progress: called with a short message at each step.
+        config: a ready :class:`ConvertConfig`; ``options`` then replace its fields.
+        calibration_data: inputs for the FP32 reference run: one feed dict, a list of
+            them, or any iterable/generator (streamed); None generates one sample.
+        progress: called with a short message at each stage.
+        **options: the fields of :class:`ConvertConfig` (``keep_io_types``, ``calibrate``,
+            ``observer``, ``shapes``, ``range_threshold``, ``fold_batchnorm``,
+            ``upgrade_opset``, ``clip_weights``, ``check``, ``log_dir``, ``policy``), and
+            the policy options ``allow_add``, ``allow_remove``, ..., ``clear_remove``
+            (op types added to / removed from each list; None: use ``MIXPREC_*LIST_*``),
+            ``exclude_nodes`` (names or regular expressions kept FP32), ``force_all``
+            and ``output_fp32_ops`` (compute low, hand float32 on).
 
     Returns:
         A :class:`ConversionResult` with ``.model``, ``.model_proto``, ``.report``, ``.save()``.
+
+    Raises:
+        MixprecError: bad input or options (names the stage when it came from one).
+        InternalError: a fault in mixprec (names the stage and pass).
 
     Example:
         >>> result = mixprec.convert("model.onnx", "fp16")      # doctest: +SKIP
         >>> result.save("model_fp16.onnx")                       # doctest: +SKIP
         >>> print(result.report.format_summary())                # doctest: +SKIP
     """
-    say = progress or (lambda _msg: None)
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    if policy is None:
-        changes = ListChanges(
-            add={
-                OpClass.ALLOW: allow_add,
-                OpClass.DENY: deny_add,
-                OpClass.INFER: infer_add,
-                OpClass.CLEAR: clear_add,
-            },
-            remove={
-                OpClass.ALLOW: allow_remove,
-                OpClass.DENY: deny_remove,
-                OpClass.INFER: infer_remove,
-                OpClass.CLEAR: clear_remove,
-            },
-        )
-        policy = resolve_policy(
-            target_dtype,
-            changes,
-            exclude_nodes=exclude_nodes,
-            force_all=force_all,
-            output_fp32_ops=output_fp32_ops,
-        )
-    log_path = resolve_log_dir(log_dir)
-    keep: bool | frozenset[str] = (
-        keep_io_types if isinstance(keep_io_types, bool) else frozenset(keep_io_types)
-    )
-    say("loading")
-    work, kind = _load(model)
-    report = Report(target=policy.target, policy=policy.to_dict())
-    report.notes.extend(_notes_about_input(work))
-    if log_path is not None:
-        original_proto = ir.to_proto(work)
-    report.casts_before = _count_casts(work)
-    annotated = _annotated_values(work)
-    report.param_bytes_before = _param_bytes(work)
-    timings["load"] = time.perf_counter() - t0
-
-    t = time.perf_counter()
-    say("preparing (inline, fold BatchNormalization, shape inference)")
-    if upgrade_opset:
-        needed = _needs_upgrade(work, policy)
-        if needed:
-            work = _upgrade_opset(work, needed, report)
-    _prepare(work, fold_batchnorm, report)
-    timings["prepare"] = time.perf_counter() - t
-
-    absmax: dict[str, float] = {}
-    observed: dict[str, list[int]] = {}  # tensor shapes seen in the calibration run
-    t = time.perf_counter()
-    # Weights stay in ``work``: analysis reads only dims, ORT gets the arrays in memory.
-    proto_for_macs, external = weightless_proto(work, with_arrays=calibrate)
-    if calibrate:
-        say("calibrating ranges with onnxruntime")
-        absmax = _calibrate(proto_for_macs, calibration_data, shapes, report, observed, external)
-        report.calibrated = True
-    else:
-        report.input_shapes, shape_notes = _input_shapes(proto_for_macs, shapes)
-        report.notes.extend(shape_notes)
-    del external  # the calibration run's copies of the weights
-    timings["calibrate"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    say("painting")
-    shaped, inferred = concrete_shapes(proto_for_macs, report.input_shapes)
-    shapes_by_name: dict[str, Sequence[int | None]] = {**inferred, **observed}
-    painted = cast(
-        PaintResult,
-        PaintPass(
-            policy,
-            absmax=absmax,
-            range_threshold=range_threshold,
-            keep_io_types=keep,
-            shapes=shapes_by_name,
-        )(work),
-    )
-    macs = count_macs(shaped, shapes_by_name)
-    report.nodes = [
-        NodeReport(
-            name=node.name or "",
-            op_type=node.op_type,
-            precision=d.precision.value,
-            op_class=d.op_class.value,
-            step=d.step,
-            reason=d.reason,
-            macs=macs.get(node.name or "", 0),
-        )
-        for node, d in painted.decisions.items()
-    ]
-    timings["paint"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    say("inserting casts")
-    applied = cast(
-        ApplyPrecisionResult,
-        ApplyPrecisionPass(
-            policy,
-            painted.decisions,
-            painted.slots,
-            keep_io_types=keep,
-            clip_weights=clip_weights,
-        )(work),
-    )
-    cleaned = cast(RemoveRedundantCastsResult, RemoveRedundantCastsPass()(work))
-    common.RemoveUnusedNodesPass()(work)
-    report.casts_inserted = applied.casts_inserted
-    report.casts_removed = cleaned.removed
-    report.weights = {k: int(v) for k, v in vars(applied.weights).items()}
-    report.casts_after = _count_casts(work)
-    _drop_added_annotations(work, annotated)
-    report.param_bytes_after = _param_bytes(work)
-    if applied.retargeted_casts:
-        report.notes.append(
-            f"{len(applied.retargeted_casts)} Cast(to=float) node(s) inside low-precision "
-            "regions retargeted to the low dtype"
-        )
-    timings["rewrite"] = time.perf_counter() - t
-
-    if check:
-        t = time.perf_counter()
-        say("checking the result")
-        _check(work)
-        timings["check"] = time.perf_counter() - t
-    report.timings = timings
-    if log_path is not None:
-        from mixprec._logdir import write_log_dir
-
-        write_log_dir(Path(log_path), original_proto, work, report)
-    return ConversionResult(work, report, kind)
+    return _run(model, target_dtype, config, calibration_data, progress, options, "check")
 
 
-def _check(model: ir.Model) -> None:
-    """``onnx.checker.check_model(full_check=True)`` on a copy without large weight
-    payloads (they become typed graph inputs): the same checks on structure, types and
-    shapes, without serializing the weights.
+def inspect(
+    model: ModelLike,
+    target_dtype: str | None = None,
+    *,
+    config: ConvertConfig | None = None,
+    calibration_data: CalibrationData | None = None,
+    progress: Callable[[str], None] | None = None,
+    **options: Any,
+) -> Report:
+    """Paint without rewriting: the report of the decisions :func:`convert` would apply.
+
+    Runs the stages up to ``annotate`` and stops; accepts the same arguments as
+    :func:`convert`.
     """
-    from mixprec._protos import _light_copy
-
-    light = _light_copy(weightless_proto(model, with_arrays=False)[0])
-    try:
-        onnx.checker.check_model(light, full_check=True)
-    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise MixprecError(
-            f"internal error: the converted model fails onnx.checker: {first}"
-        ) from None
-
-
-def inspect(model: ModelLike, target_dtype: str | None = None, **kwargs: Any) -> Report:
-    """Paint without writing a model: the report of what :func:`convert` would do.
-
-    Accepts the same arguments as :func:`convert`.
-    """
-    kwargs.setdefault("check", False)
-    return convert(model, target_dtype, **kwargs).report
+    options.pop("check", None)
+    return _run(model, target_dtype, config, calibration_data, progress, options, "annotate").report

@@ -15,8 +15,10 @@ The algorithm follows TensorFlow grappler's auto mixed precision (and Intel ITEX
    Transpose of a weight feeding a MatMul) go low, so the weight is stored in low precision.
 5. ``rest``: everything else stays FP32.
 
-The pass never modifies the model (``modified`` is always False); its result carries the
-decisions that :mod:`mixprec._rewrite` applies.
+The pass never modifies the model's content (``modified`` is always False): it records
+each node's :class:`Decision` in ``node.meta[DECISION]`` (and the float slots of paintable
+nodes in ``node.meta[SLOTS]``), where :mod:`mixprec._rewrite`, the report and the tuner
+read them. A new run replaces the previous run's records.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec._constants import const_tensor
+from mixprec._errors import InternalError
 from mixprec._graphs import (
     if_branch_owners,
     is_constant_node,
@@ -39,10 +42,26 @@ from mixprec._graphs import (
     keeps_io_dtype,
     opset_of,
 )
-from mixprec._policy import SHAPE_ONLY_OPS, OpClass, Policy, RuleContext, rule_for
+from mixprec._measure import SHAPES as SHAPE_META
+from mixprec._measure import calibration_of
+from mixprec._policy import SHAPE_ONLY_OPS, OpClass, OpRule, Policy, RuleContext, rule_for
 from mixprec._schema import SlotInfo, slot_info
 
-__all__ = ["Decision", "PaintPass", "PaintResult", "Precision"]
+__all__ = [
+    "DECISION",
+    "SLOTS",
+    "Decision",
+    "PaintPass",
+    "PaintResult",
+    "Precision",
+    "decision_of",
+    "painted",
+    "slots_of",
+]
+
+#: ``node.meta`` keys where the decision and the float slots of a painted node live.
+DECISION = "mixprec.decision"
+SLOTS = "mixprec.slots"
 
 CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
@@ -80,11 +99,13 @@ class PaintPass(ir.passes.InPlacePass):
 
     Args:
         policy: the resolved policy.
-        absmax: calibrated absolute maxima of activations by value name (may be empty).
+        absmax: calibrated absolute maxima of activations by value name; None reads the
+            calibration attached to the model (``mixprec._measure.CALIBRATION``).
         range_threshold: activations whose calibrated |x| max exceeds this keep their
             producer and consumers in FP32.
         keep_io_types: graph outputs of the main graph keep float32 (affects step 4).
-        shapes: concrete shapes by value name for shape-dependent rules.
+        shapes: concrete shapes by value name for shape-dependent rules; None reads those
+            attached to the model (``mixprec._measure.SHAPES``).
     """
 
     def __init__(
@@ -97,9 +118,10 @@ class PaintPass(ir.passes.InPlacePass):
         shapes: Mapping[str, Sequence[int | None]] | None = None,
     ) -> None:
         super().__init__()
-        self.shapes = dict(shapes or {})
+        self._given = (absmax, shapes)
+        self.shapes: dict[str, Sequence[int | None]] = {}
         self.policy = policy
-        self.absmax = dict(absmax or {})
+        self.absmax: dict[str, float] = {}
         target = policy.target_type
         self.range_threshold = (
             range_threshold if range_threshold is not None else _FINFO_MAX[target] / 4
@@ -184,221 +206,295 @@ class PaintPass(ir.passes.InPlacePass):
     # -- the pass ------------------------------------------------------------------------
 
     def call(self, model: ir.Model) -> PaintResult:
+        absmax, shapes = self._given
+        self.absmax = dict(absmax if absmax is not None else calibration_of(model).absmax)
+        self.shapes = dict(shapes if shapes is not None else model.meta.get(SHAPE_META, {}))
         self._main_graph = model.graph
         self._const_peaks: dict[ir.Value, float | None] = {}
         self._owners = if_branch_owners(model.graph)
-        if_nodes = set(self._owners.values())
-
-        def branches_of(node: ir.Node) -> list[ir.Graph]:
-            return [g for g, owner in self._owners.items() if owner is node]
-
-        policy = self.policy
-        target = policy.target_type
-        decisions: dict[ir.Node, Decision] = {}
-        slots: dict[ir.Node, SlotInfo] = {}
-        classes: dict[ir.Node, OpClass] = {}
-        seeds: list[tuple[ir.Node, str]] = []
-
-        def decide(node: ir.Node, precision: Precision, step: str, reason: str) -> None:
-            decisions[node] = Decision(precision, step, reason, classes.get(node, OpClass.NONE))
-
-        # Step 0: prepare.
-        range_ok: set[ir.Node] = set()  # range-checked DENY ops painted as INFER
+        painter = _Painter(self, model)
+        painter.prepare()
+        painter.allow()
+        painter.deny()
+        # Steps 3 and 4 feed each other: repeat to a fixed point.
+        painter.forward()
+        while painter.backward():
+            painter.forward()
+        painter.rest()
         for node in iter_nodes(model.graph):
+            node.meta.pop(DECISION, None)
+            node.meta.pop(SLOTS, None)
+        for node, decision in painter.decisions.items():
+            node.meta[DECISION] = decision
+        for node, info in painter.slots.items():
+            node.meta[SLOTS] = info
+        return PaintResult(model, modified=False, decisions=painter.decisions, slots=painter.slots)
+
+
+def decision_of(node: ir.Node) -> Decision | None:
+    """The decision :class:`PaintPass` recorded on ``node`` (None: not painted)."""
+    found = node.meta.get(DECISION)
+    return found if isinstance(found, Decision) else None
+
+
+def slots_of(node: ir.Node) -> SlotInfo | None:
+    """The float slots :class:`PaintPass` recorded on a paintable ``node``."""
+    found = node.meta.get(SLOTS)
+    return found if isinstance(found, SlotInfo) else None
+
+
+def painted(model: ir.Model) -> Iterator[tuple[ir.Node, Decision]]:
+    """Every painted node of the model (subgraphs included) with its decision."""
+    for node in iter_nodes(model.graph):
+        decision = decision_of(node)
+        if decision is not None:
+            yield node, decision
+
+
+class _Painter:
+    """The state of one painting run; each step is a method (see the module docstring)."""
+
+    def __init__(self, owner: PaintPass, model: ir.Model) -> None:
+        self.owner = owner
+        self.model = model
+        self.policy = owner.policy
+        self.decisions: dict[ir.Node, Decision] = {}
+        self.slots: dict[ir.Node, SlotInfo] = {}
+        self.classes: dict[ir.Node, OpClass] = {}
+        self.seeds: list[tuple[ir.Node, str]] = []
+        self.range_ok: set[ir.Node] = set()  # range-checked DENY ops painted as INFER
+        self.if_nodes = set(owner._owners.values())
+        self.order: list[ir.Node] = []
+        self.const_fed: set[ir.Node] = set()
+
+    def decide(self, node: ir.Node, precision: Precision, step: str, reason: str) -> None:
+        cls = self.classes.get(node, OpClass.NONE)
+        self.decisions[node] = Decision(precision, step, reason, cls)
+
+    # -- step 0 --------------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Fix what cannot change; collect DENY seeds; find the paintable nodes."""
+        for node in iter_nodes(self.model.graph):
             if is_constant_node(node) or (
                 node.op_type in SHAPE_ONLY_OPS and node.domain in ("", "ai.onnx")
             ):
                 continue
-            rule = rule_for(node)
-            domain_opset = opset_of(model, node.domain)
-            info = slot_info(node, domain_opset, target, rule.keep_fp32_inputs)
-            standard = node.domain in ("", "ai.onnx")
-            cls = policy.op_class(node.op_type) if standard else OpClass.NONE
-            classes[node] = cls
-            if not info.convertible:
-                if info.fixed_inputs or info.fixed_outputs:
-                    decide(node, Precision.FP32, "prepare", info.reason)
+            self._prepare_node(node)
+        self.order = list(self.slots)
+        self._find_const_fed()
+
+    def _prepare_node(self, node: ir.Node) -> None:
+        owner, policy = self.owner, self.policy
+        rule = rule_for(node)
+        domain_opset = opset_of(self.model, node.domain)
+        info = slot_info(node, domain_opset, policy.target_type, rule.keep_fp32_inputs)
+        standard = node.domain in ("", "ai.onnx")
+        cls = policy.op_class(node.op_type) if standard else OpClass.NONE
+        self.classes[node] = cls
+        if not info.convertible:
+            if info.fixed_inputs or info.fixed_outputs:
+                self.decide(node, Precision.FP32, "prepare", info.reason)
+            return
+        self.slots[node] = info
+        excluded = owner._excluded(node)
+        if excluded:
+            self.decide(node, Precision.FP32, "prepare", excluded)
+        elif node.op_type == "If" and standard:
+            # Precision-neutral: its outputs follow its branches' outputs and consumers.
+            self.classes[node] = OpClass.CLEAR
+        elif node.op_type in CONTROL_FLOW and standard:
+            self.decide(
+                node,
+                Precision.FP32,
+                "prepare",
+                "Loop/Scan keep a float32 interface (carried state keeps its dtype); "
+                "the body is painted on its own",
+            )
+        elif any(o.dtype is None for o in node.outputs if o is not None and o.name):
+            self.decide(node, Precision.FP32, "prepare", "an output has an unknown type")
+        elif policy.force_all:
+            self.decide(node, Precision.LOW, "force-all", "force_all converts every node")
+        elif (blocked := owner._range_block(node, info)) is not None:
+            self.decide(node, Precision.FP32, "range", blocked)
+        elif rule.fp32_if is not None and (why := self._rule_reason(node, rule, domain_opset)):
+            self.seeds.append((node, f"rule: {why}"))
+        elif (
+            cls is OpClass.DENY
+            and node.op_type in policy.range_checked
+            and owner._calibrated(node, info)
+        ):
+            self.classes[node] = OpClass.INFER
+            self.range_ok.add(node)
+        elif cls is OpClass.DENY:
+            self.seeds.append((node, "DENY list"))
+
+    def _rule_reason(self, node: ir.Node, rule: OpRule, opset: int) -> str | None:
+        assert rule.fp32_if is not None
+        ctx = RuleContext(self.policy.target, opset, self.owner.shapes)
+        try:
+            return rule.fp32_if(node, ctx)
+        except Exception as exc:
+            raise InternalError(
+                f"the rule for {node.op_type} failed on node {node.name!r}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _find_const_fed(self) -> None:
+        """Nodes computing from constants only (embedding lookups, weight transposes...)."""
+        for node in self.order:
+            if self.classes[node] not in (OpClass.INFER, OpClass.CLEAR):
                 continue
-            slots[node] = info
-            excluded = self._excluded(node)
-            if excluded:
-                decide(node, Precision.FP32, "prepare", excluded)
-            elif node.op_type == "If" and standard:
-                # Precision-neutral: its outputs follow its branches' outputs and consumers.
-                classes[node] = OpClass.CLEAR
-            elif node.op_type in CONTROL_FLOW and standard:
-                decide(
-                    node,
-                    Precision.FP32,
-                    "prepare",
-                    "Loop/Scan keep a float32 interface (carried state keeps its dtype); "
-                    "the body is painted on its own",
-                )
-            elif any(o.dtype is None for o in node.outputs if o is not None and o.name):
-                decide(node, Precision.FP32, "prepare", "an output has an unknown type")
-            elif policy.force_all:
-                decide(node, Precision.LOW, "force-all", "force_all converts every node")
-            elif (blocked := self._range_block(node, info)) is not None:
-                decide(node, Precision.FP32, "range", blocked)
-            elif rule.fp32_if is not None and (
-                why := rule.fp32_if(node, RuleContext(policy.target, domain_opset, self.shapes))
+            if all(
+                const_tensor(value) is not None or producer in self.const_fed
+                for value, producer in self.feeders(node)
             ):
-                seeds.append((node, f"rule: {why}"))
-            elif (
-                cls is OpClass.DENY
-                and node.op_type in policy.range_checked
-                and self._calibrated(node, info)
+                self.const_fed.add(node)
+
+    # -- graph walking -------------------------------------------------------------------
+
+    def hands_fp32(self, node: ir.Node) -> bool:
+        return rule_for(node).output_fp32 or node.op_type in self.policy.output_fp32_ops
+
+    def feeders(self, node: ir.Node) -> Iterator[tuple[ir.Value, ir.Node | None]]:
+        """The float values a node computes from, with their producers.
+
+        For an If node: the branch outputs behind its convertible outputs.
+        """
+        if node in self.if_nodes:
+            for branch, owner in self.owner._owners.items():
+                if owner is not node:
+                    continue
+                for k in self.slots[node].outputs:
+                    if k < len(branch.outputs):
+                        out = branch.outputs[k]
+                        yield out, out.producer()
+            return
+        for i in sorted(self.slots[node].inputs):
+            value = node.inputs[i]
+            assert value is not None
+            yield value, value.producer()
+
+    def users(self, node: ir.Node) -> Iterator[tuple[ir.Node, bool]]:
+        """Who reads the node's float outputs, and whether that slot can go low.
+
+        A branch output of an If counts as read by the If node.
+        """
+        slots = self.slots
+        for j in slots[node].outputs:
+            value = node.outputs[j]
+            for use in value.uses():
+                user = use.node
+                if user.op_type in SHAPE_ONLY_OPS:
+                    continue
+                yield user, user in slots and use.idx in slots[user].inputs
+            found = self.owner._branch_owner(value)
+            if found is not None:
+                owner, k = found
+                yield owner, owner in slots and k in slots[owner].outputs
+
+    def consumers(self, node: ir.Node) -> Iterator[ir.Node]:
+        for user, ok in self.users(node):
+            if ok:
+                yield user
+
+    def is_low(self, node: ir.Node | None) -> bool:
+        d = self.decisions.get(node) if node is not None else None
+        return d is not None and d.precision is Precision.LOW
+
+    def _followers(self, node: ir.Node) -> Iterator[ir.Node]:
+        """Undecided INFER/CLEAR consumers of ``node``."""
+        for user in self.consumers(node):
+            if user not in self.decisions and self.classes[user] in (
+                OpClass.INFER,
+                OpClass.CLEAR,
             ):
-                classes[node] = OpClass.INFER
-                range_ok.add(node)
-            elif cls is OpClass.DENY:
-                seeds.append((node, "DENY list"))
+                yield user
 
-        def hands_fp32(node: ir.Node) -> bool:
-            return rule_for(node).output_fp32 or node.op_type in policy.output_fp32_ops
+    def _note(self, node: ir.Node) -> str:
+        return " (DENY op with calibrated safe range)" if node in self.range_ok else ""
 
-        def feeders(node: ir.Node) -> Iterator[tuple[ir.Value, ir.Node | None]]:
-            """The float values a node computes from, with their producers.
+    # -- steps 1 to 5 --------------------------------------------------------------------
 
-            For an If node: the branch outputs behind its convertible outputs.
-            """
-            if node in if_nodes:
-                for branch in branches_of(node):
-                    for k in slots[node].outputs:
-                        if k < len(branch.outputs):
-                            out = branch.outputs[k]
-                            yield out, out.producer()
-                return
-            for i in sorted(slots[node].inputs):
-                value = node.inputs[i]
-                assert value is not None
-                yield value, value.producer()
+    def allow(self) -> None:
+        """Step 1: ALLOW ops go low."""
+        for node in self.slots:
+            if node not in self.decisions and self.classes[node] is OpClass.ALLOW:
+                self.decide(node, Precision.LOW, "allow", "ALLOW list")
 
-        def users(node: ir.Node) -> Iterator[tuple[ir.Node, bool]]:
-            """Who reads the node's float outputs, and whether that slot can go low.
-
-            A branch output of an If counts as read by the If node.
-            """
-            for j in slots[node].outputs:
-                value = node.outputs[j]
-                for use in value.uses():
-                    user = use.node
-                    if user.op_type in SHAPE_ONLY_OPS:
-                        continue
-                    yield user, user in slots and use.idx in slots[user].inputs
-                found = self._branch_owner(value)
-                if found is not None:
-                    owner, k = found
-                    yield owner, owner in slots and k in slots[owner].outputs
-
-        def consumers(node: ir.Node) -> Iterator[ir.Node]:
-            for user, ok in users(node):
-                if ok:
-                    yield user
-
-        def producers(node: ir.Node) -> Iterator[ir.Node | None]:
-            for _, producer in feeders(node):
-                yield producer
-
-        # Step 1: allow.
-        for node in slots:
-            if node not in decisions and classes[node] is OpClass.ALLOW:
-                decide(node, Precision.LOW, "allow", "ALLOW list")
-
-        # Step 2: deny, spread downstream through INFER/CLEAR.
+    def deny(self) -> None:
+        """Step 2: DENY seeds stay FP32 and spread downstream through INFER/CLEAR."""
         queue: deque[tuple[ir.Node, str]] = deque()
-        for node, why in seeds:
-            if node not in decisions:
-                decide(node, Precision.FP32, "deny", why)
+        for node, why in self.seeds:
+            if node not in self.decisions:
+                self.decide(node, Precision.FP32, "deny", why)
                 queue.append((node, f"downstream of {node.op_type} {node.name!r} ({why})"))
         while queue:
             node, why = queue.popleft()
-            for user in consumers(node):
-                if user in decisions or classes[user] not in (OpClass.INFER, OpClass.CLEAR):
-                    continue
-                decide(user, Precision.FP32, "deny", why)
+            for user in self._followers(node):
+                self.decide(user, Precision.FP32, "deny", why)
                 queue.append((user, why))
 
-        def is_low(node: ir.Node | None) -> bool:
-            d = decisions.get(node) if node is not None else None
-            return d is not None and d.precision is Precision.LOW
-
-        def note(node: ir.Node) -> str:
-            return " (DENY op with calibrated safe range)" if node in range_ok else ""
-
-        def forward() -> bool:
-            """Step 3: INFER/CLEAR nodes fed by low precision go low, transitively."""
-            changed = False
-            queue = deque(n for n, d in decisions.items() if d.precision is Precision.LOW)
-            while queue:
-                node = queue.popleft()
-                if hands_fp32(node):
-                    continue  # computes in low precision but hands float32 on
-                for user in consumers(node):
-                    if user in decisions or classes[user] not in (OpClass.INFER, OpClass.CLEAR):
-                        continue
-                    decide(
-                        user,
-                        Precision.LOW,
-                        "infer",
-                        f"fed by low-precision {node.op_type} {node.name!r}{note(user)}",
-                    )
-                    queue.append(user)
-                    changed = True
-            return changed
-
-        # Nodes computing from constants only (embedding lookups, weight transposes...).
-        order = list(slots)
-        const_fed: set[ir.Node] = set()
-        for node in order:
-            if classes[node] not in (OpClass.INFER, OpClass.CLEAR):
-                continue
-            if all(
-                const_tensor(value) is not None or producer in const_fed
-                for value, producer in feeders(node)
-            ):
-                const_fed.add(node)
-
-        def backward() -> bool:
-            """Step 4: constant-fed INFER/CLEAR nodes whose consumers are all low go low."""
-            changed = False
-            for node in reversed(order):
-                if node in decisions or classes[node] not in (OpClass.INFER, OpClass.CLEAR):
-                    continue
-                info = slots[node]
-                inputs_ok = all(
-                    const_tensor(value) is not None or is_low(producer) or producer in const_fed
-                    for value, producer in feeders(node)
+    def forward(self) -> bool:
+        """Step 3: INFER/CLEAR nodes fed by low precision go low, transitively."""
+        changed = False
+        queue = deque(n for n, d in self.decisions.items() if d.precision is Precision.LOW)
+        while queue:
+            node = queue.popleft()
+            if self.hands_fp32(node):
+                continue  # computes in low precision but hands float32 on
+            for user in self._followers(node):
+                self.decide(
+                    user,
+                    Precision.LOW,
+                    "infer",
+                    f"fed by low-precision {node.op_type} {node.name!r}{self._note(user)}",
                 )
-                if not inputs_ok:
-                    continue
-                readers: list[ir.Node] = []
-                outputs_ok = not any(self._keeps_output_fp32(node.outputs[j]) for j in info.outputs)
-                for user, ok in users(node):
-                    readers.append(user)
-                    if not (ok and is_low(user)):
-                        outputs_ok = False
-                if outputs_ok and readers:
-                    decide(
-                        node,
-                        Precision.LOW,
-                        "weights",
-                        f"computes from constants for low-precision {readers[0].op_type} "
-                        f"{readers[0].name!r}{note(node)}",
-                    )
-                    changed = True
-            return changed
+                queue.append(user)
+                changed = True
+        return changed
 
-        # Steps 3 and 4 feed each other: repeat to a fixed point.
-        forward()
-        while backward():
-            forward()
-
-        # Step 5: rest.
-        for node in slots:
-            if node in decisions:
+    def backward(self) -> bool:
+        """Step 4: constant-fed INFER/CLEAR nodes whose consumers are all low go low."""
+        changed = False
+        for node in reversed(self.order):
+            if node in self.decisions or self.classes[node] not in (OpClass.INFER, OpClass.CLEAR):
                 continue
-            cls = classes[node]
+            reader = self._low_reader_of_const_fed(node)
+            if reader is not None:
+                self.decide(
+                    node,
+                    Precision.LOW,
+                    "weights",
+                    f"computes from constants for low-precision {reader.op_type} "
+                    f"{reader.name!r}{self._note(node)}",
+                )
+                changed = True
+        return changed
+
+    def _low_reader_of_const_fed(self, node: ir.Node) -> ir.Node | None:
+        """The first reader when ``node`` computes from constants/low values and every
+        reader takes low precision; else None."""
+        inputs_ok = all(
+            const_tensor(value) is not None or self.is_low(producer) or producer in self.const_fed
+            for value, producer in self.feeders(node)
+        )
+        if not inputs_ok:
+            return None
+        info = self.slots[node]
+        if any(self.owner._keeps_output_fp32(node.outputs[j]) for j in info.outputs):
+            return None
+        readers = list(self.users(node))
+        if not readers or not all(ok and self.is_low(user) for user, ok in readers):
+            return None
+        return readers[0][0]
+
+    def rest(self) -> None:
+        """Step 5: everything else stays FP32."""
+        for node in self.slots:
+            if node in self.decisions:
+                continue
+            cls = self.classes[node]
             reason = {
                 OpClass.INFER: "INFER list, not fed by low precision",
                 OpClass.CLEAR: "CLEAR list, neighbours in float32",
@@ -410,8 +506,6 @@ class PaintPass(ir.passes.InPlacePass):
                 OpClass.ALLOW: "ALLOW list",
                 OpClass.DENY: "DENY list",
             }[cls]
-            if node in range_ok:
+            if node in self.range_ok:
                 reason = "DENY op with calibrated safe range, not fed by low precision"
-            decide(node, Precision.FP32, "rest", reason)
-
-        return PaintResult(model, modified=False, decisions=decisions, slots=slots)
+            self.decide(node, Precision.FP32, "rest", reason)

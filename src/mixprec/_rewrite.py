@@ -22,7 +22,7 @@ from mixprec._graphs import (
     iter_nodes,
     keeps_io_dtype,
 )
-from mixprec._paint import Decision, Precision
+from mixprec._paint import Decision, Precision, painted, slots_of
 from mixprec._policy import SHAPE_ONLY_OPS, Policy, rule_for
 from mixprec._schema import SlotInfo
 
@@ -78,8 +78,9 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
 
     Args:
         policy: the resolved policy (target dtype, output_fp32 ops).
-        decisions: node decisions from :class:`~mixprec._paint.PaintPass`.
-        slots: float slots per paintable node.
+        decisions: node decisions; None (the default) reads those
+            :class:`~mixprec._paint.PaintPass` recorded in ``node.meta``.
+        slots: float slots per paintable node; None reads them from ``node.meta``.
         keep_io_types: True/False, or the names of main-graph inputs/outputs that keep
             float32.
         small_weight_bytes: a weight read by both precisions is duplicated (one low copy)
@@ -91,8 +92,8 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
     def __init__(
         self,
         policy: Policy,
-        decisions: Mapping[ir.Node, Decision],
-        slots: Mapping[ir.Node, SlotInfo],
+        decisions: Mapping[ir.Node, Decision] | None = None,
+        slots: Mapping[ir.Node, SlotInfo] | None = None,
         *,
         keep_io_types: bool | frozenset[str] = True,
         small_weight_bytes: int = 256 * 1024,
@@ -100,8 +101,9 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
     ) -> None:
         super().__init__()
         self.policy = policy
-        self.decisions = decisions
-        self.slots = slots
+        self._given = (decisions, slots)
+        self.decisions: Mapping[ir.Node, Decision] = {}
+        self.slots: Mapping[ir.Node, SlotInfo] = {}
         self.keep_io_types = keep_io_types
         self.small_weight_bytes = small_weight_bytes
         self.clip_weights = clip_weights
@@ -114,6 +116,12 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
         return value.graph is not main or keeps_io_dtype(self.keep_io_types, value)
 
     def call(self, model: ir.Model) -> ApplyPrecisionResult:
+        decisions, slots = self._given
+        self.decisions = decisions if decisions is not None else dict(painted(model))
+        if slots is None:
+            found = ((n, slots_of(n)) for n in iter_nodes(model.graph))
+            slots = {n: info for n, info in found if info is not None}
+        self.slots = slots
         target = self.policy.target_type
         main = model.graph
         names = UniqueNames(model)
