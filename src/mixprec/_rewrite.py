@@ -122,13 +122,30 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
             found = ((n, slots_of(n)) for n in iter_nodes(model.graph))
             slots = {n: info for n, info in found if info is not None}
         self.slots = slots
-        target = self.policy.target_type
-        main = model.graph
-        names = UniqueNames(model)
-        self._owners = if_branch_owners(main)
+        self._target = self.policy.target_type
+        self._main = model.graph
+        self._names = UniqueNames(model)
+        self._owners = if_branch_owners(model.graph)
+        self._produced_low: set[ir.Value] = set()
         result = ApplyPrecisionResult(model, modified=False)
+        need = self._needs()
+        graph_outputs: dict[ir.Value, list[tuple[ir.Graph, int]]] = defaultdict(list)
+        for graph in all_graphs(self._main):
+            for k, value in enumerate(graph.outputs):
+                if value.dtype == ir.DataType.FLOAT:
+                    graph_outputs[value].append((graph, k))
+        hand_fp32 = self._retype_low_nodes(result)
+        self._lower_main_inputs(result)
+        self._place_weights(need, graph_outputs, result)
+        self._cast_boundaries(need, result)
+        self._hand_on_fp32(hand_fp32, graph_outputs, result)
+        self._cast_graph_outputs(graph_outputs, result)
+        return result
 
-        # 1. Which dtype each (value, use) needs, decided on the original types.
+    # -- the steps of call, in order -----------------------------------------------------
+
+    def _needs(self) -> dict[ir.Value, dict[ir.DataType, list[tuple[ir.Node, int]]]]:
+        """1. Which dtype each (value, use) needs, decided on the original types."""
         need: dict[ir.Value, dict[ir.DataType, list[tuple[ir.Node, int]]]] = defaultdict(
             lambda: defaultdict(list)
         )
@@ -137,25 +154,23 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
             for i, value in enumerate(node.inputs):
                 if value is None or value.dtype != ir.DataType.FLOAT:
                     continue
-                want = target if low and i in info.inputs else ir.DataType.FLOAT
+                want = self._target if low and i in info.inputs else ir.DataType.FLOAT
                 need[value][want].append((node, i))
         # Float32 inputs of nodes that are not paintable (no convertible slot) need float32.
-        for node in iter_nodes(main):
+        for node in iter_nodes(self._main):
             if node in self.slots or is_constant_node(node) or node.op_type in SHAPE_ONLY_OPS:
                 continue
             for i, value in enumerate(node.inputs):
                 if value is not None and value.dtype == ir.DataType.FLOAT:
                     need[value][ir.DataType.FLOAT].append((node, i))
+        return need
 
-        graph_outputs: dict[ir.Value, list[tuple[ir.Graph, int]]] = defaultdict(list)
-        graphs = all_graphs(main)
-        for graph in graphs:
-            for k, value in enumerate(graph.outputs):
-                if value.dtype == ir.DataType.FLOAT:
-                    graph_outputs[value].append((graph, k))
+    def _retype_low_nodes(self, result: ApplyPrecisionResult) -> list[ir.Value]:
+        """2. Retype the outputs of low-precision nodes; retarget Cast(to=float).
 
-        # 2. Retype the outputs of low-precision nodes; retarget Cast(to=float).
-        produced_low: set[ir.Value] = set()
+        Returns the values that output_fp32 ops hand on in float32.
+        """
+        target = self._target
         hand_fp32: list[ir.Value] = []
         for node, info in self.slots.items():
             if not self._is_low(node):
@@ -171,43 +186,50 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
             for j in info.outputs:
                 value = node.outputs[j]
                 value.dtype = target
-                produced_low.add(value)
+                self._produced_low.add(value)
             if rule_for(node).output_fp32 or node.op_type in self.policy.output_fp32_ops:
                 hand_fp32.extend(node.outputs[j] for j in info.outputs)
+        return hand_fp32
 
-        # 3. Main-graph inputs that do not keep float32 become low precision.
+    def _lower_main_inputs(self, result: ApplyPrecisionResult) -> None:
+        """3. Main-graph inputs that do not keep float32 become low precision."""
+        main = self._main
         for value in main.inputs:
             if value.dtype == ir.DataType.FLOAT and not self._keeps(value, main):
                 if value.name in main.initializers:
                     continue
-                value.dtype = target
-                produced_low.add(value)
+                value.dtype = self._target
+                self._produced_low.add(value)
                 result.modified = True
 
-        # 4. Weights: convert in place, duplicate or cast once.
+    def _place_weights(
+        self,
+        need: dict[ir.Value, dict[ir.DataType, list[tuple[ir.Node, int]]]],
+        graph_outputs: Mapping[ir.Value, list[tuple[ir.Graph, int]]],
+        result: ApplyPrecisionResult,
+    ) -> None:
+        """4. Weights: convert in place, duplicate or cast once."""
+        target, main = self._target, self._main
         for value, by_dtype in list(need.items()):
-            if value in produced_low or value.is_graph_input():
+            if value in self._produced_low or value.is_graph_input():
                 continue
             if not (value.is_initializer() or _constant_producer(value)):
                 continue
             low_uses = by_dtype.get(target, [])
             f32_uses = by_dtype.get(ir.DataType.FLOAT, [])
-            wants = [self._output_want(g, k, main) for g, k in graph_outputs.get(value, [])]
-            low_places = [
-                place
-                for place, w in zip(graph_outputs.get(value, []), wants, strict=True)
-                if w == target
-            ]
+            places = graph_outputs.get(value, [])
+            wants = [self._output_want(g, k, main) for g, k in places]
+            low_places = [place for place, w in zip(places, wants, strict=True) if w == target]
             keeps_f32 = bool(f32_uses) or ir.DataType.FLOAT in wants
             if not low_uses and not low_places:
                 continue
             result.modified = True
             if not keeps_f32:
                 self._convert_weight_in_place(value, target, result.weights)
-                produced_low.add(value)
+                self._produced_low.add(value)
                 del need[value]
             elif _nbytes(value) <= self.small_weight_bytes:
-                copy = self._low_copy(value, target, names, result.weights)
+                copy = self._low_copy(value, target, self._names, result.weights)
                 for node, i in low_uses:
                     node.replace_input_with(i, copy)
                 for graph, k in low_places:
@@ -217,33 +239,52 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
             else:
                 result.weights.cast_at_runtime += 1  # the generic cast below handles it
 
-        # 5. Casts at every remaining precision boundary, one per (tensor, dtype).
+    def _cast_boundaries(
+        self,
+        need: Mapping[ir.Value, Mapping[ir.DataType, list[tuple[ir.Node, int]]]],
+        result: ApplyPrecisionResult,
+    ) -> None:
+        """5. Casts at every remaining precision boundary, one per (tensor, dtype)."""
         for value, by_dtype in need.items():
-            have = target if value in produced_low else ir.DataType.FLOAT
+            have = self._target if value in self._produced_low else ir.DataType.FLOAT
             for want, uses in by_dtype.items():
                 if want == have or not uses:
                     continue
-                cast_out = self._cast(value, want, names)
+                cast_out = self._cast(value, want, self._names)
                 for node, i in uses:
                     node.replace_input_with(i, cast_out)
                 result.casts_inserted += 1
                 result.modified = True
-        # Values handed on in float32 by output_fp32 ops: all uses read a float32 copy.
+
+    def _hand_on_fp32(
+        self,
+        hand_fp32: list[ir.Value],
+        graph_outputs: dict[ir.Value, list[tuple[ir.Graph, int]]],
+        result: ApplyPrecisionResult,
+    ) -> None:
+        """6. Values handed on in float32 by output_fp32 ops: all uses read a float32 copy."""
         for value in hand_fp32:
             users = [(u.node, u.idx) for u in value.uses()]
             if not users and value not in graph_outputs:
                 continue
-            cast_out = self._cast(value, ir.DataType.FLOAT, names)
+            cast_out = self._cast(value, ir.DataType.FLOAT, self._names)
             for node, i in users:
                 if node is not cast_out.producer():
                     node.replace_input_with(i, cast_out)
             for graph, k in graph_outputs.pop(value, []):
                 graph.outputs[k] = cast_out
             result.casts_inserted += 1
-        # Graph outputs: the main graph's keep float32 (keep_io_types) under their names;
-        # an If branch's outputs follow the If node; Loop/Scan bodies' keep float32.
+
+    def _cast_graph_outputs(
+        self,
+        graph_outputs: Mapping[ir.Value, list[tuple[ir.Graph, int]]],
+        result: ApplyPrecisionResult,
+    ) -> None:
+        """7. Graph outputs: the main graph's keep float32 (keep_io_types) under their
+        names; an If branch's outputs follow the If node; Loop/Scan bodies' keep float32."""
+        target, main, names = self._target, self._main, self._names
         for value, places in graph_outputs.items():
-            have = target if value in produced_low else ir.DataType.FLOAT
+            have = target if value in self._produced_low else ir.DataType.FLOAT
             kept_main = [(g, k) for g, k in places if g is main and self._keeps(value, main)]
             if have == target and kept_main:
                 cast_out = self._cast(value, ir.DataType.FLOAT, names)
@@ -267,7 +308,6 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
                 graph.outputs[k] = self._cast(value, wanted, names, graph=graph)
                 result.casts_inserted += 1
                 result.modified = True
-        return result
 
     # -- helpers -------------------------------------------------------------------------
 
