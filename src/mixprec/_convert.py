@@ -27,6 +27,7 @@ from mixprec._measure import MACS, calibration_of
 from mixprec._opset import UpgradeOpsetResult
 from mixprec._paint import painted
 from mixprec._pipeline import Pipeline, Stage
+from mixprec._registry import node_info
 from mixprec._report import NodeReport, Report
 from mixprec._rewrite import ApplyPrecisionResult, RemoveRedundantCastsResult
 from mixprec._shapes import InferShapesResult, ReconcileDeclaredShapesResult
@@ -104,15 +105,6 @@ def _param_bytes(model: ir.Model) -> int:
 def _notes_about_input(model: ir.Model) -> list[str]:
     notes = []
     low = {ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
-    quant_ops = {
-        "QuantizeLinear",
-        "DequantizeLinear",
-        "QLinearConv",
-        "QLinearMatMul",
-        "MatMulInteger",
-        "ConvInteger",
-        "DynamicQuantizeLinear",
-    }
     has_low = any(
         v is not None and v.dtype in low
         for n in iter_nodes(model.graph)
@@ -120,7 +112,7 @@ def _notes_about_input(model: ir.Model) -> list[str]:
     )
     if has_low:
         notes.append("the model already holds float16/bfloat16 tensors: those parts are left alone")
-    quant = sorted({n.op_type for n in iter_nodes(model.graph) if n.op_type in quant_ops})
+    quant = sorted({n.op_type for n in iter_nodes(model.graph) if node_info(n).quantized})
     if quant:
         notes.append(f"the model holds quantized ops ({', '.join(quant)}): left alone")
     custom = sorted(

@@ -45,6 +45,7 @@ from mixprec._graphs import (
 from mixprec._measure import SHAPES as SHAPE_META
 from mixprec._measure import calibration_of
 from mixprec._policy import SHAPE_ONLY_OPS, OpClass, OpRule, Policy, RuleContext, rule_for
+from mixprec._registry import node_info
 from mixprec._schema import SlotInfo, slot_info
 
 __all__ = [
@@ -62,8 +63,6 @@ __all__ = [
 #: ``node.meta`` keys where the decision and the float slots of a painted node live.
 DECISION = "mixprec.decision"
 SLOTS = "mixprec.slots"
-
-CONTROL_FLOW = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 _FINFO_MAX = {
     ir.DataType.FLOAT16: float(np.finfo(np.float16).max),
@@ -303,7 +302,7 @@ class _Painter:
         elif node.op_type == "If" and standard:
             # Precision-neutral: its outputs follow its branches' outputs and consumers.
             self.classes[node] = OpClass.CLEAR
-        elif node.op_type in CONTROL_FLOW and standard:
+        elif node_info(node).control_flow:
             self.decide(
                 node,
                 Precision.FP32,

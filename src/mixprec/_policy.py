@@ -17,8 +17,7 @@ placed around it where its neighbours are in low precision.
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,6 +25,16 @@ import onnx_ir as ir
 
 from mixprec._constants import const_tensor
 from mixprec._errors import MixprecError
+from mixprec._registry import (
+    DEFAULT_RULE,
+    OpClass,
+    OpRule,
+    RuleContext,
+    node_info,
+    op_info,
+    register_op,
+    registered,
+)
 
 __all__ = [
     "DEFAULT_LISTS",
@@ -38,16 +47,6 @@ __all__ = [
     "register_rule",
     "rule_for",
 ]
-
-
-class OpClass(enum.Enum):
-    """The colour an op type has in the policy lists."""
-
-    ALLOW = "allow"
-    DENY = "deny"
-    INFER = "infer"
-    CLEAR = "clear"
-    NONE = "none"
 
 
 TARGET_DTYPES: Mapping[str, ir.DataType] = {
@@ -247,92 +246,82 @@ _RANGE_CHECKED_FP16 = frozenset(
         "ReduceL2",
     }
 )
-RANGE_CHECKED: Mapping[str, frozenset[str]] = {
+_RANGE_CHECKED = {
     "float16": _RANGE_CHECKED_FP16,
     "bfloat16": frozenset(),  # bf16 has fp32's range: its DENY ops are about precision
 }
 
-DEFAULT_LISTS: Mapping[str, Mapping[OpClass, frozenset[str]]] = {
+# The lists and range facts go into the op registry; the tables below are read back
+# from it, so the registry is the one place that says what an op is.
+for _target, _table in {
     "float16": _lists(_ALLOW_COMMON, _DENY_FP16, _INFER_COMMON, _CLEAR_COMMON),
     "bfloat16": _lists(_ALLOW_COMMON, _DENY_BF16, _INFER_COMMON + _BF16_RANGE_SAFE, _CLEAR_COMMON),
+}.items():
+    for _cls, _ops in _table.items():
+        for _op in _ops:
+            register_op(_op, classes={_target: _cls})
+    for _op in _RANGE_CHECKED[_target]:
+        register_op(_op, range_checked=op_info(_op).range_checked | {_target})
+
+
+def _from_registry(target: str) -> dict[OpClass, frozenset[str]]:
+    lists: dict[OpClass, set[str]] = {c: set() for c in OpClass if c is not OpClass.NONE}
+    for (domain, op), info in registered():
+        cls = info.classes.get(target)
+        if domain == "" and cls is not None and cls is not OpClass.NONE:
+            lists[cls].add(op)
+    return {cls: frozenset(ops) for cls, ops in lists.items()}
+
+
+DEFAULT_LISTS: Mapping[str, Mapping[OpClass, frozenset[str]]] = {
+    target: _from_registry(target) for target in TARGET_DTYPES
 }
-
-KNOWN_OPS: frozenset[str] = frozenset(
-    op for lists in DEFAULT_LISTS.values() for ops in lists.values() for op in ops
-) | frozenset({"Shape", "Size"})
-
+RANGE_CHECKED: Mapping[str, frozenset[str]] = {
+    target: frozenset(op for (d, op), info in registered() if target in info.range_checked)
+    for target in TARGET_DTYPES
+}
 
 #: Ops that read only the shape of their input: they take any dtype, are never painted
 #: and never get a cast.
-SHAPE_ONLY_OPS: frozenset[str] = frozenset({"Shape", "Size"})
+SHAPE_ONLY_OPS: frozenset[str] = frozenset(
+    op for (domain, op), info in registered() if domain == "" and info.shape_only
+)
 
-# --- Rule registry ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RuleContext:
-    """What a rule's condition may look at besides the node.
-
-    Attributes:
-        target: "float16" or "bfloat16".
-        opset: the opset of the node's domain.
-        shapes: concrete shapes by value name, inferred from the calibration/--shape
-            input shapes (may be empty).
-    """
-
-    target: str
-    opset: int
-    shapes: Mapping[str, Sequence[int | None]] = field(default_factory=dict)
-
-    def shape(self, value: ir.Value | None) -> list[int | None] | None:
-        """The best known shape of ``value``: concrete if inferred, else declared."""
-        if value is None:
-            return None
-        known = self.shapes.get(value.name or "")
-        if known is not None and all(isinstance(d, int) and d > 0 for d in known):
-            return list(known)
-        if value.shape is None:
-            return None
-        return [d if isinstance(d, int) and d > 0 else None for d in value.shape]
+KNOWN_OPS: frozenset[str] = frozenset(
+    op for lists in DEFAULT_LISTS.values() for ops in lists.values() for op in ops
+) | SHAPE_ONLY_OPS
 
 
-Condition = Callable[[ir.Node, RuleContext], "str | None"]
+# --- Rules ------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class OpRule:
-    """Per-op behaviour that the four lists cannot express.
+class _RulesView(Mapping[tuple[str, str], OpRule]):
+    """The registered rules by (domain, op_type): a read-only view of the op registry."""
 
-    Attributes:
-        keep_fp32_inputs: input indices that stay FP32 even when the op runs in low
-            precision (parameters such as Resize's roi and scales).
-        fp32_if: a condition returning a reason string when this node must stay FP32
-            (it then acts as a DENY seed), or None.
-        output_fp32: the op computes in low precision but hands FP32 to its consumers
-            (the TVM ``output_dtype`` knob); a Cast is placed right after it.
-        note: one line shown in the documentation table.
-    """
+    def _rules(self) -> dict[tuple[str, str], OpRule]:
+        return {key: info.rule for key, info in registered() if info.rule is not None}
 
-    keep_fp32_inputs: frozenset[int] = frozenset()
-    fp32_if: Condition | None = None
-    output_fp32: bool = False
-    note: str = ""
+    def __getitem__(self, key: tuple[str, str]) -> OpRule:
+        return self._rules()[key]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._rules())
+
+    def __len__(self) -> int:
+        return len(self._rules())
 
 
-DEFAULT_RULE = OpRule(note="every float input/output bound to a type the schema admits follows")
-
-RULES: dict[tuple[str, str], OpRule] = {}
+RULES: Mapping[tuple[str, str], OpRule] = _RulesView()
 
 
 def register_rule(op_type: str, rule: OpRule, *, domain: str = "") -> None:
-    """Register (or replace) the rule for ``(domain, op_type)``."""
-    RULES[(domain, op_type)] = rule
+    """Register (or replace) the rule for ``(domain, op_type)`` in the op registry."""
+    register_op(op_type, domain=domain, rule=rule)
 
 
 def rule_for(node: ir.Node) -> OpRule:
     """Return the rule registered for ``node``'s op, or :data:`DEFAULT_RULE`."""
-    domain = "" if node.domain == "ai.onnx" else node.domain
-    return RULES.get((domain, node.op_type), DEFAULT_RULE)
+    return node_info(node).rule or DEFAULT_RULE
 
 
 def _const_array(value: ir.Value | None) -> np.ndarray | None:
@@ -541,6 +530,9 @@ class Policy:
             "force_all": self.force_all,
             "output_fp32_ops": sorted(self.output_fp32_ops),
             "range_checked": sorted(self.range_checked),
+            "rules": {
+                f"{domain or 'ai.onnx'}::{op}": rule.note for (domain, op), rule in RULES.items()
+            },
         }
 
 

@@ -9,7 +9,6 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
 import onnx
 
 __all__ = ["NodeReport", "Report", "count_macs"]
@@ -198,17 +197,16 @@ def concrete_shapes(
     return m, shapes
 
 
-def _prod(dims: Sequence[int]) -> int:
-    return int(np.prod(dims, dtype=np.int64))
-
-
 def count_macs(
     proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int | None]]
 ) -> dict[str, int]:
-    """Multiply-accumulates of each Conv/ConvTranspose/MatMul/Gemm node, by node name.
+    """Multiply-accumulates of each node whose op has a MAC formula in the op registry
+    (Conv, ConvTranspose, MatMul, Gemm), by node name.
 
     ``shapes`` comes from :func:`concrete_shapes`; nodes with unknown shapes count 0.
     """
+    from mixprec._registry import MacArgs, op_info
+
     macs: dict[str, int] = {}
 
     def visit(graph: onnx.GraphProto) -> None:
@@ -218,22 +216,15 @@ def count_macs(
                     visit(attr.g)
                 for g in attr.graphs:
                     visit(g)
-            if node.op_type not in ("Conv", "ConvTranspose", "MatMul", "Gemm"):
+            formula = op_info(node.op_type, node.domain).macs
+            if formula is None:
                 continue
-            y = _known(shapes.get(node.output[0]))
-            w = _known(shapes.get(node.input[1])) if len(node.input) > 1 else None
-            a = _known(shapes.get(node.input[0]))
-            value = 0
-            if node.op_type == "Conv" and y and w:
-                value = _prod(y) * _prod(w[1:])
-            elif node.op_type == "ConvTranspose" and a and w:
-                value = _prod(a) * _prod(w[1:])
-            elif node.op_type == "MatMul" and y and a:
-                value = _prod(y) * a[-1]
-            elif node.op_type == "Gemm" and y and a:
-                trans_a = any(at.name == "transA" and at.i for at in node.attribute)
-                value = _prod(y) * (a[0] if trans_a else a[-1])
-            macs[node.name] = value
+            args = MacArgs(
+                inputs=[_known(shapes.get(name)) for name in node.input],
+                outputs=[_known(shapes.get(name)) for name in node.output],
+                ints={a.name: int(a.i) for a in node.attribute if a.type == a.INT},
+            )
+            macs[node.name] = formula(args)
 
     visit(proto.graph)
     return macs

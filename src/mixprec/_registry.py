@@ -1,0 +1,224 @@
+"""The op registry: every per-op fact mixprec knows, in one entry per (domain, op_type).
+
+An :class:`OpInfo` carries the op's default list per target dtype, whether its DENY is
+only about range (and so lifted by calibration), its conditional rule, whether it only
+reads shapes, whether it is control flow, whether it is already quantized, and how to
+count its multiply-accumulates. Policies (``_policy``), the painter, the rewriter, the
+report and, later, INT8 read the facts here; :func:`register_op` adds or refines them.
+
+Example:
+    >>> from mixprec._registry import op_info, register_op
+    >>> register_op("MyGemm", domain="com.example", macs=gemm_like)   # doctest: +SKIP
+    >>> op_info("Conv").macs is not None
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+__all__ = [
+    "MacArgs",
+    "OpClass",
+    "OpInfo",
+    "OpRule",
+    "RuleContext",
+    "node_info",
+    "op_info",
+    "register_op",
+    "registered",
+]
+
+
+class OpClass(enum.Enum):
+    """The colour an op type has in the policy lists."""
+
+    ALLOW = "allow"
+    DENY = "deny"
+    INFER = "infer"
+    CLEAR = "clear"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class RuleContext:
+    """What a rule's condition may look at besides the node.
+
+    Attributes:
+        target: "float16" or "bfloat16".
+        opset: the opset of the node's domain.
+        shapes: concrete shapes by value name, inferred from the calibration/--shape
+            input shapes (may be empty).
+    """
+
+    target: str
+    opset: int
+    shapes: Mapping[str, Sequence[int | None]] = field(default_factory=dict)
+
+    def shape(self, value: ir.Value | None) -> list[int | None] | None:
+        """The best known shape of ``value``: concrete if inferred, else declared."""
+        if value is None:
+            return None
+        known = self.shapes.get(value.name or "")
+        if known is not None and all(isinstance(d, int) and d > 0 for d in known):
+            return list(known)
+        if value.shape is None:
+            return None
+        return [d if isinstance(d, int) and d > 0 else None for d in value.shape]
+
+
+Condition = Callable[[ir.Node, RuleContext], "str | None"]
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """Per-op behaviour that the four lists cannot express.
+
+    Attributes:
+        keep_fp32_inputs: input indices that stay FP32 even when the op runs in low
+            precision (parameters such as Resize's roi and scales).
+        fp32_if: a condition returning a reason string when this node must stay FP32
+            (it then acts as a DENY seed), or None.
+        output_fp32: the op computes in low precision but hands FP32 to its consumers
+            (the TVM ``output_dtype`` knob); a Cast is placed right after it.
+        note: one line shown in the documentation table.
+    """
+
+    keep_fp32_inputs: frozenset[int] = frozenset()
+    fp32_if: Condition | None = None
+    output_fp32: bool = False
+    note: str = ""
+
+
+DEFAULT_RULE = OpRule(note="every float input/output bound to a type the schema admits follows")
+
+Shape = list[int] | None
+
+
+@dataclass(frozen=True)
+class MacArgs:
+    """What a MAC formula sees: known input/output shapes (None: unknown) and ints."""
+
+    inputs: Sequence[Shape]
+    outputs: Sequence[Shape]
+    ints: Mapping[str, int]
+
+
+MacFormula = Callable[[MacArgs], int]
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """Everything mixprec knows about one op type.
+
+    Attributes:
+        classes: the op's default list per target ("float16", "bfloat16").
+        range_checked: targets where the op is DENY only through its range: a calibration
+            that saw every tensor it touches in range paints it as INFER.
+        rule: the conditional rule, or None for :data:`DEFAULT_RULE`.
+        shape_only: reads only the shape of its input (never painted, never cast).
+        control_flow: holds subgraphs (If/Loop/Scan).
+        quantized: already an integer-quantized op (left alone).
+        macs: multiply-accumulates per node, from shapes; None: not counted.
+    """
+
+    classes: Mapping[str, OpClass] = field(default_factory=dict)
+    range_checked: frozenset[str] = frozenset()
+    rule: OpRule | None = None
+    shape_only: bool = False
+    control_flow: bool = False
+    quantized: bool = False
+    macs: MacFormula | None = None
+
+
+_EMPTY = OpInfo()
+_REGISTRY: dict[tuple[str, str], OpInfo] = {}
+
+
+def _key(op_type: str, domain: str) -> tuple[str, str]:
+    return ("" if domain == "ai.onnx" else domain, op_type)
+
+
+def register_op(op_type: str, *, domain: str = "", **facts: object) -> OpInfo:
+    """Add or refine the entry of ``(domain, op_type)``: given facts replace old ones,
+    ``classes`` entries are merged per target. Returns the new entry."""
+    key = _key(op_type, domain)
+    old = _REGISTRY.get(key, _EMPTY)
+    if "classes" in facts:
+        facts["classes"] = {**old.classes, **dict(facts["classes"])}  # type: ignore[call-overload]
+    new = dataclasses.replace(old, **facts)  # type: ignore[arg-type]
+    _REGISTRY[key] = new
+    return new
+
+
+def op_info(op_type: str, domain: str = "") -> OpInfo:
+    """The entry of ``(domain, op_type)``; an empty entry for unknown ops."""
+    return _REGISTRY.get(_key(op_type, domain), _EMPTY)
+
+
+def node_info(node: ir.Node) -> OpInfo:
+    return op_info(node.op_type, node.domain)
+
+
+def registered() -> Iterator[tuple[tuple[str, str], OpInfo]]:
+    """Every ``((domain, op_type), OpInfo)`` entry, sorted."""
+    yield from sorted(_REGISTRY.items(), key=lambda item: item[0])
+
+
+# --- structural facts ---------------------------------------------------------------------
+
+for _op in ("Shape", "Size"):
+    register_op(_op, shape_only=True)
+for _op in ("If", "Loop", "Scan", "SequenceMap"):
+    register_op(_op, control_flow=True)
+for _op in (
+    "QuantizeLinear",
+    "DequantizeLinear",
+    "QLinearConv",
+    "QLinearMatMul",
+    "MatMulInteger",
+    "ConvInteger",
+    "DynamicQuantizeLinear",
+):
+    register_op(_op, quantized=True)
+
+
+# --- multiply-accumulates ---------------------------------------------------------------
+
+
+def _prod(dims: Sequence[int]) -> int:
+    return int(np.prod(dims, dtype=np.int64))
+
+
+def _conv_macs(a: MacArgs) -> int:
+    y, w = a.outputs[0], a.inputs[1] if len(a.inputs) > 1 else None
+    return _prod(y) * _prod(w[1:]) if y and w else 0
+
+
+def _conv_transpose_macs(a: MacArgs) -> int:
+    x, w = a.inputs[0], a.inputs[1] if len(a.inputs) > 1 else None
+    return _prod(x) * _prod(w[1:]) if x and w else 0
+
+
+def _matmul_macs(a: MacArgs) -> int:
+    y, x = a.outputs[0], a.inputs[0]
+    return _prod(y) * x[-1] if y and x else 0
+
+
+def _gemm_macs(a: MacArgs) -> int:
+    y, x = a.outputs[0], a.inputs[0]
+    if not (y and x):
+        return 0
+    return _prod(y) * (x[0] if a.ints.get("transA", 0) else x[-1])
+
+
+register_op("Conv", macs=_conv_macs)
+register_op("ConvTranspose", macs=_conv_transpose_macs)
+register_op("MatMul", macs=_matmul_macs)
+register_op("Gemm", macs=_gemm_macs)
