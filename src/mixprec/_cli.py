@@ -432,6 +432,8 @@ def _record_message(record: logging.LogRecord) -> str:
         message = record.getMessage()
     except Exception:
         message = f"{record.msg} {record.args!r}"
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    message = lines[0] if lines else ""
     exc = record.exc_info[1] if record.exc_info else None
     if exc is not None:
         summary = _exception_line(exc)
@@ -439,8 +441,7 @@ def _record_message(record: logging.LogRecord) -> str:
             message = message.replace("%s", summary, 1)
         elif summary not in message:
             message = f"{message} ({summary})"
-    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
-    return lines[0] if lines else ""
+    return message
 
 
 class OneLineFormatter(logging.Formatter):
