@@ -279,6 +279,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from mixprec._convert import convert
     from mixprec._io import check_output_path
 
+    if args.keep_failed and not args.validate:
+        raise MixprecError("--keep-failed needs --validate")
     out = Path(args.output)
     check_output_path(out)
     if Path(args.model).exists() and out.exists() and out.resolve() == Path(args.model).resolve():
