@@ -65,6 +65,34 @@ class Paths:
     truncated: Path
     text: Path
     empty: Path
+    shape_warning: Path  # onnx_ir's shape inference fails (logs a traceback); converts fine
+    large_outputs: Path  # outputs ~100: fp16 misses a tiny --rtol by more than atol
+
+
+def shape_warning_model_text() -> str:
+    """Valid ONNX whose declared output shape only data propagation finds wrong.
+
+    ``Reshape(z, Shape(x))`` is [1,6] at run time, the output declares [2,3]: the checker
+    (no data propagation) accepts it, onnx_ir's ``ShapeInferencePass(data_prop=True)`` fails
+    and logs a warning with the exception's traceback.
+    """
+    return """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1,6] x, float[2,3] z) => (float[2,3] y)
+    {
+        s = Shape (x)
+        t = Reshape (z, s)
+        y = Relu (t)
+    }
+    """
+
+
+def large_outputs_model_text() -> str:
+    k = (30 * np.random.default_rng(2).standard_normal((16, 16))).astype(np.float32)
+    return f"""
+    <ir_version: 8, opset_import: ["" : 17]>
+    large (float[1,16] x) => (float[1,16] y) <{_init("k", k)}> {{ y = MatMul (x, k) }}
+    """
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +118,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Paths:
     (inp / "truncated.onnx").write_bytes(data[: len(data) // 2])
     (inp / "text.onnx").write_text("this is a text file, not an ONNX model\n")
     (inp / "empty.onnx").write_bytes(b"")
+    onnx.save(make_model(shape_warning_model_text()), inp / "shape_warning.onnx")
+    onnx.save(make_model(large_outputs_model_text()), inp / "large_outputs.onnx")
     return Paths(
         root,
         inp,
@@ -101,6 +131,8 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Paths:
         inp / "truncated.onnx",
         inp / "text.onnx",
         inp / "empty.onnx",
+        inp / "shape_warning.onnx",
+        inp / "large_outputs.onnx",
     )
 
 
@@ -211,6 +243,7 @@ BAD: dict[str, Bad] = {
     "output-is-input": Bad(lambda p, out: ["convert", p.small, "-o", p.small], "overwrite"),
     "opset-too-new": Bad(_convert(lambda p: p.new_opset), "opset 99"),
     "string-input": Bad(_convert(lambda p: p.string), "string"),
+    "keep-failed-alone": Bad(_convert(lambda p: p.small, "--keep-failed"), "needs --validate"),
     "validate-symbolic-dims": Bad(lambda p, out: ["validate", p.sym, p.sym_fp16], "--shape x="),
 }
 
@@ -484,3 +517,310 @@ def test_failed_save_keeps_old_output_and_leaves_no_temp(
     assert "cannot write" in res.err
     assert sha256_of(out) == before
     assert _leftovers(tmp_path) == ["o.onnx"]
+
+
+# --------------------------------------------------------------------------- the terminal
+
+
+def _lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def _onnx_ir_shape_inference_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the pipeline call onnx_ir's own ShapeInferencePass before it corrects the
+    declared shapes: on ``shape_warning`` that pass fails and logs the failure with
+    exc_info and an unfilled ``%s`` (mixprec's own inference pass reports failures in its
+    result instead, so a plain conversion no longer triggers the library's warning)."""
+    import onnx_ir.passes.common as common
+
+    import mixprec._shapes
+
+    real = mixprec._shapes.ReconcileDeclaredShapesPass.call
+
+    def call(self, model):
+        common.ShapeInferencePass()(model)
+        return real(self, model)
+
+    monkeypatch.setattr(mixprec._shapes.ReconcileDeclaredShapesPass, "call", call)
+
+
+def test_wrong_declared_shape_converts_with_a_quiet_terminal(models: Paths, tmp_path: Path):
+    out = tmp_path / "o.onnx"
+    res = cli(["convert", models.shape_warning, "-o", out], "subproc")
+    assert res.rc == 0, res.err
+    assert res.err == ""
+    assert "declaration corrected (in the input model)" in res.out, res.out
+    assert out.is_file()
+
+
+def test_library_warning_with_traceback_is_one_line(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """onnx_ir logs its shape inference failure with exc_info and an unfilled ``%s``."""
+    _onnx_ir_shape_inference_first(monkeypatch)
+    out = tmp_path / "o.onnx"
+    res = cli(["convert", models.shape_warning, "-o", out], monkeypatch=monkeypatch)
+    assert res.rc == 0, res.err
+    assert "Traceback" not in res.err and "File " not in res.err
+    assert _lines(res.err), "the warning is expected on stderr"
+    assert all(line.startswith("mixprec:") for line in _lines(res.err)), res.err
+    warning = next(line for line in _lines(res.err) if "Shape inference failed" in line)
+    assert warning.startswith("mixprec: warning: onnx_ir: "), warning
+    assert "%s" not in warning and "InferenceError" in warning, warning
+    assert out.is_file()
+
+
+def test_quiet_hides_library_warnings_log_dir_keeps_them(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _onnx_ir_shape_inference_first(monkeypatch)
+    logs = tmp_path / "logs"
+    args = ["convert", models.shape_warning, "-o", tmp_path / "o.onnx", "-q", "--log-dir", logs]
+    res = cli(args, monkeypatch=monkeypatch)
+    assert res.rc == 0, res.err
+    assert res.err == ""
+    log = (logs / "mixprec.log").read_text()
+    assert "Shape inference failed" in log and "Traceback" in log, log
+    assert not (logs / "error.txt").exists()
+
+
+def test_debug_shows_library_tracebacks(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _onnx_ir_shape_inference_first(monkeypatch)
+    args = ["convert", models.shape_warning, "-o", tmp_path / "o.onnx", "--debug"]
+    res = cli(args, monkeypatch=monkeypatch)
+    assert res.rc == 0, res.err
+    assert "Traceback" in res.err and "InferenceError" in res.err
+
+
+def test_library_records_and_warnings_are_one_line(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Library records with a multi-line message and exc_info or stack_info, and a
+    ``warnings.warn``, in the middle of a conversion: one line each, no traceback.
+
+    (Arguments that do not fit the format are tested on the formatter in test_errors.py:
+    pytest's own log capture handler raises on them.)"""
+    import logging
+    import warnings
+
+    import mixprec._convert
+
+    real = mixprec._convert.convert
+
+    def noisy(*args, **kwargs):
+        try:
+            raise ValueError("boom\nsecond line")
+        except ValueError:
+            logging.getLogger("onnx_ir.fake").warning("bad %s\nline 2", "one", exc_info=True)
+        logging.getLogger("onnxruntime").error("stack here", stack_info=True)
+        warnings.warn("a library warning\nwith two lines", UserWarning, stacklevel=1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mixprec._convert, "convert", noisy)
+    res = cli(["convert", models.small, "-o", tmp_path / "o.onnx"], monkeypatch=monkeypatch)
+    assert res.rc == 0, res.err
+    lines = _lines(res.err)
+    assert len(lines) == 3, res.err
+    assert all(line.startswith("mixprec: ") for line in lines), res.err
+    assert lines[0] == "mixprec: warning: onnx_ir: bad one (ValueError: boom)", lines[0]
+    assert lines[1] == "mixprec: error: onnxruntime: stack here", lines[1]
+    assert "UserWarning: a library warning" in lines[2], lines[2]
+    assert "Traceback" not in res.err and "Stack" not in res.err
+
+    res = cli(["convert", models.small, "-o", tmp_path / "o.onnx", "-q"], monkeypatch=monkeypatch)
+    assert res.rc == 0
+    assert _lines(res.err) == ["mixprec: error: onnxruntime: stack here"], res.err
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    ("model", "expect"),
+    [
+        ("truncated", "not a valid ONNX file"),
+        ("text", "not a valid ONNX file"),
+        ("string", "string"),
+    ],
+)
+def test_quiet_bad_input_one_line_exit_2(
+    models: Paths,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    mode: str,
+    model: str,
+    expect: str,
+) -> None:
+    args = ["convert", getattr(models, model), "-o", tmp_path / "o.onnx", "-q"]
+    res = cli(args, mode, monkeypatch=monkeypatch)
+    assert res.rc == 2, (res.rc, res.err)
+    assert len(res.err.splitlines()) == 1, res.err
+    assert res.err.startswith("mixprec: error: ") and expect in res.err, res.err
+    assert res.out == ""
+    assert _leftovers(tmp_path) == []
+
+
+# --------------------------------------------------------------------------- internal errors
+
+
+def _raise_in_convert(monkeypatch: pytest.MonkeyPatch, exc: Exception) -> None:
+    import mixprec._convert
+
+    def broken(*args, **kwargs):
+        raise exc
+
+    monkeypatch.setattr(mixprec._convert, "convert", broken)
+
+
+@pytest.mark.parametrize(
+    ("exc", "expect"),
+    [
+        (
+            mixprec.InternalError("the converted model fails onnx.checker: x", stage="check"),
+            "mixprec: internal error in stage 'check': the converted model fails onnx.checker: x",
+        ),
+        (
+            TypeError("unsupported operand\nmore detail"),
+            "mixprec: internal error in convert: TypeError: unsupported operand",
+        ),
+    ],
+)
+def test_internal_error_one_line_exit_3(
+    models: Paths,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    exc: Exception,
+    expect: str,
+) -> None:
+    _raise_in_convert(monkeypatch, exc)
+    res = cli(["convert", models.small, "-o", tmp_path / "o.onnx"], monkeypatch=monkeypatch)
+    assert res.rc == 3, res.err
+    assert len(res.err.splitlines()) == 1 and "Traceback" not in res.err, res.err
+    assert res.err.startswith(expect), res.err
+    assert "please report this bug" in res.err and "--debug" in res.err
+    assert _leftovers(tmp_path) == []
+
+
+def test_internal_error_with_log_dir_writes_error_txt(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _raise_in_convert(monkeypatch, ZeroDivisionError("division by zero"))
+    logs = tmp_path / "no" / "such" / "logs"
+    args = ["convert", models.small, "-o", tmp_path / "o.onnx", "--log-dir", logs]
+    res = cli(args, monkeypatch=monkeypatch)
+    assert res.rc == 3, res.err
+    assert len(res.err.splitlines()) == 1, res.err
+    assert res.err.rstrip().endswith(f"please report this bug; details in {logs / 'error.txt'}")
+    text = (logs / "error.txt").read_text()
+    assert f"command: mixprec convert {models.small}" in text
+    assert "Traceback (most recent call last)" in text and "ZeroDivisionError" in text
+    assert (logs / "mixprec.log").is_file()
+
+
+def test_user_error_with_log_dir_writes_error_txt(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    logs = tmp_path / "logs"
+    args = ["convert", models.truncated, "-o", tmp_path / "o.onnx", "--log-dir", logs]
+    res = cli(args, env={"MIXPREC_LOG_PATH": str(tmp_path / "unused")}, monkeypatch=monkeypatch)
+    assert res.rc == 2 and len(res.err.splitlines()) == 1, res.err
+    assert "not a valid ONNX file" in (logs / "error.txt").read_text()
+    assert not (tmp_path / "unused").exists(), "--log-dir wins over MIXPREC_LOG_PATH"
+
+
+def test_error_txt_follows_env_log_path(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _raise_in_convert(monkeypatch, RuntimeError("bug"))
+    logs = tmp_path / "env-logs"
+    args = ["convert", models.small, "-o", tmp_path / "o.onnx"]
+    res = cli(args, env={"MIXPREC_LOG_PATH": str(logs)}, monkeypatch=monkeypatch)
+    assert res.rc == 3, res.err
+    assert f"details in {logs / 'error.txt'}" in res.err
+    assert "RuntimeError: bug" in (logs / "error.txt").read_text()
+
+
+def test_error_txt_cannot_be_written_still_one_line(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _raise_in_convert(monkeypatch, RuntimeError("bug"))
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where the log folder should be")
+    args = ["convert", models.small, "-o", tmp_path / "o.onnx", "--log-dir", blocker / "logs"]
+    res = cli(args, monkeypatch=monkeypatch)
+    assert res.rc == 3, res.err
+    assert len(res.err.splitlines()) == 1 and "error.txt" not in res.err, res.err
+
+
+@pytest.mark.parametrize("position", ["global", "command"])
+def test_debug_prints_the_traceback(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, position: str
+) -> None:
+    _raise_in_convert(monkeypatch, KeyError("missing"))
+    args = ["convert", models.small, "-o", tmp_path / "o.onnx"]
+    args = ["--debug", *args] if position == "global" else [*args, "--debug"]
+    res = cli(args, monkeypatch=monkeypatch)
+    assert res.rc == 3
+    assert "Traceback (most recent call last)" in res.err and "in broken" in res.err
+    assert _lines(res.err)[-1].startswith("mixprec: internal error in convert: KeyError")
+
+
+# --------------------------------------------------------------------------- --validate
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_convert_validate_failure_writes_nothing(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    out = tmp_path / "o.onnx"
+    args = ["convert", models.large_outputs, "-o", out, "--validate", "--rtol", "1e-12"]
+    res = cli(args, mode, monkeypatch=monkeypatch)
+    assert res.rc == 1, res.out + res.err
+    assert "Traceback" not in res.err
+    assert "FAILED" in res.out and "wrote" not in res.out
+    last = _lines(res.err)[-1]
+    assert last.startswith("mixprec: validation FAILED (output 'y': rel L2 "), last
+    assert last.endswith(f"> rtol 1e-12): {out} not written"), last
+    assert _leftovers(tmp_path) == [], "no model and no temporary file"
+
+
+def test_convert_validate_failure_keeps_existing_output(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "o.onnx"
+    out.write_bytes(b"an earlier result")
+    before = sha256_of(out)
+    args = ["convert", models.large_outputs, "-o", out, "--validate", "--rtol", "1e-12", "--json"]
+    res = cli(args, monkeypatch=monkeypatch)
+    assert res.rc == 1
+    data = json.loads(res.out)
+    assert data["output"] is None and data["validation"]["passed"] is False
+    assert sha256_of(out) == before
+    assert _leftovers(tmp_path) == ["o.onnx"]
+
+
+def test_convert_validate_keep_failed(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "o.onnx"
+    args = ["convert", models.large_outputs, "-o", out, "--validate", "--rtol", "1e-12"]
+    res = cli([*args, "--keep-failed"], monkeypatch=monkeypatch)
+    assert res.rc == 1
+    assert _lines(res.err)[-1].endswith(
+        f"{out} not written; the failed model is in {tmp_path / 'o.failed.onnx'}"
+    )
+    assert _leftovers(tmp_path) == ["o.failed.onnx"]
+    _converted(tmp_path / "o.failed.onnx")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_convert_validate_success_writes_and_says_so(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    out = tmp_path / "o.onnx"
+    res = cli(["convert", models.small, "-o", out, "--validate"], mode, monkeypatch=monkeypatch)
+    assert res.rc == 0, res.err
+    assert "PASSED" in res.out
+    assert _lines(res.out)[-1] == f"wrote {out} (validated: passed)"
+    assert _leftovers(tmp_path) == ["o.onnx"]
+    _converted(out)

@@ -10,7 +10,7 @@ Example:
 from __future__ import annotations
 
 from mixprec._convert import ConversionResult, convert, inspect
-from mixprec._errors import MixprecError
+from mixprec._errors import InternalError, MixprecError
 from mixprec._policy import (
     DEFAULT_LISTS,
     RULES,
@@ -27,6 +27,7 @@ __all__ = [
     "DEFAULT_LISTS",
     "RULES",
     "ConversionResult",
+    "InternalError",
     "MixprecError",
     "NodeReport",
     "OpClass",

@@ -1,24 +1,45 @@
 """Command line: ``mixprec convert | inspect | validate | lists``.
 
-Every user error ends in one line on stderr and exit status 2; a failed validation
-exits 1.
+Exit statuses:
+
+* 0: success.
+* 1: ``validate`` or ``convert --validate`` found the converted model out of tolerance
+  (``convert`` then does not write it).
+* 2: a user error (bad input file, option, environment variable, model mixprec cannot
+  handle): one line ``mixprec: error: ...`` on stderr.
+* 3: an internal error, a bug in mixprec: one line ``mixprec: internal error ...`` that asks
+  for a bug report and, with ``--log-dir DIR``, points to ``DIR/error.txt``.
+* 130: interrupted (Ctrl-C).
+
+The CLI owns the terminal: every log record and ``warnings.warn`` call, mixprec's or a
+library's (onnx_ir, onnx, onnxruntime), becomes one line ``mixprec: warning: ...`` on
+stderr, without traceback. ``-q`` hides other libraries' warnings, ``--debug`` shows
+tracebacks (of log records and of the error that ended the command) and mixprec's debug
+messages. ``--log-dir DIR`` also gets every record in full in ``DIR/mixprec.log`` and, when
+the command fails, the traceback and the command line in ``DIR/error.txt``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import math
+import os
 import sys
 import time
-from collections.abc import Sequence
+import traceback
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from mixprec._errors import MixprecError
+from mixprec._errors import MixprecError, describe
 
-EXIT_ERROR = 2
 EXIT_VALIDATION_FAILED = 1
+EXIT_ERROR = 2
+EXIT_INTERNAL_ERROR = 3
+EXIT_INTERRUPTED = 130
 
 _LISTS = ("allow", "deny", "infer", "clear")
 
@@ -126,7 +147,25 @@ def _add_policy_args(p: argparse.ArgumentParser) -> None:
     )
     _add_input_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress messages")
+    _add_quiet_arg(p)
+
+
+_QUIET_HELP = "no progress messages, no warnings from other libraries (onnx, onnxruntime...)"
+
+
+def _add_quiet_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-q", "--quiet", action="store_true", help=_QUIET_HELP)
+
+
+def _add_debug_arg(p: argparse.ArgumentParser, *, top: bool) -> None:
+    # The subcommands' copy must not overwrite `mixprec --debug CMD` with its default.
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="show tracebacks (of warnings and of the error that ends the command) and "
+        "debug messages",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mixprec",
         description="Convert FP32 ONNX models to FP16/BF16 mixed precision.",
     )
+    _add_debug_arg(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("convert", help="convert a model")
@@ -146,9 +186,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--validate",
         action="store_true",
-        help="compare with the FP32 model in onnxruntime after converting",
+        help="compare with the FP32 model in onnxruntime before writing; a model out of "
+        "tolerance is not written (an existing OUTPUT is left as it was) and the exit "
+        "status is 1",
     )
     c.add_argument("--rtol", type=float, default=None, help="validation tolerance (rel. L2)")
+    c.add_argument(
+        "--keep-failed",
+        action="store_true",
+        help="with --validate: write a model that fails validation to OUTPUT's name with "
+        "'.failed' before the suffix (e.g. out.failed.onnx), for inspection",
+    )
     c.add_argument(
         "--external-data", action="store_true", help="write weights to OUTPUT.data beside the model"
     )
@@ -176,10 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     v.add_argument("--mode", choices=("auto", "ort", "emulated"), default="auto")
     v.add_argument("--json", action="store_true")
+    _add_quiet_arg(v)
 
     lists = sub.add_parser("lists", help="print the default op lists and rules")
     lists.add_argument("--dtype", default="fp16")
     lists.add_argument("--markdown", action="store_true")
+    for command in (c, i, v, lists):
+        _add_debug_arg(command, top=False)
     return parser
 
 
@@ -228,6 +279,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     from mixprec._convert import convert
     from mixprec._io import check_output_path
 
+    if args.keep_failed and not args.validate:
+        raise MixprecError("--keep-failed needs --validate")
     out = Path(args.output)
     check_output_path(out)
     if Path(args.model).exists() and out.exists() and out.resolve() == Path(args.model).resolve():
@@ -241,28 +294,64 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         progress=_progress(args.quiet or args.json),
         **_convert_kwargs(args),
     )
-    result.save(out, external_data=args.external_data)
-    status = 0
+    validation = None
     if args.validate:
         from mixprec._validate import validate
 
+        # The model in memory is what save() writes: check it first, write it only if it passes.
         validation = validate(
             args.model,
-            out,
+            result.model,
             inputs=feeds,
             shapes=dict(args.shape) or result.report.input_shapes,
             rtol=args.rtol,
         )
         result.report.validation = {**validation.to_dict(), "table": validation.format_table()}
-        status = 0 if validation.passed else EXIT_VALIDATION_FAILED
+    passed = validation is None or validation.passed
+    kept = None
+    if passed:
+        result.save(out, external_data=args.external_data)
+    elif args.keep_failed:
+        kept = _failed_path(out)
+        result.save(kept, external_data=args.external_data)
     if args.json:
         data = result.report.to_dict()
-        data["output"] = str(out)
+        data["output"] = str(out) if passed else None
+        if kept is not None:
+            data["failed_output"] = str(kept)
         print(json.dumps(data, indent=2, default=str))
     else:
         print(result.report.format_summary())
-        print(f"wrote {out}")
-    return status
+        if passed:
+            print(f"wrote {out}" + ("" if validation is None else " (validated: passed)"))
+    if validation is None or passed:
+        return 0
+    sys.stdout.flush()  # the verdict is the last line, also where stdout and stderr interleave
+    line = f"mixprec: validation FAILED ({_worst(validation)}): {out} not written"
+    if kept is not None:
+        line += f"; the failed model is in {kept}"
+    print(line, file=sys.stderr, flush=True)
+    return EXIT_VALIDATION_FAILED
+
+
+def _failed_path(out: Path) -> Path:
+    """``out.onnx`` -> ``out.failed.onnx``: where ``--keep-failed`` writes a failed model."""
+    return out.with_name(f"{out.stem}.failed{out.suffix or '.onnx'}")
+
+
+def _worst(validation: Any) -> str:
+    """Why validation failed, by its worst output: ``output 'y': rel L2 0.12 > rtol 0.01``."""
+    failed = [o for o in validation.outputs if not o.passed]
+    if not failed:
+        return "no output compared"
+    worst = max(failed, key=lambda o: o.rel_l2_error)
+    reasons = []
+    if math.isfinite(worst.rel_l2_error) and worst.rel_l2_error > validation.rtol:
+        reasons.append(f"rel L2 {worst.rel_l2_error:.3g} > rtol {validation.rtol:.3g}")
+    if worst.note:
+        reasons.append(worst.note)
+    more = f"; {len(failed)} of {len(validation.outputs)} outputs failed" if len(failed) > 1 else ""
+    return f"output {worst.name!r}: {'; '.join(reasons) or 'out of tolerance'}{more}"
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
@@ -325,28 +414,177 @@ def _cmd_lists(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- terminal
+
+
+def _exception_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0].strip() if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _record_message(record: logging.LogRecord) -> str:
+    """The record's message on one line, whatever its arguments.
+
+    A format whose arguments do not match (``logger.warning("failed: %s")`` with no
+    arguments, or too many) is shown as written instead of raising; a placeholder left
+    unfilled while the record carries an exception gets that exception's first line.
+    """
+    try:
+        message = record.getMessage()
+    except Exception:
+        message = f"{record.msg} {record.args!r}"
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    message = lines[0] if lines else ""
+    exc = record.exc_info[1] if record.exc_info else None
+    if exc is not None:
+        summary = _exception_line(exc)
+        if not record.args and "%s" in message:
+            message = message.replace("%s", summary, 1)
+        elif summary not in message:
+            message = f"{message} ({summary})"
+    return message
+
+
+class OneLineFormatter(logging.Formatter):
+    """``mixprec: LEVEL: [library: ]message``, one line, no traceback or stack, never raises.
+
+    The record is not changed, so other handlers (the ``--log-dir`` file) still get its
+    traceback.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        source = record.name.split(".")[0]
+        prefix = "" if source in ("mixprec", "py", "root") else f"{source}: "
+        return f"mixprec: {record.levelname.lower()}: {prefix}{_record_message(record)}"
+
+
+class _FullFormatter(logging.Formatter):
+    """Like :class:`OneLineFormatter`'s prefix, then the whole message and any traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        try:
+            return super().format(record)
+        except Exception:
+            return f"{record.levelname}:{record.name}: {_record_message(record)}"
+
+
+def _is_mixprec(record: logging.LogRecord) -> bool:
+    return record.name == "mixprec" or record.name.startswith("mixprec.")
+
+
+@contextlib.contextmanager
+def _terminal_logging(*, quiet: bool, debug: bool, log_dir: str | None) -> Iterator[None]:
+    """Route every log record and Python warning to one stderr line each (and the log file).
+
+    Restores the logging configuration on exit, so that ``main`` can run in-process.
+    """
+    root = logging.getLogger()
+    ours = logging.getLogger("mixprec")
+    saved = (root.level, ours.level)
+    added: list[logging.Handler] = []
+
+    terminal = logging.StreamHandler(sys.stderr)
+    if debug:
+        terminal.setFormatter(_FullFormatter("mixprec: %(levelname)s: %(name)s: %(message)s"))
+        terminal.setLevel(logging.DEBUG)
+    else:
+        terminal.setFormatter(OneLineFormatter())
+        terminal.setLevel(logging.WARNING)
+    if quiet:
+        terminal.addFilter(lambda r: r.levelno >= logging.ERROR or _is_mixprec(r))
+    added.append(terminal)
+    if log_dir is not None:
+        try:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            from mixprec._logdir import LOG_FILE
+
+            file = logging.FileHandler(Path(log_dir) / LOG_FILE, mode="w", encoding="utf-8")
+        except OSError:
+            pass  # the command reports the folder as unusable in its own words
+        else:
+            file.setFormatter(_FullFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            file.setLevel(logging.DEBUG)
+            added.append(file)
+    root.setLevel(logging.INFO if len(added) > 1 else logging.WARNING)
+    if debug or len(added) > 1:
+        ours.setLevel(logging.DEBUG)
+    for handler in added:
+        root.addHandler(handler)
+    logging.captureWarnings(True)
+    try:
+        yield
+    finally:
+        logging.captureWarnings(False)
+        for handler in added:
+            root.removeHandler(handler)
+            handler.close()
+        root.setLevel(saved[0])
+        ours.setLevel(saved[1])
+
+
+def _log_dir(args: argparse.Namespace) -> str | None:
+    """The log folder of a command that has one (``--log-dir`` or ``MIXPREC_LOG_PATH``)."""
+    if not hasattr(args, "log_dir"):
+        return None
+    if args.log_dir is not None:
+        return str(args.log_dir)
+    from mixprec._config import resolve_log_dir
+
+    try:
+        found = resolve_log_dir(None)
+    except Exception:  # the command reports a bad environment itself
+        return None
+    return None if found is None else os.fspath(found)
+
+
+def _fail(exc: Exception, args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Report ``exc`` on one stderr line (a traceback first with ``--debug``)."""
+    log_dir = _log_dir(args)
+    error_file = None
+    if log_dir is not None:
+        from mixprec._logdir import write_error_file
+
+        error_file = write_error_file(log_dir, argv, exc)
+    if args.debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    if isinstance(exc, MixprecError):
+        print(f"mixprec: error: {describe(exc)}", file=sys.stderr, flush=True)
+        return EXIT_ERROR
+    text = describe(exc)
+    where = f" {text}" if getattr(exc, "stage", None) else f" in {args.command}: {text}"
+    hint = " -- please report this bug"
+    if error_file is not None:
+        hint += f"; details in {error_file}"
+    elif not args.debug:
+        hint += " (rerun with --debug for the traceback)"
+    print(f"mixprec: internal error{where}{hint}", file=sys.stderr, flush=True)
+    return EXIT_INTERNAL_ERROR
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``mixprec`` console script."""
+    """Entry point of the ``mixprec`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="mixprec: %(levelname)s: %(message)s")
     handlers = {
         "convert": _cmd_convert,
         "inspect": _cmd_inspect,
         "validate": _cmd_validate,
         "lists": _cmd_lists,
     }
-    try:
-        return handlers[args.command](args)
-    except MixprecError as exc:
-        print(f"mixprec: error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("mixprec: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # e.g. `mixprec lists | head`
-        sys.stderr.close()
-        return 0
-    except MemoryError:
-        print("mixprec: error: out of memory", file=sys.stderr)
-        return EXIT_ERROR
+    quiet = bool(getattr(args, "quiet", False))
+    with _terminal_logging(quiet=quiet, debug=args.debug, log_dir=_log_dir(args)):
+        try:
+            return handlers[args.command](args)
+        except KeyboardInterrupt:
+            print("mixprec: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        except BrokenPipeError:  # e.g. `mixprec lists | head`
+            sys.stderr.close()
+            return 0
+        except MemoryError:
+            print("mixprec: error: out of memory", file=sys.stderr)
+            return EXIT_ERROR
+        except Exception as exc:  # MixprecError: exit 2; anything else is a bug: exit 3
+            return _fail(exc, args, argv)

@@ -1,9 +1,16 @@
-"""The ``--log-dir`` folder: graphs before/after and the paint buckets."""
+"""The ``--log-dir`` folder: graphs before/after, the paint buckets, and on failure the
+error with its traceback (``error.txt``) beside the CLI's full log (``mixprec.log``)."""
 
 from __future__ import annotations
 
 import json
+import os
+import platform
+import shlex
+import sys
+import traceback
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import onnx
@@ -14,7 +21,12 @@ from mixprec._errors import MixprecError
 from mixprec._protos import iter_proto_tensors
 from mixprec._report import Report
 
-__all__ = ["write_log_dir"]
+__all__ = ["ERROR_FILE", "LOG_FILE", "write_error_file", "write_log_dir"]
+
+#: Written by the CLI into ``--log-dir`` when a command fails.
+ERROR_FILE = "error.txt"
+#: Every log record of a CLI run, tracebacks included (the terminal gets one line each).
+LOG_FILE = "mixprec.log"
 
 
 def _text(proto: onnx.ModelProto) -> str:
@@ -64,3 +76,32 @@ def write_log_dir(folder: Path, before: onnx.ModelProto, after: ir.Model, report
     ]
     (folder / "paint_buckets.txt").write_text("\n".join(lines) + "\n")
     (folder / "report.json").write_text(report.to_json())
+
+
+def write_error_file(
+    folder: str | os.PathLike[str], argv: Sequence[str], exc: BaseException
+) -> Path | None:
+    """Write ``folder/error.txt``: the command line, versions and ``exc``'s full traceback.
+
+    Creates ``folder`` if needed. This runs on the failure path, so it never raises: on
+    any problem it returns ``None`` instead of the file's path.
+    """
+    try:
+        from mixprec import __version__
+
+        path = Path(folder) / ERROR_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [
+            f"command: {shlex.join(['mixprec', *argv])}",
+            f"cwd: {os.getcwd()}",
+            f"mixprec {__version__}, onnx {onnx.__version__}, onnx_ir {ir.__version__}, "
+            f"python {platform.python_version()} ({sys.platform})",
+            f"error: {type(exc).__name__}: {exc}",
+            f"stage: {getattr(exc, 'stage', None) or '-'}",
+            "",
+            "".join(traceback.format_exception(exc)),
+        ]
+        path.write_text("\n".join(lines))
+        return path
+    except Exception:  # the failure path must not fail: the caller still reports exc
+        return None
