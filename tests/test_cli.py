@@ -211,7 +211,6 @@ BAD: dict[str, Bad] = {
     "output-is-input": Bad(lambda p, out: ["convert", p.small, "-o", p.small], "overwrite"),
     "opset-too-new": Bad(_convert(lambda p: p.new_opset), "opset 99"),
     "string-input": Bad(_convert(lambda p: p.string), "string"),
-    "validate-symbolic-dims": Bad(lambda p, out: ["validate", p.sym, p.sym_fp16], "--shape x="),
 }
 
 

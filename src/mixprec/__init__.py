@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 from mixprec._convert import ConversionResult, convert, inspect
+from mixprec._emulate import EmulateLowPrecisionPass, EmulateLowPrecisionResult
 from mixprec._errors import MixprecError
 from mixprec._policy import (
     DEFAULT_LISTS,
@@ -22,17 +23,21 @@ from mixprec._policy import (
 )
 from mixprec._report import NodeReport, Report
 from mixprec._validate import validate
+from mixprec._validation import ValidationReport
 
 __all__ = [
     "DEFAULT_LISTS",
     "RULES",
     "ConversionResult",
+    "EmulateLowPrecisionPass",
+    "EmulateLowPrecisionResult",
     "MixprecError",
     "NodeReport",
     "OpClass",
     "OpRule",
     "Policy",
     "Report",
+    "ValidationReport",
     "convert",
     "default_policy",
     "inspect",

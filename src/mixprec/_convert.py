@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -22,6 +22,8 @@ import onnx_ir.passes.common as common
 from mixprec._config import ListChanges, resolve_log_dir, resolve_policy
 from mixprec._constants import const_tensor
 from mixprec._errors import MixprecError
+from mixprec._feeds import DEFAULT_SYMBOLIC_DIM as DEFAULT_SYMBOLIC_DIM
+from mixprec._feeds import make_inputs, resolve_input_shapes
 from mixprec._fold import FoldBatchNormPass, FoldBatchNormResult, FoldCastsPass, FoldCastsResult
 from mixprec._graphs import all_graphs, iter_nodes, opset_of
 from mixprec._io import check_opset, load_model, save_model
@@ -39,9 +41,6 @@ from mixprec._rewrite import (
 __all__ = ["ConversionResult", "convert", "inspect"]
 
 ModelLike = str | os.PathLike[str] | onnx.ModelProto | ir.Model
-
-#: Symbolic dims without a user shape: the first dim (batch) gets 1, others this value.
-DEFAULT_SYMBOLIC_DIM = 64
 
 
 @dataclass
@@ -176,47 +175,8 @@ def _notes_about_input(model: ir.Model) -> list[str]:
 def _input_shapes(
     proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None
 ) -> tuple[dict[str, list[int]], list[str]]:
-    """Concrete shapes of the graph inputs: declared dims, the user's shapes, else the
-    documented defaults (1 for a symbolic first dim, :data:`DEFAULT_SYMBOLIC_DIM` others).
-    """
-    shapes = dict(shapes or {})
-    init_names = {t.name for t in proto.graph.initializer}
-    known = {i.name for i in proto.graph.input}
-    for name in shapes:
-        if name not in known:
-            raise MixprecError(
-                f"--shape names {name!r}, which is not a model input "
-                f"(inputs: {', '.join(sorted(known - init_names))})"
-            )
-    out: dict[str, list[int]] = {}
-    notes: list[str] = []
-    for graph_input in proto.graph.input:
-        if graph_input.name in init_names or not graph_input.type.HasField("tensor_type"):
-            continue
-        dims = graph_input.type.tensor_type.shape.dim
-        if graph_input.name in shapes:
-            given = [int(d) for d in shapes[graph_input.name]]
-            if graph_input.type.tensor_type.HasField("shape") and len(given) != len(dims):
-                raise MixprecError(
-                    f"--shape {graph_input.name}: rank {len(given)} but the model declares "
-                    f"rank {len(dims)}"
-                )
-            out[graph_input.name] = given
-            continue
-        concrete = []
-        for k, d in enumerate(dims):
-            if d.HasField("dim_value") and d.dim_value > 0:
-                concrete.append(int(d.dim_value))
-            else:
-                value = 1 if k == 0 else DEFAULT_SYMBOLIC_DIM
-                label = d.dim_param or "?"
-                notes.append(
-                    f"input {graph_input.name!r} dim {k} ({label}) is symbolic: used {value} "
-                    "(give --shape to choose)"
-                )
-                concrete.append(value)
-        out[graph_input.name] = concrete
-    return out, notes
+    """Concrete input shapes: the one rule of :func:`mixprec._feeds.resolve_input_shapes`."""
+    return resolve_input_shapes(proto, shapes)
 
 
 #: The first ai.onnx opset whose Conv, ConvTranspose, pooling and most activations admit
@@ -298,28 +258,33 @@ def _prepare(model: ir.Model, fold_batchnorm: bool, report: Report) -> ir.Model:
 
 def _calibrate(
     proto: onnx.ModelProto,
-    calibration_data: Mapping[str, np.ndarray] | None,
+    calibration_data: Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]] | None,
     shapes: Mapping[str, Sequence[int]] | None,
     report: Report,
     shapes_out: dict[str, list[int]],
     external: Mapping[str, np.ndarray],
 ) -> dict[str, float]:
-
-    from mixprec import _runtime  # onnxruntime is imported only when calibrating
+    # onnxruntime is imported only when calibrating
+    from mixprec._calibrate import calibrate
 
     concrete, notes = _input_shapes(proto, shapes)
     report.input_shapes = concrete
     if calibration_data is not None:
-        feeds = {k: np.asarray(v) for k, v in calibration_data.items()}
-        report.input_shapes = {k: list(v.shape) for k, v in feeds.items()}
-        report.notes.append(f"calibrated on the given inputs ({', '.join(sorted(feeds))})")
+        result = calibrate(proto, calibration_data, shapes_out=shapes_out, external=external)
+        given = sorted({vi.name for vi in proto.graph.input} & set(result.shapes))
+        report.input_shapes = {k: list(result.shapes[k]) for k in given}
+        report.notes.append(
+            f"calibrated on {result.samples} sample(s) of the given inputs ({', '.join(given)})"
+        )
     else:
-        feeds, more = _runtime.make_inputs(proto, shapes=concrete, seed=0)
+        feeds, more = make_inputs(proto, shapes=concrete, seed=0)
         report.notes.extend(notes + more)
-        report.notes.append("calibrated on generated inputs (images-like floats in [0,1))")
-    for name, array in feeds.items():
-        shapes_out[name] = list(np.shape(array))
-    return _runtime.collect_absmax(proto, feeds, shapes_out=shapes_out, external=external)
+        result = calibrate(proto, feeds, shapes_out=shapes_out, external=external)
+        report.notes.append(
+            f"calibrated on {result.samples} sample(s) of generated inputs "
+            "(images-like floats in [0,1))"
+        )
+    return result.absmax()
 
 
 def convert(
@@ -339,7 +304,7 @@ def convert(
     force_all: bool | None = None,
     output_fp32_ops: Sequence[str] = (),
     calibrate: bool = True,
-    calibration_data: Mapping[str, np.ndarray] | None = None,
+    calibration_data: Mapping[str, np.ndarray] | Iterable[Mapping[str, np.ndarray]] | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     range_threshold: float | None = None,
     fold_batchnorm: bool = True,
@@ -364,7 +329,9 @@ def convert(
         output_fp32_ops: op types that compute in low precision but hand float32 on.
         calibrate: run the FP32 model once in ONNX Runtime and keep nodes whose
             activations exceed ``range_threshold`` in FP32.
-        calibration_data: inputs for that run (else generated from the signature).
+        calibration_data: inputs for that run: one feed dict, or a list or any iterable
+            (generator) of them, streamed one sample at a time (else generated from the
+            signature).
         shapes: concrete shapes for symbolic input dims, by input name.
         range_threshold: |x| limit for activations (default: a quarter of the target's max).
         fold_batchnorm: fold BatchNormalization into the preceding Conv/Gemm first.
