@@ -158,3 +158,95 @@ def test_emulated_loop_body_with_low_carried_value() -> None:
     assert not _low_tensor_types(emulated), _low_tensor_types(emulated)
     feeds = {"x": np.array([0.3, 1.7, -2.9], np.float32)}
     _assert_bits_equal(run_model(emulated, feeds)["y"], run_model(converted, feeds)["y"])
+
+
+# --------------------------------------------------------------------------- the pass on onnx_ir
+
+_MIXED = """
+<ir_version: 10, opset_import: ["" : 21]>
+g (float[4] x) => (float[4] y) <float[4] w = {0.5, -1.25, 2.0, 3.1}> {
+    xh = Cast <to = LOW> (x)
+    m = Mul (xh, w)
+    r = Relu (m)
+    y = Cast <to = 1> (r)
+}
+"""
+
+
+def _mixed(low: np.dtype, to: int):
+    """Cast x to ``low`` -> Mul by a ``low`` initializer -> Relu -> Cast back to float."""
+    import onnx_ir as ir
+
+    model = ir.from_onnx_text(_MIXED.replace("LOW", str(to)))
+    w = model.graph.initializers["w"]
+    w.const_value = ir.tensor(w.const_value.numpy().astype(low), name="w")
+    w.dtype = w.const_value.dtype
+    return model
+
+
+def test_pass_op_sequence_and_modified_flag() -> None:
+    import onnx_ir as ir
+
+    import mixprec
+
+    model = _mixed(np.dtype(np.float16), F16)
+    result = mixprec.EmulateLowPrecisionPass()(model)
+    assert result.modified is True
+    assert isinstance(result, mixprec.EmulateLowPrecisionResult)
+    ops = [
+        (n.op_type, n.attributes["to"].as_int() if "to" in n.attributes else None)
+        for n in model.graph
+    ]
+    assert ops == [
+        ("Cast", 1),  # was Cast(to=float16)
+        ("Cast", 10),
+        ("Cast", 1),
+        ("Mul", None),
+        ("Cast", 10),
+        ("Cast", 1),
+        ("Relu", None),
+        ("Cast", 10),
+        ("Cast", 1),
+        ("Cast", 1),
+    ], ops
+    assert result.round_trips == 3 and result.upcast_tensors == 2, result
+    assert model.graph.initializers["w"].const_value.dtype == ir.DataType.FLOAT
+    # consumers read the rounded value, which kept the original name
+    mul = model.graph.node(3)
+    assert mul.inputs[0] is model.graph.node(2).outputs[0]
+    assert mul.inputs[0].name == "xh"
+
+
+def test_pass_on_fp32_model_is_not_modified() -> None:
+    import onnx_ir as ir
+
+    import mixprec
+
+    model = ir.from_onnx_text(
+        """
+        <ir_version: 10, opset_import: ["" : 21]>
+        g (float[2] x) => (float[2] y) { y = Relu (x) }
+        """
+    )
+    result = mixprec.EmulateLowPrecisionPass()(model)
+    assert result.modified is False and result.round_trips == 0
+    assert [n.op_type for n in model.graph] == ["Relu"]
+
+
+def test_pass_matches_ml_dtypes_rounding_in_ort() -> None:
+    """ORT outputs of the emulated model equal numpy rounding through ml_dtypes, bit for bit."""
+    import onnx_ir as ir
+
+    from helpers import run_ort
+
+    model = _mixed(np.dtype(ml_dtypes.bfloat16), BF16)
+    w = model.graph.initializers["w"].const_value.numpy().astype(np.float32)
+    emulated = emulate_low_precision(model)
+    x = np.array([0.3, 1.7, -2.9, 1.0e3], np.float32)
+    out = run_ort(ir.to_proto(emulated), {"x": x})["y"]
+
+    def bf16(a: np.ndarray) -> np.ndarray:
+        return a.astype(ml_dtypes.bfloat16).astype(np.float32)
+
+    want = bf16(np.maximum(bf16(bf16(x) * w), 0))
+    _assert_bits_equal(out, want)
