@@ -141,3 +141,131 @@ def test_collect_absmax_in_graph_matches_fetching(monkeypatch: pytest.MonkeyPatc
         assert fast[name] == pytest.approx(slow[name]), (name, fast[name], slow[name])
     for name, dims in shapes_slow.items():
         assert shapes_fast.get(name) == dims, (name, shapes_fast.get(name), dims)
+
+
+# --------------------------------------------------------------------------- observers, streams
+
+_SMALL = """
+<ir_version: 10, opset_import: ["" : 21]>
+g (float[N,3] x) => (float[N,2] y) <float[3,2] w = {0.5, -1.0, 2.0, 0.25, -3.0, 1.5}> {
+    m = MatMul (x, w)
+    y = Tanh (m)
+}
+"""
+
+
+def _batches(n: int, seed: int = 0, rows: int = 4) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": (rng.standard_normal((rows, 3)) * (k + 1)).astype(np.float32)} for k in range(n)]
+
+
+def _fp32_tensors(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """x, m and y over the concatenated batches, from an ONNX Runtime run of the FP32 model."""
+    from helpers import make_model, run_ort
+
+    model = make_model(_SMALL)
+    model.graph.output.append(helper.make_tensor_value_info("m", F32, None))
+    x = np.concatenate([b["x"] for b in batches])
+    return {"x": x, **run_ort(model, {"x": x})}
+
+
+@pytest.mark.parametrize("observer", ["absmax", "minmax"])
+def test_minmax_and_absmax_over_batches_equal_numpy_over_the_concatenation(observer: str) -> None:
+    from helpers import make_model
+    from mixprec._calibrate import calibrate
+
+    batches = _batches(3)
+    result = calibrate(make_model(_SMALL), batches, observer=observer)
+    assert result.samples == 3 and result.observer == observer
+    tensors = _fp32_tensors(batches)
+    for name, values in tensors.items():
+        stats = result.stats[name]
+        np.testing.assert_allclose(stats.absmax, np.abs(values).max(), rtol=1e-6, err_msg=name)
+        if observer == "minmax":
+            np.testing.assert_allclose(stats.min, values.min(), rtol=1e-6, err_msg=name)
+            np.testing.assert_allclose(stats.max, values.max(), rtol=1e-6, err_msg=name)
+        else:
+            assert stats.min is None and stats.max is None, stats
+    assert result.absmax() == {name: s.absmax for name, s in result.stats.items()}
+    assert result.shapes["m"] == [4, 2], result.shapes
+    # weights: per output channel (MatMul: last axis), no ORT run needed
+    w = result.stats["w"]
+    assert w.channel_axis == 1, w
+    np.testing.assert_array_equal(w.channel_min, [-3.0, -1.0])
+    np.testing.assert_array_equal(w.channel_max, [2.0, 1.5])
+
+
+def test_histogram_over_many_batches_keeps_fixed_bins_and_counts_everything() -> None:
+    from helpers import make_model
+    from mixprec._calibrate import calibrate
+
+    batches = _batches(20, seed=3)
+    result = calibrate(make_model(_SMALL), iter(batches), observer="histogram", bins=64)
+    tensors = _fp32_tensors(batches)
+    for name, values in tensors.items():
+        stats = result.stats[name]
+        assert stats.histogram is not None and stats.histogram.shape == (64,), name
+        assert int(stats.histogram.sum()) == values.size, (name, stats.histogram.sum())
+        assert stats.hist_upper >= np.abs(values).max(), (name, stats.hist_upper)
+        np.testing.assert_allclose(stats.absmax, np.abs(values).max(), rtol=1e-6, err_msg=name)
+        # the histogram agrees with numpy's over the same range, up to bin-edge rounding
+        want, _ = np.histogram(np.abs(values), bins=64, range=(0.0, stats.hist_upper))
+        assert np.abs(stats.histogram - want).sum() <= 0.01 * values.size + 2, name
+
+
+def test_histogram_observer_memory_is_fixed_and_ranges_grow_by_merging_bins() -> None:
+    from mixprec._observers import HistogramObserver
+
+    obs = HistogramObserver(bins=8)
+    obs.update(np.array([0.5, 1.0], np.float32))
+    assert obs.upper == 1.0 and obs.counts.tolist() == [0, 0, 0, 0, 1, 0, 0, 1]
+    obs.update(np.array([-3.5, np.nan, np.inf], np.float32))  # grows to 4.0: bins pair up
+    assert obs.upper == 4.0 and obs.counts.shape == (8,), obs.counts
+    assert obs.counts.tolist() == [0, 2, 0, 0, 0, 0, 0, 1], obs.counts  # bin width 0.5
+    assert obs.stats().absmax == np.inf and obs.min == -3.5, obs.stats()
+    other = HistogramObserver(bins=8)
+    other.update(np.full(5, 0.1, np.float32))
+    obs.merge(other)
+    assert int(obs.counts.sum()) == 8 and obs.counts[0] == 5, obs.counts
+
+
+def test_a_generator_of_50_feeds_is_consumed_lazily() -> None:
+    from helpers import make_model
+    from mixprec._calibrate import calibrate
+
+    pulled: list[int] = []
+
+    def stream():
+        for k, batch in enumerate(_batches(50, seed=5, rows=1)):
+            pulled.append(k)
+            yield batch
+
+    gen = stream()
+    result = calibrate(make_model(_SMALL), gen)
+    assert result.samples == 50 and pulled == list(range(50)), (result.samples, pulled)
+    want = max(float(np.abs(b["x"]).max()) for b in _batches(50, seed=5, rows=1))
+    assert result.stats["x"].absmax == pytest.approx(want)
+
+    # the generator is pulled one item at a time, interleaved with the runs
+    from mixprec._feeds import calibration_feeds
+
+    pulled.clear()
+    samples = calibration_feeds(stream())
+    assert samples is not None and pulled == []
+    next(samples)
+    assert pulled == [0]
+
+
+def test_calibrate_rejects_bad_data() -> None:
+    from helpers import make_model
+    from mixprec._calibrate import calibrate
+
+    model = make_model(_SMALL)
+    with pytest.raises(MixprecError, match=r"holds no sample"):
+        calibrate(model, [])
+    with pytest.raises(MixprecError, match=r"calibration sample 1 is a int"):
+        calibrate(model, [_batches(1)[0], 3])
+    with pytest.raises(MixprecError, match=r"no input data for model input 'x'"):
+        calibrate(model, [{"y": np.ones((1, 3), np.float32)}])
+    with pytest.raises(MixprecError, match=r"unknown observer 'p99'"):
+        calibrate(model, _batches(1), observer="p99")
