@@ -148,3 +148,40 @@ def test_load_inputs_npz(tmp_path: Path) -> None:
     np.savez(path, x=np.ones((2, 3), np.float32), ids=np.ones(4, np.float32))
     with pytest.raises(MixprecError, match=r"input 'ids' expects int64 but"):
         load_inputs_npz(path, model)
+
+
+# --------------------------------------------------------------------------- calibration files
+
+
+def test_iter_calibration_npz_leading_axis_and_folder(tmp_path: Path) -> None:
+    from mixprec._feeds import iter_calibration_npz
+
+    model = _input_model([_vi("x", F32, ["N", 3]), _vi("ids", TensorProto.INT64, ["N"])])
+    stacked = tmp_path / "calib.npz"
+    np.savez(stacked, x=np.arange(12, dtype=np.float64).reshape(2, 2, 3), ids=np.ones((2, 2)))
+    with pytest.raises(MixprecError, match=r"input 'ids' expects int64 but"):
+        list(iter_calibration_npz(stacked, model))
+    np.savez(stacked, x=np.arange(12, dtype=np.float64).reshape(2, 2, 3), ids=np.ones((2, 2), int))
+    samples = list(iter_calibration_npz(stacked, model))
+    assert len(samples) == 2 and samples[1]["x"].shape == (2, 3), samples
+    assert samples[1]["x"].dtype == np.float32 and samples[1]["x"][0, 0] == 6.0
+
+    np.savez(stacked, x=np.zeros((3, 2, 3)), ids=np.ones((2, 2), int))
+    with pytest.raises(MixprecError, match=r"inconsistent sample counts \(x: 3, ids: 2\)"):
+        iter_calibration_npz(stacked, model)
+    np.savez(stacked, x=np.zeros((2, 3)), ids=np.ones((2, 2), int))
+    with pytest.raises(MixprecError, match=r"plus a leading sample axis"):
+        iter_calibration_npz(stacked, model)
+
+    folder = tmp_path / "samples"
+    folder.mkdir()
+    with pytest.raises(MixprecError, match=r"holds no .npz file"):
+        iter_calibration_npz(folder, model)
+    for k, rows in enumerate([1, 5]):  # variable shapes across files
+        np.savez(folder / f"{k}.npz", x=np.full((rows, 3), k, np.float32), ids=np.ones(rows, int))
+    stream = iter_calibration_npz(folder, model)
+    first = next(stream)
+    assert first["x"].shape == (1, 3)
+    assert next(stream)["x"].shape == (5, 3)
+    with pytest.raises(MixprecError, match=r"does not exist"):
+        iter_calibration_npz(tmp_path / "missing.npz", model)

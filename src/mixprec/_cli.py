@@ -41,11 +41,12 @@ def _ops(text: str) -> list[str]:
 
 
 def _add_input_args(p: argparse.ArgumentParser, calibration: bool = True) -> None:
-    p.add_argument(
+    data = p.add_mutually_exclusive_group()
+    data.add_argument(
         "--inputs", metavar="FILE.npz", help="inputs for calibration/validation (one sample)"
     )
     if calibration:
-        p.add_argument(
+        data.add_argument(
             "--calibration-data",
             metavar="PATH",
             help="calibration samples: an .npz whose arrays have a leading sample axis, or "
@@ -236,8 +237,6 @@ def _calibration_data(args: argparse.Namespace, feeds: Any):
     path = getattr(args, "calibration_data", None)
     if path is None:
         return feeds
-    if args.inputs is not None:
-        raise MixprecError("give --inputs or --calibration-data, not both")
     from mixprec._feeds import iter_calibration_npz
     from mixprec._io import load_model
 
