@@ -342,6 +342,7 @@ def calibrate(
         >>> result = calibrate(proto, (load(f) for f in files), observer="minmax")  # doctest: +SKIP
         >>> result.samples, result.stats["conv_out"].max                            # doctest: +SKIP
     """
+    # (Over 80 lines only because of the docstring; the steps are the helpers above.)
     if chunk_size < 1:
         raise MixprecError(f"chunk size must be a positive integer, got {chunk_size}")
     make_observer(observer, bins)  # checks the kind and the bins
