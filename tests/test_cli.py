@@ -244,7 +244,14 @@ BAD: dict[str, Bad] = {
     "opset-too-new": Bad(_convert(lambda p: p.new_opset), "opset 99"),
     "string-input": Bad(_convert(lambda p: p.string), "string"),
     "keep-failed-alone": Bad(_convert(lambda p: p.small, "--keep-failed"), "needs --validate"),
-    "validate-symbolic-dims": Bad(lambda p, out: ["validate", p.sym, p.sym_fp16], "--shape x="),
+    "calibration-data-missing": Bad(
+        _convert(lambda p: p.small, "--calibration-data", "nope.npz"), "does not exist"
+    ),
+    "calibration-data-and-inputs": Bad(
+        _convert(lambda p: p.small, "--calibration-data", "a.npz", "--inputs", "b.npz"),
+        "not allowed with argument",
+        argparse=True,
+    ),
 }
 
 
@@ -824,3 +831,52 @@ def test_convert_validate_success_writes_and_says_so(
     assert _lines(res.out)[-1] == f"wrote {out} (validated: passed)"
     assert _leftovers(tmp_path) == ["o.onnx"]
     _converted(out)
+def test_convert_with_calibration_data_npz_and_folder(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--calibration-data: an .npz with a leading sample axis, or a folder of samples."""
+    rng = np.random.default_rng(7)
+    stacked = tmp_path / "calib.npz"
+    np.savez(stacked, x=rng.random((3, 2, 3, 8, 8)).astype(np.float32))
+    folder = tmp_path / "samples"
+    folder.mkdir()
+    for k, batch in enumerate([1, 4]):  # shapes may differ between files
+        np.savez(folder / f"s{k}.npz", x=rng.random((batch, 3, 8, 8)).astype(np.float32))
+    for source, count, shape in ((stacked, 3, [2, 3, 8, 8]), (folder, 2, [1, 3, 8, 8])):
+        out = tmp_path / f"{source.stem}_fp16.onnx"
+        res = cli(
+            ["convert", models.sym, "-o", out, "--calibration-data", source, "--json"],
+            monkeypatch=monkeypatch,
+        )
+        assert res.rc == 0, res.err
+        report = json.loads(res.out)
+        assert any(f"calibrated on {count} sample(s)" in n for n in report["notes"]), report
+        assert report["input_shapes"] == {"x": shape}, report["input_shapes"]
+        x = rng.random(shape).astype(np.float32)
+        assert_close(run_ort(models.sym, {"x": x})["y"], run_ort(out, {"x": x})["y"], "fp16")
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, x=rng.random((3, 8, 8)).astype(np.float32))  # no sample axis
+    res = cli(
+        ["convert", models.sym, "-o", tmp_path / "o.onnx", "--calibration-data", bad],
+        monkeypatch=monkeypatch,
+    )
+    assert res.rc == 2 and "leading sample axis" in res.err, res.err
+    assert len(res.err.strip().splitlines()) == 1, res.err
+
+
+def test_validate_and_convert_use_the_same_shapes_for_symbolic_dims(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One rule for symbolic dims: no --shape, both succeed, both state the same shapes."""
+    out = tmp_path / "sym_fp16.onnx"
+    converted = cli(["convert", models.sym, "-o", out, "--json"], monkeypatch=monkeypatch)
+    assert converted.rc == 0, converted.err
+    convert_shapes = json.loads(converted.out)["input_shapes"]
+    validated = cli(["validate", models.sym, out, "--json"], monkeypatch=monkeypatch)
+    assert validated.rc == 0, validated.err
+    report = json.loads(validated.out)
+    assert report["passed"] is True, report
+    assert report["input_shapes"] == convert_shapes == {"x": [1, 3, 8, 8]}, report
+    assert any("dim 0 (N) is symbolic: used 1" in n for n in report["notes"]), report
+    table = cli(["validate", models.sym, out], monkeypatch=monkeypatch)
+    assert "inputs: x [1, 3, 8, 8]" in table.out, table.out

@@ -10,6 +10,7 @@ Example:
 from __future__ import annotations
 
 from mixprec._convert import ConversionResult, convert, inspect
+from mixprec._emulate import EmulateLowPrecisionPass, EmulateLowPrecisionResult
 from mixprec._errors import InternalError, MixprecError
 from mixprec._policy import (
     DEFAULT_LISTS,
@@ -22,11 +23,14 @@ from mixprec._policy import (
 )
 from mixprec._report import NodeReport, Report
 from mixprec._validate import validate
+from mixprec._validation import ValidationReport
 
 __all__ = [
     "DEFAULT_LISTS",
     "RULES",
     "ConversionResult",
+    "EmulateLowPrecisionPass",
+    "EmulateLowPrecisionResult",
     "InternalError",
     "MixprecError",
     "NodeReport",
@@ -34,6 +38,7 @@ __all__ = [
     "OpRule",
     "Policy",
     "Report",
+    "ValidationReport",
     "convert",
     "default_policy",
     "inspect",

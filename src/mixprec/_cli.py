@@ -61,8 +61,18 @@ def _ops(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def _add_input_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--inputs", metavar="FILE.npz", help="inputs for calibration/validation")
+def _add_input_args(p: argparse.ArgumentParser, calibration: bool = True) -> None:
+    data = p.add_mutually_exclusive_group()
+    data.add_argument(
+        "--inputs", metavar="FILE.npz", help="inputs for calibration/validation (one sample)"
+    )
+    if calibration:
+        data.add_argument(
+            "--calibration-data",
+            metavar="PATH",
+            help="calibration samples: an .npz whose arrays have a leading sample axis, or "
+            "a folder of .npz files (one sample each), read one sample at a time",
+        )
     p.add_argument(
         "--shape",
         action="append",
@@ -209,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="compare a converted model with the original")
     v.add_argument("original")
     v.add_argument("converted")
-    _add_input_args(v)
+    _add_input_args(v, calibration=False)
     v.add_argument(
         "--rtol",
         type=float,
@@ -267,12 +277,21 @@ def _progress(quiet: bool):
 def _load_feeds(path: str | None, model_path: str):
     if path is None:
         return None
-    import onnx_ir as ir
-
-    from mixprec import _runtime
+    from mixprec._feeds import load_inputs_npz
     from mixprec._io import load_model
 
-    return _runtime.load_inputs_npz(path, ir.to_proto(load_model(model_path)))
+    return load_inputs_npz(path, load_model(model_path))
+
+
+def _calibration_data(args: argparse.Namespace, feeds: Any):
+    """``--calibration-data`` as a lazy stream of samples, else the ``--inputs`` sample."""
+    path = getattr(args, "calibration_data", None)
+    if path is None:
+        return feeds
+    from mixprec._feeds import iter_calibration_npz
+    from mixprec._io import load_model
+
+    return iter_calibration_npz(path, load_model(args.model))
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
@@ -289,7 +308,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     result = convert(
         args.model,
         args.dtype,
-        calibration_data=feeds,
+        calibration_data=_calibration_data(args, feeds),
         log_dir=args.log_dir,
         progress=_progress(args.quiet or args.json),
         **_convert_kwargs(args),
@@ -361,7 +380,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     report = inspect(
         args.model,
         args.dtype,
-        calibration_data=feeds,
+        calibration_data=_calibration_data(args, feeds),
         progress=_progress(args.quiet or args.json),
         **_convert_kwargs(args),
     )

@@ -11,11 +11,8 @@ import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-import onnx
 import onnx_ir as ir
 
-from mixprec._errors import MixprecError
 from mixprec._graphs import iter_nodes
 from mixprec._protos import weightless_proto
 from mixprec._report import concrete_shapes, count_macs
@@ -36,9 +33,6 @@ SHAPES = "mixprec.shapes"
 #: ``node.meta`` key: the node's multiply-accumulates.
 MACS = "mixprec.macs"
 
-#: Symbolic dims without a user shape: the first dim (batch) gets 1, others this value.
-DEFAULT_SYMBOLIC_DIM = 64
-
 
 @dataclasses.dataclass
 class Calibration:
@@ -50,6 +44,8 @@ class Calibration:
         input_shapes: the concrete shapes of the graph inputs used.
         samples: how many samples (feed dicts) were run; 0 without a run.
         notes: what the report should say about inputs and shapes.
+        observer: what was recorded per tensor ("absmax", "minmax" or "histogram").
+        stats: the observers' statistics by value name (min/max, histograms).
     """
 
     absmax: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -57,52 +53,8 @@ class Calibration:
     input_shapes: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     samples: int = 0
     notes: list[str] = dataclasses.field(default_factory=list)
-
-
-def input_shapes(
-    proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None
-) -> tuple[dict[str, list[int]], list[str]]:
-    """Concrete shapes of the graph inputs: declared dims, the user's shapes, else the
-    documented defaults (1 for a symbolic first dim, :data:`DEFAULT_SYMBOLIC_DIM` others).
-    """
-    shapes = dict(shapes or {})
-    init_names = {t.name for t in proto.graph.initializer}
-    known = {i.name for i in proto.graph.input}
-    for name in shapes:
-        if name not in known:
-            raise MixprecError(
-                f"--shape names {name!r}, which is not a model input "
-                f"(inputs: {', '.join(sorted(known - init_names))})"
-            )
-    out: dict[str, list[int]] = {}
-    notes: list[str] = []
-    for graph_input in proto.graph.input:
-        if graph_input.name in init_names or not graph_input.type.HasField("tensor_type"):
-            continue
-        dims = graph_input.type.tensor_type.shape.dim
-        if graph_input.name in shapes:
-            given = [int(d) for d in shapes[graph_input.name]]
-            if graph_input.type.tensor_type.HasField("shape") and len(given) != len(dims):
-                raise MixprecError(
-                    f"--shape {graph_input.name}: rank {len(given)} but the model declares "
-                    f"rank {len(dims)}"
-                )
-            out[graph_input.name] = given
-            continue
-        concrete = []
-        for k, d in enumerate(dims):
-            if d.HasField("dim_value") and d.dim_value > 0:
-                concrete.append(int(d.dim_value))
-            else:
-                value = 1 if k == 0 else DEFAULT_SYMBOLIC_DIM
-                label = d.dim_param or "?"
-                notes.append(
-                    f"input {graph_input.name!r} dim {k} ({label}) is symbolic: used {value} "
-                    "(give --shape to choose)"
-                )
-                concrete.append(value)
-        out[graph_input.name] = concrete
-    return out, notes
+    observer: str = "absmax"
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class CalibratePass(ir.passes.InPlacePass):
@@ -110,8 +62,9 @@ class CalibratePass(ir.passes.InPlacePass):
 
     Args:
         shapes: concrete shapes for symbolic input dims, by input name.
-        data: the inputs to run: one feed dict, or an iterable of them; None generates
-            one seeded sample from the signature.
+        data: the inputs to run: one feed dict, or an iterable of them (streamed);
+            None generates one seeded sample from the signature.
+        observer: "absmax", "minmax" or "histogram" (see ``mixprec._observers``).
         run: False records only the input shapes (``--no-calibrate``).
     """
 
@@ -120,41 +73,54 @@ class CalibratePass(ir.passes.InPlacePass):
         shapes: Mapping[str, Sequence[int]] | None = None,
         data: Mapping[str, Any] | Iterable[Mapping[str, Any]] | None = None,
         *,
+        observer: str = "absmax",
         run: bool = True,
     ) -> None:
         super().__init__()
         self.shapes = shapes
         self.data = data
+        self.observer = observer
         self.run = run
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
+        from mixprec._feeds import resolve_input_shapes
+
         # Weights stay in ``model``: the run reads placeholders, ORT gets arrays in memory.
         proto, external = weightless_proto(model, with_arrays=self.run)
-        concrete, notes = input_shapes(proto, self.shapes)
-        result = Calibration(input_shapes=concrete)
+        concrete, notes = resolve_input_shapes(proto, self.shapes)
+        result = Calibration(input_shapes=concrete, observer=self.observer)
         if not self.run:
             result.notes.extend(notes)
             model.meta[CALIBRATION] = result
             return ir.passes.PassResult(model, modified=False)
 
-        from mixprec import _runtime  # onnxruntime is imported only when calibrating
+        # onnxruntime is imported only when calibrating
+        from mixprec._calibrate import calibrate
+        from mixprec._feeds import make_inputs
 
-        if self.data is not None:
-            if not isinstance(self.data, Mapping):
-                raise MixprecError("calibration_data must be a dict of input arrays")
-            feeds = {k: np.asarray(v) for k, v in self.data.items()}
-            result.input_shapes = {k: list(v.shape) for k, v in feeds.items()}
-            result.notes.append(f"calibrated on the given inputs ({', '.join(sorted(feeds))})")
-        else:
-            feeds, more = _runtime.make_inputs(proto, shapes=concrete, seed=0)
+        data = self.data
+        if data is None:
+            feeds, more = make_inputs(proto, shapes=concrete, seed=0)
             result.notes.extend(notes + more)
-            result.notes.append("calibrated on generated inputs (images-like floats in [0,1))")
-        for name, array in feeds.items():
-            result.shapes[name] = list(np.shape(array))
-        result.absmax = _runtime.collect_absmax(
-            proto, feeds, shapes_out=result.shapes, external=external
+            data = feeds
+            source = "generated inputs (images-like floats in [0,1))"
+        else:
+            source = "the given inputs"
+        run = calibrate(
+            proto,
+            data,
+            observer=self.observer,
+            shapes_out=result.shapes,
+            external=external,
         )
-        result.samples = 1
+        given = [vi.name for vi in proto.graph.input if vi.name in run.shapes]
+        if self.data is not None:
+            result.input_shapes = {k: list(run.shapes[k]) for k in given}
+            source += f" ({', '.join(given)})"
+        result.notes.append(f"calibrated on {run.samples} sample(s) of {source}")
+        result.absmax = run.absmax()
+        result.stats = run.stats
+        result.samples = run.samples
         model.meta[CALIBRATION] = result
         return ir.passes.PassResult(model, modified=False)
 

@@ -119,7 +119,10 @@ class Pipeline:
             return Stage(name, *passes)
         if name == "calibrate":
             data = self.calibration_data if config.calibrate else None
-            return Stage(name, CalibratePass(config.shapes, data, run=config.calibrate))
+            calibrate = CalibratePass(
+                config.shapes, data, observer=config.observer, run=config.calibrate
+            )
+            return Stage(name, calibrate)
         if name == "annotate":
             passes = []
             if config.upgrade_opset and ops_needing_upgrade(model, config.policy):

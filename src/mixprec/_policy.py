@@ -287,9 +287,10 @@ SHAPE_ONLY_OPS: frozenset[str] = frozenset(
     op for (domain, op), info in registered() if domain == "" and info.shape_only
 )
 
-KNOWN_OPS: frozenset[str] = frozenset(
-    op for lists in DEFAULT_LISTS.values() for ops in lists.values() for op in ops
-) | SHAPE_ONLY_OPS
+KNOWN_OPS: frozenset[str] = (
+    frozenset(op for lists in DEFAULT_LISTS.values() for ops in lists.values() for op in ops)
+    | SHAPE_ONLY_OPS
+)
 
 
 # --- Rules ------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -11,6 +12,9 @@ import onnx_ir as ir
 
 from mixprec._errors import MixprecError
 from mixprec._io import load_model
+
+if TYPE_CHECKING:
+    from mixprec._validation import ValidationReport
 
 __all__ = ["validate"]
 
@@ -37,15 +41,16 @@ def validate(
     atol: float = 1e-3,
     mode: str = "auto",
     seed: int = 0,
-):
+) -> ValidationReport:
     """Run both models on the same inputs and compare every output.
 
     Args:
         original: the FP32 model.
         converted: the mixed-precision model.
-        inputs: feeds by input name; generated from the signature when omitted (symbolic
-            dims then need ``shapes``).
-        shapes: concrete shapes for symbolic input dims.
+        inputs: feeds by input name; generated from the signature when omitted.
+        shapes: concrete shapes for symbolic input dims (else the rule of
+            :func:`mixprec._feeds.resolve_input_shapes`: 1 for a symbolic first dim, 64
+            for others, as ``convert`` does).
         rtol: max relative L2 error per output (default: 1e-2 fp16, 8e-2 bf16).
         atol: max abs error accepted instead where the reference is near zero.
         mode: "ort" runs the converted model as is, "emulated" runs an FP32 model that
@@ -60,14 +65,17 @@ def validate(
         >>> report.passed                                            # doctest: +SKIP
         True
     """
-    from mixprec import _runtime
+    from mixprec._feeds import make_inputs  # onnxruntime is imported only when validating
+    from mixprec._validation import validate_models
 
     if mode not in ("auto", "ort", "emulated"):
         raise MixprecError(f"unknown validation mode {mode!r}: use auto, ort or emulated")
     ref_model = _proto(original)
     new_model = _proto(converted)
     if inputs is None:
-        feeds, _notes = _runtime.make_inputs(ref_model, shapes=shapes, seed=seed)
+        feeds, notes = make_inputs(ref_model, shapes=shapes, seed=seed)
     else:
-        feeds = dict(inputs)
-    return _runtime.validate_models(ref_model, new_model, feeds, rtol=rtol, atol=atol, mode=mode)
+        feeds, notes = dict(inputs), ["validated on the given inputs"]
+    return validate_models(
+        ref_model, new_model, feeds, rtol=rtol, atol=atol, mode=mode, notes=notes
+    )

@@ -1,0 +1,66 @@
+"""Tests of mixprec._metrics: output comparison."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mixprec._metrics import OutputComparison, compare_outputs
+
+
+def test_compare_outputs_thresholds_and_top1() -> None:
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((8, 10)).astype(np.float32)
+    noise = rng.standard_normal(ref.shape)
+    noise *= 0.005 * np.linalg.norm(ref) / np.linalg.norm(noise)  # rel L2 error 0.005
+    out = (ref + noise).astype(np.float32)
+
+    (loose,) = compare_outputs({"logits": ref}, {"logits": out}, rtol=1e-2, atol=0.0)
+    (tight,) = compare_outputs({"logits": ref}, {"logits": out}, rtol=1e-3, atol=0.0)
+    assert loose.rel_l2_error == pytest.approx(0.005, rel=1e-3), loose
+    assert loose.passed and not tight.passed, (loose, tight)
+    assert loose.max_abs_error == pytest.approx(float(np.abs(out - ref).max()), rel=1e-6)
+    assert loose.ref_abs_max == pytest.approx(float(np.abs(ref).max()))
+
+    swapped = ref.copy()
+    row = swapped[0]
+    i, j = int(np.argmax(row)), int(np.argmin(row))
+    row[i], row[j] = row[j], row[i]
+    (cmp,) = compare_outputs({"logits": ref}, {"logits": swapped}, rtol=1e-2)
+    assert cmp.top1_agreement == pytest.approx(7 / 8), cmp
+    assert not cmp.passed, cmp  # a large error; top-1 itself never decides
+    (spatial,) = compare_outputs({"f": np.ones((1, 2, 3, 4))}, {"f": np.ones((1, 2, 3, 4))}, rtol=0)
+    assert spatial.top1_agreement is None and spatial.passed, spatial
+
+
+def test_compare_outputs_edge_cases() -> None:
+    near_zero = np.full(4, 1e-6, np.float32)
+    (cmp,) = compare_outputs({"y": near_zero}, {"y": near_zero * 3}, rtol=1e-2, atol=1e-3)
+    assert cmp.passed and cmp.rel_l2_error == pytest.approx(2.0), cmp  # atol branch
+
+    bad = np.array([1.0, np.inf], np.float32)
+    (cmp,) = compare_outputs({"y": np.ones(2, np.float32)}, {"y": bad}, rtol=1.0, atol=1.0)
+    assert not cmp.passed and "non-finite" in cmp.note, cmp
+
+    (cmp,) = compare_outputs({"y": np.ones(3)}, {"y": np.ones(4)}, rtol=1.0)
+    assert not cmp.passed and "shape" in cmp.note, cmp
+
+    ids = np.array([1, 2, 3], np.int64)
+    same, diff = compare_outputs(
+        {"a": ids, "b": ids}, {"a": ids.copy(), "b": ids + 1}, rtol=1.0, atol=1.0
+    )
+    assert same.passed and same.rel_l2_error == 0.0, same
+    assert not diff.passed and diff.rel_l2_error == 1.0, diff
+
+    (missing,) = compare_outputs({"y": ids}, {}, rtol=1.0)
+    assert not missing.passed and "missing" in missing.note
+    assert missing.to_dict()["max_abs_error"] == "inf"
+    assert set(OutputComparison("n", 0, 0, 0, None, True).to_dict()) == {
+        "name",
+        "max_abs_error",
+        "rel_l2_error",
+        "ref_abs_max",
+        "top1_agreement",
+        "passed",
+        "note",
+    }
