@@ -42,8 +42,8 @@ from mixprec._observers import (
     is_float_array,
     make_observer,
 )
-from mixprec._ort import PROTO_LIMIT
 from mixprec._probes import ProbeSession, VariantRunner
+from mixprec._protos import weightless_proto
 
 __all__ = ["CalibrationResult", "calibrate", "collect_absmax"]
 
@@ -193,7 +193,7 @@ class _SampleRunner:
 
     def __init__(
         self,
-        model: onnx.ModelProto,
+        model: ir.Model,
         candidates: list[tuple[str, ir.DataType]],
         *,
         chunk_size: int,
@@ -205,8 +205,8 @@ class _SampleRunner:
         self._candidates = candidates
         self._chunk_size = chunk_size
         self._threads = threads
-        self._external = external
-        self._use_probes = use_probes and bool(candidates) and model.ByteSize() <= PROTO_LIMIT
+        self._external = dict(external)
+        self._use_probes = use_probes and bool(candidates)
         self._probe: ProbeSession | None = None
         self._runner: VariantRunner | None = None
 
@@ -246,7 +246,10 @@ class _SampleRunner:
         observed: _Observed,
     ) -> None:
         if self._runner is None:
-            self._runner = VariantRunner(self._model, self._threads, self._external)
+            # The fallback runs protos: large weights as in-memory placeholders.
+            proto, arrays = weightless_proto(self._model)
+            self._external.update(arrays)
+            self._runner = VariantRunner(proto, self._threads, self._external)
         runner = self._runner
         wanted = {name for name, _ in pending}
         originals = runner.original_outputs
@@ -296,7 +299,7 @@ def _value_infos(items: Sequence[tuple[str, ir.DataType]]) -> list[onnx.ValueInf
 
 
 def calibrate(
-    model: onnx.ModelProto,
+    model: onnx.ModelProto | ir.Model,
     data: Feeds | Iterable[Feeds],
     *,
     observer: str = "absmax",
@@ -319,7 +322,7 @@ def calibrate(
     warning: calibration fails only when the model itself cannot run.
 
     Args:
-        model: The FP32 model (not modified).
+        model: The FP32 model, a proto or an ``onnx_ir`` model (left as it was).
         data: One feed dict, a list of them, or any iterable (generator) of them.
         observer: ``"absmax"``, ``"minmax"`` (both via in-graph reductions) or
             ``"histogram"`` (tensors fetched, ``bins`` counters of ``|x|`` each).
@@ -350,13 +353,14 @@ def calibrate(
     if samples is None:
         raise MixprecError("calibration needs data: a dict of input arrays or an iterable")
     ext = dict(external or {})
-    work = ir.from_proto(model)  # read only: types, constants and the input list
+    # Read for types, constants and inputs; probes are added only while serializing.
+    work = model if isinstance(model, ir.Model) else ir.from_proto(model)
     result = CalibrationResult(observer=observer)
     result.stats.update(static_stats(work, ext, observer, bins))
     candidates = _candidates(work, set(result.stats))
     observed = _Observed(observer, bins, result.shapes)
     runner = _SampleRunner(
-        model,
+        work,
         candidates,
         chunk_size=chunk_size,
         threads=threads,

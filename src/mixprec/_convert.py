@@ -30,7 +30,7 @@ from mixprec._pipeline import Pipeline, Stage
 from mixprec._registry import node_info
 from mixprec._report import NodeReport, Report
 from mixprec._rewrite import ApplyPrecisionResult, RemoveRedundantCastsResult
-from mixprec._shapes import InferShapesResult, ReconcileDeclaredShapesResult
+from mixprec._shapes import InferShapesResult
 
 __all__ = ["ConversionResult", "convert", "inspect"]
 
@@ -213,11 +213,11 @@ def _report_result(report: Report, stage: str, result: ir.passes.PassResult) -> 
             f"folded {result.folded} Cast(s) of constants and removed {result.identities} "
             "Cast(s) to their input's own dtype"
         )
-    elif isinstance(result, InferShapesResult) and result.failure:
-        report.notes.append(f"shape inference failed ({result.failure}); declared types used")
-    elif isinstance(result, ReconcileDeclaredShapesResult):
-        when = "in the input model" if stage == "prepare" else f"after {stage}"
+    elif isinstance(result, InferShapesResult):
+        when = "in the input model" if stage == "prepare" else "after the opset upgrade"
         report.notes.extend(f"shape {fix.describe()} ({when})" for fix in result.fixes)
+        if result.failure:
+            report.notes.append(f"shape inference failed ({result.failure}); declared types used")
     elif isinstance(result, UpgradeOpsetResult) and result.note:
         report.notes.append(result.note)
     elif isinstance(result, ApplyPrecisionResult):

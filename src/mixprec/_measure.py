@@ -85,9 +85,7 @@ class CalibratePass(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         from mixprec._feeds import resolve_input_shapes
 
-        # Weights stay in ``model``: the run reads placeholders, ORT gets arrays in memory.
-        proto, external = weightless_proto(model, with_arrays=self.run)
-        concrete, notes = resolve_input_shapes(proto, self.shapes)
+        concrete, notes = resolve_input_shapes(model, self.shapes)
         result = Calibration(input_shapes=concrete, observer=self.observer)
         if not self.run:
             result.notes.extend(notes)
@@ -100,20 +98,15 @@ class CalibratePass(ir.passes.InPlacePass):
 
         data = self.data
         if data is None:
-            feeds, more = make_inputs(proto, shapes=concrete, seed=0)
+            feeds, more = make_inputs(model, shapes=concrete, seed=0)
             result.notes.extend(notes + more)
             data = feeds
             source = "generated inputs (images-like floats in [0,1))"
         else:
             source = "the given inputs"
-        run = calibrate(
-            proto,
-            data,
-            observer=self.observer,
-            shapes_out=result.shapes,
-            external=external,
-        )
-        given = [vi.name for vi in proto.graph.input if vi.name in run.shapes]
+        # The model itself is read (weights are handed to ORT in memory), not copied.
+        run = calibrate(model, data, observer=self.observer, shapes_out=result.shapes)
+        given = [v.name for v in model.graph.inputs if v.name in run.shapes]
         if self.data is not None:
             result.input_shapes = {k: list(run.shapes[k]) for k in given}
             source += f" ({', '.join(given)})"

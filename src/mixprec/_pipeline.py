@@ -28,7 +28,7 @@ from mixprec._measure import CalibratePass, CountMacsPass
 from mixprec._opset import UpgradeOpsetPass, ops_needing_upgrade
 from mixprec._paint import PaintPass
 from mixprec._rewrite import ApplyPrecisionPass, RemoveRedundantCastsPass
-from mixprec._shapes import InferShapesPass, ReconcileDeclaredShapesPass
+from mixprec._shapes import InferShapesPass
 
 __all__ = ["STAGES", "Pipeline", "Stage"]
 
@@ -48,12 +48,16 @@ class Stage(ir.passes.Sequential):
         super().__init__(*passes)
         self.name = name
         self.results: list[ir.passes.PassResult] = []
+        self.seconds: dict[str, float] = {}  # by pass class name, summed
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         self.results = []
+        self.seconds = {}
         modified = False
         for pass_ in self.passes:
-            where = f"{self.name}/{type(pass_).__name__}"
+            kind = type(pass_).__name__
+            where = f"{self.name}/{kind}"
+            start = time.perf_counter()
             try:
                 result = pass_(model)
             except (MixprecError, InternalError) as exc:
@@ -63,6 +67,7 @@ class Stage(ir.passes.Sequential):
             except Exception as exc:
                 first = (str(exc).strip().splitlines() or [""])[0][:200]
                 raise InternalError(f"{type(exc).__name__}: {first}", stage=where) from exc
+            self.seconds[kind] = self.seconds.get(kind, 0.0) + time.perf_counter() - start
             self.results.append(result)
             model = result.model
             modified = modified or result.modified
@@ -110,10 +115,12 @@ class Pipeline:
             passes.append(common.NameFixPass())
             if config.fold_batchnorm:
                 passes += [FoldBatchNormPass(), common.RemoveUnusedNodesPass()]
+            # Casts of constants are folded before inference: a Reshape whose shape input
+            # becomes a constant may reveal a declared shape the graph contradicts.
             passes += [
-                ReconcileDeclaredShapesPass(),
-                InferShapesPass(),
                 FoldCastsPass(),
+                InferShapesPass(),
+                FoldCastsPass(),  # identity casts, now that every dtype is known
                 common.RemoveUnusedNodesPass(),
             ]
             return Stage(name, *passes)
@@ -126,11 +133,7 @@ class Pipeline:
         if name == "annotate":
             passes = []
             if config.upgrade_opset and ops_needing_upgrade(model, config.policy):
-                passes += [
-                    UpgradeOpsetPass(config.policy),
-                    ReconcileDeclaredShapesPass(),
-                    InferShapesPass(),
-                ]
+                passes += [UpgradeOpsetPass(config.policy), InferShapesPass()]
             # The painter reads the calibration and the shapes from the model's meta.
             paint = PaintPass(
                 config.policy,
@@ -150,13 +153,7 @@ class Pipeline:
                 common.RemoveUnusedNodesPass(),
             )
         if name == "cleanup":
-            # Shapes hidden until now (a Reshape whose shape input became a constant)
-            # may contradict a declaration: correct them before the check.
-            return Stage(
-                name,
-                DropAddedAnnotationsPass(self.keep_annotations),
-                ReconcileDeclaredShapesPass(),
-            )
+            return Stage(name, DropAddedAnnotationsPass(self.keep_annotations))
         if name == "check":
             return Stage(name, CheckModelPass())
         raise MixprecError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")

@@ -43,37 +43,37 @@ class ProbeSession:
     @classmethod
     def create(
         cls,
-        model: onnx.ModelProto,
+        model: ir.Model,
         candidates: Sequence[tuple[str, ir.DataType]],
         threads: int,
         external: Mapping[str, np.ndarray] | None = None,
     ) -> ProbeSession | None:
-        """The probe session, or None when ONNX Runtime cannot build it."""
-        # Built through onnx_ir, which shares the weight bytes with ``model`` (no copy).
-        work = ir.from_proto(model)
-        by_name = {v.name: v for n in work.graph for v in n.outputs if v.name}
+        """The probe session, or None when ONNX Runtime cannot build it.
+
+        The probes are inserted into ``model`` only while it is serialized (without its
+        large weights, which ORT gets in memory) and removed again: ``model`` is left as
+        it was.
+        """
+        by_name = {v.name: v for n in model.graph for v in n.outputs if v.name}
         probes: list[tuple[str, str, str, str]] = []
-        for k, (name, dtype) in enumerate(candidates):
-            value = by_name.get(name)
-            producer = value.producer() if value is not None else None
-            if value is None or producer is None:
-                continue
-            outs = []
-            nodes = []
-            for op in ("ReduceMin", "ReduceMax"):
-                out = ir.Value(name=f"__mp_{op}_{k}", type=ir.TensorType(dtype), shape=ir.Shape([]))
-                attrs = [ir.AttrInt64("keepdims", 0)]
-                nodes.append(
-                    ir.Node("", op, [value], attributes=attrs, outputs=[out], name=out.name)
-                )
-                outs.append(out)
-            shape = ir.Value(name=f"__mp_shape_{k}", type=ir.TensorType(ir.DataType.INT64))
-            nodes.append(ir.Node("", "Shape", [value], outputs=[shape], name=shape.name))
-            work.graph.insert_after(producer, nodes)
-            work.graph.outputs.extend([*outs, shape])
-            probes.append((name, outs[0].name or "", outs[1].name or "", shape.name or ""))
-        augmented, detached = weightless_proto(work)  # ORT parses no weight bytes
-        del work, by_name
+        added: list[ir.Node] = []
+        outputs_before = len(model.graph.outputs)
+        try:
+            for k, (name, dtype) in enumerate(candidates):
+                value = by_name.get(name)
+                producer = value.producer() if value is not None else None
+                if value is None or producer is None:
+                    continue
+                nodes = _probe_nodes(value, dtype, k)
+                model.graph.insert_after(producer, nodes)
+                added.extend(nodes)
+                model.graph.outputs.extend(n.outputs[0] for n in nodes)
+                probes.append((name, *(n.outputs[0].name or "" for n in nodes)))  # type: ignore[arg-type]
+            augmented, detached = weightless_proto(model)  # ORT parses no weight bytes
+        finally:
+            del model.graph.outputs[outputs_before:]
+            for node in reversed(added):
+                model.graph.remove(node, safe=True)
         detached.update(external or {})
         try:
             session = make_session(
@@ -100,6 +100,18 @@ class ProbeSession:
             )
             for name, lo, hi, shape in self._probes
         }
+
+
+def _probe_nodes(value: ir.Value, dtype: ir.DataType, k: int) -> list[ir.Node]:
+    """``ReduceMin``, ``ReduceMax`` and ``Shape`` of ``value`` (outputs named by ``k``)."""
+    nodes = []
+    for op in ("ReduceMin", "ReduceMax"):
+        out = ir.Value(name=f"__mp_{op}_{k}", type=ir.TensorType(dtype), shape=ir.Shape([]))
+        attrs = [ir.AttrInt64("keepdims", 0)]
+        nodes.append(ir.Node("", op, [value], attributes=attrs, outputs=[out], name=out.name))
+    shape = ir.Value(name=f"__mp_shape_{k}", type=ir.TensorType(ir.DataType.INT64))
+    nodes.append(ir.Node("", "Shape", [value], outputs=[shape], name=shape.name))
+    return nodes
 
 
 class VariantRunner:

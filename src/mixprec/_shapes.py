@@ -143,27 +143,51 @@ class ReconcileDeclaredShapesPass(ir.passes.InPlacePass):
 
 @dataclasses.dataclass
 class InferShapesResult(ir.passes.PassResult):
-    """``failure`` is the first line of the inference error when inference failed."""
+    """``failure``: the first line of the inference error when inference failed;
+    ``fixes``: declarations corrected so that inference could succeed."""
 
     failure: str | None = None
+    fixes: list[ShapeFix] = dataclasses.field(default_factory=list)
+
+
+def _infer(model: ir.Model) -> ir.Model | str:
+    """The model with shapes inferred (strict, data propagation), or the error's line."""
+    proto, _ = weightless_proto(model, with_arrays=False)
+    try:
+        return ir.from_proto(
+            onnx.shape_inference.infer_shapes(proto, strict_mode=True, data_prop=True)
+        )
+    except Exception as exc:
+        return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
 
 
 class InferShapesPass(ir.passes.InPlacePass):
-    """ONNX shape inference (with data propagation) merged into the model's values.
+    """ONNX shape inference (strict, with data propagation) merged into the model's values.
 
-    Unlike ``onnx_ir``'s own pass it runs on a weightless copy (no weight serialization)
-    and reports a failure in its result instead of logging a traceback; the model is
-    then left as it was. ``modified`` is True when a type or shape changed.
+    When strict inference fails and ``reconcile`` is set, the declarations that contradict
+    the graph are corrected (:class:`ReconcileDeclaredShapesPass`) and inference runs
+    again: the common case costs one inference. Unlike ``onnx_ir``'s own pass it runs on a
+    weightless copy (no weight serialization) and reports a failure in its result instead
+    of logging a traceback; the model is then left as it was. ``modified`` is True when a
+    declaration, type or shape changed.
     """
 
+    def __init__(self, *, reconcile: bool = True) -> None:
+        super().__init__()
+        self.reconcile = reconcile
+
     def call(self, model: ir.Model) -> InferShapesResult:
-        proto, _ = weightless_proto(model, with_arrays=False)
-        try:
-            inferred = ir.from_proto(onnx.shape_inference.infer_shapes(proto, data_prop=True))
-        except Exception as exc:
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            return InferShapesResult(model, modified=False, failure=first[:160])
-        modified = False
+        result = InferShapesResult(model, modified=False)
+        inferred = _infer(model)
+        if isinstance(inferred, str) and self.reconcile:
+            fixed = ReconcileDeclaredShapesPass().call(model)
+            if fixed.modified:
+                result.fixes = fixed.fixes
+                result.modified = True
+                inferred = _infer(model)
+        if isinstance(inferred, str):
+            result.failure = inferred
+            return result
         for graph, twin in zip(model.graphs(), inferred.graphs(), strict=False):
             known = ir.convenience.create_value_mapping(twin)
             for name, value in ir.convenience.create_value_mapping(graph).items():
@@ -172,8 +196,8 @@ class InferShapesPass(ir.passes.InPlacePass):
                     continue
                 if other.shape is not None and value.shape != other.shape:
                     value.shape = other.shape
-                    modified = True
+                    result.modified = True
                 if other.dtype is not None and value.dtype != other.dtype:
                     value.dtype = other.dtype
-                    modified = True
-        return InferShapesResult(model, modified=modified)
+                    result.modified = True
+        return result
