@@ -92,7 +92,6 @@ def test_large_model_paths_use_external_data(monkeypatch: pytest.MonkeyPatch) ->
     before = model.SerializeToString()
     monkeypatch.setattr(mixprec._ort, "PROTO_LIMIT", 1000)
     monkeypatch.setattr(mixprec._probes, "PROTO_LIMIT", 1000)
-    monkeypatch.setattr(mixprec._calibrate, "PROTO_LIMIT", 1000)
     x = np.full(4096, 2.0, np.float32)
     out = run_model(model, {"x": x})["y"]
     np.testing.assert_allclose(out, 4 * big, rtol=1e-6)
