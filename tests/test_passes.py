@@ -597,6 +597,7 @@ def test_public_surface_is_pinned():
             "DEFAULT_LISTS",
             "RULES",
             "ConversionResult",
+            "ConvertConfig",
             "EmulateLowPrecisionPass",
             "EmulateLowPrecisionResult",
             "InternalError",

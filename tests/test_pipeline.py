@@ -315,3 +315,25 @@ def test_paint_records_on_the_graph_and_a_rerun_replaces_records():
     assert result.modified is False
     assert exp.meta[DECISION].precision is Precision.LOW
     assert result.decisions[exp] is exp.meta[DECISION]
+
+
+def test_convert_streams_calibration_samples_and_takes_the_max_over_them():
+    """A generator of samples is consumed lazily; |x| max is the max over all samples, so
+    one sample out of range keeps the range-checked Exp in FP32."""
+    pulled = []
+
+    def samples(scales):
+        for k, scale in enumerate(scales):
+            pulled.append(k)
+            yield {"x": np.full((1, 8), scale, np.float32)}
+
+    calm = mixprec.convert(make_model(_TEXT), "fp16", calibration_data=samples([0.1] * 4))
+    assert pulled == [0, 1, 2, 3]
+    assert "calibrated on 4 sample(s) of the given inputs (x)" in calm.report.notes
+    exp = next(n for n in calm.report.nodes if n.op_type == "Exp")
+    assert exp.precision == "low", exp
+    pulled.clear()
+    wild = mixprec.convert(make_model(_TEXT), "fp16", calibration_data=samples([0.1, 0.1, 9.0]))
+    assert pulled == [0, 1, 2]
+    exp = next(n for n in wild.report.nodes if n.op_type == "Exp")
+    assert exp.precision == "fp32" and exp.step == "range", exp

@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+from mixprec._config import ConvertConfig
 from mixprec._convert import ConversionResult, convert, inspect
 from mixprec._emulate import EmulateLowPrecisionPass, EmulateLowPrecisionResult
 from mixprec._errors import InternalError, MixprecError
@@ -29,6 +30,7 @@ __all__ = [
     "DEFAULT_LISTS",
     "RULES",
     "ConversionResult",
+    "ConvertConfig",
     "EmulateLowPrecisionPass",
     "EmulateLowPrecisionResult",
     "InternalError",

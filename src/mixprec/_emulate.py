@@ -24,9 +24,9 @@ from onnx import shape_inference
 from mixprec._errors import MixprecError
 from mixprec._graphs import UniqueNames, all_graphs, iter_nodes
 from mixprec._protos import _light_copy, weightless_proto
+from mixprec._registry import node_info
 
 __all__ = [
-    "SAME_TYPE_OPS",
     "EmulateLowPrecisionPass",
     "EmulateLowPrecisionResult",
     "emulate_low_precision",
@@ -38,24 +38,6 @@ _LOW = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
 _STANDARD_DOMAINS = ("", "ai.onnx")
 # Integer attributes that name an output element type.
 _DTYPE_ATTRS = ("to", "dtype", "output_dtype")
-
-#: Standard ops whose output 0 has the element type of input 0 (Where: of input 1; Split:
-#: all outputs). Used only to fill in types that the model and shape inference leave
-#: unknown. (To move to the op registry, ``_registry.py``.)
-SAME_TYPE_OPS = frozenset(
-    {
-        "Abs", "Add", "AveragePool", "BatchNormalization", "Ceil", "Clip", "Concat", "Conv",
-        "ConvTranspose", "Cos", "CumSum", "Div", "Dropout", "Elu", "Erf", "Exp", "Expand",
-        "Flatten", "Floor", "Gather", "GatherElements", "GatherND", "Gelu", "Gemm",
-        "GlobalAveragePool", "GlobalMaxPool", "HardSigmoid", "HardSwish", "Identity",
-        "InstanceNormalization", "LayerNormalization", "LeakyRelu", "Log", "LogSoftmax",
-        "MatMul", "Max", "MaxPool", "Mean", "Min", "Mish", "Mul", "Neg", "Pad", "Pow",
-        "PRelu", "Reciprocal", "ReduceL2", "ReduceMax", "ReduceMean", "ReduceMin",
-        "ReduceProd", "ReduceSum", "Relu", "Reshape", "Resize", "Round", "Selu", "Sigmoid",
-        "Sign", "Sin", "Slice", "Softmax", "Softplus", "Split", "Sqrt", "Squeeze", "Sub",
-        "Sum", "Tanh", "Tile", "Transpose", "Unsqueeze", "Where",
-    }
-)  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -108,7 +90,7 @@ def _guess_dtype(node: ir.Node, dtypes: dict[ir.Value, ir.DataType]) -> ir.DataT
         return ir.DataType(node.attributes["to"].as_int())
     if node.op_type == "Constant" and "value" in node.attributes:
         return node.attributes["value"].as_tensor().dtype
-    if node.op_type in SAME_TYPE_OPS and node.inputs:
+    if node_info(node).same_type and node.inputs:
         source = node.inputs[1] if node.op_type == "Where" and len(node.inputs) > 1 else None
         source = source or node.inputs[0]
         return dtypes.get(source) if source is not None else None
@@ -119,7 +101,7 @@ def element_types(model: ir.Model) -> dict[ir.Value, ir.DataType]:
     """Element type of every tensor value of ``model`` (subgraphs included) that is known.
 
     Declared types first; then ONNX shape inference (only when a node output is
-    untyped); then Cast/Constant and :data:`SAME_TYPE_OPS` rules, node by node.
+    untyped); then Cast/Constant and the registry's ``same_type`` ops, node by node.
     """
     dtypes: dict[ir.Value, ir.DataType] = {}
     for graph in all_graphs(model.graph):

@@ -125,6 +125,8 @@ class OpInfo:
         shape_only: reads only the shape of its input (never painted, never cast).
         control_flow: holds subgraphs (If/Loop/Scan).
         quantized: already an integer-quantized op (left alone).
+        same_type: output 0 has the element type of input 0 (Where: of input 1; Split: all
+            outputs); fills in types the model and shape inference leave unknown.
         macs: multiply-accumulates per node, from shapes; None: not counted.
     """
 
@@ -134,6 +136,7 @@ class OpInfo:
     shape_only: bool = False
     control_flow: bool = False
     quantized: bool = False
+    same_type: bool = False
     macs: MacFormula | None = None
 
 
@@ -187,6 +190,83 @@ for _op in (
     "DynamicQuantizeLinear",
 ):
     register_op(_op, quantized=True)
+
+for _op in (
+    "Abs",
+    "Add",
+    "AveragePool",
+    "BatchNormalization",
+    "Ceil",
+    "Clip",
+    "Concat",
+    "Conv",
+    "ConvTranspose",
+    "Cos",
+    "CumSum",
+    "Div",
+    "Dropout",
+    "Elu",
+    "Erf",
+    "Exp",
+    "Expand",
+    "Flatten",
+    "Floor",
+    "Gather",
+    "GatherElements",
+    "GatherND",
+    "Gelu",
+    "Gemm",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+    "HardSigmoid",
+    "HardSwish",
+    "Identity",
+    "InstanceNormalization",
+    "LayerNormalization",
+    "LeakyRelu",
+    "Log",
+    "LogSoftmax",
+    "MatMul",
+    "Max",
+    "MaxPool",
+    "Mean",
+    "Min",
+    "Mish",
+    "Mul",
+    "Neg",
+    "Pad",
+    "Pow",
+    "PRelu",
+    "Reciprocal",
+    "ReduceL2",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceSum",
+    "Relu",
+    "Reshape",
+    "Resize",
+    "Round",
+    "Selu",
+    "Sigmoid",
+    "Sign",
+    "Sin",
+    "Slice",
+    "Softmax",
+    "Softplus",
+    "Split",
+    "Sqrt",
+    "Squeeze",
+    "Sub",
+    "Sum",
+    "Tanh",
+    "Tile",
+    "Transpose",
+    "Unsqueeze",
+    "Where",
+):
+    register_op(_op, same_type=True)
 
 
 # --- multiply-accumulates ---------------------------------------------------------------
