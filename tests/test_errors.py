@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import mixprec
-from mixprec._cli import OneLineFormatter
 from mixprec._errors import describe
 from mixprec._logdir import ERROR_FILE, write_error_file
+from mixprec._terminal import OneLineFormatter
 
 
 def test_mixprec_error_is_a_value_error_with_a_stage() -> None:

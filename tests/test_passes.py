@@ -596,6 +596,7 @@ def test_public_surface_is_pinned():
         [
             "DEFAULT_LISTS",
             "RULES",
+            "STAGES",
             "ConversionResult",
             "ConvertConfig",
             "EmulateLowPrecisionPass",
@@ -605,6 +606,7 @@ def test_public_surface_is_pinned():
             "NodeReport",
             "OpClass",
             "OpRule",
+            "Pipeline",
             "Policy",
             "Report",
             "ValidationReport",

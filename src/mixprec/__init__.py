@@ -13,6 +13,7 @@ from mixprec._config import ConvertConfig
 from mixprec._convert import ConversionResult, convert, inspect
 from mixprec._emulate import EmulateLowPrecisionPass, EmulateLowPrecisionResult
 from mixprec._errors import InternalError, MixprecError
+from mixprec._pipeline import STAGES, Pipeline
 from mixprec._policy import (
     DEFAULT_LISTS,
     RULES,
@@ -29,6 +30,7 @@ from mixprec._validation import ValidationReport
 __all__ = [
     "DEFAULT_LISTS",
     "RULES",
+    "STAGES",
     "ConversionResult",
     "ConvertConfig",
     "EmulateLowPrecisionPass",
@@ -38,6 +40,7 @@ __all__ = [
     "NodeReport",
     "OpClass",
     "OpRule",
+    "Pipeline",
     "Policy",
     "Report",
     "ValidationReport",

@@ -107,7 +107,6 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
             return "channel count mismatch"
         per_axis = [1] * weight.ndim
         per_axis[axis] = -1
-        new_w = weight * factor.reshape(per_axis)
         if old_bias is None:
             b = np.zeros(channels)
         elif gemm:
@@ -118,8 +117,12 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
             b = np.broadcast_to(old_bias * beta, (channels,)).astype(np.float64)
         else:
             b = old_bias
-        new_b = b * factor + shift
-        if gemm:
+        self._rewire(bn, producer, weight * factor.reshape(per_axis), b * factor + shift)
+        return None
+
+    def _rewire(self, bn: ir.Node, producer: ir.Node, new_w: np.ndarray, new_b: np.ndarray) -> None:
+        """Give ``producer`` the folded weight and bias and drop ``bn``."""
+        if producer.op_type == "Gemm":
             producer.attributes["beta"] = ir.AttrFloat32("beta", 1.0)
         graph = producer.graph
         assert graph is not None
@@ -130,7 +133,8 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
         if len(producer.inputs) < 3:
             producer.resize_inputs(3)
         producer.replace_input_with(2, b_val)
-        y = bn.outputs[0]
+        x, y = bn.inputs[0], bn.outputs[0]
+        assert x is not None
         if y.is_graph_output():
             # Keep the output's name: hand it to the producer's output.
             name = y.name
@@ -143,7 +147,6 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
         if y.shape is not None:
             x.shape = y.shape
         graph.remove(bn, safe=True)
-        return None
 
 
 def _add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
