@@ -337,3 +337,30 @@ def test_convert_streams_calibration_samples_and_takes_the_max_over_them():
     assert pulled == [0, 1, 2]
     exp = next(n for n in wild.report.nodes if n.op_type == "Exp")
     assert exp.precision == "fp32" and exp.step == "range", exp
+
+
+def test_check_pass_corrects_a_declaration_that_only_the_final_check_sees():
+    from mixprec._cleanup import CheckModelPass
+
+    model = ir.from_proto(_scalar_output_model())
+    result = CheckModelPass()(model)
+    assert result.modified is True
+    assert [f.describe() for f in result.fixes] == [
+        "'y' declared [] but the graph computes [1, 3]: declaration corrected"
+    ]
+    assert CheckModelPass()(model).modified is False
+    broken = ir.from_proto(make_model(_TEXT))
+    broken.graph.outputs[0].dtype = ir.DataType.INT64  # a fault no declaration fix cures
+    with pytest.raises(InternalError, match=r"fails onnx\.checker"):
+        CheckModelPass()(broken)
+
+
+def test_shape_inference_after_the_upgrade_runs_only_for_untyped_values():
+    model = ir.from_proto(make_model(_TEXT))
+    InferShapesPass()(model)
+    assert InferShapesPass(only_untyped=True)(model).modified is False
+    exp = next(n for n in model.graph if n.op_type == "Exp")
+    exp.outputs[0].type = None  # as a node added by a rewrite would be
+    exp.outputs[0].shape = None
+    assert InferShapesPass(only_untyped=True)(model).modified is True
+    assert exp.outputs[0].dtype == ir.DataType.FLOAT

@@ -9,6 +9,7 @@ import onnx_ir as ir
 from mixprec._errors import InternalError
 from mixprec._graphs import all_graphs, iter_nodes
 from mixprec._protos import _light_copy, weightless_proto
+from mixprec._shapes import ReconcileDeclaredShapesPass, ReconcileDeclaredShapesResult
 
 __all__ = ["CheckModelPass", "DropAddedAnnotationsPass", "annotated_values"]
 
@@ -63,14 +64,28 @@ class CheckModelPass(ir.passes.InPlacePass):
 
     Runs on a copy without large weight payloads (they become typed graph inputs): the
     same checks on structure, types and shapes, without serializing the weights. A
-    converted model that fails is mixprec's fault, not the user's.
+    declared shape that only now contradicts the graph (a Reshape whose shape input became
+    a constant in the opset upgrade) is corrected and the check runs again; the result's
+    ``fixes`` say so, and ``modified`` is True then. Any other failure is mixprec's fault.
     """
 
-    def call(self, model: ir.Model) -> ir.passes.PassResult:
-        light = _light_copy(weightless_proto(model, with_arrays=False)[0])
-        try:
-            onnx.checker.check_model(light, full_check=True)
-        except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-            first = str(exc).strip().splitlines()[0]
-            raise InternalError(f"the converted model fails onnx.checker: {first}") from None
-        return ir.passes.PassResult(model, modified=False)
+    def call(self, model: ir.Model) -> ReconcileDeclaredShapesResult:
+        failure = _check(model)
+        result = ReconcileDeclaredShapesResult(model, modified=False)
+        if failure is not None:
+            fixed = ReconcileDeclaredShapesPass().call(model)
+            if fixed.modified:
+                result = fixed
+                failure = _check(model)
+        if failure is not None:
+            raise InternalError(f"the converted model fails onnx.checker: {failure}")
+        return result
+
+
+def _check(model: ir.Model) -> str | None:
+    light = _light_copy(weightless_proto(model, with_arrays=False)[0])
+    try:
+        onnx.checker.check_model(light, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        return str(exc).strip().splitlines()[0]
+    return None

@@ -30,7 +30,7 @@ from mixprec._pipeline import Pipeline, Stage
 from mixprec._registry import node_info
 from mixprec._report import NodeReport, Report
 from mixprec._rewrite import ApplyPrecisionResult, RemoveRedundantCastsResult
-from mixprec._shapes import InferShapesResult
+from mixprec._shapes import InferShapesResult, ReconcileDeclaredShapesResult
 
 __all__ = ["ConversionResult", "convert", "inspect"]
 
@@ -218,6 +218,10 @@ def _report_result(report: Report, stage: str, result: ir.passes.PassResult) -> 
         report.notes.extend(f"shape {fix.describe()} ({when})" for fix in result.fixes)
         if result.failure:
             report.notes.append(f"shape inference failed ({result.failure}); declared types used")
+    elif isinstance(result, ReconcileDeclaredShapesResult):
+        report.notes.extend(
+            f"shape {fix.describe()} (found by the final check)" for fix in result.fixes
+        )
     elif isinstance(result, UpgradeOpsetResult) and result.note:
         report.notes.append(result.note)
     elif isinstance(result, ApplyPrecisionResult):

@@ -133,7 +133,8 @@ class Pipeline:
         if name == "annotate":
             passes = []
             if config.upgrade_opset and ops_needing_upgrade(model, config.policy):
-                passes += [UpgradeOpsetPass(config.policy), InferShapesPass()]
+                # Types survive the upgrade by name; only nodes it adds need inference.
+                passes += [UpgradeOpsetPass(config.policy), InferShapesPass(only_untyped=True)]
             # The painter reads the calibration and the shapes from the model's meta.
             paint = PaintPass(
                 config.policy,

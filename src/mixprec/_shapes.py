@@ -166,18 +166,25 @@ class InferShapesPass(ir.passes.InPlacePass):
 
     When strict inference fails and ``reconcile`` is set, the declarations that contradict
     the graph are corrected (:class:`ReconcileDeclaredShapesPass`) and inference runs
-    again: the common case costs one inference. Unlike ``onnx_ir``'s own pass it runs on a
-    weightless copy (no weight serialization) and reports a failure in its result instead
-    of logging a traceback; the model is then left as it was. ``modified`` is True when a
+    again: the common case costs one inference. With ``only_untyped`` it runs only when
+    some node output has no type (after a rewrite such as the opset upgrade). Unlike
+    ``onnx_ir``'s own pass it runs on a weightless copy (no weight serialization) and
+    reports a failure in its result instead of logging a traceback; the model is then left
+    as it was. ``modified`` is True when a
     declaration, type or shape changed.
     """
 
-    def __init__(self, *, reconcile: bool = True) -> None:
+    def __init__(self, *, reconcile: bool = True, only_untyped: bool = False) -> None:
         super().__init__()
         self.reconcile = reconcile
+        self.only_untyped = only_untyped
 
     def call(self, model: ir.Model) -> InferShapesResult:
         result = InferShapesResult(model, modified=False)
+        if self.only_untyped and all(
+            v.dtype is not None for g in model.graphs() for n in g for v in n.outputs if v.name
+        ):
+            return result  # every value typed already: nothing a paint step would miss
         inferred = _infer(model)
         if isinstance(inferred, str) and self.reconcile:
             fixed = ReconcileDeclaredShapesPass().call(model)
