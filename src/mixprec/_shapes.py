@@ -161,13 +161,34 @@ def _infer(model: ir.Model) -> ir.Model | str:
         return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
 
 
+def _type_locally(values: list[ir.Value]) -> bool:
+    """Give each value the dtype its producer implies (Shape/Size: int64; type-preserving
+    ops: their input's), in topological order; False when one cannot be typed so."""
+    from mixprec._registry import node_info
+
+    for value in values:
+        node = value.producer()
+        if node is None or node.domain not in ("", "ai.onnx"):
+            return False
+        if node.op_type in ("Shape", "Size"):
+            value.dtype = ir.DataType.INT64
+            continue
+        source = node.inputs[1] if node.op_type == "Where" and len(node.inputs) > 1 else None
+        source = source or (node.inputs[0] if node.inputs else None)
+        if not node_info(node).same_type or source is None or source.dtype is None:
+            return False
+        value.dtype = source.dtype
+    return True
+
+
 class InferShapesPass(ir.passes.InPlacePass):
     """ONNX shape inference (strict, with data propagation) merged into the model's values.
 
     When strict inference fails and ``reconcile`` is set, the declarations that contradict
     the graph are corrected (:class:`ReconcileDeclaredShapesPass`) and inference runs
     again: the common case costs one inference. With ``only_untyped`` it runs only when
-    some node output has no type (after a rewrite such as the opset upgrade). Unlike
+    some node output has no type (after a rewrite such as the opset upgrade) that its
+    producer does not imply (Shape: int64, type-preserving ops: their input's). Unlike
     ``onnx_ir``'s own pass it runs on a weightless copy (no weight serialization) and
     reports a failure in its result instead of logging a traceback; the model is then left
     as it was. ``modified`` is True when a
