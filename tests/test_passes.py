@@ -608,11 +608,13 @@ def test_public_surface_is_pinned():
             "OpRule",
             "Pipeline",
             "Policy",
+            "QuantizeConfig",
             "Report",
             "ValidationReport",
             "convert",
             "default_policy",
             "inspect",
+            "quantize",
             "register_rule",
             "validate",
         ]

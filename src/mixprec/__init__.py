@@ -23,6 +23,7 @@ from mixprec._policy import (
     default_policy,
     register_rule,
 )
+from mixprec._quantize import QuantizeConfig, quantize
 from mixprec._report import NodeReport, Report
 from mixprec._validate import validate
 from mixprec._validation import ValidationReport
@@ -42,11 +43,13 @@ __all__ = [
     "OpRule",
     "Pipeline",
     "Policy",
+    "QuantizeConfig",
     "Report",
     "ValidationReport",
     "convert",
     "default_policy",
     "inspect",
+    "quantize",
     "register_rule",
     "validate",
 ]

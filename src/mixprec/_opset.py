@@ -8,11 +8,19 @@ import onnx
 import onnx.defs
 import onnx_ir as ir
 
+from mixprec._errors import MixprecError
 from mixprec._graphs import iter_nodes, opset_of
 from mixprec._policy import OpClass, Policy
 from mixprec._protos import weightless_proto
 
-__all__ = ["BF16_OPSET", "UpgradeOpsetPass", "UpgradeOpsetResult", "ops_needing_upgrade"]
+__all__ = [
+    "BF16_OPSET",
+    "ConvertOpsetPass",
+    "UpgradeOpsetPass",
+    "UpgradeOpsetResult",
+    "ops_needing_upgrade",
+    "upgrade_to",
+]
 
 #: The first ai.onnx opset whose Conv, ConvTranspose, pooling and most activations admit
 #: bfloat16.
@@ -91,6 +99,40 @@ class UpgradeOpsetPass(ir.passes.FunctionalPass):
             "calibration ran before the upgrade"
         )
         return UpgradeOpsetResult(_restore_weights(proto, model), modified=True, note=note, ops=ops)
+
+
+class ConvertOpsetPass(ir.passes.FunctionalPass):
+    """Raise the ai.onnx opset to ``opset`` (``onnx.version_converter``), keeping the
+    original weight tensors and the model's meta; ``modified`` when the opset changed.
+
+    Raises:
+        MixprecError: the converter cannot raise this model's opset.
+    """
+
+    def __init__(self, opset: int) -> None:
+        super().__init__()
+        self.opset = opset
+
+    def call(self, model: ir.Model) -> UpgradeOpsetResult:
+        from onnx import version_converter
+
+        old = opset_of(model, "")
+        light, _ = weightless_proto(model, with_arrays=False)
+        if old >= self.opset:
+            return UpgradeOpsetResult(_restore_weights(light, model), modified=False)
+        try:
+            proto = version_converter.convert_version(light, self.opset)
+        except Exception as exc:
+            raise MixprecError(
+                f"cannot raise opset {old} -> {self.opset}: {str(exc).splitlines()[0][:120]}"
+            ) from None
+        note = f"opset raised {old} -> {self.opset}"
+        return UpgradeOpsetResult(_restore_weights(proto, model), modified=True, note=note)
+
+
+def upgrade_to(opset: int) -> ConvertOpsetPass:
+    """The pass that raises the ai.onnx opset to ``opset``."""
+    return ConvertOpsetPass(opset)
 
 
 def _restore_weights(proto: onnx.ModelProto, original: ir.Model) -> ir.Model:

@@ -24,6 +24,7 @@ import numpy as np
 import onnx_ir as ir
 
 __all__ = [
+    "INT8_ROLES",
     "MacArgs",
     "OpClass",
     "OpInfo",
@@ -128,6 +129,8 @@ class OpInfo:
         same_type: output 0 has the element type of input 0 (Where: of input 1; Split: all
             outputs); fills in types the model and shape inference leave unknown.
         macs: multiply-accumulates per node, from shapes; None: not counted.
+        int8: the op's part in INT8 quantization (see :data:`INT8_ROLES`); None: it
+            stays float.
     """
 
     classes: Mapping[str, OpClass] = field(default_factory=dict)
@@ -138,7 +141,16 @@ class OpInfo:
     quantized: bool = False
     same_type: bool = False
     macs: MacFormula | None = None
+    int8: str | None = None
 
+
+#: How an op takes part in INT8 (QDQ that ONNX Runtime's CPU provider fuses):
+#: "weighted": integer kernel with a constant weight (QLinearConv, QLinearMatMul, QGemm);
+#: "binary": QLinearAdd/QLinearMul; "pool": QLinearAveragePool/GlobalAveragePool;
+#: "concat": QLinearConcat; "unary": QLinearSigmoid/LeakyRelu; "shared": data movement
+#: that keeps its input's scale (ORT drops its Q/DQ); "absorbed": Relu/Clip folded into
+#: the integer producer through the output range.
+INT8_ROLES = ("weighted", "binary", "pool", "concat", "unary", "shared", "absorbed")
 
 _EMPTY = OpInfo()
 _REGISTRY: dict[tuple[str, str], OpInfo] = {}
@@ -298,7 +310,31 @@ def _gemm_macs(a: MacArgs) -> int:
     return _prod(y) * (x[0] if a.ints.get("transA", 0) else x[-1])
 
 
-register_op("Conv", macs=_conv_macs)
+register_op("Conv", macs=_conv_macs, int8="weighted")
 register_op("ConvTranspose", macs=_conv_transpose_macs)
-register_op("MatMul", macs=_matmul_macs)
-register_op("Gemm", macs=_gemm_macs)
+register_op("MatMul", macs=_matmul_macs, int8="weighted")
+register_op("Gemm", macs=_gemm_macs, int8="weighted")
+
+
+# --- INT8 roles (ONNX Runtime CPU QDQ fusions) ------------------------------------------
+
+for _op, _role in {
+    "Add": "binary",
+    "Mul": "binary",
+    "AveragePool": "pool",
+    "GlobalAveragePool": "pool",
+    "Concat": "concat",
+    "Sigmoid": "unary",
+    "LeakyRelu": "unary",
+    "MaxPool": "shared",
+    "Reshape": "shared",
+    "Transpose": "shared",
+    "Squeeze": "shared",
+    "Unsqueeze": "shared",
+    "Flatten": "shared",
+    "Resize": "shared",
+    "Identity": "shared",
+    "Relu": "absorbed",
+    "Clip": "absorbed",
+}.items():
+    register_op(_op, int8=_role)

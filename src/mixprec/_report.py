@@ -14,11 +14,15 @@ import onnx
 __all__ = ["NodeReport", "Report", "count_macs"]
 
 
+#: Node precisions that count as reduced: fp16/bf16 ("low") and INT8.
+_LOW = frozenset({"low", "int8"})
+
+
 @dataclass(frozen=True)
 class NodeReport:
     name: str
     op_type: str
-    precision: str  # "low" | "fp32"
+    precision: str  # "low" | "int8" | "fp32"
     op_class: str
     step: str
     reason: str
@@ -45,10 +49,11 @@ class Report:
     timings: dict[str, float] = field(default_factory=dict)
     policy: dict[str, object] = field(default_factory=dict)
     validation: dict[str, object] | None = None
+    quantization: dict[str, object] | None = None
 
     @property
     def low_nodes(self) -> int:
-        return sum(1 for n in self.nodes if n.precision == "low")
+        return sum(1 for n in self.nodes if n.precision in _LOW)
 
     @property
     def low_node_share(self) -> float:
@@ -61,7 +66,7 @@ class Report:
     @property
     def low_mac_share(self) -> float:
         total = self.total_macs
-        return sum(n.macs for n in self.nodes if n.precision == "low") / total if total else 0.0
+        return sum(n.macs for n in self.nodes if n.precision in _LOW) / total if total else 0.0
 
     def fp32_nodes(self) -> list[NodeReport]:
         return [n for n in self.nodes if n.precision == "fp32"]
@@ -90,7 +95,10 @@ class Report:
         counts = Counter(n.precision for n in self.nodes)
         rows = [
             ("float nodes painted", f"{len(self.nodes)}"),
-            ("  low precision", f"{counts['low']} ({self.low_node_share:.1%})"),
+            (
+                "  low precision" if self.target != "int8" else "  INT8",
+                f"{self.low_nodes} ({self.low_node_share:.1%})",
+            ),
             ("  kept fp32", f"{counts['fp32']}"),
             (
                 "multiply-accumulates in low precision",
@@ -107,6 +115,14 @@ class Report:
             ("BatchNormalization folded", f"{len(self.batchnorm_folded)}"),
             ("range calibration", "yes" if self.calibrated else "no (--no-calibrate)"),
         ]
+        if self.quantization is not None:
+            share = self.quantization.get("integer_kernel_mac_share")
+            rows.append(
+                (
+                    "MACs in ORT integer kernels",
+                    f"{share:.1%} of the INT8 nodes' MACs" if isinstance(share, float) else "n/a",
+                )
+            )
         if self.weights.get("flushed_to_zero"):
             rows.append(("weight values flushed to zero", str(self.weights["flushed_to_zero"])))
         if self.weights.get("overflowed"):

@@ -1,0 +1,348 @@
+"""INT8 conversion: QuantizeLinear/DequantizeLinear pairs where the plan says INT8.
+
+Mechanism only: :mod:`mixprec._qplan` decides, the calibration (``model.meta``) gives the
+ranges, :mod:`mixprec._qparams` the numbers. The placement follows what ONNX Runtime's
+CPU provider fuses into integer kernels (its QDQ selectors):
+
+- ``DQ(x), DQ(w int8, per channel), DQ(b int32) -> Conv/Gemm -> Q`` becomes QLinearConv /
+  QGemm; ``DQ(a), DQ(b) -> MatMul -> Q`` becomes QLinearMatMul;
+- a Relu/Clip right after such a node is absorbed: only its output is quantized, with a
+  range starting at 0;
+- data movement (Reshape, Transpose, MaxPool...) keeps its input's scale and zero point,
+  so ONNX Runtime drops its Q/DQ pair;
+- Add/Mul, pooling, Concat, Sigmoid/LeakyRelu get their QLinear kernels.
+
+One Q/DQ pair per tensor, right after its producer; every reader shares it. Graph outputs
+keep their names and float32 type (the DQ output takes the name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx_ir as ir
+
+from mixprec._constants import const_tensor
+from mixprec._graphs import UniqueNames
+from mixprec._measure import calibration_of
+from mixprec._qparams import QParams, activation_qparams, quantize_bias, quantize_weight
+from mixprec._qplan import INT8, Int8Decision, int8_decision, weight_index
+
+__all__ = ["QuantizeQDQPass", "QuantizeQDQResult"]
+
+_NP_TO_IR = {
+    np.dtype(np.uint8): ir.DataType.UINT8,
+    np.dtype(np.int8): ir.DataType.INT8,
+    np.dtype(np.int32): ir.DataType.INT32,
+}
+
+
+@dataclasses.dataclass
+class QuantizeQDQResult(ir.passes.PassResult):
+    """What was quantized: tensors with their qparams, weights, biases, and nodes that the
+    conversion had to leave float (with reasons)."""
+
+    tensors: dict[str, str] = dataclasses.field(default_factory=dict)
+    weights: int = 0
+    biases: int = 0
+    float_biases: list[str] = dataclasses.field(default_factory=list)
+    left_float: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _activation_inputs(node: ir.Node, role: str | None) -> list[int]:
+    """Input indices that carry activations to quantize, by INT8 role."""
+    if role == "weighted":
+        return [0] if weight_index(node) is not None else [0, 1]
+    if role == "binary":
+        return [0, 1]
+    if role == "concat":
+        return list(range(len(node.inputs)))
+    return [0]
+
+
+class QuantizeQDQPass(ir.passes.InPlacePass):
+    """Insert Q/DQ pairs and INT8 weights for the nodes annotated INT8.
+
+    Args:
+        method: "minmax", "entropy" or "percentile" (activation ranges).
+        unsigned: uint8 activations (asymmetric) instead of int8 (symmetric).
+        per_channel: per-output-channel weight scales (needs opset >= 13).
+        reduce_range: 7-bit weights (for AVX2 kernels without VNNI).
+    """
+
+    def __init__(
+        self, method: str, *, unsigned: bool, per_channel: bool, reduce_range: bool = False
+    ) -> None:
+        super().__init__()
+        self.method = method
+        self.unsigned = unsigned
+        self.per_channel = per_channel
+        self.qmax = 63 if reduce_range else 127
+
+    def call(self, model: ir.Model) -> QuantizeQDQResult:
+        result = QuantizeQDQResult(model, modified=False)
+        self._graph = model.graph
+        self._names = UniqueNames(model)
+        self._stats = calibration_of(model).stats
+        self._first = next(iter(model.graph), None)
+        nodes = [n for n in model.graph if (d := int8_decision(n)) is not None and d.int8]
+        qparams = self._plan_tensors(nodes, result)
+        for node in nodes:
+            if not _is_int8(node):
+                continue
+            if node_role(node) == "weighted" and weight_index(node) is not None:
+                self._quantize_weight(node, qparams, result)
+            self._quantize_constants(node)
+        for value, params in qparams.items():
+            self._insert_qdq(value, params)
+            result.tensors[value.name or ""] = params.describe()
+        result.modified = bool(result.tensors) or result.weights > 0
+        return result
+
+    # -- which tensors, at which scale ---------------------------------------------------
+
+    def _plan_tensors(
+        self, nodes: list[ir.Node], result: QuantizeQDQResult
+    ) -> dict[ir.Value, QParams]:
+        wanted: list[ir.Value] = []
+        for node in nodes:
+            role = node_role(node)
+            for i in _activation_inputs(node, role):
+                value = node.inputs[i] if i < len(node.inputs) else None
+                if value is not None and value.dtype == ir.DataType.FLOAT and not _is_const(value):
+                    wanted.append(value)
+            for value in node.outputs:
+                if value.dtype != ir.DataType.FLOAT or _absorbed_by_next(value):
+                    continue
+                wanted.append(value)
+        qparams: dict[ir.Value, QParams] = {}
+        for value in dict.fromkeys(wanted):  # in first-seen (topological) order
+            shared = self._shared_source(value, qparams)
+            if shared is not None:
+                qparams[value] = shared
+                continue
+            found = self._stats.get(value.name or "")
+            params = (
+                activation_qparams(found, self.method, self.unsigned)
+                if found is not None
+                else "no calibrated range"
+            )
+            if isinstance(params, str):
+                self._leave_float(value, params, result)
+                continue
+            qparams[value] = params
+        return qparams
+
+    def _shared_source(self, value: ir.Value, qparams: dict[ir.Value, QParams]) -> QParams | None:
+        """Data movement keeps its input's qparams (ONNX Runtime then drops the pair)."""
+        producer = value.producer()
+        if producer is None or node_role(producer) != "shared" or not _is_int8(producer):
+            return None
+        source = producer.inputs[0] if producer.inputs else None
+        return qparams.get(source) if source is not None else None
+
+    def _leave_float(self, value: ir.Value, why: str, result: QuantizeQDQResult) -> None:
+        reason = f"tensor {value.name!r}: {why}"
+        touched = [u.node for u in value.uses()]
+        if value.producer() is not None:
+            touched.append(value.producer())  # type: ignore[arg-type]
+        for node in touched:
+            decision = int8_decision(node)
+            if decision is not None and decision.int8:
+                node.meta[INT8] = Int8Decision(False, decision.role, reason)
+                result.left_float[node.name or node.op_type] = reason
+
+    # -- rewriting -----------------------------------------------------------------------
+
+    def _initializer(self, base: str, array: np.ndarray) -> ir.Value:
+        name = self._names.fresh(base)
+        value = ir.Value(
+            name=name,
+            type=ir.TensorType(_NP_TO_IR.get(array.dtype, ir.DataType.FLOAT)),
+            shape=ir.Shape(list(array.shape)),
+            const_value=ir.tensor(array, name=name),
+        )
+        self._graph.register_initializer(value)
+        return value
+
+    def _dq(self, data: ir.Value, params: QParams, base: str, *, at_top: bool) -> ir.Value:
+        scale = self._initializer(f"{base}_scale", params.scale)
+        zero = self._initializer(f"{base}_zero_point", params.zero_point)
+        out = ir.Value(
+            name=self._names.fresh(f"{base}_dq"),
+            type=ir.TensorType(ir.DataType.FLOAT),
+            shape=data.shape.copy() if data.shape is not None else None,
+        )
+        attrs = [ir.AttrInt64("axis", params.axis)] if params.axis is not None else []
+        node = ir.Node(
+            "",
+            "DequantizeLinear",
+            [data, scale, zero],
+            attributes=attrs,
+            outputs=[out],
+            name=self._names.fresh(f"{base}_DequantizeLinear"),
+        )
+        if at_top and self._first is not None:
+            self._graph.insert_before(self._first, node)
+        else:
+            self._graph.append(node)
+        return out
+
+    def _insert_qdq(self, value: ir.Value, params: QParams) -> None:
+        base = value.name or "tensor"
+        scale = self._initializer(f"{base}_scale", params.scale)
+        zero = self._initializer(f"{base}_zero_point", params.zero_point)
+        q_out = ir.Value(
+            name=self._names.fresh(f"{base}_quantized"),
+            type=ir.TensorType(_NP_TO_IR[params.dtype]),
+            shape=value.shape.copy() if value.shape is not None else None,
+        )
+        dq_out = ir.Value(
+            name=self._names.fresh(f"{base}_dequantized"),
+            type=ir.TensorType(ir.DataType.FLOAT),
+            shape=value.shape.copy() if value.shape is not None else None,
+        )
+        q = ir.Node(
+            "",
+            "QuantizeLinear",
+            [value, scale, zero],
+            outputs=[q_out],
+            name=self._names.fresh(f"{base}_QuantizeLinear"),
+        )
+        dq = ir.Node(
+            "",
+            "DequantizeLinear",
+            [q_out, scale, zero],
+            outputs=[dq_out],
+            name=self._names.fresh(f"{base}_DequantizeLinear"),
+        )
+        producer = value.producer()
+        if producer is not None:
+            self._graph.insert_after(producer, [q, dq])
+        elif self._first is not None:
+            self._graph.insert_before(self._first, [q, dq])
+        else:
+            self._graph.extend([q, dq])
+        for use in list(value.uses()):
+            if use.node is not q:
+                use.node.replace_input_with(use.idx, dq_out)
+        if value.is_graph_output():
+            # The graph output keeps its name and float32 type: the DQ output takes it.
+            name = value.name
+            for k, out in enumerate(self._graph.outputs):
+                if out is value:
+                    self._graph.outputs[k] = dq_out
+            value.name = self._names.fresh(f"{name}_float")
+            dq_out.name = name
+
+    def _quantize_weight(
+        self, node: ir.Node, qparams: dict[ir.Value, QParams], result: QuantizeQDQResult
+    ) -> None:
+        weight = node.inputs[1]
+        assert weight is not None
+        tensor = const_tensor(weight)
+        assert tensor is not None
+        array = tensor.numpy()
+        axis = _weight_axis(node, array.ndim) if self.per_channel else None
+        quantized = quantize_weight(array, axis, qmax=self.qmax)
+        if isinstance(quantized, str):
+            node.meta[INT8] = Int8Decision(False, "weighted", quantized)
+            result.left_float[node.name or node.op_type] = quantized
+            return
+        data, params = quantized
+        base = weight.name or f"{node.name}_weight"
+        data_value = self._initializer(f"{base}_int8", data)
+        node.replace_input_with(1, self._dq(data_value, params, base, at_top=True))
+        result.weights += 1
+        x = node.inputs[0]
+        x_params = qparams.get(x) if x is not None else None
+        if node.op_type in ("Conv", "Gemm") and len(node.inputs) > 2 and node.inputs[2] is not None:
+            self._quantize_bias(node, x_params, params, result)
+
+    def _quantize_bias(
+        self,
+        node: ir.Node,
+        x_params: QParams | None,
+        w_params: QParams,
+        result: QuantizeQDQResult,
+    ) -> None:
+        bias = node.inputs[2]
+        assert bias is not None
+        tensor = const_tensor(bias)
+        if tensor is None or x_params is None:
+            result.float_biases.append(node.name or node.op_type)
+            return
+        quantized = quantize_bias(tensor.numpy(), float(x_params.scale), w_params)
+        if isinstance(quantized, str):
+            result.float_biases.append(node.name or node.op_type)
+            return
+        data, params = quantized
+        if params.scale.ndim == 0 or w_params.axis is None:
+            params = QParams(params.scale, params.zero_point, None)
+        base = bias.name or f"{node.name}_bias"
+        data_value = self._initializer(f"{base}_int32", data)
+        node.replace_input_with(2, self._dq(data_value, params, base, at_top=True))
+        result.biases += 1
+
+    def _quantize_constants(self, node: ir.Node) -> None:
+        """Constant float inputs of Add/Mul/Concat: uint8/int8 data with their own range."""
+        role = node_role(node)
+        if role not in ("binary", "concat"):
+            return
+        for i, value in enumerate(node.inputs):
+            if value is None or value.dtype != ir.DataType.FLOAT or not _is_const(value):
+                continue
+            tensor = const_tensor(value)
+            assert tensor is not None
+            array = tensor.numpy().astype(np.float32)
+            if array.size == 0 or not np.all(np.isfinite(array)):
+                continue
+            lo, hi = min(float(array.min()), 0.0), max(float(array.max()), 0.0)
+            if self.unsigned:
+                scale = (hi - lo) / 255.0 or 1.0
+                zp = int(np.clip(round(-lo / scale), 0, 255))
+                data = np.clip(np.round(array / scale) + zp, 0, 255).astype(np.uint8)
+                params = QParams(np.array(scale, np.float32), np.array(zp, np.uint8))
+            else:
+                scale = max(-lo, hi) / 127.0 or 1.0
+                data = np.clip(np.round(array / scale), -127, 127).astype(np.int8)
+                params = QParams(np.array(scale, np.float32), np.array(0, np.int8))
+            base = value.name or f"{node.name}_const{i}"
+            data_value = self._initializer(f"{base}_q", data)
+            node.replace_input_with(i, self._dq(data_value, params, base, at_top=True))
+
+
+def node_role(node: ir.Node) -> str | None:
+    decision = int8_decision(node)
+    return decision.role if decision is not None else None
+
+
+def _is_int8(node: ir.Node) -> bool:
+    decision = int8_decision(node)
+    return decision is not None and decision.int8
+
+
+def _is_const(value: ir.Value) -> bool:
+    return const_tensor(value) is not None
+
+
+def _absorbed_by_next(value: ir.Value) -> bool:
+    """The value's only reader is an INT8 Relu/Clip (which then carries the range)."""
+    uses = list(value.uses())
+    if len(uses) != 1 or value.is_graph_output():
+        return False
+    reader = uses[0].node
+    return node_role(reader) == "absorbed" and _is_int8(reader) and uses[0].idx == 0
+
+
+def _weight_axis(node: ir.Node, ndim: int) -> int | None:
+    """The output-channel axis of a weight (per-channel scales run along it)."""
+    if node.op_type == "Conv":
+        return 0
+    if node.op_type == "Gemm":
+        trans_b = node.attributes.get("transB")
+        return 0 if trans_b is not None and trans_b.as_int() else 1
+    if node.op_type == "MatMul":
+        return ndim - 1 if ndim >= 2 else None
+    return None

@@ -1,0 +1,322 @@
+"""``mixprec.quantize``: post-training INT8 in QDQ form that ONNX Runtime runs as integer
+kernels.
+
+The same staged pipeline as :func:`mixprec.convert`, with the INT8 stages swapped in:
+prepare (fold BatchNormalization, shapes) -> calibrate (MinMax, or a Histogram for
+Entropy/Percentile) -> annotate (:class:`~mixprec._qplan.AnnotateInt8Pass`) -> apply
+(:class:`~mixprec._qdq.QuantizeQDQPass`) -> cleanup -> check. The report says, per
+node, INT8 or float and why, and what share of the Conv/MatMul/Gemm MACs ONNX Runtime
+really runs in integer kernels (read from its optimized graph).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import platform
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_ir as ir
+import onnx_ir.passes.common as common
+
+from mixprec._config import ConvertConfig
+from mixprec._errors import MixprecError
+from mixprec._measure import MACS, CalibratePass, CountMacsPass
+from mixprec._opset import upgrade_to
+from mixprec._pipeline import Pipeline, Stage
+from mixprec._policy import default_policy
+from mixprec._qdq import QuantizeQDQPass, QuantizeQDQResult
+from mixprec._qparams import METHODS
+from mixprec._qplan import AnnotateInt8Pass, int8_decision
+from mixprec._report import NodeReport, Report
+
+__all__ = ["QuantizeConfig", "integer_kernel_share", "quantize"]
+
+logger = logging.getLogger(__name__)
+
+_ACTIVATIONS = ("auto", "u8", "s8")
+#: Per-channel DequantizeLinear (``axis``) needs this ai.onnx opset.
+PER_CHANNEL_OPSET = 13
+#: ONNX Runtime kernels that run a Conv/MatMul/Gemm in integers.
+INTEGER_KERNELS = frozenset(
+    {
+        "QLinearConv",
+        "QLinearMatMul",
+        "MatMulInteger",
+        "ConvInteger",
+        "QGemm",
+        "MatMulIntegerToFloat",
+        "DynamicQuantizeMatMul",
+        "QLinearConvTranspose",
+    }
+)
+FLOAT_KERNELS = frozenset(
+    {
+        "Conv",
+        "ConvTranspose",
+        "MatMul",
+        "Gemm",
+        "FusedConv",
+        "FusedMatMul",
+        "FusedGemm",
+        "NchwcConv",
+    }
+)
+
+
+def cpu_has_vnni() -> bool | None:
+    """Whether this x86 CPU has VNNI (avx512_vnni or avx_vnni); None when unknown."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizeConfig:
+    """The INT8 options, validated.
+
+    Attributes:
+        method: activation ranges: "minmax", "entropy" (KL threshold over a histogram) or
+            "percentile" (99.999% of |x|).
+        activations: "u8" (asymmetric uint8), "s8" (symmetric int8) or "auto": u8, with
+            7-bit weights (reduce_range) on x86 CPUs without VNNI, where u8 x s8 products
+            saturate in int16.
+        per_channel: per-output-channel weight scales (raises the opset to 13 if needed).
+        exclude_nodes: node names or regular expressions kept float.
+        shapes: concrete shapes for symbolic input dims.
+        fold_batchnorm: fold BatchNormalization into Conv/Gemm first.
+        check: hold the result to the full ONNX checker.
+        log_dir: folder for the graphs and the report.
+    """
+
+    method: str = "minmax"
+    activations: str = "auto"
+    per_channel: bool = True
+    exclude_nodes: tuple[str, ...] = ()
+    shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    fold_batchnorm: bool = True
+    check: bool = True
+    log_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise MixprecError(f"method must be one of {', '.join(METHODS)}, not {self.method!r}")
+        if self.activations not in _ACTIVATIONS:
+            raise MixprecError(
+                f"activations must be one of {', '.join(_ACTIVATIONS)}, not {self.activations!r}"
+            )
+        if isinstance(self.exclude_nodes, str):
+            raise MixprecError("exclude_nodes must be a list of names or patterns")
+        object.__setattr__(self, "exclude_nodes", tuple(self.exclude_nodes))
+
+    @property
+    def unsigned(self) -> bool:
+        return self.activations != "s8"
+
+    @property
+    def reduce_range(self) -> bool:
+        if self.activations != "auto":
+            return False
+        machine = platform.machine().lower()
+        return machine in ("x86_64", "amd64") and cpu_has_vnni() is False
+
+    def base(self) -> ConvertConfig:
+        """The shared stages' configuration (prepare, calibrate, check)."""
+        return ConvertConfig(
+            policy=default_policy("fp16"),
+            observer="minmax" if self.method == "minmax" else "histogram",
+            shapes=self.shapes,
+            fold_batchnorm=self.fold_batchnorm,
+            check=self.check,
+            upgrade_opset=False,
+            log_dir=self.log_dir,
+        )
+
+
+class QuantizePipeline(Pipeline):
+    """The staged pipeline with the INT8 annotate and apply stages."""
+
+    def __init__(self, qconfig: QuantizeConfig, **kwargs: Any) -> None:
+        super().__init__(qconfig.base(), **kwargs)
+        self.qconfig = qconfig
+
+    def build(self, name: str, model: ir.Model) -> Stage:
+        q = self.qconfig
+        if name == "calibrate":
+            return Stage(
+                name, CalibratePass(q.shapes, self.calibration_data, observer=self.config.observer)
+            )
+        if name == "annotate":
+            passes: list[ir.passes.PassBase] = []
+            opset = model.opset_imports.get("", 1)
+            if q.per_channel and opset < PER_CHANNEL_OPSET:
+                passes.append(upgrade_to(PER_CHANNEL_OPSET))
+            return Stage(name, *passes, CountMacsPass(), AnnotateInt8Pass(q.exclude_nodes))
+        if name == "apply":
+            return Stage(
+                name,
+                QuantizeQDQPass(
+                    q.method,
+                    unsigned=q.unsigned,
+                    per_channel=q.per_channel,
+                    reduce_range=q.reduce_range,
+                ),
+                common.RemoveUnusedNodesPass(),
+            )
+        return super().build(name, model)
+
+
+def integer_kernel_share(
+    proto: onnx.ModelProto, macs: Mapping[str, int]
+) -> tuple[float | None, dict[str, int]]:
+    """Share of the given nodes' MACs that ONNX Runtime's CPU provider runs in integer
+    kernels, read from its optimized graph, and the count of each compute kernel there.
+
+    A fused integer kernel writes the output of the QuantizeLinear that followed the
+    node (or the Relu/Clip it absorbed), so kernels are traced back by that name.
+    """
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="mixprec-") as folder:
+        path = os.path.join(folder, "optimized.onnx")
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = path
+        options.log_severity_level = 3
+        ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(path, load_external_data=False)
+    kinds = Counter(
+        n.op_type for n in optimized.graph.node if n.op_type in INTEGER_KERNELS | FLOAT_KERNELS
+    )
+    producer = {out: node for node in proto.graph.node for out in node.output}
+    source: dict[str, str] = {}  # Q output -> the compute node it quantizes
+    for node in proto.graph.node:
+        if node.op_type != "QuantizeLinear":
+            continue
+        before = producer.get(node.input[0])
+        if before is not None and before.op_type in ("Relu", "Clip"):
+            before = producer.get(before.input[0])
+        if before is not None and before.name in macs:
+            source[node.output[0]] = before.name
+    integer = sum(
+        macs[source[out]]
+        for n in optimized.graph.node
+        if n.op_type in INTEGER_KERNELS
+        for out in n.output
+        if out in source
+    )
+    total = sum(macs.values())
+    return (integer / total if total else None), dict(kinds)
+
+
+CalibrationData = Mapping[str, Any] | Iterable[Mapping[str, Any]]
+
+
+def quantize(
+    model: Any,
+    calibration_data: CalibrationData | None = None,
+    *,
+    config: QuantizeConfig | None = None,
+    progress: Callable[[str], None] | None = None,
+    **options: Any,
+) -> Any:
+    """Post-training static INT8 quantization in QDQ form.
+
+    Args:
+        model: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``; never mutated.
+        calibration_data: a feed dict, a list of them, or any iterable/generator
+            (streamed). None generates one synthetic sample and warns: scales from
+            synthetic data say nothing about real accuracy.
+        config: a ready :class:`QuantizeConfig`; ``options`` then replace its fields.
+        progress: called with a short message at each stage.
+        **options: the fields of :class:`QuantizeConfig` (``method``, ``activations``,
+            ``per_channel``, ``exclude_nodes``, ``shapes``, ``fold_batchnorm``, ``check``,
+            ``log_dir``).
+
+    Returns:
+        A :class:`~mixprec.ConversionResult` (``.model``, ``.report``, ``.save()``).
+
+    Example:
+        >>> result = mixprec.quantize("model.onnx", batches, method="entropy")  # doctest: +SKIP
+        >>> result.save("model_int8.onnx")                                      # doctest: +SKIP
+    """
+    from mixprec._convert import ConversionResult, _load, _notes_about_input
+
+    try:
+        config = dataclasses.replace(config, **options) if config else QuantizeConfig(**options)
+    except TypeError as exc:
+        raise MixprecError(f"quantize: {exc}") from None
+    say = progress or (lambda _msg: None)
+    say("loading")
+    work, kind = _load(model)
+    report = Report(target="int8", policy={"quantize": _config_dict(config)})
+    report.notes.extend(_notes_about_input(work))
+    if calibration_data is None:
+        message = (
+            "no calibration data: scales come from one synthetic sample and say nothing "
+            "about accuracy on real inputs; give calibration_data / --calibration-data"
+        )
+        logger.warning(message)
+        report.notes.append(message)
+    pipeline = QuantizePipeline(config, calibration_data=calibration_data, progress=progress)
+    work = pipeline.run(work)
+    report.timings = dict(pipeline.timings)
+    _fill_report(report, pipeline, work)
+    return ConversionResult(work, report, kind)
+
+
+def _config_dict(config: QuantizeConfig) -> dict[str, object]:
+    data = dataclasses.asdict(config)
+    data["shapes"] = {k: list(v) for k, v in config.shapes.items()}
+    data["log_dir"] = str(config.log_dir) if config.log_dir else None
+    data["reduce_range"] = config.reduce_range
+    return data
+
+
+def _fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) -> None:
+    from mixprec._convert import _report_stages
+
+    _report_stages(report, pipeline.stages, model)
+    report.calibrated = True
+    report.nodes = [
+        NodeReport(
+            name=node.name or "",
+            op_type=node.op_type,
+            precision="int8" if d.int8 else "fp32",
+            op_class=d.role or "none",
+            step="int8",
+            reason=d.reason,
+            macs=int(node.meta.get(MACS, 0)),
+        )
+        for node in model.graph
+        if (d := int8_decision(node)) is not None and node.op_type not in _QDQ_OPS
+    ]
+    applied = pipeline.stages["apply"].result(QuantizeQDQResult)
+    if applied is not None:
+        report.quantization = {
+            "tensors": applied.tensors,
+            "weights_quantized": applied.weights,
+            "biases_int32": applied.biases,
+            "float_biases": applied.float_biases,
+            "left_float": applied.left_float,
+        }
+    macs = {n.name: n.macs for n in report.nodes if n.macs and n.precision == "int8"}
+    try:
+        share, kinds = integer_kernel_share(ir.to_proto(model), macs)
+    except Exception as exc:  # the check stage already passed: report, do not fail
+        report.notes.append(f"could not read ONNX Runtime's optimized graph: {exc}")
+        return
+    if report.quantization is not None:
+        report.quantization["integer_kernel_mac_share"] = share
+        report.quantization["ort_kernels"] = kinds
+
+
+_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
