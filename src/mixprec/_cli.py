@@ -180,7 +180,7 @@ def _add_debug_arg(p: argparse.ArgumentParser, *, top: bool) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mixprec",
-        description="Convert FP32 ONNX models to FP16/BF16 mixed precision.",
+        description="Convert FP32 ONNX models to FP16/BF16 mixed precision or INT8.",
     )
     _add_debug_arg(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -210,6 +210,37 @@ def build_parser() -> argparse.ArgumentParser:
         "--external-data", action="store_true", help="write weights to OUTPUT.data beside the model"
     )
 
+    q = sub.add_parser("quantize", help="INT8 post-training quantization (QDQ)")
+    q.add_argument("model", help="FP32 ONNX model")
+    q.add_argument("-o", "--output", required=True, help="where to write the INT8 model")
+    q.add_argument(
+        "--method",
+        choices=("minmax", "entropy", "percentile"),
+        default="minmax",
+        help="activation ranges: min/max, KL-divergence threshold, or 99.999th percentile",
+    )
+    q.add_argument(
+        "--activation-type",
+        choices=("auto", "u8", "s8"),
+        default="auto",
+        help="auto: uint8 activations, int8 weights (7-bit on x86 CPUs without VNNI)",
+    )
+    q.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor")
+    q.add_argument(
+        "--exclude", action="append", default=[], metavar="REGEX", help="node kept float"
+    )
+    q.add_argument("--no-fold-batchnorm", action="store_true")
+    _add_input_args(q)
+    q.add_argument("--log-dir", help="write graphs and the report here")
+    q.add_argument("--validate", action="store_true", help="compare with FP32 before writing")
+    q.add_argument("--rtol", type=float, default=None, help="validation tolerance (rel. L2)")
+    q.add_argument(
+        "--keep-failed", action="store_true", help="with --validate: keep a failed model"
+    )
+    q.add_argument("--external-data", action="store_true", help="write weights to OUTPUT.data")
+    q.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+    _add_quiet_arg(q)
+
     i = sub.add_parser("inspect", help="show the painting without writing a model")
     i.add_argument("model")
     _add_policy_args(i)
@@ -238,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     lists = sub.add_parser("lists", help="print the default op lists and rules")
     lists.add_argument("--dtype", default="fp16")
     lists.add_argument("--markdown", action="store_true")
-    for command in (c, i, v, lists):
+    for command in (c, q, i, v, lists):
         _add_debug_arg(command, top=False)
     return parser
 
@@ -312,6 +343,11 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         progress=_progress(args.quiet or args.json),
         **_convert_kwargs(args),
     )
+    return _validate_and_write(args, result, feeds, out)
+
+
+def _validate_and_write(args: argparse.Namespace, result: Any, feeds: Any, out: Path) -> int:
+    """``--validate`` (before writing), the write, the report, and the exit status."""
     validation = None
     if args.validate:
         from mixprec._validate import validate
@@ -350,6 +386,32 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         line += f"; the failed model is in {kept}"
     print(line, file=sys.stderr, flush=True)
     return EXIT_VALIDATION_FAILED
+
+
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    from mixprec._io import check_output_path
+    from mixprec._quantize import quantize
+
+    if args.keep_failed and not args.validate:
+        raise MixprecError("--keep-failed needs --validate")
+    out = Path(args.output)
+    check_output_path(out)
+    if Path(args.model).exists() and out.exists() and out.resolve() == Path(args.model).resolve():
+        raise MixprecError(f"{out}: output would overwrite the input model")
+    feeds = _load_feeds(args.inputs, args.model)
+    result = quantize(
+        args.model,
+        _calibration_data(args, feeds),
+        method=args.method,
+        activations=args.activation_type,
+        per_channel=not args.per_tensor,
+        exclude_nodes=tuple(args.exclude),
+        shapes=dict(args.shape),
+        fold_batchnorm=not args.no_fold_batchnorm,
+        log_dir=args.log_dir,
+        progress=_progress(args.quiet or args.json),
+    )
+    return _validate_and_write(args, result, feeds, out)
 
 
 def _failed_path(out: Path) -> Path:
@@ -478,6 +540,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     handlers = {
         "convert": _cmd_convert,
+        "quantize": _cmd_quantize,
         "inspect": _cmd_inspect,
         "validate": _cmd_validate,
         "lists": _cmd_lists,

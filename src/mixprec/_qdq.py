@@ -58,6 +58,8 @@ def _activation_inputs(node: ir.Node, role: str | None) -> list[int]:
         return [0, 1]
     if role == "concat":
         return list(range(len(node.inputs)))
+    if role == "absorbed":
+        return []  # its input is its integer producer's output: only its output is quantized
     return [0]
 
 
@@ -86,8 +88,13 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
         self._names = UniqueNames(model)
         self._stats = calibration_of(model).stats
         self._first = next(iter(model.graph), None)
-        nodes = [n for n in model.graph if (d := int8_decision(n)) is not None and d.int8]
-        qparams = self._plan_tensors(nodes, result)
+        while True:  # a tensor left float demotes its nodes, and what they fed: plan again
+            nodes = [n for n in model.graph if _is_int8(n)]
+            demoted = len(result.left_float)
+            qparams = self._plan_tensors(nodes, result)
+            if len(result.left_float) == demoted:
+                break
+            _demote_unfed(model.graph, result)
         for node in nodes:
             if not _is_int8(node):
                 continue
@@ -311,6 +318,21 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
             base = value.name or f"{node.name}_const{i}"
             data_value = self._initializer(f"{base}_q", data)
             node.replace_input_with(i, self._dq(data_value, params, base, at_top=True))
+
+
+def _demote_unfed(graph: ir.Graph, result: QuantizeQDQResult) -> None:
+    """INT8 nodes (other than weighted ones) no longer fed by an INT8 node go float."""
+    for node in graph:
+        decision = int8_decision(node)
+        if decision is None or not decision.int8 or decision.role == "weighted":
+            continue
+        fed = any(
+            v is not None and (p := v.producer()) is not None and _is_int8(p) for v in node.inputs
+        )
+        if not fed:
+            reason = "not fed by an INT8 node once its producer stayed float"
+            node.meta[INT8] = Int8Decision(False, decision.role, reason)
+            result.left_float[node.name or node.op_type] = reason
 
 
 def node_role(node: ir.Node) -> str | None:

@@ -73,25 +73,36 @@ def entropy_threshold(stats: TensorStats, levels: int = 128) -> float | None:
     # Candidate thresholds: every 16th bin edge from `levels` on (2048 bins: ~120 tries).
     for i in range(levels, bins + 1, max(1, (bins - levels) // 120)):
         p = hist[:i].copy()
-        p[i - 1] += hist[i:].sum()
+        p[i - 1] += hist[i:].sum()  # the reference keeps the clipped mass in its last bin
         nonzero = p > 0
-        # Quantize p[:i] into `levels` groups, then spread each group over its non-zero bins.
+        # The candidate quantizes the unclipped bins into `levels` groups and spreads each
+        # group's mass evenly over the reference's non-zero bins.
         edges = np.linspace(0, i, levels + 1).astype(int)
         group = np.searchsorted(edges[1:], np.arange(i), side="right")
-        sums = np.bincount(group, weights=p, minlength=levels)
+        sums = np.bincount(group, weights=hist[:i], minlength=levels)
         counts = np.bincount(group, weights=nonzero.astype(np.float64), minlength=levels)
         q = np.where(nonzero, sums[group] / np.maximum(counts[group], 1.0), 0.0)
-        p_sum, q_sum = p.sum(), q.sum()
-        if q_sum == 0:
-            continue
-        pn, qn = p / p_sum, q / q_sum
-        valid = nonzero & (qn > 0)
-        kl = float(np.sum(pn[valid] * np.log(pn[valid] / qn[valid])))
-        if np.any(nonzero & (qn == 0)):
-            kl = math.inf
+        kl = _kl(_smooth(p / p.sum()), _smooth(q / q.sum()) if q.sum() > 0 else None)
         if kl < best_kl:
             best_kl, best_i = kl, i
     return best_i * stats.hist_upper / bins
+
+
+def _smooth(dist: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """Give every empty bin ``eps`` of mass and renormalize, so that the divergence stays
+    finite where one distribution is empty and the other is not."""
+    zeros = dist == 0
+    if not zeros.any() or zeros.all():
+        return dist
+    smoothed = dist + eps * zeros
+    return smoothed / smoothed.sum()
+
+
+def _kl(p: np.ndarray, q: np.ndarray | None) -> float:
+    if q is None or np.any(q < 0) or np.any(p < 0):
+        return math.inf
+    mask = p > 0
+    return float(np.sum(p[mask] * np.log(p[mask] / q[mask])))
 
 
 def activation_qparams(stats: TensorStats, method: str, unsigned: bool) -> QParams | str:

