@@ -157,7 +157,7 @@ def test_plan_quantizes_compute_and_what_stays_in_the_integer_domain():
 
 def test_quantized_cnn_runs_in_integer_kernels_and_matches_fp32():
     model = _cnn()
-    result = mixprec.quantize(model, _samples(8))
+    result = mixprec.quantize(model, _samples(8), speed="off")
     out = result.model_proto
     onnx.checker.check_model(out, full_check=True)
     ops = _ops(out)
@@ -200,10 +200,10 @@ def test_quantized_cnn_runs_in_integer_kernels_and_matches_fp32():
 
 
 def test_old_opset_is_raised_for_per_channel_or_kept_per_tensor():
-    raised = mixprec.quantize(_cnn(11), _samples(2))
+    raised = mixprec.quantize(_cnn(11), _samples(2), speed="off")
     assert {o.domain: o.version for o in raised.model_proto.opset_import}[""] == 13
     assert "opset raised 11 -> 13" in raised.report.notes
-    kept = mixprec.quantize(_cnn(11), _samples(2), per_channel=False)
+    kept = mixprec.quantize(_cnn(11), _samples(2), per_channel=False, speed="off")
     proto = kept.model_proto
     assert {o.domain: o.version for o in proto.opset_import}[""] == 11
     assert not any(a.name == "axis" for n in proto.graph.node for a in n.attribute
@@ -228,7 +228,7 @@ def test_non_finite_ranges_leave_their_nodes_float_with_a_reason():
     rng = np.random.default_rng(4)
     mask = np.array([[0.0, 0.0, -np.inf, 0.0]], np.float32)
     samples = [{"x": rng.uniform(0, 1, (1, 4)).astype(np.float32), "mask": mask} for _ in range(4)]
-    result = mixprec.quantize(model, samples)
+    result = mixprec.quantize(model, samples, speed="off")
     nodes = {n.op_type: n for n in result.report.nodes}
     assert nodes["MatMul"].precision == "int8", nodes["MatMul"]
     assert nodes["Add"].precision == "fp32" and "not finite" in nodes["Add"].reason
@@ -239,6 +239,16 @@ def test_non_finite_ranges_leave_their_nodes_float_with_a_reason():
     got = run_ort(result.model_proto, feeds)["y"]
     assert np.all(np.isfinite(got))
     assert _rel_l2(run_ort(model, feeds)["y"], got) < 0.05
+
+
+def test_speed_auto_times_placements_and_never_picks_one_slower_than_fp32():
+    result = mixprec.quantize(_cnn(), _samples(2))
+    speed = result.report.quantization["speed"]
+    ms = speed["ms"]
+    assert {"fp32", "all"} <= set(ms) and all(v > 0 for v in ms.values())
+    assert ms[speed["chosen"]] <= ms["fp32"]
+    assert "INT8 placement timed on this CPU" in speed["summary"]
+    onnx.checker.check_model(result.model_proto, full_check=True)
 
 
 def test_without_calibration_data_the_report_warns():
@@ -256,7 +266,7 @@ def test_bad_options_are_user_errors():
 
 
 def test_integer_kernel_share_counts_what_ort_leaves_in_float():
-    result = mixprec.quantize(_cnn(), _samples(2), exclude_nodes=("conv2",))
+    result = mixprec.quantize(_cnn(), _samples(2), exclude_nodes=("conv2",), speed="off")
     macs = {n.name: n.macs for n in result.report.nodes if n.macs}
     share, kinds = integer_kernel_share(result.model_proto, macs)
     assert share is not None and 0.0 < share < 1.0
@@ -275,7 +285,7 @@ def test_cli_quantize_with_a_folder_of_samples_and_validate(tmp_path: Path, caps
         np.savez(folder / f"{k}.npz", **sample)
     out = tmp_path / "cnn_int8.onnx"
     rc = main(["quantize", str(src), "-o", str(out), "--calibration-data", str(folder),
-               "--method", "percentile", "--validate", "-q"])  # fmt: skip
+               "--method", "percentile", "--speed", "off", "--validate", "-q"])  # fmt: skip
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert out.is_file() and "wrote" in captured.out.splitlines()[-1]
@@ -305,7 +315,7 @@ def test_mtcnn_onet_int8(corpus_dir: Path):
     def batch() -> dict[str, np.ndarray]:
         return {"input_3": rng.uniform(-1, 1, (8, 48, 48, 3)).astype(np.float32)}
 
-    result = mixprec.quantize(str(path), (batch() for _ in range(4)))
+    result = mixprec.quantize(str(path), (batch() for _ in range(4)), speed="off")
     proto = result.model_proto
     onnx.checker.check_model(proto, full_check=True)
     assert result.report.quantization["integer_kernel_mac_share"] == 1.0

@@ -227,6 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor")
     q.add_argument(
+        "--speed",
+        choices=("auto", "off"),
+        default="auto",
+        help="auto: time candidate INT8 placements here and keep the fastest (never slower "
+        "than FP32); off: quantize every node the plan allows",
+    )
+    q.add_argument(
         "--exclude", action="append", default=[], metavar="REGEX", help="node kept float"
     )
     q.add_argument("--no-fold-batchnorm", action="store_true")
@@ -409,6 +416,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
         shapes=dict(args.shape),
         fold_batchnorm=not args.no_fold_batchnorm,
         log_dir=args.log_dir,
+        speed=args.speed,
         progress=_progress(args.quiet or args.json),
     )
     return _validate_and_write(args, result, feeds, out)
