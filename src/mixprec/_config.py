@@ -186,6 +186,8 @@ class ConvertConfig:
             raise TypeError(f"range_threshold must be a number, not {type(threshold).__name__}")
         if threshold is not None and not (math.isfinite(threshold) and threshold > 0):
             raise MixprecError(f"range_threshold must be > 0 and finite, got {threshold!r}")
+        if self.shapes is None:
+            object.__setattr__(self, "shapes", {})
         if not isinstance(self.shapes, Mapping):
             raise TypeError(
                 f"shapes must be a dict of input name to dims, not {type(self.shapes).__name__}"
