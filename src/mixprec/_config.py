@@ -7,8 +7,10 @@ auto-mixed-precision variables; list values are comma-separated op types or patt
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
@@ -171,18 +173,33 @@ class ConvertConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.policy, Policy):
             raise MixprecError(f"policy must be a Policy, not {type(self.policy).__name__}")
-        if self.observer not in _OBSERVERS:
+        for name in ("calibrate", "fold_batchnorm", "upgrade_opset", "clip_weights", "check"):
+            _require_bool(name, getattr(self, name))
+        if not isinstance(self.observer, str) or self.observer not in _OBSERVERS:
             raise MixprecError(
                 f"unknown observer {self.observer!r}; use one of: {', '.join(_OBSERVERS)}"
             )
-        if self.range_threshold is not None and not (
-            isinstance(self.range_threshold, int | float) and self.range_threshold > 0
+        threshold = self.range_threshold
+        if threshold is not None and (
+            isinstance(threshold, bool) or not isinstance(threshold, numbers.Real)
         ):
-            raise MixprecError(f"range_threshold must be > 0, got {self.range_threshold!r}")
+            raise TypeError(f"range_threshold must be a number, not {type(threshold).__name__}")
+        if threshold is not None and not (math.isfinite(threshold) and threshold > 0):
+            raise MixprecError(f"range_threshold must be > 0 and finite, got {threshold!r}")
+        if self.shapes is None:
+            object.__setattr__(self, "shapes", {})
+        if not isinstance(self.shapes, Mapping):
+            raise TypeError(
+                f"shapes must be a dict of input name to dims, not {type(self.shapes).__name__}"
+            )
         shapes: dict[str, tuple[int, ...]] = {}
-        for name, dims in dict(self.shapes or {}).items():
+        for name, dims in dict(self.shapes).items():
+            if not isinstance(name, str):
+                raise TypeError(f"shapes keys must be input names (str), not {name!r}")
+            if isinstance(dims, str | bytes) or not isinstance(dims, Iterable):
+                raise TypeError(f"shape of {name!r} must be a list of ints, got {dims!r}")
             try:
-                fixed = tuple(int(d) for d in dims)
+                fixed = tuple(_as_dim(d) for d in dims)
             except (TypeError, ValueError):
                 raise MixprecError(f"shape of {name!r} must be integers, got {dims!r}") from None
             if any(d <= 0 for d in fixed):
@@ -191,10 +208,19 @@ class ConvertConfig:
         object.__setattr__(self, "shapes", MappingProxyType(shapes))
         keep = self.keep_io_types
         if not isinstance(keep, bool):
-            if isinstance(keep, str):
-                raise MixprecError("keep_io_types must be a bool or a list of names")
-            object.__setattr__(self, "keep_io_types", frozenset(str(k) for k in keep))
+            if isinstance(keep, str | bytes) or not isinstance(keep, Iterable):
+                raise MixprecError(
+                    "keep_io_types must be a bool or a list of input/output names, "
+                    f"not {type(keep).__name__} {keep!r}"
+                )
+            names = list(keep)
+            bad = [k for k in names if not isinstance(k, str) or not k]
+            if bad:
+                raise MixprecError(f"keep_io_types must hold input/output names, got {bad[0]!r}")
+            object.__setattr__(self, "keep_io_types", frozenset(names))
         if self.log_dir is not None:
+            if not isinstance(self.log_dir, str | os.PathLike):
+                raise TypeError(f"log_dir must be a path, not {type(self.log_dir).__name__}")
             object.__setattr__(self, "log_dir", Path(self.log_dir))
 
     @property
@@ -219,13 +245,28 @@ class ConvertConfig:
         unknown = sorted(set(options) - names - _POLICY_OPTIONS)
         if unknown:
             raise MixprecError(f"unknown option(s): {', '.join(unknown)}")
+        if target_dtype is not None and not isinstance(target_dtype, str):
+            raise TypeError(
+                "target_dtype must be a str such as 'fp16' or 'bf16', "
+                f"not {type(target_dtype).__name__} {target_dtype!r}"
+            )
+        if policy is not None and not isinstance(policy, Policy):
+            raise TypeError(
+                f"policy must be a Policy (e.g. mixprec.default_policy('fp16')), "
+                f"not {type(policy).__name__} {policy!r}"
+            )
+        if env is not None and not isinstance(env, Mapping):
+            raise TypeError(f"env must be a mapping of str to str, not {type(env).__name__}")
         policy_opts = {k: options.pop(k) for k in list(options) if k in _POLICY_OPTIONS}
+        _check_policy_options(policy_opts)
         if policy is None:
             policy = _policy_from_options(target_dtype, policy_opts, env)
         elif policy_opts:
             given = ", ".join(sorted(policy_opts))
             raise MixprecError(f"give either policy= or list options ({given}), not both")
         log_dir = resolve_log_dir(options.pop("log_dir", None), env)
+        if log_dir is not None and not isinstance(log_dir, str | os.PathLike):
+            raise TypeError(f"log_dir must be a path, not {type(log_dir).__name__} {log_dir!r}")
         return cls(policy=policy, log_dir=Path(log_dir) if log_dir else None, **options)
 
     def replace(self, **changes: Any) -> ConvertConfig:
@@ -250,6 +291,45 @@ class ConvertConfig:
             "check": self.check,
             "log_dir": str(self.log_dir) if self.log_dir else None,
         }
+
+
+def _require_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {type(value).__name__} {value!r}")
+
+
+def _as_dim(d: object) -> int:
+    if isinstance(d, bool) or not isinstance(d, numbers.Integral):
+        raise TypeError(f"not an int: {d!r}")
+    return int(d)
+
+
+def _check_policy_options(options: Mapping[str, Any]) -> None:
+    """Types of the list options, and no op added to two lists at once."""
+    for name in (*LIST_OPTIONS, "exclude_nodes", "output_fp32_ops"):
+        value = options.get(name)
+        if value is None:
+            continue
+        if isinstance(value, str | bytes) or not isinstance(value, Iterable):
+            hint = f" such as [{value!r}]" if isinstance(value, str) else ""
+            raise TypeError(
+                f"{name} must be a list of {'patterns' if name == 'exclude_nodes' else 'op types'}"
+                f"{hint}, not {type(value).__name__}"
+            )
+        items = list(value)
+        for item in items:
+            if not isinstance(item, str) or not item:
+                raise TypeError(f"{name} must hold non-empty strings, got {item!r}")
+    force_all = options.get("force_all")
+    if force_all is not None:
+        _require_bool("force_all", force_all)
+    seen: dict[str, str] = {}
+    for cls in (OpClass.ALLOW, OpClass.DENY, OpClass.INFER, OpClass.CLEAR):
+        name = f"{cls.value}_add"
+        for op in options.get(name) or ():
+            if op in seen and seen[op] != name:
+                raise MixprecError(f"op {op!r} is in both {seen[op]} and {name}: pick one list")
+            seen[op] = name
 
 
 def _policy_from_options(

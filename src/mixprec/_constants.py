@@ -11,7 +11,8 @@ def const_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
     """The tensor of an initializer or of a ``Constant(value=...)`` node's output, else None.
 
     A fast path for the two common cases; other Constant forms (``value_float`` ...) go
-    through ``onnx_ir.convenience.get_const_tensor``.
+    through ``onnx_ir.convenience.get_const_tensor``. A malformed Constant (an attribute
+    of the wrong kind) gives None: ``CheckInputPass`` reports it.
     """
     if value is None:
         return None
@@ -23,4 +24,7 @@ def const_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
     attr = producer.attributes.get("value")
     if attr is not None and attr.type == ir.AttributeType.TENSOR:
         return attr.as_tensor()
-    return ir.convenience.get_const_tensor(value)
+    try:
+        return ir.convenience.get_const_tensor(value)
+    except (TypeError, ValueError):
+        return None

@@ -475,7 +475,7 @@ def calibration_feeds(
     if data is None:
         return None
     if isinstance(data, Mapping):
-        return iter([{k: np.asarray(v) for k, v in data.items()}])
+        return iter([_sample(0, data)])
     if isinstance(data, str | bytes | np.ndarray) or not isinstance(data, Iterable):
         raise MixprecError(
             "calibration_data must be a dict of input arrays or an iterable of such dicts, "
@@ -484,13 +484,39 @@ def calibration_feeds(
     return _each_mapping(data)
 
 
-def _each_mapping(data: Iterable[Feeds]) -> Iterator[dict[str, np.ndarray]]:
-    for k, item in enumerate(data):
-        if not isinstance(item, Mapping):
+def _sample(k: int, item: object) -> dict[str, np.ndarray]:
+    """Calibration sample ``k`` as arrays; refuses what cannot measure a range."""
+    if not isinstance(item, Mapping):
+        raise MixprecError(
+            f"calibration sample {k} is a {type(item).__name__}, not a dict of input name to array"
+        )
+    if not item:
+        raise MixprecError(f"calibration sample {k} is an empty dict")
+    out: dict[str, np.ndarray] = {}
+    for name, value in item.items():
+        if not isinstance(name, str):
+            raise MixprecError(f"calibration sample {k}: keys must be input names, got {name!r}")
+        try:
+            array = np.asarray(value)
+        except (TypeError, ValueError) as exc:
+            raise MixprecError(f"calibration sample {k}: input {name!r}: {exc}") from None
+        if array.dtype == object:
             raise MixprecError(
-                f"calibration sample {k} is a {type(item).__name__}, not a dict of arrays"
+                f"calibration sample {k}: input {name!r} is not a numeric array "
+                f"({type(value).__name__})"
             )
-        yield {name: np.asarray(v) for name, v in item.items()}
+        if array.size == 0:
+            raise MixprecError(f"calibration sample {k}: input {name!r} is empty {array.shape}")
+        if np.issubdtype(array.dtype, np.floating) and np.isnan(array).all():
+            raise MixprecError(f"calibration sample {k}: input {name!r} is all NaN")
+        out[name] = array
+    return out
+
+
+def _each_mapping(data: Iterable[Feeds]) -> Iterator[dict[str, np.ndarray]]:
+    # No sample at all is refused by calibrate() ("holds no sample").
+    for k, item in enumerate(data):
+        yield _sample(k, item)
 
 
 def feeds_for(model: ModelArg, feeds: Feeds) -> dict[str, np.ndarray]:
@@ -499,6 +525,10 @@ def feeds_for(model: ModelArg, feeds: Feeds) -> dict[str, np.ndarray]:
     Raises:
         MixprecError: An input of ``model`` has no array in ``feeds``.
     """
+    if not isinstance(feeds, Mapping):
+        raise MixprecError(
+            f"inputs must be a dict of input name to array, not {type(feeds).__name__}"
+        )
     out: dict[str, np.ndarray] = {}
     for value in graph_inputs(as_ir(model)):
         name = value.name or ""

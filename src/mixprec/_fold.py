@@ -29,7 +29,22 @@ def _const(value: ir.Value | None) -> np.ndarray | None:
     tensor = const_tensor(value)
     if tensor is None or tensor.dtype != ir.DataType.FLOAT:
         return None
-    return tensor.numpy().astype(np.float64)
+    try:
+        return tensor.numpy().astype(np.float64)
+    except ValueError:  # data that does not fit its dims: CheckInputPass names it
+        return None
+
+
+def _attr_number(node: ir.Node, name: str, default: float) -> float | None:
+    """A FLOAT or INT attribute's value, ``default`` when absent, None when of another type."""
+    attr = node.attributes.get(name)
+    if attr is None:
+        return default
+    if attr.type == ir.AttributeType.FLOAT:
+        return attr.as_float()
+    if attr.type == ir.AttributeType.INT:
+        return float(attr.as_int())
+    return None
 
 
 #: Weight axis of the output channels (Gemm: 0 with transB, else 1).
@@ -60,8 +75,8 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
         return result
 
     def _try_fold(self, bn: ir.Node) -> str | None:
-        training = bn.attributes.get("training_mode")
-        if training is not None and training.as_int():
+        training = _attr_number(bn, "training_mode", 0)
+        if training is None or training:
             return "training mode"
         if len([o for o in bn.outputs if o is not None and o.name]) > 1 and any(
             o.uses() or o.is_graph_output() for o in bn.outputs[1:]
@@ -80,8 +95,9 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
         scale, bias, mean, var = params
         if scale is None or bias is None or mean is None or var is None:
             return "BatchNormalization parameters are not float32 constants"
-        eps_attr = bn.attributes.get("epsilon")
-        eps = eps_attr.as_float() if eps_attr is not None else 1e-5
+        eps = _attr_number(bn, "epsilon", 1e-5)
+        if eps is None:
+            return "epsilon is not a number"
         factor = scale / np.sqrt(var + eps)
         shift = bias - mean * factor
         weight = _const(producer.inputs[1] if len(producer.inputs) > 1 else None)
@@ -93,17 +109,17 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
             if old_bias is None:
                 return f"{producer.op_type} bias is not a float32 constant"
         channels = factor.shape[0]
-        if producer.op_type == "ConvTranspose":
-            group = producer.attributes.get("group")
-            if group is not None and group.as_int() != 1:
-                return "ConvTranspose with group > 1"
+        if producer.op_type == "ConvTranspose" and _attr_number(producer, "group", 1) != 1:
+            return "ConvTranspose with group > 1"
         gemm = producer.op_type == "Gemm"
-        trans_b = producer.attributes.get("transB")
+        trans_b = _attr_number(producer, "transB", 0)
         # The weight axis that holds the output channels the BatchNormalization scales.
         axis = _OUT_CHANNEL_AXIS[producer.op_type]
-        if gemm and not (trans_b is not None and trans_b.as_int()):
+        if gemm and trans_b is None:
+            return "Gemm transB is not an int"
+        if gemm and not trans_b:
             axis = 1
-        if weight.shape[axis] != channels:
+        if factor.ndim != 1 or weight.ndim <= axis or weight.shape[axis] != channels:
             return "channel count mismatch"
         per_axis = [1] * weight.ndim
         per_axis[axis] = -1
@@ -112,8 +128,9 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
         elif gemm:
             if old_bias.ndim > 1:
                 return "Gemm bias is not per-column"
-            beta_attr = producer.attributes.get("beta")
-            beta = beta_attr.as_float() if beta_attr is not None else 1.0
+            beta = _attr_number(producer, "beta", 1.0)
+            if beta is None:
+                return "Gemm beta is not a number"
             b = np.broadcast_to(old_bias * beta, (channels,)).astype(np.float64)
         else:
             b = old_bias
@@ -162,6 +179,9 @@ def _add_initializer(graph: ir.Graph, name: str, array: np.ndarray) -> ir.Value:
     return value
 
 
+_DTYPE_CODES = frozenset(int(t) for t in ir.DataType)
+
+
 @dataclasses.dataclass
 class FoldCastsResult(ir.passes.PassResult):
     folded: int = 0  # Casts of constants replaced by constants
@@ -184,6 +204,8 @@ class FoldCastsPass(ir.passes.InPlacePass):
             to = node.attributes.get("to")
             if src is None or to is None or out.is_graph_output() or node.graph is None:
                 continue
+            if to.type != ir.AttributeType.INT or to.as_int() not in _DTYPE_CODES:
+                continue  # malformed: CheckInputPass reports it
             target = ir.DataType(to.as_int())
             if src.dtype == target:
                 out.replace_all_uses_with(src)
@@ -194,9 +216,16 @@ class FoldCastsPass(ir.passes.InPlacePass):
             tensor = const_tensor(src)
             if tensor is None or src.is_graph_input() or tensor.size > 4096:
                 continue  # only small constants: large weights are the rewriter's job
-            if ir.DataType.STRING in (tensor.dtype, target):
+            if ir.DataType.STRING in (tensor.dtype, target) or ir.DataType.UNDEFINED in (
+                tensor.dtype,
+                target,
+            ):
                 continue
-            folded = ir.tensor(tensor.numpy().astype(target.numpy()), dtype=target)
+            try:
+                array = tensor.numpy()
+            except ValueError:  # data that does not fit its dims: CheckInputPass names it
+                continue
+            folded = ir.tensor(array.astype(target.numpy()), dtype=target)
             value = ir.Value(name=out.name, type=ir.TensorType(target), shape=out.shape)
             const = ir.Node(
                 "",

@@ -28,6 +28,14 @@ from mixprec._measure import CalibratePass, CountMacsPass
 from mixprec._opset import UpgradeOpsetPass, ops_needing_upgrade
 from mixprec._paint import PaintPass
 from mixprec._rewrite import ApplyPrecisionPass, RemoveRedundantCastsPass
+from mixprec._sanitize import (
+    CheckInputPass,
+    CheckOptionsPass,
+    InlineFunctionsPass,
+    RepairNamesPass,
+    SetIrVersionPass,
+    SortNodesPass,
+)
 from mixprec._shapes import InferShapesPass
 
 __all__ = ["STAGES", "Pipeline", "Stage"]
@@ -109,10 +117,20 @@ class Pipeline:
         """The stage ``name`` for ``model`` as it stands now (stages read earlier results)."""
         config = self.config
         if name == "prepare":
-            passes: list[ir.passes.PassBase] = []
+            # Checks and repairs of the input first: later passes assume a sound model.
+            passes: list[ir.passes.PassBase] = [
+                CheckOptionsPass(
+                    config.keep_io_types,
+                    calibrate=config.calibrate,
+                    has_calibration_data=self.calibration_data is not None,
+                ),
+                RepairNamesPass(),
+                CheckInputPass(),
+                SetIrVersionPass(),
+            ]
             if model.functions:
-                passes.append(common.InlinePass())
-            passes.append(common.NameFixPass())
+                passes.append(InlineFunctionsPass())
+            passes += [SortNodesPass(), common.NameFixPass()]
             if config.fold_batchnorm:
                 passes += [FoldBatchNormPass(), common.RemoveUnusedNodesPass()]
             # Casts of constants are folded before inference: a Reshape whose shape input

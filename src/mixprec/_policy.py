@@ -70,6 +70,11 @@ def normalize_dtype(name: str) -> str:
     Raises:
         MixprecError: ``name`` is not a supported low-precision dtype.
     """
+    if not isinstance(name, str):
+        raise TypeError(
+            f"target_dtype must be a str such as 'fp16' or 'bf16', not {type(name).__name__} "
+            f"{name!r}"
+        )
     key = name.strip().lower()
     if key not in _DTYPE_ALIASES:
         raise MixprecError(
@@ -316,7 +321,14 @@ RULES: Mapping[tuple[str, str], OpRule] = _RulesView()
 
 
 def register_rule(op_type: str, rule: OpRule, *, domain: str = "") -> None:
-    """Register (or replace) the rule for ``(domain, op_type)`` in the op registry."""
+    """Register (or replace) the rule for ``(domain, op_type)`` in the op registry.
+
+    Raises:
+        TypeError: ``rule`` is not an :class:`OpRule`, or a name is not a str.
+        MixprecError: an empty or malformed op type.
+    """
+    if not isinstance(rule, OpRule):
+        raise TypeError(f"rule must be an OpRule, not {type(rule).__name__} {rule!r}")
     register_op(op_type, domain=domain, rule=rule)
 
 
@@ -466,10 +478,26 @@ class Policy:
     range_checked: frozenset[str] = field(default_factory=frozenset)
 
     def __post_init__(self) -> None:
-        if self.target not in TARGET_DTYPES:
-            raise MixprecError(f"unknown target dtype {self.target!r}")
+        if not isinstance(self.target, str) or self.target not in TARGET_DTYPES:
+            raise MixprecError(
+                f"Policy target must be one of {', '.join(TARGET_DTYPES)}, got {self.target!r}"
+            )
+        if not isinstance(self.lists, Mapping):
+            raise TypeError(f"Policy lists must be a mapping, not {type(self.lists).__name__}")
+        missing = [c.value for c in _LIST_CLASSES if c not in self.lists]
+        if missing or any(not isinstance(c, OpClass) for c in self.lists):
+            raise MixprecError(
+                f"Policy lists must have one entry per OpClass (allow, deny, infer, clear); "
+                f"missing: {', '.join(missing) or 'none'}"
+            )
+        _check_names("Policy exclude_nodes", self.exclude_nodes, tuple)
+        _check_names("Policy output_fp32_ops", self.output_fp32_ops, frozenset)
+        _check_names("Policy range_checked", self.range_checked, frozenset)
+        if not isinstance(self.force_all, bool):
+            raise TypeError(f"Policy force_all must be a bool, not {self.force_all!r}")
         seen: dict[str, OpClass] = {}
         for cls, ops in self.lists.items():
+            _check_names(f"Policy {cls.value} list", ops, frozenset)
             for op in ops:
                 if op in seen:
                     raise MixprecError(
@@ -514,6 +542,9 @@ class Policy:
                 for other in lists.values():
                     other.discard(op)
                 lists[cls].add(op)
+        output_fp32_ops = tuple(output_fp32_ops)
+        for op in output_fp32_ops:
+            _check_op_name(op)
         return Policy(
             target=self.target,
             lists={cls: frozenset(ops) for cls, ops in lists.items()},
@@ -537,9 +568,22 @@ class Policy:
         }
 
 
+_LIST_CLASSES = (OpClass.ALLOW, OpClass.DENY, OpClass.INFER, OpClass.CLEAR)
+
+
+def _check_names(what: str, names: object, kind: type) -> None:
+    if not isinstance(names, kind):
+        raise TypeError(f"{what} must be a {kind.__name__} of str, not {type(names).__name__}")
+    for name in names:  # type: ignore[attr-defined]
+        if not isinstance(name, str):
+            raise TypeError(f"{what} must hold str, got {name!r}")
+
+
 def _check_op_name(op: str) -> None:
     import onnx.defs
 
+    if not isinstance(op, str):
+        raise TypeError(f"op types must be str, got {op!r}")
     if not op or not op.replace("_", "").isalnum() or not op[0].isalpha():
         raise MixprecError(f"malformed op type {op!r}")
     if op in KNOWN_OPS or onnx.defs.has(op):

@@ -160,9 +160,75 @@ def _key(op_type: str, domain: str) -> tuple[str, str]:
     return ("" if domain == "ai.onnx" else domain, op_type)
 
 
+_FACTS = frozenset(f.name for f in dataclasses.fields(OpInfo))
+_TARGETS = ("float16", "bfloat16")
+_BOOL_FACTS = frozenset({"shape_only", "control_flow", "quantized", "same_type"})
+
+
+def _check_registration(op_type: object, domain: object, facts: Mapping[str, object]) -> None:
+    """Type- and value-check :func:`register_op`'s arguments (names the bad one)."""
+    from mixprec._errors import MixprecError
+
+    for name, given in (("op_type", op_type), ("domain", domain)):
+        if not isinstance(given, str):
+            raise TypeError(f"{name} must be a str, not {type(given).__name__} {given!r}")
+    assert isinstance(op_type, str)  # for mypy: checked just above
+    if not op_type or not op_type.replace("_", "").isalnum() or not op_type[0].isalpha():
+        raise MixprecError(f"malformed op type {op_type!r}")
+    unknown = sorted(set(facts) - _FACTS)
+    if unknown:
+        raise MixprecError(
+            f"unknown op fact(s) {', '.join(unknown)}; known: {', '.join(sorted(_FACTS))}"
+        )
+    for name in _BOOL_FACTS & set(facts):
+        if not isinstance(facts[name], bool):
+            raise TypeError(f"{name} must be True or False, not {facts[name]!r}")
+    if "rule" in facts:
+        _check_rule(facts["rule"])
+    macs = facts.get("macs")
+    if macs is not None and not callable(macs):
+        raise TypeError(f"macs must be a function of MacArgs, not {type(macs).__name__}")
+    classes = facts.get("classes", {})
+    if not isinstance(classes, Mapping):
+        raise TypeError(f"classes must be a dict of target to OpClass, not {classes!r}")
+    for target, cls in classes.items():
+        if target not in _TARGETS or not isinstance(cls, OpClass):
+            raise MixprecError(
+                f"classes entry {target!r}: {cls!r}: targets are float16/bfloat16, "
+                "values OpClass members"
+            )
+    checked = facts.get("range_checked", frozenset())
+    if not isinstance(checked, frozenset) or not checked <= set(_TARGETS):
+        raise MixprecError(f"range_checked must be a frozenset of targets, got {checked!r}")
+
+
+def _check_rule(rule: object) -> None:
+    if rule is None:
+        return
+    if not isinstance(rule, OpRule):
+        raise TypeError(f"rule must be an OpRule, not {type(rule).__name__} {rule!r}")
+    keep = rule.keep_fp32_inputs
+    if not isinstance(keep, frozenset) or any(
+        isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in keep
+    ):
+        raise TypeError(f"OpRule keep_fp32_inputs must be a frozenset of input indices: {keep!r}")
+    if rule.fp32_if is not None and not callable(rule.fp32_if):
+        raise TypeError(f"OpRule fp32_if must be a function or None, not {rule.fp32_if!r}")
+    if not isinstance(rule.output_fp32, bool):
+        raise TypeError(f"OpRule output_fp32 must be a bool, not {rule.output_fp32!r}")
+    if not isinstance(rule.note, str):
+        raise TypeError(f"OpRule note must be a str, not {rule.note!r}")
+
+
 def register_op(op_type: str, *, domain: str = "", **facts: object) -> OpInfo:
     """Add or refine the entry of ``(domain, op_type)``: given facts replace old ones,
-    ``classes`` entries are merged per target. Returns the new entry."""
+    ``classes`` entries are merged per target. Returns the new entry.
+
+    Raises:
+        TypeError: a fact of the wrong type (names it).
+        MixprecError: a malformed op type, an unknown fact, an unknown target.
+    """
+    _check_registration(op_type, domain, facts)
     key = _key(op_type, domain)
     old = _REGISTRY.get(key, _EMPTY)
     if "classes" in facts:
