@@ -30,6 +30,7 @@ from mixprec._pipeline import Pipeline, Stage
 from mixprec._registry import node_info
 from mixprec._report import NodeReport, Report
 from mixprec._rewrite import ApplyPrecisionResult, RemoveRedundantCastsResult
+from mixprec._sanitize import SanitizeResult
 from mixprec._shapes import InferShapesResult, ReconcileDeclaredShapesResult
 
 __all__ = ["ConversionResult", "convert", "inspect"]
@@ -130,6 +131,8 @@ def _notes_about_input(model: ir.Model) -> list[str]:
 def _resolve_config(
     target_dtype: str | None, config: ConvertConfig | None, options: dict[str, Any]
 ) -> ConvertConfig:
+    if config is not None and not isinstance(config, ConvertConfig):
+        raise TypeError(f"config must be a mixprec.ConvertConfig, not {type(config).__name__}")
     if config is None:
         return ConvertConfig.resolve(target_dtype, **options)
     if target_dtype is not None:
@@ -152,6 +155,8 @@ def _run(
     until: str,
 ) -> ConversionResult:
     config = _resolve_config(target_dtype, config, options)
+    if progress is not None and not callable(progress):
+        raise TypeError(f"progress must be callable, not {type(progress).__name__}")
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     say("loading")
@@ -206,7 +211,9 @@ def _report_stages(report: Report, stages: Mapping[str, Stage], model: ir.Model)
 
 
 def _report_result(report: Report, stage: str, result: ir.passes.PassResult) -> None:
-    if isinstance(result, FoldBatchNormResult):
+    if isinstance(result, SanitizeResult):
+        report.notes.extend(result.notes)
+    elif isinstance(result, FoldBatchNormResult):
         report.batchnorm_folded = result.folded
     elif isinstance(result, FoldCastsResult) and result.modified:
         report.notes.append(
