@@ -298,3 +298,18 @@ def test_good_arguments_still_convert() -> None:
     assert result.report.calibrated
     ops = [n.op_type for n in result.model.graph]
     assert ops.count("MatMul") == 1 and ops.count("Relu") == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"inputs": [np.zeros(3, np.float32)]}, "inputs must be a dict"),
+        ({"rtol": -1.0}, "rtol must be a finite number > 0"),
+        ({"atol": float("nan")}, "atol must be a finite number > 0"),
+        ({"rtol": "0.1"}, "rtol must be a number"),
+        ({"seed": 1.5}, "seed must be an int"),
+    ],
+)
+def test_validate_checks_its_arguments(kwargs, fragment):
+    with pytest.raises(mixprec.MixprecError, match=fragment):
+        mixprec.validate("a.onnx", "b.onnx", **kwargs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -70,6 +71,19 @@ def validate(
 
     if mode not in ("auto", "ort", "emulated"):
         raise MixprecError(f"unknown validation mode {mode!r}: use auto, ort or emulated")
+    if inputs is not None and not isinstance(inputs, Mapping):
+        raise MixprecError(
+            f"inputs must be a dict of arrays by input name, not {type(inputs).__name__}"
+        )
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is None and name == "rtol":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise MixprecError(f"{name} must be a number, not {type(value).__name__}")
+        if not math.isfinite(value) or value <= 0:
+            raise MixprecError(f"{name} must be a finite number > 0, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise MixprecError(f"seed must be an int, not {type(seed).__name__}")
     ref_model = _proto(original)
     new_model = _proto(converted)
     if inputs is None:
