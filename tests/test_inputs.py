@@ -19,12 +19,11 @@ from onnx import TensorProto, helper, numpy_helper
 import mixprec
 from helpers import assert_close, run_ort, sha256_of
 from mixprec._cli import main
+from mixprec._input_checks import CheckInputPass, check_proto
 from mixprec._sanitize import (
-    CheckInputPass,
     RepairNamesPass,
     SetIrVersionPass,
     SortNodesPass,
-    check_proto,
 )
 
 F = TensorProto.FLOAT

@@ -24,12 +24,12 @@ from mixprec._cleanup import CheckModelPass, DropAddedAnnotationsPass
 from mixprec._config import ConvertConfig
 from mixprec._errors import InternalError, MixprecError
 from mixprec._fold import FoldBatchNormPass, FoldCastsPass
+from mixprec._input_checks import CheckInputPass
 from mixprec._measure import CalibratePass, CountMacsPass
 from mixprec._opset import UpgradeOpsetPass, ops_needing_upgrade
 from mixprec._paint import PaintPass
 from mixprec._rewrite import ApplyPrecisionPass, RemoveRedundantCastsPass
 from mixprec._sanitize import (
-    CheckInputPass,
     CheckOptionsPass,
     InlineFunctionsPass,
     RepairNamesPass,
