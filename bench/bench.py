@@ -17,7 +17,6 @@ import json
 import math
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
@@ -27,8 +26,7 @@ from typing import Any
 import numpy as np
 import onnx
 import report
-from common import BENCH_DIR, REPO_ROOT, RESULTS_DIR, cache_dir
-from convert_one import vm_hwm_mb
+from common import BENCH_DIR, REPO_ROOT, RESULTS_DIR, cache_dir, run_measured
 from emulate import emulator
 from evaluate import Baseline, evaluate, first_line, make_baseline
 from metrics import macs_by_name, runtime_shapes
@@ -85,36 +83,6 @@ def machine() -> dict[str, Any]:
     return {"cpu": cpu, "logical_cores": os.cpu_count(),
             "usable_cores": len(os.sched_getaffinity(0)), "memory_gib": memory,
             "platform": platform.platform()}
-
-
-def run_measured(cmd: list[str], timeout: float, log: Path) -> dict[str, Any]:
-    """Runs ``cmd``; returns exit code, wall time, sampled peak RSS and time-out flag.
-
-    Peak RSS is sampled from /proc/PID/status (VmHWM) while the child runs; the child
-    also reports its own final VmHWM, which the caller prefers.
-    """
-    start = time.perf_counter()
-    timed_out = False
-    peak: float | None = None
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                cwd=str(REPO_ROOT))
-        while True:
-            sample = vm_hwm_mb(proc.pid)
-            if sample is not None:
-                peak = sample if peak is None else max(peak, sample)
-            pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() - start > timeout:
-                timed_out = True
-                os.killpg(proc.pid, signal.SIGKILL)
-                pid, status, _ = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.02)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return {"exit_code": proc.returncode, "wall_s": time.perf_counter() - start,
-            "sampled_peak_rss_mb": peak, "timed_out": timed_out}
 
 
 def convert(spec: ModelSpec, converter: str, dtype: str, work: Path, calib: Path,

@@ -33,28 +33,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from common import vm_hwm_mb
+
 CONVERTERS = ("mixprec", "mixprec-nocal", "onnxconverter-common", "ort-float16", "modelopt")
 FP16_ONLY = ("onnxconverter-common", "ort-float16")
 
 
 class Unavailable(Exception):
     """The converter cannot be imported or does not exist in this environment."""
-
-
-def vm_hwm_mb(pid: int | str = "self") -> float | None:
-    """Peak resident set size of a process since its exec (VmHWM), in MiB.
-
-    ru_maxrss is no use here: Linux carries the parent's high-water mark across
-    fork/vfork + exec into the child's ru_maxrss, so a child of a big process
-    would report the parent's size.
-    """
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def _mixprec(args: argparse.Namespace, calibrate: bool) -> Callable[[], dict[str, Any]]:
