@@ -1,11 +1,13 @@
 """Benchmark mixprec against peer FP16/BF16 converters on real pretrained models.
 
     python bench/bench.py [--models a,b] [--converters x,y] [--timeout 600] [--no-latency]
+                          [--int8-only | --no-int8] [--quantizers t,u]
 
 Needs the corpus (bench/fetch.py) and the derived models (bench/export_minilm.py,
 bench/train_mnist.py). Every conversion runs in its own subprocess (bench/convert_one.py)
-with a timeout; the rest is measured here. Writes bench/results/<date>.json, .md and .png
-and prints the markdown.
+with a timeout; the rest is measured here. The INT8 part (int8.py, quantize_one.py) runs
+the INT8 quantizers the same way on the same models. Writes bench/results/<date>.json, .md
+and .png (<date>-int8.json and .md with --int8-only) and prints the markdown.
 """
 
 from __future__ import annotations
@@ -17,18 +19,18 @@ import json
 import math
 import os
 import platform
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import int8
 import numpy as np
 import onnx
 import report
-from common import BENCH_DIR, REPO_ROOT, RESULTS_DIR, cache_dir
-from convert_one import vm_hwm_mb
+import report_int8
+from common import BENCH_DIR, REPO_ROOT, RESULTS_DIR, cache_dir, run_measured
 from emulate import emulator
 from evaluate import Baseline, evaluate, first_line, make_baseline
 from metrics import macs_by_name, runtime_shapes
@@ -47,7 +49,7 @@ JOBS: list[tuple[str, str]] = [
 
 PACKAGES = ("mixprec", "onnx", "onnxruntime", "onnxconverter-common", "nvidia-modelopt",
             "polygraphy", "onnx-graphsurgeon", "onnxscript", "onnxslim", "onnx-ir", "torch",
-            "transformers", "tokenizers", "numpy", "ml_dtypes", "protobuf", "matplotlib")
+            "nncf", "transformers", "tokenizers", "numpy", "ml_dtypes", "protobuf", "matplotlib")
 
 
 def versions() -> dict[str, str | None]:
@@ -85,36 +87,6 @@ def machine() -> dict[str, Any]:
     return {"cpu": cpu, "logical_cores": os.cpu_count(),
             "usable_cores": len(os.sched_getaffinity(0)), "memory_gib": memory,
             "platform": platform.platform()}
-
-
-def run_measured(cmd: list[str], timeout: float, log: Path) -> dict[str, Any]:
-    """Runs ``cmd``; returns exit code, wall time, sampled peak RSS and time-out flag.
-
-    Peak RSS is sampled from /proc/PID/status (VmHWM) while the child runs; the child
-    also reports its own final VmHWM, which the caller prefers.
-    """
-    start = time.perf_counter()
-    timed_out = False
-    peak: float | None = None
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
-                                cwd=str(REPO_ROOT))
-        while True:
-            sample = vm_hwm_mb(proc.pid)
-            if sample is not None:
-                peak = sample if peak is None else max(peak, sample)
-            pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() - start > timeout:
-                timed_out = True
-                os.killpg(proc.pid, signal.SIGKILL)
-                pid, status, _ = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.02)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return {"exit_code": proc.returncode, "wall_s": time.perf_counter() - start,
-            "sampled_peak_rss_mb": peak, "timed_out": timed_out}
 
 
 def convert(spec: ModelSpec, converter: str, dtype: str, work: Path, calib: Path,
@@ -185,10 +157,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds per conversion (env MIXPREC_BENCH_TIMEOUT, default 600)")
     parser.add_argument("--no-latency", action="store_true", help="skip the latency runs")
     parser.add_argument("--results", type=Path, default=RESULTS_DIR)
+    part = parser.add_mutually_exclusive_group()
+    part.add_argument("--int8-only", action="store_true",
+                      help="run only the INT8 part (results in <date>-int8.json/.md)")
+    part.add_argument("--no-int8", action="store_true", help="skip the INT8 part")
+    parser.add_argument("--quantizers", help="comma-separated subset of: " + ",".join(int8.TOOLS))
     args = parser.parse_args(argv)
 
     specs = [m for m in MODELS if not args.models or m.name in args.models.split(",")]
     jobs = [j for j in JOBS if not args.converters or j[0] in args.converters.split(",")]
+    tools = [t for t in int8.TOOLS if not args.quantizers or t in args.quantizers.split(",")]
+    if args.int8_only:
+        jobs = []
+    if args.no_int8:
+        tools = []
     started = time.perf_counter()
     date = dt.date.today().isoformat()
     work = cache_dir() / "work" / date
@@ -196,10 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     emulate_fn, emulate_name = emulator()
     info = {"date": date, "started": dt.datetime.now().isoformat(timespec="seconds"),
             "machine": machine(), "versions": versions(), "emulation": emulate_name,
-            "timeout_s": args.timeout, "threads": 2, "jobs": jobs}
-    print(f"bench: {len(specs)} models x {len(jobs)} conversions; work dir {work}", flush=True)
+            "timeout_s": args.timeout, "threads": 2, "jobs": jobs, "int8_tools": tools}
+    print(f"bench: {len(specs)} models x ({len(jobs)} conversions + {len(tools)} INT8 "
+          f"quantizers); work dir {work}", flush=True)
 
     rows: list[dict[str, Any]] = []
+    int8_rows: list[dict[str, Any]] = []
     baselines: dict[str, dict[str, Any]] = {}
     for spec in specs:
         base, calib = prepare(spec, work)
@@ -225,27 +209,45 @@ def main(argv: list[str] | None = None) -> int:
                 f"relL2={row.get('worst_rel_l2')}")
             print(f"bench: {spec.name:11s} {converter:21s} {dtype} {row['status']:11s} "
                   f"{time.perf_counter() - t0:6.1f}s  {str(summary)[:110]}", flush=True)
+        if tools:
+            int8_rows += int8.run_model(spec, base, tools, work, args.timeout,
+                                        not args.no_latency)
 
     names = [s.name for s in specs]
     targets = report.evaluate_targets(rows, names,
                                       {k: v["size_bytes"] for k, v in baselines.items()})
     agg = report.aggregate(rows)
+    fp32_accuracy = {k: v["accuracy"] for k, v in baselines.items()}
+    int8_part: dict[str, Any] = {}
+    if tools:
+        int8_part = {
+            "rows": int8_rows,
+            "aggregate": report_int8.aggregate(int8_rows),
+            "targets": {t: report_int8.evaluate_targets(int8_rows, t, fp32_accuracy)
+                        for t in report_int8.MIXPREC_TOOLS if t in tools},
+            "calibration_samples": {r["model"]: r["calibration_samples"] for r in int8_rows},
+        }
     info["elapsed_s"] = time.perf_counter() - started
 
     args.results.mkdir(parents=True, exist_ok=True)
-    stem = args.results / date
-    payload = {**info, "models": baselines, "rows": rows, "aggregate": agg, "targets": targets}
+    stem = args.results / (f"{date}-int8" if args.int8_only else date)
+    payload = {**info, "models": baselines, "rows": rows, "aggregate": agg, "targets": targets,
+               "int8": int8_part}
     stem.with_suffix(".json").write_text(json.dumps(_json_safe(payload), indent=1))
-    report.chart(rows, names, stem.with_suffix(".png"))
-    markdown = render(info, baselines, rows, agg, targets)
+    written = ".json, .md"
+    if rows:
+        report.chart(rows, names, stem.with_suffix(".png"))
+        written += " and .png"
+    markdown = render(info, baselines, rows, agg, targets, int8_part)
     stem.with_suffix(".md").write_text(markdown)
     print(markdown)
-    print(f"bench: wrote {stem}.json, .md and .png in {info['elapsed_s']:.0f}s")
+    print(f"bench: wrote {stem}{written} in {info['elapsed_s']:.0f}s")
     return 0
 
 
 def render(info: dict[str, Any], baselines: dict[str, dict[str, Any]], rows: list[dict[str, Any]],
-           agg: list[dict[str, Any]], targets: list[dict[str, Any]]) -> str:
+           agg: list[dict[str, Any]], targets: list[dict[str, Any]],
+           int8_part: dict[str, Any] | None = None) -> str:
     v = info["versions"]
     m = info["machine"]
     lines = [
@@ -255,7 +257,8 @@ def render(info: dict[str, Any], baselines: dict[str, dict[str, Any]], rows: lis
         f"ORT CPU, {info['threads']} intra-op threads.",
         "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val),
         "",
-        "Columns: valid = fp16 runs in ORT / bf16 passes onnx.checker full_check; check/ORT = "
+        ("FP16/BF16 columns" if rows else "FP16/BF16 part not run; its columns") +
+        ": valid = fp16 runs in ORT / bf16 passes onnx.checker full_check; check/ORT = "
         "full checker passes / ORT CPU loads and runs it; casts = Cast nodes (subgraphs "
         "included); low nodes / low MACs = share of float nodes / of Conv, ConvTranspose, "
         "MatMul, Gemm multiply-accumulates whose first float input is fp16/bf16; size = file "
@@ -278,9 +281,15 @@ def render(info: dict[str, Any], baselines: dict[str, dict[str, Any]], rows: lis
         acc = f" (accuracy {100 * b['accuracy']:.1f}%)" if b.get("accuracy") is not None else ""
         lines.append(f"| {name} | {b['source']}{acc} | {shapes} | {b['size_bytes'] / 2**20:.1f} "
                      f"| {b['stats']['nodes']} | {b['stats']['macs_total'] / 1e9:.2f} | {check} |")
-    lines += ["", "## Per model and converter", "", report.model_table(rows), "",
-              "## Per converter", "", report.aggregate_table(agg), "",
-              "## Issue 3 targets for mixprec", "", report.targets_markdown(targets), ""]
+    lines.append("")
+    if rows:
+        lines += ["## Per model and converter", "", report.model_table(rows), "",
+                  "## Per converter", "", report.aggregate_table(agg), "",
+                  "## Issue 3 targets for mixprec", "", report.targets_markdown(targets), ""]
+    if int8_part:
+        lines.append(report_int8.render(
+            int8_part["rows"], int8_part["aggregate"], int8_part["targets"],
+            {k: v["accuracy"] for k, v in baselines.items()}, int8_part["calibration_samples"]))
     problems = [r for r in rows if r.get("status") == "ok" and (
         r.get("ort_error") or r.get("checker_error") or r.get("emulation_error"))]
     if problems:

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
+import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -78,3 +82,49 @@ def read_corpus(tsv: Path = CORPUS_TSV) -> list[CorpusEntry]:
             raise ValueError(f"{tsv}: expected 6 tab-separated fields, got {line!r}")
         entries.append(CorpusEntry(*fields))
     return entries
+
+
+def vm_hwm_mb(pid: int | str = "self") -> float | None:
+    """Peak resident set size of a process since its exec (VmHWM), in MiB.
+
+    ru_maxrss is no use here: Linux carries the parent's high-water mark across
+    fork/vfork + exec into the child's ru_maxrss, so a child of a big process
+    would report the parent's size.
+    """
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def run_measured(cmd: list[str], timeout: float, log: Path) -> dict[str, Any]:
+    """Runs ``cmd``; returns exit code, wall time, sampled peak RSS and time-out flag.
+
+    Peak RSS is sampled from /proc/PID/status (VmHWM) while the child runs; the child
+    also reports its own final VmHWM, which the caller prefers.
+    """
+    start = time.perf_counter()
+    timed_out = False
+    peak: float | None = None
+    with log.open("wb") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                cwd=str(REPO_ROOT))
+        while True:
+            sample = vm_hwm_mb(proc.pid)
+            if sample is not None:
+                peak = sample if peak is None else max(peak, sample)
+            pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.perf_counter() - start > timeout:
+                timed_out = True
+                os.killpg(proc.pid, signal.SIGKILL)
+                pid, status, _ = os.wait4(proc.pid, 0)
+                break
+            time.sleep(0.02)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return {"exit_code": proc.returncode, "wall_s": time.perf_counter() - start,
+            "sampled_peak_rss_mb": peak, "timed_out": timed_out}

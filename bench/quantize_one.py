@@ -1,0 +1,176 @@
+"""Run ONE INT8 quantizer on ONE model; meant to run in its own subprocess (see int8.py).
+
+    python bench/quantize_one.py TOOL IN.onnx OUT.onnx RESULT.json --calib-dir DIR
+
+DIR holds the calibration samples, one feed dict per .npz file, read in name order.
+Tools:
+  mixprec-minmax / -entropy / -percentile
+      `python -m mixprec quantize IN -o OUT --calibration-data DIR --method M --json`
+      (defaults otherwise: activations auto, per-channel, speed auto)
+  ort-s8s8   onnxruntime.quantization.quantize_static, its documented default (QDQ, QInt8
+             activations and weights, MinMax) with per_channel=True, on the output of
+             onnxruntime.quantization.shape_inference.quant_pre_process
+  ort-u8s8   the same with activation_type=QuantType.QUInt8
+  nncf       nncf.quantize(onnx model, nncf.Dataset(samples)), ONNX backend, default preset
+
+Per-channel DequantizeLinear (its `axis`) needs ai.onnx opset 13. mixprec raises the opset
+itself; ORT's quantize_static and NNCF do not (ORT writes `axis` into an opset-12 graph,
+which neither the checker nor ORT loads), so for them a model below opset 13 is first
+converted with onnx.version_converter.convert_version(model, 13), inside the timed span,
+as a user would have to.
+
+As in convert_one.py, `convert_s` covers reading IN, calibrating and quantizing, writing
+OUT (ORT's pre-processing included); imports are reported apart (`import_s`); peak RSS is
+the process's VmHWM. The mixprec CLI runs in this process through runpy, which is what
+`python -m mixprec` executes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from common import vm_hwm_mb
+from convert_one import Unavailable, run_mixprec_cli
+
+TOOLS = ("mixprec-minmax", "mixprec-entropy", "mixprec-percentile", "ort-s8s8", "ort-u8s8",
+         "nncf")
+
+
+def samples(folder: str) -> Iterator[dict[str, Any]]:
+    """The calibration feeds, one per .npz file, loaded one at a time."""
+    import numpy as np
+
+    for path in sorted(Path(folder).glob("*.npz")):
+        with np.load(path) as data:
+            yield {k: data[k] for k in data.files}
+
+
+PER_CHANNEL_OPSET = 13
+
+
+def opset13(model_path: str, folder: str) -> tuple[str, dict[str, Any]]:
+    """``model_path``, or a copy converted to opset 13 in ``folder`` if it is below."""
+    import onnx
+
+    model = onnx.load(model_path)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset >= PER_CHANNEL_OPSET:
+        return model_path, {}
+    converted = onnx.version_converter.convert_version(model, PER_CHANNEL_OPSET)
+    path = str(Path(folder) / "opset13.onnx")
+    onnx.save(converted, path)
+    return path, {"opset_upgraded": f"{opset} -> {PER_CHANNEL_OPSET} (onnx.version_converter)"}
+
+
+def _mixprec(args: argparse.Namespace, method: str) -> Callable[[], dict[str, Any]]:
+    argv = ["mixprec", "quantize", args.model, "-o", args.out, "--calibration-data",
+            args.calib_dir, "--method", method, "--json"]
+    return run_mixprec_cli(argv, "mixprec CLI")
+
+
+def _ort(args: argparse.Namespace, unsigned: bool) -> Callable[[], dict[str, Any]]:
+    try:
+        from onnxruntime.quantization import (
+            CalibrationDataReader,
+            CalibrationMethod,
+            QuantFormat,
+            QuantType,
+            quantize_static,
+        )
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+    except ImportError as exc:
+        raise Unavailable(f"onnxruntime.quantization not importable: {exc}") from exc
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.feeds = samples(args.calib_dir)
+
+        def get_next(self) -> dict[str, Any] | None:
+            return next(self.feeds, None)
+
+    options = {"quant_format": QuantFormat.QDQ, "per_channel": True,
+               "activation_type": QuantType.QUInt8 if unsigned else QuantType.QInt8,
+               "weight_type": QuantType.QInt8, "calibrate_method": CalibrationMethod.MinMax}
+
+    def run() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="bench-ort-") as folder:
+            source, notes = opset13(args.model, folder)
+            pre = str(Path(folder) / "pre.onnx")
+            quant_pre_process(source, pre)
+            quantize_static(pre, args.out, Reader(), **options)
+        return {"options": {k: str(v) for k, v in options.items()}, **notes}
+
+    return run
+
+
+def _nncf(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
+    try:
+        import nncf
+        import onnx
+    except Exception as exc:
+        raise Unavailable(f"nncf not importable: {exc}") from exc
+
+    def run() -> dict[str, Any]:
+        with tempfile.TemporaryDirectory(prefix="bench-nncf-") as folder:
+            source, notes = opset13(args.model, folder)
+            model = onnx.load(source)
+        data = list(samples(args.calib_dir))
+        quantized = nncf.quantize(model, nncf.Dataset(data), subset_size=len(data))
+        onnx.save(quantized, args.out)
+        return {"version": nncf.__version__, **notes}
+
+    return run
+
+
+def build(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
+    if args.tool.startswith("mixprec-"):
+        return _mixprec(args, args.tool.removeprefix("mixprec-"))
+    if args.tool in ("ort-s8s8", "ort-u8s8"):
+        return _ort(args, unsigned=args.tool == "ort-u8s8")
+    if args.tool == "nncf":
+        return _nncf(args)
+    raise Unavailable(f"unknown tool {args.tool}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run one INT8 quantizer on one model.")
+    parser.add_argument("tool", choices=TOOLS)
+    parser.add_argument("model")
+    parser.add_argument("out")
+    parser.add_argument("result")
+    parser.add_argument("--calib-dir", required=True, help="folder of one-sample .npz files")
+    args = parser.parse_args(argv)
+
+    result: dict[str, Any] = {"tool": args.tool, "model": args.model, "out": args.out}
+    start = time.perf_counter()
+    try:
+        run = build(args)
+        result["import_s"] = time.perf_counter() - start
+        result["rss_after_import_mb"] = vm_hwm_mb()
+        Path(args.out).unlink(missing_ok=True)
+        begin = time.perf_counter()
+        result.update(run())
+        result["convert_s"] = time.perf_counter() - begin
+        if not Path(args.out).is_file():
+            raise RuntimeError("quantizer reported success but wrote no model")
+        result["status"] = "ok"
+    except Unavailable as exc:
+        result.update(status="unavailable", error=str(exc))
+    except BaseException as exc:  # every failure is a result to report
+        result.update(status="error", error=f"{type(exc).__name__}: {exc}"[:3000],
+                      traceback=traceback.format_exc()[-4000:])
+    result["vm_hwm_mb"] = vm_hwm_mb()
+    Path(args.result).write_text(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
