@@ -220,7 +220,7 @@ def integer_kernel_share(
         if out in source
     )
     total = sum(macs.values())
-    return (integer / total if total else None), dict(kinds)
+    return (integer / total if total else None), dict(kinds)  # None: no counted MACs
 
 
 CalibrationData = Mapping[str, Any] | Iterable[Mapping[str, Any]]
@@ -360,13 +360,19 @@ def choose_placement(
         copy.meta.update(model.meta)
         trial = QuantizePipeline(dataclasses.replace(config, exclude_nodes=excluded, check=False))
         sessions[label] = session(ir.to_proto(trial.run(copy, start="annotate", until="apply")))
+    # Each measurement repeats the run until it lasts >= 5 ms (tiny models are all noise
+    # otherwise); sessions take turns, so drifts in machine load hit every candidate alike.
+    start = time.perf_counter()
+    sessions["fp32"].run(None, feeds)
+    repeat = max(1, int(0.005 / max(time.perf_counter() - start, 1e-6)))
     times: dict[str, list[float]] = {k: [] for k in sessions}
     for k in range(rounds + 2):
         for label, sess in sessions.items():
             start = time.perf_counter()
-            sess.run(None, feeds)
+            for _ in range(repeat):
+                sess.run(None, feeds)
             if k >= 2:  # two warm-up rounds
-                times[label].append(time.perf_counter() - start)
+                times[label].append((time.perf_counter() - start) / repeat)
     ms = {label: float(np.median(t)) * 1e3 for label, t in times.items()}
     best = min(plans, key=lambda label: ms[label])
     chosen = best if ms[best] <= ms["fp32"] else "fp32"
@@ -419,7 +425,8 @@ def _fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) ->
             "float_biases": applied.float_biases,
             "left_float": applied.left_float,
         }
-    macs = {n.name: n.macs for n in report.nodes if n.macs and n.precision == "int8"}
+    # The share is over every Conv/MatMul/Gemm MAC of the model, INT8-planned or not.
+    macs = {n.name: n.macs for n in report.nodes if n.macs}
     try:
         share, kinds = integer_kernel_share(ir.to_proto(model), macs)
     except Exception as exc:  # the check stage already passed: report, do not fail

@@ -120,7 +120,9 @@ class Report:
             rows.append(
                 (
                     "MACs in ORT integer kernels",
-                    f"{share:.1%} of the INT8 nodes' MACs" if isinstance(share, float) else "n/a",
+                    f"{share:.1%} of the Conv/MatMul/Gemm MACs"
+                    if isinstance(share, float)
+                    else "n/a",
                 )
             )
         if self.weights.get("flushed_to_zero"):
