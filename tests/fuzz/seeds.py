@@ -48,6 +48,9 @@ class SeedModel:
     opset: int
     proto: onnx.ModelProto
     side_files: dict[str, bytes] = dataclasses.field(default_factory=dict)
+    #: (old, new) replacements of the serialized model, for what protobuf cannot hold
+    #: (names that are not UTF-8).
+    byte_patches: list[tuple[bytes, bytes]] = dataclasses.field(default_factory=list)
 
     def files(self) -> dict[str, bytes]:
         """The files of this model, by name: ``model.onnx`` and its side files."""
@@ -56,7 +59,9 @@ class SeedModel:
     def copy(self) -> SeedModel:
         proto = onnx.ModelProto()
         proto.CopyFrom(self.proto)
-        return SeedModel(self.name, self.opset, proto, dict(self.side_files))
+        return SeedModel(
+            self.name, self.opset, proto, dict(self.side_files), list(self.byte_patches)
+        )
 
 
 def write_files(files: dict[str, bytes], folder: Path) -> Path:
