@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from . import mutators
-from .campaign import Result, plan, run_case, summarize
+from .campaign import Result, emit_known, plan, run_case, summarize
 from .driver import Case, command_line
 
 SUBPROCESS_EVERY = 20  # one case in this many runs through `python -m mixprec`
@@ -42,6 +42,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", metavar="DIR", help="keep each case's folder under DIR")
     p.add_argument("-v", "--verbose", action="store_true", help="print every case")
     p.add_argument("--list", action="store_true", help="list the mutations and exit")
+    p.add_argument(
+        "--emit-known", action="store_true", help="print known_defects.KNOWN entries for defects"
+    )
     return p
 
 
@@ -63,8 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.list:
         for m in mutators.MUTATIONS:
-            print(f"{m.name:24s} {m.group:14s} {(m.model or m.data).__doc__ or ''}".rstrip()
-                  .split("\n")[0])
+            print(
+                f"{m.name:24s} {m.group:14s} {(m.model or m.data).__doc__ or ''}".rstrip().split(
+                    "\n"
+                )[0]
+            )
         return 0
     for var in [v for v in os.environ if v.startswith("MIXPREC_")]:
         del os.environ[var]
@@ -87,11 +93,16 @@ def main(argv: list[str] | None = None) -> int:
             r = run_case(case, Path(tmp), timeout=args.timeout, subprocess_mode=bool(sub))
             results.append(r)
             if args.verbose or (r.outcome.is_defect and r.known is None):
-                print(f"[{i + 1}/{len(cases)}] {r.case}{' (subprocess)' if sub else ''}: "
-                      f"{r.outcome}", flush=True)
+                print(
+                    f"[{i + 1}/{len(cases)}] {r.case}{' (subprocess)' if sub else ''}: {r.outcome}",
+                    flush=True,
+                )
             elif (i + 1) % 100 == 0:
                 print(f"[{i + 1}/{len(cases)}] {time.monotonic() - start:.0f} s", flush=True)
     summarize(results)
+    if args.emit_known:
+        print()
+        emit_known(results)
     print(f"\n{len(results)} cases in {time.monotonic() - start:.0f} s")
     new = [r for r in results if r.outcome.is_defect and r.known is None]
     return 1 if new else 0

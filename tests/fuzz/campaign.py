@@ -14,7 +14,7 @@ from .classify import CLEAN_ERROR, DEFECT, SUCCESS, Outcome, classify, first_std
 from .driver import Case, Materialized, Observation, materialize, observe
 from .known_defects import KnownDefect, known_for, matches_known
 
-__all__ = ["Result", "cause_key", "plan", "run_case", "summarize"]
+__all__ = ["Result", "cause_key", "emit_known", "plan", "run_case", "summarize"]
 
 
 @dataclasses.dataclass
@@ -26,6 +26,7 @@ class Result:
 
     @property
     def known(self) -> KnownDefect | None:
+        """The known-defect entry of this case, when the outcome is the recorded one."""
         entry = known_for(self.case.name, self.case.seed)
         if entry is not None and entry.matches(self.outcome.kind, self.outcome.detail):
             return entry
@@ -90,12 +91,11 @@ def summarize(results: list[Result], say: Callable[[str], None] = print) -> None
     def table(title: str, rows: dict[str, collections.Counter[str]]) -> None:
         say(f"\n{title:28s} {'cases':>6s} {cols[0]:>14s} {cols[1]:>12s} {cols[2]:>7s}")
         total: collections.Counter[str] = collections.Counter()
-        for key, counts in rows.items():
-            total.update(counts)
-            n = sum(counts.values())
-            say(f"{key:28s} {n:6d} {counts[cols[0]]:14d} {counts[cols[1]]:12d} {counts[cols[2]]:7d}")
-        n = sum(total.values())
-        say(f"{'total':28s} {n:6d} {total[cols[0]]:14d} {total[cols[1]]:12d} {total[cols[2]]:7d}")
+        for key, counts in [*rows.items(), ("total", total)]:
+            if key != "total":
+                total.update(counts)
+            a, b, c = (counts[col] for col in cols)
+            say(f"{key:28s} {sum(counts.values()):6d} {a:14d} {b:12d} {c:7d}")
 
     table("mutation group", by_group)
     table("mutation", by_mut)
@@ -108,10 +108,27 @@ def summarize(results: list[Result], say: Callable[[str], None] = print) -> None
     for key, rs in sorted(causes.items(), key=lambda kv: -len(kv[1])):
         first = rs[0]
         known = matches_known(first.outcome.kind, first.outcome.detail)
-        tag = f" [known: {known.cause}]" if known else " [NEW]"
+        tag = f" [known cause: {known}]" if known else " [NEW]"
         muts = collections.Counter(r.case.name for r in rs)
         say(f"\n- {key} ({len(rs)} cases: {dict(muts)}){tag}")
         for r in rs[:3]:
-            say(f"    {r.case} ({r.mat.seed_model} opset {r.mat.opset} {r.mat.dtype or 'default'})"
-                f": {first_stderr_line(r.obs)}")
+            say(
+                f"    {r.case} ({r.mat.seed_model} opset {r.mat.opset} {r.mat.dtype or 'default'})"
+                f": {first_stderr_line(r.obs)}"
+            )
             say(f"      {r.case.repro()}")
+
+
+def emit_known(results: list[Result], say: Callable[[str], None] = print) -> None:
+    """Print ``KNOWN`` entries (Python) for the defects found, with the cause that matches."""
+    for r in results:
+        if r.outcome.is_defect:
+            cause = matches_known(r.outcome.kind, r.outcome.detail) or "?"
+            say(f'    K("{r.case.name}", {r.case.seed}, "{cause}"),  # {cause_key(r.outcome)[:60]}')
+    unmatched = {
+        cause_key(r.outcome)
+        for r in results
+        if r.outcome.is_defect and matches_known(r.outcome.kind, r.outcome.detail) is None
+    }
+    for key in sorted(unmatched):
+        say(f"# no cause matches: {key}")

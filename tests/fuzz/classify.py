@@ -41,6 +41,7 @@ KINDS = {
     "no-output": "exit 0 but no output file",
     "output-on-error": "exit 2 but the output file was written",
     "leftover-files": "files other than the input and output left in the folder",
+    "warning-before-error": "exit 2: one-line warnings, then the error line (not one line)",
     "error-not-one-line": "exit 2 without exactly one stderr line 'mixprec: error: ...'",
     "stray-stderr": "a stderr line that is not a one-line 'mixprec: ...' message",
 }
@@ -118,6 +119,14 @@ def classify(obs: Observation) -> Outcome:
         return defect("output-on-error")
     if obs.leftovers:
         return defect("leftover-files", ", ".join(obs.leftovers))
+    if (
+        len(err) > 1
+        and err[-1].startswith("mixprec: error: ")
+        and all(ln.startswith("mixprec: warning: ") for ln in err[:-1])
+        and not obs.stdout.strip()
+    ):
+        detail = f"{err[0][:160]} ... {len(err) - 1} warning(s), then {err[-1][:140]}"
+        return defect("warning-before-error", detail)
     if len(err) != 1 or not err[0].startswith("mixprec: error: ") or obs.stdout.strip():
         detail = " | ".join(err)[:300] or "(no stderr)"
         if obs.stdout.strip():

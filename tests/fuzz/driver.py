@@ -366,8 +366,14 @@ def _run_ort(path: Path, feeds: dict | None, *, strict: bool = False) -> dict | 
                 if int(np.prod(shape)) > 10**7:
                     return None
                 kind = arg.type[len("tensor(") : -1] if arg.type.startswith("tensor(") else ""
-                dtypes = {"float": np.float32, "int64": np.int64, "int32": np.int32,
-                          "double": np.float64, "bool": np.bool_, "float16": np.float16}  # fmt: skip
+                dtypes = {
+                    "float": np.float32,
+                    "int64": np.int64,
+                    "int32": np.int32,
+                    "double": np.float64,
+                    "bool": np.bool_,
+                    "float16": np.float16,
+                }
                 if kind not in dtypes:
                     return None
                 rng = np.random.default_rng(0)
