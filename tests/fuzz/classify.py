@@ -92,7 +92,8 @@ def classify(obs: Observation) -> Outcome:
     if obs.inputs_changed:
         return defect("input-modified", ", ".join(obs.inputs_changed))
     if obs.rc == 3:
-        return defect("internal-error")
+        internal = [ln for ln in err if ln.startswith("mixprec: internal error")]
+        return defect("internal-error", (internal or err or ["(no stderr)"])[-1][:300])
     if obs.rc == 1 and "Traceback" in obs.stderr:
         tail = err[-1] if err else ""
         return defect("uncaught-exception", tail[:300])

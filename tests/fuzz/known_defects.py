@@ -27,7 +27,81 @@ class Cause:
         return kind == self.kind and re.search(self.match, detail) is not None
 
 
-CAUSES: dict[str, Cause] = {}
+_CHECK = "internal error in stage 'check/CheckModelPass': the converted model fails onnx.checker"
+
+CAUSES: dict[str, Cause] = {
+    "input-not-checked": Cause(
+        "internal-error",
+        re.escape(_CHECK),
+        "an input that onnx.checker rejects (nodes out of topological order, a graph output "
+        "no node produces, ir_version 0/1/3/99) is converted and only the final "
+        "CheckModelPass notices: exit 3 blames mixprec; load_model should check the input "
+        "and exit 2 naming the problem",
+    ),
+    "serialize-fails-in-prepare": Cause(
+        "internal-error",
+        r"InferShapesPass': SerdeError: Error calling serialize_model_into",
+        "onnx_ir loads what it cannot serialize again (an attribute of type UNDEFINED (0), a "
+        "node or tensor name that is not UTF-8); InferShapesPass serializes and fails: exit "
+        "3 instead of a one-line error at load",
+    ),
+    "recursive-functions": Cause(
+        "internal-error",
+        r"InlinePass': PreconditionError: Cyclic dependency detected between functions",
+        "model-local functions that call themselves or each other: onnx_ir's InlinePass "
+        "raises PreconditionError, exit 3 instead of exit 2",
+    ),
+    "function-opset-mismatch": Cause(
+        "internal-error",
+        r"InlinePass': ValueError: Opset mismatch when inlining function",
+        "a model-local function importing another default-domain opset than the model: "
+        "InlinePass raises ValueError, exit 3 (convert the function's opset or exit 2)",
+    ),
+    "tensor-bytes-short": Cause(
+        "internal-error",
+        r"ValueError: buffer (is smaller than requested size|size must be a multiple of "
+        r"element size)",
+        "tensor bytes that do not match the dims (raw_data short or not a whole number of "
+        "elements; external data offset/length past the end of the file) are read lazily "
+        "by FoldBatchNormPass/CalibratePass: ValueError, exit 3; load_model checks the "
+        "external file exists but not its size",
+    ),
+    "external-location-is-folder": Cause(
+        "internal-error",
+        r"ValueError: External data path .* has multiple hard links",
+        "external data location '.' or '' names the model's folder itself, which "
+        "load_model accepts (target == base); onnx_ir then refuses it (hard link check): "
+        "exit 3 instead of exit 2",
+    ),
+    "undefined-tensor-type": Cause(
+        "internal-error",
+        r"TypeError: Bitwidth not available for ONNX data type: UNDEFINED",
+        "an initializer with data_type 0 (UNDEFINED): TypeError while counting bytes, exit 3",
+    ),
+    "onnx-ir-warnings-then-error": Cause(
+        "warning-before-error",
+        r"onnx_ir: (Input .* cannot be found in any scope|Output .* is not produced by any "
+        r"node)",
+        "a dangling reference (node input nobody produces, deleted initializer or renamed "
+        "graph input, graph output no node produces): onnx_ir warns once per reference, "
+        "then ONNX Runtime refuses the model in calibrate: several stderr lines; validate "
+        "references at load and fail in one line",
+    ),
+    "shape-inference-warning-then-error": Cause(
+        "warning-before-error",
+        r"shape inference failed, using declared types only",
+        "strict shape inference fails (unknown domain without an opset import, initializer "
+        "type or rank disagreeing with its declaration), mixprec warns and goes on, and "
+        "ONNX Runtime then refuses the model in calibrate: two stderr lines; the inference "
+        "error should be the one error line",
+    ),
+    "bad-attribute-after-upgrade": Cause(
+        "output-fails-in-ort",
+        r"ShapeInferenceError\] axis must be in",
+        "an out-of-range axis (2**40) that ONNX Runtime tolerates at the input's opset is "
+        "kept through the bf16 opset upgrade to 22, where ONNX Runtime rejects the output",
+    ),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +118,59 @@ class KnownDefect:
         return CAUSES[self.cause].matches(kind, detail)
 
 
-KNOWN: tuple[KnownDefect, ...] = ()
+KNOWN: tuple[KnownDefect, ...] = (
+    KnownDefect("attr_bad_value", 1, "bad-attribute-after-upgrade"),
+    KnownDefect("external_outside", 1, "external-location-is-folder"),
+    KnownDefect("external_outside", 3, "external-location-is-folder"),
+    KnownDefect("function_other_opset", 0, "function-opset-mismatch"),
+    KnownDefect("function_other_opset", 2, "function-opset-mismatch"),
+    KnownDefect("drop_node", 1, "input-not-checked"),
+    KnownDefect("odd_ir_version", 0, "input-not-checked"),
+    KnownDefect("odd_ir_version", 1, "input-not-checked"),
+    KnownDefect("odd_ir_version", 2, "input-not-checked"),
+    KnownDefect("odd_ir_version", 3, "input-not-checked"),
+    KnownDefect("swap_nodes", 0, "input-not-checked"),
+    KnownDefect("swap_nodes", 1, "input-not-checked"),
+    KnownDefect("swap_nodes", 2, "input-not-checked"),
+    KnownDefect("swap_nodes", 3, "input-not-checked"),
+    KnownDefect("zero_nodes", 0, "input-not-checked"),
+    KnownDefect("zero_nodes", 1, "input-not-checked"),
+    KnownDefect("zero_nodes", 2, "input-not-checked"),
+    KnownDefect("zero_nodes", 3, "input-not-checked"),
+    KnownDefect("bitflip", 1, "onnx-ir-warnings-then-error"),
+    KnownDefect("delete_initializer", 2, "onnx-ir-warnings-then-error"),
+    KnownDefect("delete_initializer", 3, "onnx-ir-warnings-then-error"),
+    KnownDefect("drop_node", 0, "onnx-ir-warnings-then-error"),
+    KnownDefect("drop_node", 2, "onnx-ir-warnings-then-error"),
+    KnownDefect("empty_if_branch", 3, "onnx-ir-warnings-then-error"),
+    KnownDefect("rename_graph_input", 0, "onnx-ir-warnings-then-error"),
+    KnownDefect("rename_graph_input", 2, "onnx-ir-warnings-then-error"),
+    KnownDefect("rename_graph_input", 3, "onnx-ir-warnings-then-error"),
+    KnownDefect("rename_input", 1, "onnx-ir-warnings-then-error"),
+    KnownDefect("recursive_function", 0, "recursive-functions"),
+    KnownDefect("recursive_function", 1, "recursive-functions"),
+    KnownDefect("recursive_function", 2, "recursive-functions"),
+    KnownDefect("recursive_function", 3, "recursive-functions"),
+    KnownDefect("attr_type_zero", 0, "serialize-fails-in-prepare"),
+    KnownDefect("attr_type_zero", 1, "serialize-fails-in-prepare"),
+    KnownDefect("attr_type_zero", 2, "serialize-fails-in-prepare"),
+    KnownDefect("attr_type_zero", 3, "serialize-fails-in-prepare"),
+    KnownDefect("bitflip", 3, "serialize-fails-in-prepare"),
+    KnownDefect("non_utf8_name", 0, "serialize-fails-in-prepare"),
+    KnownDefect("non_utf8_name", 2, "serialize-fails-in-prepare"),
+    KnownDefect("non_utf8_name", 3, "serialize-fails-in-prepare"),
+    KnownDefect("duplicate_initializer", 0, "shape-inference-warning-then-error"),
+    KnownDefect("duplicate_initializer", 1, "shape-inference-warning-then-error"),
+    KnownDefect("unknown_domain", 0, "shape-inference-warning-then-error"),
+    KnownDefect("unknown_domain", 1, "shape-inference-warning-then-error"),
+    KnownDefect("unknown_domain", 3, "shape-inference-warning-then-error"),
+    KnownDefect("delete_bytes", 1, "tensor-bytes-short"),
+    KnownDefect("external_past_end", 0, "tensor-bytes-short"),
+    KnownDefect("external_past_end", 1, "tensor-bytes-short"),
+    KnownDefect("short_raw_data", 0, "tensor-bytes-short"),
+    KnownDefect("short_raw_data", 3, "tensor-bytes-short"),
+    KnownDefect("wrong_tensor_type", 3, "undefined-tensor-type"),
+)
 
 
 def known_for(mutation: str, seed: int) -> KnownDefect | None:
