@@ -73,6 +73,12 @@ CAUSES: dict[str, Cause] = {
         "load_model accepts (target == base); onnx_ir then refuses it (hard link check): "
         "exit 3 instead of exit 2",
     ),
+    "undefined-attribute-type": Cause(
+        "internal-error",
+        r"TypeError: Attribute .* is not of type \w+\. Actual type: UNDEFINED",
+        "an attribute of type UNDEFINED (0) that a pass reads (BatchNormalization epsilon in "
+        "FoldBatchNormPass): TypeError, exit 3; load should reject the attribute",
+    ),
     "undefined-tensor-type": Cause(
         "internal-error",
         r"TypeError: Bitwidth not available for ONNX data type: UNDEFINED",
@@ -106,7 +112,7 @@ CAUSES: dict[str, Cause] = {
 
 @dataclasses.dataclass(frozen=True)
 class KnownDefect:
-    mutation: str
+    mutation: str  # a mutation's name, or names joined by "+" for a sequence
     seed: int
     cause: str  # a key of CAUSES
 
@@ -119,6 +125,8 @@ class KnownDefect:
 
 
 KNOWN: tuple[KnownDefect, ...] = (
+    # found by test_mutation_sequences (a sequence: mutation names joined by "+")
+    KnownDefect("swap_nodes+attr_type_zero+rename_input", 2319, "undefined-attribute-type"),
     KnownDefect("attr_bad_value", 1, "bad-attribute-after-upgrade"),
     KnownDefect("external_outside", 1, "external-location-is-folder"),
     KnownDefect("external_outside", 3, "external-location-is-folder"),

@@ -33,7 +33,7 @@ class KnownDefectSeen(Exception):
 
 def _cases() -> list:
     cases = plan(len(mutators.MUTATIONS) * SEEDS, 0)
-    extra = [Case((k.mutation,), k.seed) for k in KNOWN]
+    extra = [Case(tuple(k.mutation.split("+")), k.seed) for k in KNOWN]
     cases += [c for c in extra if c not in cases]
     params = []
     for case in cases:
@@ -67,6 +67,7 @@ def test_a_case_through_python_m_mixprec(workdir: Path) -> None:
         inproc = run_case(case, workdir)
         sub = run_case(case, workdir, subprocess_mode=True)
         assert (sub.outcome.cls, sub.obs.rc) == (inproc.outcome.cls, inproc.obs.rc), sub.report()
+
         def same(text: str) -> str:
             return re.sub(r"case-\w+", "case-X", text)
 
