@@ -59,8 +59,8 @@ CAUSES: dict[str, Cause] = {
     ),
     "tensor-bytes-short": Cause(
         "internal-error",
-        r"ValueError: buffer (is smaller than requested size|size must be a multiple of "
-        r"element size)",
+        r"ValueError: (buffer (is smaller than requested size|size must be a multiple of "
+        r"element size)|offset must be non-negative and no greater than buffer length)",
         "tensor bytes that do not match the dims (raw_data short or not a whole number of "
         "elements; external data offset/length past the end of the file) are read lazily "
         "by FoldBatchNormPass/CalibratePass: ValueError, exit 3; load_model checks the "
@@ -78,6 +78,25 @@ CAUSES: dict[str, Cause] = {
         r"TypeError: Attribute .* is not of type \w+\. Actual type: UNDEFINED",
         "an attribute of type UNDEFINED (0) that a pass reads (BatchNormalization epsilon in "
         "FoldBatchNormPass): TypeError, exit 3; load should reject the attribute",
+    ),
+    "cast-to-unknown-type": Cause(
+        "internal-error",
+        r"ValueError: -?\d+ is not a valid DataType",
+        "Cast(to=999) or Cast(to=-1): onnx_ir's DataType(to) raises ValueError, exit 3 "
+        "instead of exit 2 naming the Cast",
+    ),
+    "dangling-input-in-function": Cause(
+        "internal-error",
+        r"InlinePass': RuntimeError: In clone_node",
+        "a model-local function whose body reads a tensor nobody produces: InlinePass fails "
+        "in clone_node (RuntimeError), exit 3 instead of exit 2",
+    ),
+    "duplicate-opset-import": Cause(
+        "output-fails-in-ort",
+        r"Type 'tensor\(bfloat16\)' of input parameter .* is invalid",
+        "the default domain imported twice (two versions): mixprec and the checker read one "
+        "version, ONNX Runtime the other, which does not admit bfloat16 Conv; a duplicate "
+        "opset import should be a load error",
     ),
     "undefined-tensor-type": Cause(
         "internal-error",
