@@ -60,7 +60,8 @@ CAUSES: dict[str, Cause] = {
     "tensor-bytes-short": Cause(
         "internal-error",
         r"ValueError: (buffer (is smaller than requested size|size must be a multiple of "
-        r"element size)|offset must be non-negative and no greater than buffer length)",
+        r"element size)|offset must be non-negative and no greater than buffer length|"
+        r"cannot reshape array of size \d+ into shape)",
         "tensor bytes that do not match the dims (raw_data short or not a whole number of "
         "elements; external data offset/length past the end of the file) are read lazily "
         "by FoldBatchNormPass/CalibratePass: ValueError, exit 3; load_model checks the "
@@ -75,9 +76,10 @@ CAUSES: dict[str, Cause] = {
     ),
     "undefined-attribute-type": Cause(
         "internal-error",
-        r"TypeError: Attribute .* is not of type \w+\. Actual type: UNDEFINED",
-        "an attribute of type UNDEFINED (0) that a pass reads (BatchNormalization epsilon in "
-        "FoldBatchNormPass): TypeError, exit 3; load should reject the attribute",
+        r"TypeError: Attribute .* is not of type \w+\. Actual type: \w+",
+        "an attribute of the wrong type (UNDEFINED (0), STRING, FLOATS) that a pass reads "
+        "(BatchNormalization epsilon in FoldBatchNormPass, Softmax axis in CalibratePass): "
+        "TypeError, exit 3; load should check attribute types against the schema",
     ),
     "cast-to-unknown-type": Cause(
         "internal-error",
