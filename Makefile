@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint fuzz bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,13 @@ lint: $(STAMP)
 	$(BIN)/python -m ruff check src tests bench
 	$(BIN)/python -m ruff format --check src tests
 	$(BIN)/python -m mypy
+
+# A fuzz campaign: FUZZ_CASES cases round robin over the mutations from seed FUZZ_SEED,
+# counts per mutation and outcome and the defects by cause at the end (tests/fuzz).
+FUZZ_CASES ?= 1200
+FUZZ_SEED ?= 1000
+fuzz: $(STAMP)
+	$(BIN)/python -m tests.fuzz --cases $(FUZZ_CASES) --seed $(FUZZ_SEED)
 
 bench:
 	bash bench/run.sh
