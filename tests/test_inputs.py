@@ -341,18 +341,19 @@ def _image(shape: tuple[int, ...] = (1, 3, 8, 8)) -> np.ndarray:
     return np.random.default_rng(1).uniform(0, 1, shape).astype(np.float32)
 
 
-def _non_utf8_names() -> bytes:
+def _non_utf8_names(output: bool = False) -> bytes:
     model = _model(
         [
-            helper.make_node("MatMul", ["x", "w"], ["mm"], name="NODEA"),
-            helper.make_node("Relu", ["mm"], ["VALY"], name="NODEB"),
+            helper.make_node("MatMul", ["x", "w"], ["mmmm"], name="NODEA"),
+            helper.make_node("Relu", ["mmmm"], ["VALY"], name="NODEB"),
         ],
         outputs=[_vi("VALY", [1, 4])],
         inits=[numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")],
     )
     # Same lengths, so the protobuf framing stays valid.
-    data = model.SerializeToString()
-    return data.replace(b"NODEA", b"N\xff\xfeDA").replace(b"VALY", b"V\xffLY")
+    data = model.SerializeToString().replace(b"NODEA", b"N\xff\xfeDA")
+    data = data.replace(b"mmmm", b"m\xffmm")
+    return data.replace(b"VALY", b"V\xffLY") if output else data
 
 
 def test_non_utf8_names_convert_and_are_renamed(tmp_path: Path) -> None:
@@ -362,15 +363,20 @@ def test_non_utf8_names_convert_and_are_renamed(tmp_path: Path) -> None:
     result = RepairNamesPass()(model)
     assert result.modified
     assert [n.name for n in model.graph] == ["N\\xff\\xfeDA", "NODEB"]
-    assert model.graph.outputs[0].name == "V\\xffLY"
-    assert "graph inputs/outputs now called 'V\\\\xffLY'" in result.notes[0]
+    assert next(iter(model.graph)).outputs[0].name == "m\\xffmm"
+    assert "renamed 1 node(s) and 1 value(s)" in result.notes[0]
     assert not RepairNamesPass()(model).modified
     x = np.random.default_rng(0).standard_normal((1, 4)).astype(np.float32)
-    ref = np.maximum(x, 0)  # ORT's Python API cannot name a non-UTF-8 output
     converted = mixprec.convert(proto, "fp16", calibration_data={"x": x}).model_proto
     onnx.checker.check_model(converted, full_check=True)
-    got = run_ort(converted, {"x": x})
-    assert_close(ref, got["V\\xffLY"], "fp16")
+    assert [o.name for o in converted.graph.output] == ["VALY"]
+    assert_close(np.maximum(x, 0), run_ort(converted, {"x": x})["VALY"], "fp16")
+
+
+def test_non_utf8_graph_output_name_is_refused_not_renamed() -> None:
+    proto = onnx.ModelProto.FromString(_non_utf8_names(output=True))
+    with pytest.raises(mixprec.MixprecError, match=r"graph output name 'V\\\\xffLY' is not UTF-8"):
+        mixprec.convert(proto, "fp16")
 
 
 def test_unsorted_nodes_are_sorted() -> None:

@@ -554,17 +554,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lists": _cmd_lists,
     }
     quiet = bool(getattr(args, "quiet", False))
-    with terminal_logging(quiet=quiet, debug=args.debug, log_dir=_log_dir(args)):
+    with terminal_logging(quiet=quiet, debug=args.debug, log_dir=_log_dir(args)) as terminal:
         try:
-            return handlers[args.command](args)
+            status = handlers[args.command](args)
         except KeyboardInterrupt:
+            terminal.failed()
             print("mixprec: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
         except BrokenPipeError:  # e.g. `mixprec lists | head`
             sys.stderr.close()
             return 0
         except MemoryError:
+            terminal.failed()
             print("mixprec: error: out of memory", file=sys.stderr)
             return EXIT_ERROR
         except Exception as exc:  # MixprecError: exit 2; anything else is a bug: exit 3
+            terminal.failed()
             return _fail(exc, args, argv)
+        if status == EXIT_VALIDATION_FAILED:
+            terminal.failed()  # the verdict is the one line; the warnings are in the log
+        return status

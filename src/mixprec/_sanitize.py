@@ -149,8 +149,9 @@ class RepairNamesPass(ir.passes.InPlacePass):
     """Give every node, value and graph name that is not valid UTF-8 an escaped name.
 
     Protobuf hands such names over as ``bytes`` (ORT runs the model; nothing can write
-    it back). ``b"conv\\xff"`` becomes ``"conv\\\\xff"`` (a suffix keeps it unique); a
-    renamed graph input or output is named in the notes, since callers feed it by name.
+    it back). ``b"conv\\xff"`` becomes ``"conv\\\\xff"`` (a suffix keeps it unique).
+    A main-graph input or output is the model's interface, which a conversion never
+    changes: such a name is refused instead (:class:`MixprecError`).
     """
 
     def call(self, model: ir.Model) -> SanitizeResult:
@@ -161,7 +162,13 @@ class RepairNamesPass(ir.passes.InPlacePass):
             for v in _values_of(body)
             if isinstance(v.name, str)
         }
-        renamed_io: list[str] = []
+        for value in [*model.graph.inputs, *model.graph.outputs]:
+            if isinstance(value.name, bytes):
+                raise MixprecError(
+                    f"graph {'input' if value.is_graph_input() else 'output'} name "
+                    f"{_utf8(value.name)!r} is not UTF-8: mixprec keeps a model's input and "
+                    "output names, and cannot write this one; rename it first"
+                )
         nodes = values = 0
         for body, _ in _bodies(model):
             if isinstance(body, ir.Graph) and isinstance(body.name, bytes):
@@ -178,15 +185,11 @@ class RepairNamesPass(ir.passes.InPlacePass):
                 while new in taken:
                     new, k = f"{base}_{k}", k + 1
                 taken.add(new)
-                if value.is_graph_input() or value.is_graph_output():
-                    renamed_io.append(repr(new))
                 value.name = new
                 values += 1
         if nodes or values:
             result.modified = True
             note = f"renamed {nodes} node(s) and {values} value(s) whose names are not UTF-8"
-            if renamed_io:
-                note += f" (graph inputs/outputs now called {', '.join(renamed_io)})"
             result.notes.append(note)
             logger.info(note)
         return result

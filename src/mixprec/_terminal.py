@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["OneLineFormatter", "terminal_logging"]
+__all__ = ["OneLineFormatter", "Terminal", "terminal_logging"]
 
 
 def _exception_line(exc: BaseException) -> str:
@@ -72,22 +72,61 @@ def _is_mixprec(record: logging.LogRecord) -> bool:
     return record.name == "mixprec" or record.name.startswith("mixprec.")
 
 
+class _HeldLines(logging.Handler):
+    """Keeps formatted lines until :meth:`Terminal.release` prints (or drops) them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(self.format(record))
+        except Exception:  # a record that cannot be formatted is not worth a traceback
+            self.lines.append(f"mixprec: {record.levelname.lower()}: {record.msg!s:.200}")
+
+
+class Terminal:
+    """What ``main`` tells the terminal: the command failed, so hold the warnings back."""
+
+    def __init__(self, held: _HeldLines | None) -> None:
+        self._held = held
+        self._failed = False
+
+    def failed(self) -> None:
+        self._failed = True
+
+    def release(self) -> None:
+        if self._held is None:
+            return
+        lines, self._held.lines = self._held.lines, []
+        if not self._failed:
+            for line in lines:
+                print(line, file=sys.stderr)
+        self._held = None
+
+
 @contextlib.contextmanager
-def terminal_logging(*, quiet: bool, debug: bool, log_dir: str | None) -> Iterator[None]:
+def terminal_logging(*, quiet: bool, debug: bool, log_dir: str | None) -> Iterator[Terminal]:
     """Route every log record and Python warning to one stderr line each (and the log file).
 
-    Restores the logging configuration on exit, so that ``main`` can run in-process.
+    Without ``--debug`` the lines are held until the command ends: a command that fails
+    (``Terminal.failed()``) prints only its one error line, and the warnings that led to
+    it stay in the log file. Restores the logging configuration on exit, so that ``main``
+    can run in-process.
     """
     root = logging.getLogger()
     ours = logging.getLogger("mixprec")
     saved = (root.level, ours.level)
     added: list[logging.Handler] = []
 
-    terminal = logging.StreamHandler(sys.stderr)
+    terminal: logging.Handler
     if debug:
+        terminal = logging.StreamHandler(sys.stderr)
         terminal.setFormatter(_FullFormatter("mixprec: %(levelname)s: %(name)s: %(message)s"))
         terminal.setLevel(logging.DEBUG)
     else:
+        terminal = _HeldLines()
         terminal.setFormatter(OneLineFormatter())
         terminal.setLevel(logging.WARNING)
     if quiet:
@@ -111,10 +150,12 @@ def terminal_logging(*, quiet: bool, debug: bool, log_dir: str | None) -> Iterat
     for handler in added:
         root.addHandler(handler)
     logging.captureWarnings(True)
+    control = Terminal(terminal if isinstance(terminal, _HeldLines) else None)
     try:
-        yield
+        yield control
     finally:
         logging.captureWarnings(False)
+        control.release()
         for handler in added:
             root.removeHandler(handler)
             handler.close()
