@@ -45,6 +45,7 @@ import onnx.numpy_helper
 import onnx_ir as ir
 
 from mixprec._errors import MixprecError
+from mixprec._protos import _IN_MEMORY, iter_proto_graphs
 
 __all__ = [
     "INPUT_FILES",
@@ -61,8 +62,6 @@ __all__ = [
 #: ``model.meta`` key: the real paths (strings) of every file the input model was read from.
 INPUT_FILES = "mixprec.input_files"
 
-#: Where :mod:`mixprec._protos` puts arrays handed to ONNX Runtime in memory (not a file).
-_IN_MEMORY = "__mixprec_in_memory__"
 #: A sparse tensor is densified only up to this many bytes.
 _MAX_DENSE_BYTES = 2**31
 _INTEGER = re.compile(r"[0-9]+")
@@ -241,8 +240,6 @@ def real_folder(base_dir: str | os.PathLike[str], what: str = "base_dir") -> str
 
 
 def _proto_graphs(model: onnx.ModelProto) -> Iterator[onnx.GraphProto]:
-    from mixprec._protos import iter_proto_graphs
-
     yield from iter_proto_graphs(model.graph)
     for function in model.functions:
         for node in function.node:
