@@ -835,3 +835,28 @@ def test_resolve_pass_replaces_every_external_tensor(site: Site) -> None:
         onh.to_array(tensor(site.proto, "k")),
     )
     assert not ResolveExternalDataPass()(model).modified
+
+
+# --------------------------------------------------------------------------- validate
+
+
+@pytest.mark.parametrize("mode", ["inproc", "subproc"])
+def test_validate_reads_both_models_from_their_own_folders(
+    site: Site, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """``convert --validate --external-data`` and ``validate`` from the decoy's folder:
+    both models are read from their folders (a decoy read for either would fail the
+    comparison), and the log folder's before.onnx holds the real weights inline."""
+    out, logs = site.out / "o.onnx", site.root / "logs"
+    argv = ["convert", site.model, "-o", out, "--validate", "--external-data", "--log-dir", logs]
+    res = run_cli(argv, mode, monkeypatch, cwd=site.decoy_cwd)
+    assert res.rc == 0, res.err
+    assert "(validated: passed)" in res.out
+    assert sorted(p.name for p in site.out.iterdir()) == ["o.onnx", "o.onnx.data"]
+    assert_close(site.ref, output_of(out, "fp16"), "fp16")
+    before = onnx.load(logs / "before.onnx")
+    assert all(t.data_location != onnx.TensorProto.EXTERNAL for t in before.graph.initializer)
+    np.testing.assert_array_equal(site.ref, reference(before))
+    res = run_cli(["validate", site.model, out], mode, monkeypatch, cwd=site.decoy_cwd)
+    assert res.rc == 0, res.err
+    assert "PASSED" in res.out
