@@ -860,3 +860,66 @@ def test_validate_reads_both_models_from_their_own_folders(
     res = run_cli(["validate", site.model, out], mode, monkeypatch, cwd=site.decoy_cwd)
     assert res.rc == 0, res.err
     assert "PASSED" in res.out
+
+
+# --------------------------------------------------------------------------- odd tensors
+
+
+def test_packed_and_bfloat16_tensors_keep_bytes_and_doc_strings(tmp_path: Path) -> None:
+    """int4 (2 per byte, unpacked by onnx_ir) and bfloat16 (an ml_dtypes array over the
+    map) read from one file at their offsets, doc strings kept."""
+    import ml_dtypes
+
+    from mixprec._external import ResolveExternalDataPass
+
+    int4 = np.array([1, -2, 3, -4, 5], dtype=ml_dtypes.int4)
+    packed = ir.Tensor(int4, dtype=ir.DataType.INT4).tobytes()
+    bf16 = np.array([1.5, -2.0, 3.25, 0.0], dtype=ml_dtypes.bfloat16)
+    (tmp_path / "d.bin").write_bytes(packed + bf16.tobytes())
+    tensors = [
+        ir.ExternalTensor(
+            "d.bin", 0, 3, ir.DataType.INT4, shape=ir.Shape([5]), name="a", doc_string="A"
+        ),
+        ir.ExternalTensor("d.bin", 3, 8, ir.DataType.BFLOAT16, shape=ir.Shape([4]), name="b"),
+    ]
+    graph = ir.Graph(
+        [], [], nodes=[], initializers=[ir.Value(name=t.name, const_value=t) for t in tensors]
+    )
+    model = ir.Model(graph, ir_version=10)
+    result = ResolveExternalDataPass(tmp_path)(model)
+    assert result.resolved == 2
+    a, b = (model.graph.initializers[n].const_value for n in "ab")
+    assert a is not None and b is not None
+    np.testing.assert_array_equal(a.numpy(), int4)
+    np.testing.assert_array_equal(b.numpy(), bf16)
+    assert (a.doc_string, a.dtype, b.dtype) == ("A", ir.DataType.INT4, ir.DataType.BFLOAT16)
+
+
+def test_a_fifo_or_device_as_the_model_file_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """onnx.load on a FIFO blocks forever; /dev/zero never ends."""
+    os.mkfifo(tmp_path / "m.onnx")
+    for path in (tmp_path / "m.onnx", Path("/dev/zero")):
+        res = run_cli(
+            ["convert", path, "-o", tmp_path / "o.onnx"], "subproc", monkeypatch, timeout=60
+        )
+        assert_one_error(
+            res, re.escape(str(path)) + r": not a regular file \(a FIFO, socket or device\)"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_stages_run_directly_never_read_from_the_cwd(
+    site: Site, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Pipeline.run`` skips ``convert``'s loading: a model whose external tensors have
+    no folder is refused (they would be read from the current directory); one from
+    ``ir.load(path)`` reads its own folder."""
+    config = mixprec.ConvertConfig.resolve("fp16", calibrate=False)
+    monkeypatch.chdir(site.decoy_cwd)
+    bare = ir.from_proto(onnx.load(site.model, load_external_data=False))
+    with pytest.raises(mixprec.MixprecError, match="has no folder to read it from"):
+        mixprec.Pipeline(config).run(bare)
+    model = mixprec.Pipeline(config).run(ir.load(site.model))
+    assert_close(site.ref, output_of(ir.to_proto(model), "fp16"), "fp16")

@@ -202,6 +202,8 @@ class _Reader:
         length: int | None,
         dtype: ir.DataType,
         dims: tuple[int, ...],
+        doc_string: str | None = None,
+        metadata_props: dict[str, str] | None = None,
     ) -> ir.TensorProtocol:
         """The tensor's bytes as an in-memory tensor over the file's read-only map."""
         if dtype in (ir.DataType.STRING, ir.DataType.UNDEFINED):
@@ -214,6 +216,10 @@ class _Reader:
         if dtype.bitwidth % 8:  # packed 2/4/6-bit types: onnx_ir unpacks a raw_data proto
             proto = onnx.TensorProto(name=name, data_type=dtype.value, dims=list(dims))
             proto.raw_data = data.buffer[offset : offset + nbytes] if data.buffer else b""
+            if doc_string:
+                proto.doc_string = doc_string
+            for key, value in (metadata_props or {}).items():
+                proto.metadata_props.add(key=key, value=value)
             return ir.serde.deserialize_tensor(proto)
         np_dtype = np.dtype(dtype.numpy()).newbyteorder("<")
         if numel == 0 or data.buffer is None:
@@ -223,7 +229,13 @@ class _Reader:
             array = array.reshape(dims)
             if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
                 array = array.astype(np_dtype.newbyteorder("="))
-        return ir.Tensor(array, dtype=dtype, name=name)
+        return ir.Tensor(
+            array,
+            dtype=dtype,
+            name=name,
+            doc_string=doc_string,
+            metadata_props=dict(metadata_props) if metadata_props else None,
+        )
 
 
 def real_folder(base_dir: str | os.PathLike[str], what: str = "base_dir") -> str:
@@ -345,9 +357,7 @@ def _densify(
         raise bad
     dense = np.zeros(numel, dtype=values.dtype)
     dense[linear.astype(np.int64)] = values
-    out = onnx.numpy_helper.from_array(dense.reshape(dims), name=name)
-    out.data_type = sparse.values.data_type
-    return out
+    return onnx.numpy_helper.from_array(dense.reshape(dims), name=name)
 
 
 def prepare_proto(
@@ -514,9 +524,9 @@ class ResolveExternalDataPass(ir.passes.InPlacePass):
                     tensor.length,
                     tensor.dtype,
                     tuple(int(d) for d in tensor.shape.numpy()),
+                    tensor.doc_string,
+                    dict(tensor.metadata_props),
                 )
-                new.doc_string = tensor.doc_string
-                new.metadata_props.update(tensor.metadata_props)
                 replaced[id(tensor)] = new
             return replaced[id(tensor)]
 
