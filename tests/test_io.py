@@ -550,3 +550,33 @@ def test_unusable_log_dir_is_one_error_line(
     assert not (tmp_path / "o.onnx").exists()
     if mode == "folder-in-the-way":
         assert not [n for n in files(logs) if n.endswith(".tmp")]
+
+
+def test_a_signal_during_the_final_rename_keeps_the_new_pair(
+    tmp_path: Path, pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM right as the model is renamed into place: the signal waits until the
+    save's bookkeeping is done (removing the new data file then would break the new
+    model), then goes to the previous handler; the save succeeded."""
+    a, b = pair
+    out = tmp_path / "out.onnx"
+    save_model(a.model, out, external_data=True)
+    calls: list[int] = []
+    real = os.replace
+
+    def replace(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        real(src, dst, *args, **kwargs)
+        if os.fspath(dst) == str(out):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))
+    try:
+        monkeypatch.setattr(mixprec._io.os, "replace", replace)
+        save_model(b.model, out, external_data=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    monkeypatch.undo()
+    assert calls == [signal.SIGTERM]
+    (name,) = data_refs(out)
+    assert files(tmp_path) == sorted(["out.onnx", name])
+    assert_close(b.ref, output(out), "fp16")

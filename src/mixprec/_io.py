@@ -131,8 +131,9 @@ class _Writing:
     that the files are removed; afterwards the previous handlers are back and the signal
     takes its course: ``KeyboardInterrupt`` for Python's default SIGINT handler, an exit
     with status 128 + signal (130, 143) for the default action, or the previous Python
-    handler is called. A signal that arrives while the files are being removed waits
-    until they are.
+    handler is called (and the save reports that nothing was written, unless the model
+    was already in place). A signal that arrives during the final rename, or while the
+    files are being removed, waits until they are done.
     """
 
     def __init__(self, shown: Path) -> None:
@@ -141,13 +142,21 @@ class _Writing:
         self._previous: dict[int, Any] = {}
         self._raising = False
         self._pending: int | None = None
+        self._committed = False
 
     def add(self, path: str) -> None:
         self.files.append(path)
 
-    def keep(self, path: str) -> None:
-        """``path`` is no longer temporary (renamed into place, or referred to)."""
-        self.files.remove(path)
+    def commit(self, tmp: str, target: str) -> None:
+        """Rename ``tmp`` to ``target``; every file of the save is then kept.
+
+        Signals wait until the rename and the bookkeeping are both done: a signal in
+        between would otherwise remove the data file the new model refers to.
+        """
+        self._raising = False
+        os.replace(tmp, target)
+        self.files.clear()
+        self._committed = True
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         if self._pending is None:
@@ -192,14 +201,16 @@ class _Writing:
     def _redeliver(self, signum: int) -> None:
         old = self._previous.get(signum, signal.SIG_DFL)
         if old is signal.default_int_handler:
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt from None
         if callable(old):
-            old(signum, None)  # it may raise or exit; if it returns, the write stays undone
+            old(signum, None)  # it may raise or exit
+            if self._committed:
+                return  # the new model is in place: the save succeeded
             raise MixprecError(
                 f"{self.shown}: writing interrupted by {signal.Signals(signum).name}; "
                 "nothing written"
-            )
-        raise SystemExit(128 + signum)
+            ) from None
+        raise SystemExit(128 + signum) from None
 
 
 def _refuse_inputs(model: ir.Model, paths: dict[str, str]) -> None:
@@ -307,10 +318,7 @@ def save_model(
         else:
             _write_streaming(model, tmp)
         stale = {loc for loc in _data_refs(target) if loc != data_name and _is_ours(loc, p.name)}
-        os.replace(tmp, target)
-        writing.keep(tmp)
-        if data_name is not None:
-            writing.keep(os.path.join(folder, data_name))
+        writing.commit(tmp, target)
     inputs = input_files(model)
     for loc in stale:
         old = os.path.join(folder, loc)
