@@ -20,6 +20,7 @@ from mixprec._cleanup import annotated_values
 from mixprec._config import ConvertConfig
 from mixprec._constants import const_tensor
 from mixprec._errors import MixprecError
+from mixprec._external import folder_of, model_from_proto, real_folder
 from mixprec._fold import FoldBatchNormResult, FoldCastsResult
 from mixprec._graphs import all_graphs, iter_nodes
 from mixprec._io import check_opset, load_model, save_model
@@ -68,17 +69,31 @@ class ConversionResult:
         save_model(self.model, path, external_data=external_data)
 
 
-def _load(model: ModelLike) -> tuple[ir.Model, str]:
-    """A private copy of ``model`` and the form it came in ("ir", "proto" or "path")."""
+def _load(model: ModelLike, base_dir: str | os.PathLike[str] | None = None) -> tuple[ir.Model, str]:
+    """A private copy of ``model`` and the form it came in ("ir", "proto" or "path").
+
+    External data is read (and checked) here, through :mod:`mixprec._external`: from the
+    real folder of a model file; for an in-memory model from ``base_dir``, or the folder
+    its ``onnx_ir`` tensors were loaded from. The copy holds no external tensor.
+    """
     if isinstance(model, ir.Model):
-        return ir.from_proto(ir.to_proto(model)), "ir"
+        folder = folder_of(model, base_dir)
+        return model_from_proto(ir.to_proto(model), where="model", folder=folder), "ir"
     if isinstance(model, onnx.ModelProto):
         check_opset(model)
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-        return ir.from_proto(copy), "proto"
+        return model_from_proto(copy, where="model", folder=base_dir), "proto"
     if isinstance(model, str | os.PathLike):
-        return load_model(model), "path"
+        loaded = load_model(model)
+        if base_dir is not None:
+            own = os.path.dirname(os.path.realpath(model))
+            if real_folder(base_dir) != own:
+                raise MixprecError(
+                    f"{os.fspath(model)}: base_dir={os.fspath(base_dir)} is not the folder of "
+                    f"the model file ({own}), where its external data is read from"
+                )
+        return loaded, "path"
     raise MixprecError(
         f"model must be a path, onnx.ModelProto or onnx_ir.Model, not {type(model).__name__}"
     )
@@ -153,6 +168,7 @@ def _run(
     progress: Callable[[str], None] | None,
     options: dict[str, Any],
     until: str,
+    base_dir: str | os.PathLike[str] | None = None,
 ) -> ConversionResult:
     config = _resolve_config(target_dtype, config, options)
     if progress is not None and not callable(progress):
@@ -160,7 +176,7 @@ def _run(
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     say("loading")
-    work, kind = _load(model)
+    work, kind = _load(model, base_dir)
     report = Report(target=config.target, policy=config.policy.to_dict())
     report.notes.extend(_notes_about_input(work))
     original_proto = ir.to_proto(work) if config.log_dir is not None else None
@@ -250,6 +266,7 @@ def convert(
     config: ConvertConfig | None = None,
     calibration_data: CalibrationData | None = None,
     progress: Callable[[str], None] | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> ConversionResult:
     """Convert an FP32 model to FP16/BF16 mixed precision.
@@ -262,6 +279,11 @@ def convert(
         calibration_data: inputs for the FP32 reference run: one feed dict, a list of
             them, or any iterable/generator (streamed); None generates one sample.
         progress: called with a short message at each stage.
+        base_dir: the folder of the ``.onnx`` file of an in-memory model (proto or
+            ``onnx_ir``) whose tensors keep their data in external files; they are read
+            from there and nowhere else (never the current directory). A model given by
+            path reads them from its file's real folder (``base_dir`` may only repeat
+            it); an ``onnx_ir`` model from ``ir.load(path)`` carries its folder.
         **options: the fields of :class:`ConvertConfig` (``keep_io_types``, ``calibrate``,
             ``observer``, ``shapes``, ``range_threshold``, ``fold_batchnorm``,
             ``upgrade_opset``, ``clip_weights``, ``check``, ``log_dir``, ``policy``), and
@@ -282,7 +304,7 @@ def convert(
         >>> result.save("model_fp16.onnx")                       # doctest: +SKIP
         >>> print(result.report.format_summary())                # doctest: +SKIP
     """
-    return _run(model, target_dtype, config, calibration_data, progress, options, "check")
+    return _run(model, target_dtype, config, calibration_data, progress, options, "check", base_dir)
 
 
 def inspect(
@@ -292,6 +314,7 @@ def inspect(
     config: ConvertConfig | None = None,
     calibration_data: CalibrationData | None = None,
     progress: Callable[[str], None] | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Report:
     """Paint without rewriting: the report of the decisions :func:`convert` would apply.
@@ -300,4 +323,6 @@ def inspect(
     :func:`convert`.
     """
     options.pop("check", None)
-    return _run(model, target_dtype, config, calibration_data, progress, options, "annotate").report
+    return _run(
+        model, target_dtype, config, calibration_data, progress, options, "annotate", base_dir
+    ).report

@@ -1,11 +1,28 @@
-"""Loading and saving models: clear errors, never a half-written file, input untouched."""
+"""Loading and saving models: clear errors, never a half-written file, input untouched.
+
+Loading reads external data only through :mod:`mixprec._external` (the model file's real
+folder, nothing outside it). Saving is atomic: every file is first written under a fresh
+unique name in the target folder; the model file is renamed into place last, and its
+external data (``--external-data``, or a model over 2 GB) goes to a data file that no
+other model refers to (``OUT.data`` when that name is free, else ``OUT.<random>.data``),
+so that a failure at any point leaves the old model with its old data or the new model
+with its new data, never a mix. Temporary files are removed on every error and on
+SIGINT/SIGTERM; no file the input model was read from is ever written over.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import secrets
+import signal
+import stat
 import tempfile
-from collections.abc import Iterator
+import threading
 from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
 
 import onnx
 import onnx.defs
@@ -13,59 +30,56 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from mixprec._errors import MixprecError
+from mixprec._external import add_input_files, input_files, model_from_proto
 from mixprec._protos import iter_proto_tensors
 
 __all__ = ["check_output_path", "load_model", "save_model"]
 
 _MAX_PROTO = 2**31 - 1
+#: An existing output model is parsed (to find the data files it refers to) up to this size.
+_MAX_OLD_MODEL = 64 << 20
 
 
-def _external_locations(proto: onnx.ModelProto) -> list[str]:
-    return [
-        entry.value
-        for t in iter_proto_tensors(proto.graph)
-        if t.data_location == onnx.TensorProto.EXTERNAL
-        for entry in t.external_data
-        if entry.key == "location"
-    ]
+def _refuse_nul(path: str | os.PathLike[str]) -> None:
+    if "\x00" in os.fspath(path):
+        raise MixprecError(f"{os.fspath(path)!r}: a path cannot contain a NUL byte")
 
 
 def load_model(path: str | os.PathLike[str]) -> ir.Model:
     """Load an ONNX model from ``path`` with one-line errors for every bad input.
 
+    External data is read from the real folder of the model file only (see
+    :mod:`mixprec._external`); the model's meta lists the files read.
+
     Raises:
         MixprecError: missing file, not an ONNX file, truncated protobuf, external data
-            outside the model's folder, unsupported opset.
+            outside the model's folder or out of bounds, unsupported opset.
     """
+    _refuse_nul(path)
     p = Path(path)
     if not p.exists():
         raise MixprecError(f"{p}: no such file")
     if p.is_dir():
         raise MixprecError(f"{p}: is a directory, not an ONNX file")
+    real = os.path.realpath(p)
     try:
-        proto = onnx.load(os.fspath(p), load_external_data=False)
+        mode = os.stat(real).st_mode
+    except OSError as exc:
+        raise MixprecError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(mode):
+        raise MixprecError(f"{p}: not a regular file (a FIFO, socket or device)")
+    try:
+        proto = onnx.load(real, load_external_data=False)
     except (DecodeError, RuntimeWarning, ValueError) as exc:
         raise MixprecError(f"{p}: not a valid ONNX file ({type(exc).__name__})") from None
     except OSError as exc:
         raise MixprecError(f"{p}: cannot read ({exc.strerror or exc})") from None
     if not proto.HasField("graph") or (not proto.graph.node and not proto.graph.output):
         raise MixprecError(f"{p}: not an ONNX model (no graph); truncated or another format?")
-    base = p.resolve().parent
-    for location in _external_locations(proto):
-        target = (base / location).resolve()
-        if base not in target.parents and target != base:
-            raise MixprecError(
-                f"{p}: external data location {location!r} points outside the model's folder"
-            )
-        if not target.exists():
-            raise MixprecError(f"{p}: external data file {location!r} is missing")
     check_opset(proto, str(p))
-    try:
-        if not _external_locations(proto):
-            return ir.from_proto(proto)  # parsed once; ir.load would parse the file again
-        return ir.load(os.fspath(p))
-    except Exception as exc:  # onnx_ir raises various errors on malformed models
-        raise MixprecError(f"{p}: cannot be parsed as ONNX: {str(exc).splitlines()[0]}") from None
+    model = model_from_proto(proto, where=str(p), folder=os.path.dirname(real))
+    add_input_files(model, [real])
+    return model
 
 
 def check_opset(proto: onnx.ModelProto, where: str = "model") -> None:
@@ -87,6 +101,7 @@ def check_opset(proto: onnx.ModelProto, where: str = "model") -> None:
 
 def check_output_path(path: str | os.PathLike[str]) -> Path:
     """Fail early, before any work, if ``path`` cannot be written."""
+    _refuse_nul(path)
     p = Path(path)
     folder = p.resolve().parent
     if not folder.is_dir():
@@ -98,60 +113,218 @@ def check_output_path(path: str | os.PathLike[str]) -> Path:
     return p
 
 
+# --------------------------------------------------------------------------- saving
+
+
+class _Signalled(BaseException):
+    """SIGINT/SIGTERM arrived while writing (raised by the handler, caught by _Writing)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Writing:
+    """The temporary files of one save: removed on any error, SIGINT and SIGTERM included.
+
+    While it is active (main thread only), SIGINT and SIGTERM raise inside the write so
+    that the files are removed; afterwards the previous handlers are back and the signal
+    takes its course: ``KeyboardInterrupt`` for Python's default SIGINT handler, an exit
+    with status 128 + signal (130, 143) for the default action, or the previous Python
+    handler is called (and the save reports that nothing was written, unless the model
+    was already in place). A signal that arrives during the final rename, or while the
+    files are being removed, waits until they are done.
+    """
+
+    def __init__(self, shown: Path) -> None:
+        self.shown = shown
+        self.files: list[str] = []
+        self._previous: dict[int, Any] = {}
+        self._raising = False
+        self._pending: int | None = None
+        self._committed = False
+
+    def add(self, path: str) -> None:
+        self.files.append(path)
+
+    def commit(self, tmp: str, target: str) -> None:
+        """Rename ``tmp`` to ``target``; every file of the save is then kept.
+
+        Signals wait until the rename and the bookkeeping are both done: a signal in
+        between would otherwise remove the data file the new model refers to.
+        """
+        self._raising = False
+        os.replace(tmp, target)
+        self.files.clear()
+        self._committed = True
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if self._pending is None:
+            self._pending = signum
+        if self._raising:
+            self._raising = False
+            raise _Signalled(signum)
+
+    def __enter__(self) -> _Writing:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old = signal.getsignal(sig)
+                if old is signal.SIG_IGN or old is None:
+                    continue  # ignored stays ignored; None: a handler not set from Python
+                self._previous[sig] = old
+                signal.signal(sig, self._handler)
+        self._raising = True
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._raising = False
+        if exc_type is not None:
+            for path in reversed(self.files):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        for sig, old in self._previous.items():
+            signal.signal(sig, old)
+        if self._pending is not None:
+            self._redeliver(self._pending)
+        if isinstance(exc, OSError):
+            raise MixprecError(
+                f"{self.shown}: cannot write the model ({exc.strerror or exc}); nothing written"
+            ) from None
+        if isinstance(exc, Exception) and not isinstance(exc, MixprecError):
+            raise MixprecError(f"{self.shown}: cannot write the model: {exc}") from None
+
+    def _redeliver(self, signum: int) -> None:
+        old = self._previous.get(signum, signal.SIG_DFL)
+        if old is signal.default_int_handler:
+            raise KeyboardInterrupt from None
+        if callable(old):
+            old(signum, None)  # it may raise or exit
+            if self._committed:
+                return  # the new model is in place: the save succeeded
+            raise MixprecError(
+                f"{self.shown}: writing interrupted by {signal.Signals(signum).name}; "
+                "nothing written"
+            ) from None
+        raise SystemExit(128 + signum) from None
+
+
+def _refuse_inputs(model: ir.Model, paths: dict[str, str]) -> None:
+    """Refuse to write over a file ``model`` was read from (by real path or inode)."""
+    inputs = input_files(model)
+    if not inputs:
+        return
+    inodes = set()
+    for path in inputs:
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            inodes.add((st.st_dev, st.st_ino))
+    for shown, path in paths.items():
+        same = os.path.realpath(path) in inputs
+        with contextlib.suppress(OSError):
+            st = os.stat(path)
+            same = same or (st.st_dev, st.st_ino) in inodes
+        if same:
+            raise MixprecError(
+                f"{shown}: the input model reads this file; refusing to write over it "
+                "(choose another output name)"
+            )
+
+
+def _data_refs(path: str) -> set[str]:
+    """The external data locations of the model file at ``path`` (best effort)."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode) or os.path.getsize(path) > _MAX_OLD_MODEL:
+            return set()
+        proto = onnx.load(path, load_external_data=False)
+    except Exception:  # not there, not readable, not a model: it refers to nothing we know
+        return set()
+    return {
+        entry.value
+        for t in iter_proto_tensors(proto.graph)
+        if t.data_location == onnx.TensorProto.EXTERNAL
+        for entry in t.external_data
+        if entry.key == "location"
+    }
+
+
+def _claim_data_file(folder: str, name: str, taken: set[str]) -> str:
+    """Create an empty data file no model refers to: ``NAME.data`` if free, else unique."""
+    candidates = [f"{name}.data"] + [f"{name}.{secrets.token_hex(4)}.data" for _ in range(64)]
+    for candidate in candidates:
+        if candidate in taken:
+            continue
+        try:
+            fd = os.open(
+                os.path.join(folder, candidate),
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
+                0o666,  # the umask applies, as for any saved file
+            )
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return candidate
+    raise MixprecError(f"{os.path.join(folder, name)}: no free name for its external data")
+
+
+def _is_ours(location: str, name: str) -> bool:
+    """Data names this module gives the data of model ``name``."""
+    return re.fullmatch(re.escape(name) + r"(\.[0-9a-f]{8})?\.data", location) is not None
+
+
 def save_model(
     model: ir.Model, path: str | os.PathLike[str], *, external_data: bool = False
 ) -> None:
-    """Write ``model`` to ``path`` atomically (temporary file in the same folder, then rename).
+    """Write ``model`` to ``path`` atomically; never over a file the input was read from.
 
-    Weights go to ``<name>.data`` beside the model when ``external_data`` is set or the
-    model would exceed protobuf's 2 GB limit.
+    Weights go to an external data file beside the model when ``external_data`` is set or
+    the model would exceed protobuf's 2 GB limit: ``<name>.data`` when no file has that
+    name, else ``<name>.<8 hex digits>.data``. The model file is renamed into place last;
+    data files of the model it replaces that carry those names and that the new model
+    does not use are removed afterwards.
+
+    Raises:
+        MixprecError: the folder is missing or not writable, ``path`` (or, with external
+            data, ``<name>.data``) is a file the input model reads, the disk is full, ...
     """
     p = check_output_path(path)
-    folder = p.resolve().parent
+    folder = os.path.realpath(p.parent)
+    target = os.path.join(folder, p.name)
     total = sum(
         (v.const_value.nbytes if v.const_value is not None else 0)
         for v in model.graph.initializers.values()
     )
     use_external = external_data or total > _MAX_PROTO - 2**26
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a saved model follows the umask
-    tmp_data = None
-    try:
+    protected = {str(p): target}
+    if use_external:
+        protected[f"{p}.data"] = f"{target}.data"
+    _refuse_inputs(model, protected)
+    with _Writing(p) as writing:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
+        writing.add(tmp)
+        os.close(fd)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a saved model follows the umask
+        data_name = None
         if use_external:
-            data_name = p.name + ".data"
-            tmp_data_name = f".{data_name}.tmp"
-            tmp_data = folder / tmp_data_name
-            ir.save(model, tmp, external_data=tmp_data_name)
-            # The model refers to the final data name; write it with that location.
-            proto = onnx.load(tmp, load_external_data=False)
-            for t in _iter_external(proto):
-                for entry in t.external_data:
-                    if entry.key == "location":
-                        entry.value = data_name
-            with open(tmp, "wb") as fh:
-                fh.write(proto.SerializeToString())
-            os.replace(tmp_data, folder / data_name)
-            tmp_data = None
+            data_name = _claim_data_file(folder, p.name, _data_refs(target))
+            writing.add(os.path.join(folder, data_name))
+            ir.save(model, tmp, external_data=data_name)  # data: a temporary file, renamed
         else:
             _write_streaming(model, tmp)
-        os.replace(tmp, p)
-    except Exception as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        if tmp_data is not None and tmp_data.exists():
-            tmp_data.unlink()
-        if isinstance(exc, MixprecError):
-            raise
-        raise MixprecError(f"{p}: cannot write the model: {exc}") from None
-
-
-def _iter_external(proto: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
-    return (
-        t for t in iter_proto_tensors(proto.graph) if t.data_location == onnx.TensorProto.EXTERNAL
-    )
+        stale = {loc for loc in _data_refs(target) if loc != data_name and _is_ours(loc, p.name)}
+        writing.commit(tmp, target)
+    inputs = input_files(model)
+    for loc in stale:
+        old = os.path.join(folder, loc)
+        if os.path.realpath(old) not in inputs:
+            with contextlib.suppress(OSError):
+                os.unlink(old)
 
 
 def _varint(n: int) -> bytes:

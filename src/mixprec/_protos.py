@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -10,6 +11,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 from onnx import TensorProto, helper
+
+from mixprec._errors import MixprecError
 
 __all__ = ["iter_proto_graphs", "iter_proto_tensors", "weightless_proto"]
 
@@ -61,6 +64,36 @@ def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     return light
 
 
+#: dtypes whose arrays ONNX Runtime takes from memory (``add_external_initializers``).
+_PLACEHOLDER_DTYPES = frozenset(
+    {
+        ir.DataType.FLOAT,
+        ir.DataType.FLOAT16,
+        ir.DataType.DOUBLE,
+        ir.DataType.INT64,
+        ir.DataType.INT32,
+        ir.DataType.INT8,
+        ir.DataType.UINT8,
+    }
+)
+
+
+def _external_ok(tensor: ir.ExternalTensor, name: str) -> bool:
+    """Whether ``tensor`` may become a placeholder; refuses one that has no folder.
+
+    ``mixprec.convert`` leaves no external tensor (:mod:`mixprec._external`); this guards
+    models handed to the stages directly. An external tensor without ``base_dir`` would
+    be read relative to the current directory.
+    """
+    if not os.fspath(tensor.base_dir):
+        raise MixprecError(
+            f"tensor {name!r} keeps its data in the external file {tensor.location!r} and "
+            "has no folder to read it from; run mixprec._external.ResolveExternalDataPass"
+            "(base_dir=...) first, or convert the model's path"
+        )
+    return tensor.dtype in _PLACEHOLDER_DTYPES
+
+
 def weightless_proto(
     model: ir.Model, min_bytes: int = 4096, *, with_arrays: bool = True
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -72,6 +105,7 @@ def weightless_proto(
     (``collect_absmax(external=...)``). ``model`` is unchanged afterwards.
     """
     swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
+    inlined: list[tuple[ir.Value, ir.TensorProtocol]] = []
     arrays: dict[str, np.ndarray] = {}
     in_memory: set[str] = set()
     try:
@@ -82,19 +116,17 @@ def weightless_proto(
             if isinstance(tensor, ir.ExternalTensor) and tensor.location == _IN_MEMORY:
                 in_memory.add(name)  # already a placeholder: its array is the caller's
                 continue
+            if isinstance(tensor, ir.ExternalTensor) and not _external_ok(tensor, name):
+                # A dtype ORT cannot take from memory: its bytes go inline, read from the
+                # tensor's own folder, so that no consumer resolves the location again.
+                value.const_value = ir.Tensor(tensor.numpy(), dtype=tensor.dtype, name=name)
+                inlined.append((value, tensor))
+                continue
             # External tensors always become placeholders: ORT cannot resolve their files
             # from an in-memory model. Others only when large.
             if tensor.nbytes <= min_bytes and not isinstance(tensor, ir.ExternalTensor):
                 continue
-            if tensor.dtype not in (
-                ir.DataType.FLOAT,
-                ir.DataType.FLOAT16,
-                ir.DataType.DOUBLE,
-                ir.DataType.INT64,
-                ir.DataType.INT32,
-                ir.DataType.INT8,
-                ir.DataType.UINT8,
-            ):
+            if tensor.dtype not in _PLACEHOLDER_DTYPES:
                 continue
             if with_arrays:
                 arrays[name] = tensor.numpy()
@@ -109,7 +141,7 @@ def weightless_proto(
             swapped.append((value, tensor))
         proto = ir.to_proto(model)
     finally:
-        for value, tensor in swapped:
+        for value, tensor in [*swapped, *inlined]:
             value.const_value = tensor
     placeholders = {value.name for value, _ in swapped} | in_memory
     for t in proto.graph.initializer:
