@@ -297,10 +297,6 @@ def test_check_proto_accepts_a_sound_model() -> None:
     check_proto(_relu())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs check_proto() called in _io.load_model before ir.from_proto (other owner)",
-)
 @pytest.mark.parametrize("case", ["duplicate-output", "undefined-initializer"])
 def test_proto_faults_through_the_cli(
     case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -577,6 +577,9 @@ def model_from_proto(
             external data and no ``folder``; a proto ``onnx_ir`` cannot represent.
     """
     files = prepare_proto(proto, where, folder)
+    from mixprec._input_checks import check_proto  # what onnx_ir cannot parse sanely
+
+    check_proto(proto, where)
     try:
         model = ir.from_proto(proto)
     except Exception as exc:  # onnx_ir raises various errors on malformed models

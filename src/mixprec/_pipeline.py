@@ -23,6 +23,7 @@ import onnx_ir.passes.common as common
 from mixprec._cleanup import CheckModelPass, DropAddedAnnotationsPass
 from mixprec._config import ConvertConfig
 from mixprec._errors import InternalError, MixprecError
+from mixprec._external import ResolveExternalDataPass
 from mixprec._fold import FoldBatchNormPass, FoldCastsPass
 from mixprec._input_checks import CheckInputPass
 from mixprec._measure import CalibratePass, CountMacsPass
@@ -119,6 +120,9 @@ class Pipeline:
         if name == "prepare":
             # Checks and repairs of the input first: later passes assume a sound model.
             passes: list[ir.passes.PassBase] = [
+                # A model handed to the stages directly may still refer to files: read
+                # them from its own folder only (convert's loading has done it already).
+                ResolveExternalDataPass(),
                 CheckOptionsPass(
                     config.keep_io_types,
                     calibrate=config.calibrate,

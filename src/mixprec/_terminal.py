@@ -72,6 +72,13 @@ def _is_mixprec(record: logging.LogRecord) -> bool:
     return record.name == "mixprec" or record.name.startswith("mixprec.")
 
 
+class _QuietFileHandler(logging.FileHandler):
+    """The log file: a write that fails (a full disk) is dropped, never a traceback."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        pass
+
+
 class _HeldLines(logging.Handler):
     """Keeps formatted lines until :meth:`Terminal.release` prints (or drops) them."""
 
@@ -137,7 +144,7 @@ def terminal_logging(*, quiet: bool, debug: bool, log_dir: str | None) -> Iterat
             Path(log_dir).mkdir(parents=True, exist_ok=True)
             from mixprec._logdir import LOG_FILE
 
-            file = logging.FileHandler(Path(log_dir) / LOG_FILE, mode="w", encoding="utf-8")
+            file = _QuietFileHandler(Path(log_dir) / LOG_FILE, mode="w", encoding="utf-8")
         except OSError:
             pass  # the command reports the folder as unusable in its own words
         else:

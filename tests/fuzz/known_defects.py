@@ -147,12 +147,6 @@ class KnownDefect:
 
 KNOWN: tuple[KnownDefect, ...] = (
     KnownDefect("attr_bad_value", 1, "bad-attribute-after-upgrade"),
-    KnownDefect("external_outside", 1, "external-location-is-folder"),
-    KnownDefect("external_outside", 3, "external-location-is-folder"),
-    KnownDefect("delete_bytes", 1, "tensor-bytes-short"),
-    KnownDefect("external_past_end", 0, "tensor-bytes-short"),
-    KnownDefect("external_past_end", 1, "tensor-bytes-short"),
-    KnownDefect("wrong_tensor_type", 3, "undefined-tensor-type"),
 )
 
 
