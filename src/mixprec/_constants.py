@@ -23,7 +23,7 @@ def const_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
         return None
     attr = producer.attributes.get("value")
     if attr is not None and attr.type == ir.AttributeType.TENSOR:
-        return attr.as_tensor()
+        return attr.value  # as_tensor() would repeat a slow runtime Protocol check
     try:
         return ir.convenience.get_const_tensor(value)
     except (TypeError, ValueError):
