@@ -155,6 +155,22 @@ def test_plan_quantizes_compute_and_what_stays_in_the_integer_domain():
     assert not int8_decision(conv2).int8 and "excluded" in int8_decision(conv2).reason
 
 
+def test_a_matmul_of_two_activations_stays_float():
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1,4,8] q, float[1,8,4] k) => (float[1,4,4] y) {
+        s = MatMul(q, k)
+        y = Softmax(s)
+    }
+    """
+    model = ir.from_proto(onnx.parser.parse_model(text))
+    InferShapesPass()(model)
+    AnnotateInt8Pass()(model)
+    matmul = next(n for n in model.graph if n.op_type == "MatMul")
+    assert not int8_decision(matmul).int8
+    assert "not a float32 constant" in int8_decision(matmul).reason
+
+
 def test_quantized_cnn_runs_in_integer_kernels_and_matches_fp32():
     model = _cnn()
     result = mixprec.quantize(model, _samples(8), speed="off")

@@ -52,8 +52,6 @@ class QuantizeQDQResult(ir.passes.PassResult):
 
 def _activation_inputs(node: ir.Node, role: str | None) -> list[int]:
     """Input indices that carry activations to quantize, by INT8 role."""
-    if role == "weighted":
-        return [0] if weight_index(node) is not None else [0, 1]
     if role == "binary":
         return [0, 1]
     if role == "concat":
