@@ -292,6 +292,18 @@ def test_check_proto_names_the_fault(case: str) -> None:
     assert fragment in str(caught.value)
 
 
+def test_a_domain_imported_twice_is_refused_or_deduplicated() -> None:
+    model = _relu()
+    model.opset_import.append(helper.make_opsetid("", 13))
+    with pytest.raises(mixprec.MixprecError, match=r"domain 'ai.onnx' imported 2 times"):
+        check_proto(model)
+    same = _relu()
+    same.opset_import.append(helper.make_opsetid("", same.opset_import[0].version))
+    check_proto(same)  # the same version twice is harmless: converted with one import
+    out = mixprec.convert(same, "bf16").model_proto
+    assert [o.domain for o in out.opset_import].count("") == 1
+
+
 def test_check_proto_accepts_a_sound_model() -> None:
     check_proto(_conv_bn())
     check_proto(_relu())

@@ -580,6 +580,7 @@ def model_from_proto(
     from mixprec._input_checks import check_proto  # what onnx_ir cannot parse sanely
 
     check_proto(proto, where)
+    _drop_repeated_opsets(proto)
     try:
         model = ir.from_proto(proto)
     except Exception as exc:  # onnx_ir raises various errors on malformed models
@@ -587,6 +588,21 @@ def model_from_proto(
     ResolveExternalDataPass(folder, where=where)(model)
     add_input_files(model, files)
     return model
+
+
+def _drop_repeated_opsets(proto: onnx.ModelProto) -> None:
+    """Keep one of several identical opset imports of a domain (the version converter
+    would raise only one of them, and ONNX Runtime then reads the other)."""
+    seen: set[tuple[str, int]] = set()
+    kept = []
+    for opset in proto.opset_import:
+        key = ("" if opset.domain == "ai.onnx" else opset.domain, opset.version)
+        if key not in seen:
+            seen.add(key)
+            kept.append(opset)
+    if len(kept) != len(proto.opset_import):
+        del proto.opset_import[:]
+        proto.opset_import.extend(kept)
 
 
 def _first_line(exc: BaseException) -> str:

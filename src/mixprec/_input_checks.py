@@ -264,6 +264,17 @@ def check_proto(proto: onnx.ModelProto, where: str = "model") -> None:
 
     if not proto.HasField("graph"):
         raise MixprecError(f"{where}: no graph")
+    versions: dict[str, list[int]] = {}
+    for opset in proto.opset_import:
+        versions.setdefault("" if opset.domain == "ai.onnx" else opset.domain, []).append(
+            opset.version
+        )
+    for domain, found in versions.items():
+        if len(set(found)) > 1:  # which one holds is up to each reader: refuse, do not guess
+            raise MixprecError(
+                f"{where}: opset of domain {domain or 'ai.onnx'!r} imported {len(found)} "
+                f"times ({', '.join(map(str, found))})"
+            )
     graphs = list(iter_proto_graphs(proto.graph))
     graphs += [g for f in proto.functions for n in f.node for g in _node_graphs(n)]
     for graph in graphs:
