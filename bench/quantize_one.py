@@ -28,6 +28,7 @@ the process's VmHWM. The mixprec CLI runs in this process through runpy, which i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -101,11 +102,15 @@ def _ort(args: argparse.Namespace, unsigned: bool) -> Callable[[], dict[str, Any
                "weight_type": QuantType.QInt8, "calibrate_method": CalibrationMethod.MinMax}
 
     def run() -> dict[str, Any]:
+        out = str(Path(args.out).resolve())
         with tempfile.TemporaryDirectory(prefix="bench-ort-") as folder:
             source, notes = opset13(args.model, folder)
             pre = str(Path(folder) / "pre.onnx")
-            quant_pre_process(source, pre)
-            quantize_static(pre, args.out, Reader(), **options)
+            # quant_pre_process and quantize_static write temporary models (and their
+            # external data) into the current directory: keep them in the temp folder.
+            with contextlib.chdir(folder):
+                quant_pre_process(source, pre)
+                quantize_static(pre, out, Reader(), **options)
         return {"options": {k: str(v) for k, v in options.items()}, **notes}
 
     return run
