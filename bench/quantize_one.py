@@ -92,7 +92,7 @@ def _ort(args: argparse.Namespace, unsigned: bool) -> Callable[[], dict[str, Any
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
-            self.feeds = samples(args.calib_dir)
+            self.feeds = samples(str(Path(args.calib_dir).resolve()))
 
         def get_next(self) -> dict[str, Any] | None:
             return next(self.feeds, None)
@@ -105,12 +105,14 @@ def _ort(args: argparse.Namespace, unsigned: bool) -> Callable[[], dict[str, Any
         out = str(Path(args.out).resolve())
         with tempfile.TemporaryDirectory(prefix="bench-ort-") as folder:
             source, notes = opset13(args.model, folder)
-            pre = str(Path(folder) / "pre.onnx")
+            source = str(Path(source).resolve())
+            pre = str(Path(folder).resolve() / "pre.onnx")
+            reader = Reader()  # opens the calibration folder before the chdir
             # quant_pre_process and quantize_static write temporary models (and their
             # external data) into the current directory: keep them in the temp folder.
             with contextlib.chdir(folder):
                 quant_pre_process(source, pre)
-                quantize_static(pre, out, Reader(), **options)
+                quantize_static(pre, out, reader, **options)
         return {"options": {k: str(v) for k, v in options.items()}, **notes}
 
     return run
