@@ -331,8 +331,9 @@ def _calibration_data(args: argparse.Namespace, feeds: Any):
     return iter_calibration_npz(path, load_model(args.model))
 
 
-def _cmd_convert(args: argparse.Namespace) -> int:
-    from mixprec._convert import convert
+def _checked_output(args: argparse.Namespace) -> Path:
+    """``-o`` checked before any work: a writable folder, not the input, and
+    ``--keep-failed`` only with ``--validate``."""
     from mixprec._io import check_output_path
 
     if args.keep_failed and not args.validate:
@@ -341,6 +342,13 @@ def _cmd_convert(args: argparse.Namespace) -> int:
     check_output_path(out)
     if Path(args.model).exists() and out.exists() and out.resolve() == Path(args.model).resolve():
         raise MixprecError(f"{out}: output would overwrite the input model")
+    return out
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from mixprec._convert import convert
+
+    out = _checked_output(args)
     feeds = _load_feeds(args.inputs, args.model)
     result = convert(
         args.model,
@@ -396,15 +404,9 @@ def _validate_and_write(args: argparse.Namespace, result: Any, feeds: Any, out: 
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
-    from mixprec._io import check_output_path
     from mixprec._quantize import quantize
 
-    if args.keep_failed and not args.validate:
-        raise MixprecError("--keep-failed needs --validate")
-    out = Path(args.output)
-    check_output_path(out)
-    if Path(args.model).exists() and out.exists() and out.resolve() == Path(args.model).resolve():
-        raise MixprecError(f"{out}: output would overwrite the input model")
+    out = _checked_output(args)
     feeds = _load_feeds(args.inputs, args.model)
     result = quantize(
         args.model,
