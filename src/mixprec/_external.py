@@ -531,11 +531,32 @@ class ResolveExternalDataPass(ir.passes.InPlacePass):
             return replaced[id(tensor)]
 
         _replace_tensors(model, swap)
+        maps = [f.buffer for f in reader.files.values() if f.buffer is not None]
+        if maps:
+            model.meta.setdefault(MAPPINGS, []).extend(maps)
         files = sorted({f.path for f in reader.files.values()})
         add_input_files(model, files)
         return ResolveExternalDataResult(
             model, modified=bool(replaced), resolved=len(replaced), files=files
         )
+
+
+#: ``model.meta`` key: the read-only maps of the model's external data files.
+MAPPINGS = "mixprec.mappings"
+
+
+def release_mapped_pages(model: ir.Model) -> None:
+    """Let the kernel drop the resident pages of the model's external-data maps.
+
+    The maps are read-only views of files: a page dropped here is read again from the
+    file if a tensor still needs it. Called as weights are converted, so that a large
+    model's pages do not all stay resident (and counted in the process's memory).
+    """
+    for buffer in model.meta.get(MAPPINGS, []):
+        try:
+            buffer.madvise(mmap.MADV_DONTNEED)
+        except (AttributeError, OSError, ValueError):  # no madvise here, or a closed map
+            continue
 
 
 def _replace_tensors(

@@ -14,6 +14,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec._constants import const_tensor
+from mixprec._external import release_mapped_pages
 from mixprec._graphs import (
     UniqueNames,
     all_graphs,
@@ -40,6 +41,11 @@ _NUMPY_DTYPE = {
 _FLOATS = frozenset(
     {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
 )
+
+
+#: Converted weight bytes after which the pages of memory-mapped external data are
+#: released (a large model's float32 weights never all stay resident at once).
+_RELEASE_EVERY = 64 << 20
 
 
 @dataclasses.dataclass
@@ -123,6 +129,7 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
             slots = {n: info for n, info in found if info is not None}
         self.slots = slots
         self._target = self.policy.target_type
+        self._model = model
         self._main = model.graph
         self._names = UniqueNames(model)
         self._owners = if_branch_owners(model.graph)
@@ -210,6 +217,7 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
     ) -> None:
         """4. Weights: convert in place, duplicate or cast once."""
         target, main = self._target, self._main
+        unreleased = 0  # float32 bytes read from mapped files since their pages were released
         for value, by_dtype in list(need.items()):
             if value in self._produced_low or value.is_graph_input():
                 continue
@@ -228,6 +236,10 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
                 self._convert_weight_in_place(value, target, result.weights)
                 self._produced_low.add(value)
                 del need[value]
+                unreleased += _nbytes(value) * 2  # now low precision: half its float32 size
+                if unreleased >= _RELEASE_EVERY:
+                    release_mapped_pages(self._model)
+                    unreleased = 0
             elif _nbytes(value) <= self.small_weight_bytes:
                 copy = self._low_copy(value, target, self._names, result.weights)
                 for node, i in low_uses:
