@@ -177,39 +177,7 @@ def _add_debug_arg(p: argparse.ArgumentParser, *, top: bool) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="mixprec",
-        description="Convert FP32 ONNX models to FP16/BF16 mixed precision or INT8.",
-    )
-    _add_debug_arg(parser, top=True)
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    c = sub.add_parser("convert", help="convert a model")
-    c.add_argument("model", help="FP32 ONNX model")
-    c.add_argument("-o", "--output", required=True, help="where to write the converted model")
-    _add_policy_args(c)
-    c.add_argument(
-        "--log-dir", help="write graphs before/after and paint buckets here; env MIXPREC_LOG_PATH"
-    )
-    c.add_argument(
-        "--validate",
-        action="store_true",
-        help="compare with the FP32 model in onnxruntime before writing; a model out of "
-        "tolerance is not written (an existing OUTPUT is left as it was) and the exit "
-        "status is 1",
-    )
-    c.add_argument("--rtol", type=float, default=None, help="validation tolerance (rel. L2)")
-    c.add_argument(
-        "--keep-failed",
-        action="store_true",
-        help="with --validate: write a model that fails validation to OUTPUT's name with "
-        "'.failed' before the suffix (e.g. out.failed.onnx), for inspection",
-    )
-    c.add_argument(
-        "--external-data", action="store_true", help="write weights to OUTPUT.data beside the model"
-    )
-
+def _add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
     q = sub.add_parser("quantize", help="INT8 post-training quantization (QDQ)")
     q.add_argument("model", help="FP32 ONNX model")
     q.add_argument("-o", "--output", required=True, help="where to write the INT8 model")
@@ -247,6 +215,43 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--external-data", action="store_true", help="write weights to OUTPUT.data")
     q.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     _add_quiet_arg(q)
+    return q
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mixprec",
+        description="Convert FP32 ONNX models to FP16/BF16 mixed precision or INT8.",
+    )
+    _add_debug_arg(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("convert", help="convert a model")
+    c.add_argument("model", help="FP32 ONNX model")
+    c.add_argument("-o", "--output", required=True, help="where to write the converted model")
+    _add_policy_args(c)
+    c.add_argument(
+        "--log-dir", help="write graphs before/after and paint buckets here; env MIXPREC_LOG_PATH"
+    )
+    c.add_argument(
+        "--validate",
+        action="store_true",
+        help="compare with the FP32 model in onnxruntime before writing; a model out of "
+        "tolerance is not written (an existing OUTPUT is left as it was) and the exit "
+        "status is 1",
+    )
+    c.add_argument("--rtol", type=float, default=None, help="validation tolerance (rel. L2)")
+    c.add_argument(
+        "--keep-failed",
+        action="store_true",
+        help="with --validate: write a model that fails validation to OUTPUT's name with "
+        "'.failed' before the suffix (e.g. out.failed.onnx), for inspection",
+    )
+    c.add_argument(
+        "--external-data", action="store_true", help="write weights to OUTPUT.data beside the model"
+    )
+
+    q = _add_quantize_parser(sub)
 
     i = sub.add_parser("inspect", help="show the painting without writing a model")
     i.add_argument("model")
