@@ -45,7 +45,7 @@ import onnx.numpy_helper
 import onnx_ir as ir
 
 from mixprec._errors import MixprecError
-from mixprec._protos import _IN_MEMORY, iter_proto_graphs
+from mixprec._protos import _IN_MEMORY, iter_model_graphs
 
 __all__ = [
     "INPUT_FILES",
@@ -251,20 +251,8 @@ def real_folder(base_dir: str | os.PathLike[str], what: str = "base_dir") -> str
 # --------------------------------------------------------------------------- protos
 
 
-def _proto_graphs(model: onnx.ModelProto) -> Iterator[onnx.GraphProto]:
-    yield from iter_proto_graphs(model.graph)
-    for function in model.functions:
-        for node in function.node:
-            for attr in node.attribute:
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    yield from iter_proto_graphs(attr.g)
-                elif attr.type == onnx.AttributeProto.GRAPHS:
-                    for sub in attr.graphs:
-                        yield from iter_proto_graphs(sub)
-
-
 def _proto_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
-    for graph in _proto_graphs(model):
+    for graph in iter_model_graphs(model):
         yield from graph.node
     for function in model.functions:
         yield from function.node
@@ -272,7 +260,7 @@ def _proto_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
 
 def _proto_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
     """Every dense tensor of ``model``, the parts of its sparse tensors included."""
-    for graph in _proto_graphs(model):
+    for graph in iter_model_graphs(model):
         yield from graph.initializer
         for sparse in graph.sparse_initializer:
             yield from (sparse.values, sparse.indices)
@@ -379,7 +367,7 @@ def prepare_proto(
         if _is_external(tensor):
             _check_entries(tensor, where)
     reader = None if folder is None else _Reader(real_folder(folder, "base_dir"), where)
-    for graph in _proto_graphs(model):
+    for graph in iter_model_graphs(model):
         if graph.sparse_initializer:
             dense = [_densify(s, s.values.name, reader, where) for s in graph.sparse_initializer]
             graph.initializer.extend(dense)

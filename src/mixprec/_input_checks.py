@@ -12,7 +12,6 @@ for the repairs that run beside them).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import onnx
 import onnx.defs
@@ -260,7 +259,7 @@ def check_proto(proto: onnx.ModelProto, where: str = "model") -> None:
     Raises:
         MixprecError: naming the graph, node or tensor.
     """
-    from mixprec._protos import iter_proto_graphs
+    from mixprec._protos import iter_model_graphs
 
     if not proto.HasField("graph"):
         raise MixprecError(f"{where}: no graph")
@@ -275,8 +274,7 @@ def check_proto(proto: onnx.ModelProto, where: str = "model") -> None:
                 f"{where}: opset of domain {domain or 'ai.onnx'!r} imported {len(found)} "
                 f"times ({', '.join(map(str, found))})"
             )
-    graphs = list(iter_proto_graphs(proto.graph))
-    graphs += [g for f in proto.functions for n in f.node for g in _node_graphs(n)]
+    graphs = list(iter_model_graphs(proto))
     for graph in graphs:
         defined: dict[str, str] = {}
         for vi in graph.input:
@@ -297,16 +295,6 @@ def check_proto(proto: onnx.ModelProto, where: str = "model") -> None:
             for attr in node.attribute:
                 if attr.type == onnx.AttributeProto.TENSOR:
                     _check_proto_tensor(attr.t, f"{where}: {_proto_label(node)}: {attr.name!r}")
-
-
-def _node_graphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
-    from mixprec._protos import iter_proto_graphs
-
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield from iter_proto_graphs(attr.g)
-        for g in attr.graphs:
-            yield from iter_proto_graphs(g)
 
 
 def _proto_label(node: onnx.NodeProto) -> str:

@@ -14,7 +14,13 @@ from onnx import TensorProto, helper
 
 from mixprec._errors import MixprecError
 
-__all__ = ["iter_proto_graphs", "iter_proto_tensors", "weightless_proto"]
+__all__ = [
+    "iter_model_graphs",
+    "iter_node_graphs",
+    "iter_proto_graphs",
+    "iter_proto_tensors",
+    "weightless_proto",
+]
 
 # Initializers up to this many elements stay in light copies (shape inference may read them).
 _LIGHT_MAX_ELEMS = 1024
@@ -156,12 +162,25 @@ def iter_proto_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
     """Yields ``graph`` and all its subgraphs, depth first, in node/attribute order."""
     yield graph
     for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from iter_proto_graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for sub in attr.graphs:
-                    yield from iter_proto_graphs(sub)
+        yield from iter_node_graphs(node)
+
+
+def iter_node_graphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
+    """The graphs in ``node``'s attributes (If branches, Loop/Scan bodies) and below."""
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield from iter_proto_graphs(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            for sub in attr.graphs:
+                yield from iter_proto_graphs(sub)
+
+
+def iter_model_graphs(model: onnx.ModelProto) -> Iterator[onnx.GraphProto]:
+    """The main graph and every graph below it, then those inside model-local functions."""
+    yield from iter_proto_graphs(model.graph)
+    for function in model.functions:
+        for node in function.node:
+            yield from iter_node_graphs(node)
 
 
 def iter_proto_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
