@@ -43,6 +43,37 @@ class Unavailable(Exception):
     """The converter cannot be imported or does not exist in this environment."""
 
 
+def measure_and_write(
+    build: Callable[[], Callable[[], dict[str, Any]]],
+    out: str,
+    result_path: str,
+    result: dict[str, Any],
+    what: str,
+) -> int:
+    """Import (``build``), run and time one tool writing ``out``; every outcome, failures
+    included, goes to ``result_path`` as JSON with the process's peak RSS."""
+    start = time.perf_counter()
+    try:
+        run = build()
+        result["import_s"] = time.perf_counter() - start
+        result["rss_after_import_mb"] = vm_hwm_mb()
+        Path(out).unlink(missing_ok=True)
+        begin = time.perf_counter()
+        result.update(run())
+        result["convert_s"] = time.perf_counter() - begin
+        if not Path(out).is_file():
+            raise RuntimeError(f"{what} reported success but wrote no model")
+        result["status"] = "ok"
+    except Unavailable as exc:
+        result.update(status="unavailable", error=str(exc))
+    except BaseException as exc:  # every failure is a result to report
+        result.update(status="error", error=f"{type(exc).__name__}: {exc}"[:3000],
+                      traceback=traceback.format_exc()[-4000:])
+    result["vm_hwm_mb"] = vm_hwm_mb()
+    Path(result_path).write_text(json.dumps(result, indent=2, default=str))
+    return 0
+
+
 def run_mixprec_cli(argv: list[str], needs: str = "mixprec CLI") -> Callable[[], dict[str, Any]]:
     """A callable that runs ``python -m mixprec ARGV`` in this process (runpy) and returns
     its parsed ``--json`` report; raises Unavailable if mixprec or its CLI cannot be imported.
@@ -179,26 +210,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result: dict[str, Any] = {"converter": args.converter, "dtype": args.dtype,
                               "model": args.model, "out": args.out}
-    start = time.perf_counter()
-    try:
-        run = build(args)
-        result["import_s"] = time.perf_counter() - start
-        result["rss_after_import_mb"] = vm_hwm_mb()
-        Path(args.out).unlink(missing_ok=True)
-        begin = time.perf_counter()
-        result.update(run())
-        result["convert_s"] = time.perf_counter() - begin
-        if not Path(args.out).is_file():
-            raise RuntimeError("converter reported success but wrote no model")
-        result["status"] = "ok"
-    except Unavailable as exc:
-        result.update(status="unavailable", error=str(exc))
-    except BaseException as exc:  # every failure is a result to report
-        result.update(status="error", error=f"{type(exc).__name__}: {exc}"[:3000],
-                      traceback=traceback.format_exc()[-4000:])
-    result["vm_hwm_mb"] = vm_hwm_mb()
-    Path(args.result).write_text(json.dumps(result, indent=2, default=str))
-    return 0
+    return measure_and_write(lambda: build(args), args.out, args.result, result, "converter")
 
 
 if __name__ == "__main__":

@@ -29,17 +29,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import tempfile
-import time
-import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from common import vm_hwm_mb
-from convert_one import Unavailable, run_mixprec_cli
+from convert_one import Unavailable, measure_and_write, run_mixprec_cli
 
 TOOLS = ("mixprec-minmax", "mixprec-entropy", "mixprec-percentile", "ort-s8s8", "ort-u8s8",
          "nncf")
@@ -157,26 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     result: dict[str, Any] = {"tool": args.tool, "model": args.model, "out": args.out}
-    start = time.perf_counter()
-    try:
-        run = build(args)
-        result["import_s"] = time.perf_counter() - start
-        result["rss_after_import_mb"] = vm_hwm_mb()
-        Path(args.out).unlink(missing_ok=True)
-        begin = time.perf_counter()
-        result.update(run())
-        result["convert_s"] = time.perf_counter() - begin
-        if not Path(args.out).is_file():
-            raise RuntimeError("quantizer reported success but wrote no model")
-        result["status"] = "ok"
-    except Unavailable as exc:
-        result.update(status="unavailable", error=str(exc))
-    except BaseException as exc:  # every failure is a result to report
-        result.update(status="error", error=f"{type(exc).__name__}: {exc}"[:3000],
-                      traceback=traceback.format_exc()[-4000:])
-    result["vm_hwm_mb"] = vm_hwm_mb()
-    Path(args.result).write_text(json.dumps(result, indent=2, default=str))
-    return 0
+    return measure_and_write(lambda: build(args), args.out, args.result, result, "quantizer")
 
 
 if __name__ == "__main__":
