@@ -26,6 +26,7 @@ import onnx_ir as ir
 from mixprec._constants import const_tensor
 from mixprec._graphs import UniqueNames
 from mixprec._measure import calibration_of
+from mixprec._observers import TensorStats
 from mixprec._qparams import QParams, activation_qparams, quantize_bias, quantize_weight
 from mixprec._qplan import INT8, Int8Decision, int8_decision, weight_index
 
@@ -303,16 +304,14 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
             array = tensor.numpy().astype(np.float32)
             if array.size == 0 or not np.all(np.isfinite(array)):
                 continue
-            lo, hi = min(float(array.min()), 0.0), max(float(array.max()), 0.0)
-            if self.unsigned:
-                scale = (hi - lo) / 255.0 or 1.0
-                zp = int(np.clip(round(-lo / scale), 0, 255))
-                data = np.clip(np.round(array / scale) + zp, 0, 255).astype(np.uint8)
-                params = QParams(np.array(scale, np.float32), np.array(zp, np.uint8))
-            else:
-                scale = max(-lo, hi) / 127.0 or 1.0
-                data = np.clip(np.round(array / scale), -127, 127).astype(np.int8)
-                params = QParams(np.array(scale, np.float32), np.array(0, np.int8))
+            lo, hi = float(array.min()), float(array.max())
+            params = activation_qparams(
+                TensorStats(max(-lo, hi, 0.0), lo, hi), "minmax", self.unsigned
+            )
+            assert not isinstance(params, str)  # a finite, non-empty range always has some
+            qmin, qmax = (0, 255) if self.unsigned else (-127, 127)
+            levels = np.round(array / params.scale) + params.zero_point.astype(np.float32)
+            data = np.clip(levels, qmin, qmax).astype(params.dtype)
             base = value.name or f"{node.name}_const{i}"
             data_value = self._initializer(f"{base}_q", data)
             node.replace_input_with(i, self._dq(data_value, params, base, at_top=True))
