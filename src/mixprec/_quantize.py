@@ -15,6 +15,7 @@ import dataclasses
 import logging
 import os
 import platform
+import re
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -316,15 +317,9 @@ def _candidates(model: ir.Model, config: QuantizeConfig) -> dict[str, tuple[str,
     for label, names in found.items():
         unique.setdefault(names, label)
     return {
-        label: tuple(config.exclude_nodes) + tuple(_exact(n) for n in names)
+        label: tuple(config.exclude_nodes) + tuple(re.escape(n) for n in names)
         for names, label in unique.items()
     }
-
-
-def _exact(name: str) -> str:
-    import re
-
-    return re.escape(name)
 
 
 def choose_placement(
