@@ -1,0 +1,84 @@
+"""Saving and loading a converted module: a folder with the ONNX model and two JSON files.
+
+``model.onnx`` (the converted model, weights inline; beside it ``model.onnx.data`` for
+models over 2 GB), ``mixprec_torch.json`` (input names, output structure, dtype,
+exporter) and ``report.json`` (the conversion report). Nothing in it is pickled: loading
+runs no code and needs neither the original module nor its class.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mixprec._errors import MixprecError
+from mixprec._io import load_model, save_model
+from mixprec._report import NodeReport, Report
+
+if TYPE_CHECKING:
+    from mixprec.torch._module import ConvertedModule
+
+__all__ = ["load", "save_converted"]
+
+MODEL_FILE = "model.onnx"
+SPEC_FILE = "mixprec_torch.json"
+REPORT_FILE = "report.json"
+
+
+def save_converted(module: ConvertedModule, path: str | os.PathLike[str]) -> None:
+    """Write ``module`` to the folder ``path`` (created; files in it are replaced)."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise MixprecError(f"{folder}: exists and is not a folder")
+    folder.mkdir(parents=True, exist_ok=True)
+    save_model(module.onnx_model, folder / MODEL_FILE)
+    (folder / SPEC_FILE).write_text(json.dumps(module.spec.to_dict(), indent=2) + "\n")
+    (folder / REPORT_FILE).write_text(module.report.to_json() + "\n")
+
+
+def report_from_dict(data: Mapping[str, Any]) -> Report:
+    """Rebuild a :class:`Report` from ``Report.to_dict()`` output."""
+    names = {f.name for f in dataclasses.fields(Report)}
+    fields = {k: v for k, v in data.items() if k in names and k != "nodes"}
+    nodes = [NodeReport(**n) for n in data.get("nodes", [])]
+    return Report(nodes=nodes, **fields)
+
+
+def load(
+    path: str | os.PathLike[str], *, providers: Sequence[str] | None = None
+) -> ConvertedModule:
+    """Load a module saved by :meth:`ConvertedModule.save`.
+
+    Args:
+        path: the folder.
+        providers: ONNX Runtime execution providers (default: CUDA when available, CPU).
+
+    Raises:
+        MixprecError: the folder or one of its files is missing or malformed.
+
+    Example:
+        >>> module = mixprec.torch.load("resnet_fp16")               # doctest: +SKIP
+        >>> logits = module(images)                                 # doctest: +SKIP
+    """
+    from mixprec.torch._module import ConvertedModule, ModuleSpec
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise MixprecError(f"{folder}: not a folder written by ConvertedModule.save()")
+    try:
+        spec_data = json.loads((folder / SPEC_FILE).read_text())
+        report_data = json.loads((folder / REPORT_FILE).read_text())
+    except FileNotFoundError as exc:
+        raise MixprecError(f"{folder}: missing {Path(exc.filename).name}") from None
+    except json.JSONDecodeError as exc:
+        raise MixprecError(f"{folder}: malformed JSON ({exc})") from None
+    try:
+        report = report_from_dict(report_data)
+    except TypeError as exc:
+        raise MixprecError(f"{folder / REPORT_FILE}: malformed report ({exc})") from None
+    model = load_model(folder / MODEL_FILE)
+    return ConvertedModule(model, report, ModuleSpec.from_dict(spec_data), providers=providers)
