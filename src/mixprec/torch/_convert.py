@@ -13,10 +13,17 @@ from mixprec._convert import convert
 from mixprec._errors import MixprecError
 from mixprec._policy import normalize_dtype
 from mixprec._quantize import quantize
-from mixprec.torch._check import Sample, TorchCheckError, check_module, perturbed, threshold_for
+from mixprec.torch._check import (
+    CHECK_ATOL,
+    Sample,
+    TorchCheckError,
+    check_module,
+    perturbed,
+    threshold_for,
+)
 from mixprec.torch._export import export_module
 from mixprec.torch._module import ConvertedModule, ModuleSpec
-from mixprec.torch._tree import bind_inputs, flatten_outputs
+from mixprec.torch._tree import bind_inputs, flatten_outputs, register_dataclasses
 
 __all__ = ["convert_module"]
 
@@ -108,7 +115,10 @@ def convert_module(
     if not isinstance(module, torch.nn.Module):
         raise MixprecError(f"module must be a torch.nn.Module, not {type(module).__name__}")
     target = _target(dtype)
-    threshold = threshold_for(target, budget) if check else 0.0
+    # (max rel L2, max abs accepted instead), or None: no check.
+    limits: tuple[float, float] | None = None
+    if check:
+        limits = (threshold_for(target, budget), CHECK_ATOL if budget is None else 0.0)
     args, kwargs = as_sample(example_inputs, "example_inputs")
     inputs = bind_inputs(module.forward, args, kwargs)
     extra = [as_sample(s, f"calibration_data[{i}]") for i, s in enumerate(calibration_data or ())]
@@ -129,8 +139,7 @@ def convert_module(
             extra,
             target,
             dynamic_shapes,
-            check,
-            threshold,
+            limits,
             providers,
             policy_options,
         )
@@ -145,13 +154,14 @@ def _convert(
     extra: list[Sample],
     target: str,
     dynamic_shapes: Any,
-    check: bool,
-    threshold: float,
+    limits: tuple[float, float] | None,
     providers: Sequence[str] | None,
     options: dict[str, Any],
 ) -> ConvertedModule:
     with torch.no_grad():
-        _, tree = flatten_outputs(module(*sample[0], **sample[1]))
+        eager_out = module(*sample[0], **sample[1])
+    _, tree = flatten_outputs(eager_out)
+    registered = register_dataclasses(eager_out)
     start = time.perf_counter()
     exported = export_module(module, sample[0], sample[1], inputs, dynamic_shapes)
     export_s = time.perf_counter() - start
@@ -172,6 +182,8 @@ def _convert(
         result = convert(exported.model, target, calibration_data=feeds, **options)
     report = result.report
     report.notes[:0] = [f"exported by {exported.exporter}", *exported.notes]
+    if registered:
+        report.notes.append(f"registered output dataclass(es) with torch's pytree: {registered}")
     report.timings = {"export": export_s, **report.timings}
     spec = ModuleSpec(
         dtype=target,
@@ -183,8 +195,9 @@ def _convert(
     converted = ConvertedModule(result.model, report, spec, providers=providers)
     if converted.runtime == "emulated":
         report.notes.append(converted.fallback_reason)
-    if not check:
+    if limits is None:
         return converted
+    threshold, atol = limits
     checked = check_module(
         lambda s: _eager(module, s),
         lambda s: converted.run_flat(*s),
@@ -192,6 +205,7 @@ def _convert(
         converted.output_paths,
         dtype=target,
         threshold=threshold,
+        atol=atol,
         runtime=converted.runtime,
     )
     converted.check = checked

@@ -169,6 +169,22 @@ def _torchscript(
         return ir.from_proto(onnx.load(path))
 
 
+def _specialized(model: ir.Model, asked: Mapping[str, Mapping[int, str]]) -> list[str]:
+    """A note per input dim asked to be dynamic that the exported graph fixed."""
+    notes = []
+    for value in model.graph.inputs:
+        shape = value.shape
+        for axis in asked.get(value.name or "", {}):
+            if shape is not None and axis < len(shape) and isinstance(shape[axis], int):
+                note = (
+                    f"input {value.name!r} dim {axis} was asked to be dynamic, but the export "
+                    f"fixed it to {shape[axis]}: other sizes there will be refused"
+                )
+                logger.warning("%s", note)
+                notes.append(note)
+    return notes
+
+
 def export_module(
     module: torch.nn.Module,
     args: tuple[Any, ...],
@@ -220,6 +236,8 @@ def export_module(
             )
         for value, name in zip(model.graph.inputs, names, strict=True):
             value.name = name
+    if dynamic_shapes is not None:
+        notes.extend(_specialized(model, dynamic_axes_of(dynamic_shapes, names)))
     unused = [n for n in names if n not in graph_names]
     if unused:
         notes.append(f"inputs not used by the exported graph (ignored when given): {unused}")

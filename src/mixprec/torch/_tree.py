@@ -19,7 +19,13 @@ import torch
 
 from mixprec._errors import MixprecError
 
-__all__ = ["bind_inputs", "flatten_outputs", "leaf_paths", "unflatten_outputs"]
+__all__ = [
+    "bind_inputs",
+    "flatten_outputs",
+    "leaf_paths",
+    "register_dataclasses",
+    "unflatten_outputs",
+]
 
 Tree = dict[str, Any]
 _CONSTANTS = (bool, int, float, str, type(None))
@@ -119,6 +125,37 @@ def _flatten(value: object, leaves: list[torch.Tensor], where: str) -> Tree:
         "or dataclasses of them, or constants",
         stage="export",
     )
+
+
+def register_dataclasses(value: object) -> list[str]:
+    """Register the dataclass types in an output with torch's pytree, for torch.export.
+
+    torch.export flattens outputs with ``torch.utils._pytree`` and refuses a dataclass it
+    does not know (transformers registers its ModelOutputs; user classes usually are
+    not). Returns the classes registered.
+    """
+    from torch.utils import _pytree
+
+    done: list[str] = []
+
+    def walk(v: object) -> None:
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            cls = type(v)
+            if cls not in _pytree.SUPPORTED_NODES:
+                torch.export.register_dataclass(cls, serialized_type_name=_class_path(v))
+                done.append(_class_path(v))
+            children: Any = [getattr(v, f.name) for f in dataclasses.fields(v)]
+        elif isinstance(v, Mapping):
+            children = list(v.values())
+        elif isinstance(v, tuple | list):
+            children = list(v)
+        else:
+            return
+        for child in children:
+            walk(child)
+
+    walk(value)
+    return done
 
 
 def _import_class(path: str) -> type | None:
