@@ -143,6 +143,10 @@ def test_call_errors() -> None:
     with pytest.raises(mixprec.MixprecError, match="exported model takes"):
         converted(_x(2, 31))
     assert converted(x=_x(2, 32)).shape == (2, 10)
+    with pytest.raises(mixprec.MixprecError, match="threads"):
+        converted.new_session(threads=-1)
+    single = converted.new_session(threads=1)(_x(2, 32, seed=5))
+    assert single.shape == (2, 10)
 
 
 @dataclasses.dataclass

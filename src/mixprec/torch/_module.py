@@ -108,6 +108,23 @@ class ConvertedModule(torch.nn.Module):
     def runtime(self) -> str:
         return self._runner.kind
 
+    def new_session(
+        self, *, providers: Sequence[str] | None = None, threads: int = 0
+    ) -> ConvertedModule:
+        """Recreate the ONNX Runtime session, e.g. with ``threads`` intra-op threads.
+
+        Args:
+            providers: execution providers (default: CUDA when available, CPU).
+            threads: ORT's intra-op thread count; 0 lets ORT choose (one per core).
+
+        Returns:
+            ``self``.
+        """
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+            raise MixprecError(f"threads must be an int >= 0, not {threads!r}")
+        self._runner = OrtRunner(self.onnx_model, providers, threads)
+        return self
+
     @property
     def fallback_reason(self) -> str:
         """Why the model runs emulated, or empty."""
