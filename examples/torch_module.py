@@ -1,7 +1,7 @@
 """Convert a PyTorch module to FP16 with mixprec.torch, run it, save it and load it back.
 
-    pip install -e ".[torch]"
-    python examples/torch_module.py [OUT_DIR]     # default: ./tiny_cnn_fp16
+pip install -e ".[torch]"
+python examples/torch_module.py [OUT_DIR]     # default: ./tiny_cnn_fp16
 """
 
 from __future__ import annotations
@@ -18,8 +18,13 @@ class TinyCNN(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.Conv2d(3, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
         )
         self.classifier = nn.Linear(32, 10)
 
