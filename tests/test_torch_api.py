@@ -12,6 +12,8 @@ from collections import namedtuple
 from pathlib import Path
 from typing import Any
 
+import onnx.parser
+import onnx_ir as ir
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -19,7 +21,7 @@ torch = pytest.importorskip("torch")
 import mixprec  # noqa: E402
 import mixprec.torch as mt  # noqa: E402
 from helpers import assert_close  # noqa: E402
-from mixprec.torch._export import failing_op  # noqa: E402
+from mixprec.torch._export import _specialized, failing_op  # noqa: E402
 from mixprec.torch._tree import flatten_outputs, leaf_paths, unflatten_outputs  # noqa: E402
 from torch_models import MLP  # noqa: E402
 
@@ -84,9 +86,20 @@ def test_export_failure_names_the_op() -> None:
 
 
 def test_failing_op_reads_both_exporters_messages() -> None:
-    assert failing_op("No ONNX function found for <OpOverload(op='aten.foo', overload='x')>")
-    assert failing_op("unrecognized namespace my::op. If you") == "my::op."
+    dynamo = "No ONNX function found for <OpOverload(op='mylib.foo', overload='default')>"
+    assert failing_op(dynamo) == "mylib.foo"
+    assert failing_op("failed on an operator with unrecognized namespace my::op. If") == "my::op"
+    assert failing_op("Exporting the operator 'aten::unfold_copy' to ONNX") == "aten::unfold_copy"
     assert failing_op("nothing to see") is None
+
+
+def test_dims_the_export_fixed_are_named() -> None:
+    proto = onnx.parser.parse_model(
+        """<ir_version: 10, opset_import: ["" : 20]>
+        g (float[B, 6] x) => (float[B, 6] y) { y = Relu(x) }"""
+    )
+    notes = _specialized(ir.from_proto(proto), {"x": {0: "batch", 1: "steps"}})
+    assert len(notes) == 1 and "'x' dim 1" in notes[0] and "fixed it to 6" in notes[0], notes
 
 
 def test_dynamo_failure_falls_back_to_torchscript() -> None:

@@ -65,7 +65,7 @@ def failing_op(message: str) -> str | None:
     for pattern in _OP_PATTERNS:
         match = pattern.search(message)
         if match:
-            return match.group(1).removesuffix(".default")
+            return match.group(1).rstrip(".").removesuffix(".default")
     return None
 
 
