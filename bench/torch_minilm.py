@@ -24,8 +24,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sentences import CALIBRATION_SENTENCES, EVAL_SENTENCES
 
 import mixprec.torch as mt
