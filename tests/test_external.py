@@ -923,3 +923,63 @@ def test_stages_run_directly_never_read_from_the_cwd(
         mixprec.Pipeline(config).run(bare)
     model = mixprec.Pipeline(config).run(ir.load(site.model))
     assert_close(site.ref, output_of(ir.to_proto(model), "fp16"), "fp16")
+
+
+# --------------------------------------------------------------------------- bounded memory
+
+
+def test_calibration_lets_ort_map_the_model_files_and_measures_the_same(tmp_path: Path) -> None:
+    """A model read from files is calibrated by an ORT session that maps those files
+    itself (no copy of the weights); the ranges equal those of the same model in memory."""
+    from mixprec._calibrate import calibrate
+    from mixprec._external import DATA_FOLDER, ResolveExternalDataPass
+    from mixprec._protos import weightless_proto
+
+    model = conv_model()
+    save_external(model, tmp_path / "m.onnx")
+    on_disk = ir.load(tmp_path / "m.onnx")
+    ResolveExternalDataPass()(on_disk)
+    folder = on_disk.meta[DATA_FOLDER]
+    assert folder == os.path.realpath(tmp_path)
+    proto, arrays = weightless_proto(on_disk, data_folder=folder)
+    refs = {
+        t.name: {e.key: e.value for e in t.external_data}
+        for t in proto.graph.initializer
+        if t.data_location == onnx.TensorProto.EXTERNAL
+    }
+    assert refs["k"]["location"] == "m.bin" and "k" not in arrays, (refs, sorted(arrays))
+    assert int(refs["k"]["length"]) == 8 * 300 * 4
+    from mixprec._probes import ProbeSession
+
+    probe = ProbeSession.create(on_disk, [("c", ir.DataType.FLOAT)], threads=1)
+    assert probe is not None, "ORT could not build the session that maps the model's files"
+    lo, hi, shape = probe.run({"x": X})["c"]
+    assert shape == [1, 8, 8, 8] and lo < hi
+
+    feeds = [{"x": X}, {"x": X[..., ::-1].copy()}]
+    from_files = calibrate(on_disk, feeds, observer="minmax").stats
+    in_memory = calibrate(ir.from_proto(model), feeds, observer="minmax").stats
+    assert set(from_files) == set(in_memory)
+    differ = {
+        n: (from_files[n], in_memory[n])
+        for n in in_memory
+        if (from_files[n].min, from_files[n].max) != (in_memory[n].min, in_memory[n].max)
+    }
+    assert not differ, differ
+
+
+def test_weight_scans_match_numpy_and_keep_nan() -> None:
+    from mixprec._observers import absmax_of, channel_range
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((5, 7, 3)).astype(np.float32)
+    assert absmax_of(w) == float(np.max(np.abs(w)))
+    assert absmax_of(np.zeros((0, 4), np.float32)) == 0.0
+    w_nan = w.copy()
+    w_nan[1, 2, 0] = np.nan
+    assert np.isnan(absmax_of(w_nan))
+    for axis in (0, 1, -1):
+        lo, hi = channel_range(w_nan, axis)
+        moved = np.moveaxis(w_nan, axis, 0).reshape(w.shape[axis], -1)
+        np.testing.assert_array_equal(lo, np.nanmin(moved, axis=1))
+        np.testing.assert_array_equal(hi, np.nanmax(moved, axis=1))

@@ -45,10 +45,13 @@ import onnx.numpy_helper
 import onnx_ir as ir
 
 from mixprec._errors import MixprecError
-from mixprec._protos import _IN_MEMORY, iter_model_graphs
+from mixprec._protos import _IN_MEMORY, FILE_SPAN, iter_model_graphs
 
 __all__ = [
+    "DATA_FOLDER",
     "INPUT_FILES",
+    "MAPPINGS",
+    "RELEASE_EVERY",
     "ResolveExternalDataPass",
     "ResolveExternalDataResult",
     "add_input_files",
@@ -57,6 +60,7 @@ __all__ = [
     "model_from_proto",
     "prepare_proto",
     "real_folder",
+    "release_mapped_pages",
 ]
 
 #: ``model.meta`` key: the real paths (strings) of every file the input model was read from.
@@ -229,13 +233,16 @@ class _Reader:
             array = array.reshape(dims)
             if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
                 array = array.astype(np_dtype.newbyteorder("="))
-        return ir.Tensor(
+        tensor = ir.Tensor(
             array,
             dtype=dtype,
             name=name,
             doc_string=doc_string,
             metadata_props=dict(metadata_props) if metadata_props else None,
         )
+        if numel and data.buffer is not None and sys.byteorder == "little":
+            tensor.meta[FILE_SPAN] = (data.path, offset)  # ORT may map the file itself
+        return tensor
 
 
 def real_folder(base_dir: str | os.PathLike[str], what: str = "base_dir") -> str:
@@ -522,6 +529,7 @@ class ResolveExternalDataPass(ir.passes.InPlacePass):
         maps = [f.buffer for f in reader.files.values() if f.buffer is not None]
         if maps:
             model.meta.setdefault(MAPPINGS, []).extend(maps)
+        model.meta[DATA_FOLDER] = folder
         files = sorted({f.path for f in reader.files.values()})
         add_input_files(model, files)
         return ResolveExternalDataResult(
@@ -531,6 +539,10 @@ class ResolveExternalDataPass(ir.passes.InPlacePass):
 
 #: ``model.meta`` key: the read-only maps of the model's external data files.
 MAPPINGS = "mixprec.mappings"
+#: ``model.meta`` key: the real folder the model's external data files were read from.
+DATA_FOLDER = "mixprec.data_folder"
+#: Bytes read from the maps after which a pass lets their pages go again.
+RELEASE_EVERY = 64 << 20
 
 
 def release_mapped_pages(model: ir.Model) -> None:

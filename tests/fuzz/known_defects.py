@@ -139,8 +139,7 @@ class KnownDefect:
         return CAUSES[self.cause].matches(kind, detail)
 
 
-KNOWN: tuple[KnownDefect, ...] = (
-)
+KNOWN: tuple[KnownDefect, ...] = ()
 
 
 def known_for(mutation: str, seed: int) -> KnownDefect | None:
