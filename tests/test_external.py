@@ -530,6 +530,17 @@ def test_e6_model_without_its_data_converted_from_another_folder(
     result = mixprec.convert(proto, "fp16", base_dir=site.folder, calibration_data={"x": X})
     assert_close(site.ref, output_of(result.model_proto, "fp16"), "fp16")
     assert mixprec.inspect(proto, "fp16", base_dir=site.folder, calibrate=False).nodes
+    # validate and quantize read in-memory models the same way
+    with pytest.raises(mixprec.MixprecError, match="has no folder to read it from"):
+        mixprec.validate(proto, result.model_proto, inputs={"x": X})
+    report = mixprec.validate(proto, result.model_proto, inputs={"x": X}, base_dir=site.folder)
+    assert report.passed, report.format_table()
+    with pytest.raises(mixprec.MixprecError, match="has no folder to read it from"):
+        mixprec.quantize(proto, {"x": X})
+    int8 = mixprec.quantize(proto, {"x": X}, base_dir=site.folder)
+    got = run_ort(int8.model_proto, {"x": X})["y"]
+    rel = float(np.linalg.norm(got - site.ref) / np.linalg.norm(site.ref))
+    assert rel < 0.1, f"INT8 relative L2 {rel:.3g} vs the FP32 model (real weights: < 0.1)"
     assert proto.SerializeToString() == untouched  # the caller's proto is not changed
 
 

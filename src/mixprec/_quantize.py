@@ -233,6 +233,7 @@ def quantize(
     *,
     config: QuantizeConfig | None = None,
     progress: Callable[[str], None] | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Any:
     """Post-training static INT8 quantization in QDQ form.
@@ -244,6 +245,8 @@ def quantize(
             synthetic data say nothing about real accuracy.
         config: a ready :class:`QuantizeConfig`; ``options`` then replace its fields.
         progress: called with a short message at each stage.
+        base_dir: the folder an in-memory model's external data is read from (as for
+            :func:`~mixprec.convert`); a path's own folder otherwise.
         **options: the fields of :class:`QuantizeConfig` (``method``, ``activations``,
             ``per_channel``, ``exclude_nodes``, ``shapes``, ``fold_batchnorm``, ``check``,
             ``log_dir``).
@@ -255,7 +258,7 @@ def quantize(
         >>> result = mixprec.quantize("model.onnx", batches, method="entropy")  # doctest: +SKIP
         >>> result.save("model_int8.onnx")                                      # doctest: +SKIP
     """
-    from mixprec._convert import ConversionResult, _load, _notes_about_input
+    from mixprec._convert import ConversionResult, _notes_about_input, load_input
 
     try:
         config = dataclasses.replace(config, **options) if config else QuantizeConfig(**options)
@@ -263,7 +266,7 @@ def quantize(
         raise MixprecError(f"quantize: {exc}") from None
     say = progress or (lambda _msg: None)
     say("loading")
-    work, kind = _load(model)
+    work, kind = load_input(model, base_dir)
     report = Report(target="int8", policy={"quantize": _config_dict(config)})
     report.notes.extend(_notes_about_input(work))
     if calibration_data is None:
