@@ -597,6 +597,29 @@ def test_e8_model_reached_through_a_symlink_reads_its_real_folder(
     assert snapshot(site.folder, elsewhere) == before
 
 
+def test_hugging_face_style_cache_of_blobs_is_refused_with_a_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``snapshot/m.onnx`` and ``snapshot/m.onnx.data`` link to hash-named blobs: the data
+    beside the link is not beside the target, so it is refused in one line that says why
+    and what to do (reading it would follow a link out of the model's real folder)."""
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshot"
+    blobs.mkdir()
+    snap.mkdir()
+    save_external(conv_model(), blobs / "m.onnx", "m.onnx.data")
+    (blobs / "m.onnx").rename(blobs / "3f2a")
+    (blobs / "m.onnx.data").rename(blobs / "9c1d")
+    (snap / "m.onnx").symlink_to("../blobs/3f2a")
+    (snap / "m.onnx.data").symlink_to("../blobs/9c1d")
+    res = run_cli(["convert", snap / "m.onnx", "-o", tmp_path / "o.onnx"], "inproc", monkeypatch)
+    assert_one_error(
+        res,
+        r".*external data file 'm.onnx.data' is missing \(looked in .*blobs\); .* is a "
+        r"symbolic link into that folder .* \(e.g. huggingface-cli download --local-dir DIR\)",
+    )
+    assert not (tmp_path / "o.onnx").exists()
+
+
 def _npz(site: Site) -> Path:
     path = site.root / "x.npz"
     np.savez(path, x=X)

@@ -52,6 +52,7 @@ __all__ = [
     "INPUT_FILES",
     "MAPPINGS",
     "RELEASE_EVERY",
+    "MissingDataFile",
     "ResolveExternalDataPass",
     "ResolveExternalDataResult",
     "add_input_files",
@@ -89,6 +90,10 @@ class _DataFile:
     path: str  # real path
     size: int
     buffer: mmap.mmap | None  # None for an empty file
+
+
+class MissingDataFile(MixprecError):
+    """An external data file that is not in the model's folder."""
 
 
 class _Reader:
@@ -143,8 +148,9 @@ class _Reader:
         try:
             fd = os.open(real, flags)
         except FileNotFoundError:
-            raise self.fail(
-                name, f"external data file {location!r} is missing (looked in {self.folder})"
+            raise MissingDataFile(
+                f"{self.where}: tensor {name!r}: external data file {location!r} is missing "
+                f"(looked in {self.folder})"
             ) from None
         except OSError as exc:
             raise self.fail(
