@@ -260,9 +260,13 @@ def test_non_finite_ranges_leave_their_nodes_float_with_a_reason():
 def test_speed_auto_times_placements_and_never_picks_one_slower_than_fp32():
     result = mixprec.quantize(_cnn(), _samples(2))
     speed = result.report.quantization["speed"]
-    ms = speed["ms"]
+    ms, ratio = speed["ms"], speed["ratio"]
     assert {"fp32", "all"} <= set(ms) and all(v > 0 for v in ms.values())
-    assert ms[speed["chosen"]] <= ms["fp32"]
+    assert ratio["fp32"] == 1.0 and speed["rounds"] >= 15
+    # a placement is kept only when clearly faster than FP32 (median paired ratio)
+    assert speed["chosen"] == "fp32" or ratio[speed["chosen"]] <= 0.95, speed["summary"]
+    if speed["chosen"] == "fp32":
+        assert min(r for k, r in ratio.items() if k != "fp32") > 0.95, speed["summary"]
     assert "INT8 placement timed on this CPU" in speed["summary"]
     onnx.checker.check_model(result.model_proto, full_check=True)
 
@@ -341,3 +345,27 @@ def test_mtcnn_onet_int8(corpus_dir: Path):
     for name in ref:
         assert _rel_l2(ref[name], got[name]) < 0.1, name
     assert np.array_equal(ref["softmax_2"].argmax(1), got["softmax_2"].argmax(1))
+
+
+def test_paired_timing_ratios_and_margin(monkeypatch):
+    """time_paired on a fake clock: ratios are per round against FP32, medians of them."""
+    from mixprec import _qspeed
+
+    clock = [0.0]
+    monkeypatch.setattr(_qspeed.time, "perf_counter", lambda: clock[0])
+    costs = {"fp32": 2e-3, "fast": 1e-3, "same": 1.96e-3}
+
+    class Fake:
+        def __init__(self, cost: float) -> None:
+            self.cost = cost
+
+        def run(self, _outputs, _feeds):
+            clock[0] += self.cost
+
+    sessions = {label: Fake(cost) for label, cost in costs.items()}
+    ms, ratio, rounds = _qspeed.time_paired(sessions, {})
+    assert rounds >= 15
+    assert ratio == pytest.approx({"fp32": 1.0, "fast": 0.5, "same": 0.98}), ratio
+    assert ms["fast"] == pytest.approx(1.0) and ms["fp32"] == pytest.approx(2.0), ms
+    # "same" is 2% faster: inside the noise margin, it would not be chosen
+    assert ratio["same"] > 1.0 - _qspeed.MARGIN >= ratio["fast"]

@@ -15,7 +15,6 @@ import dataclasses
 import logging
 import os
 import platform
-import re
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -281,7 +280,7 @@ def quantize(
     speed: dict[str, object] | None = None
     if config.speed == "auto":
         say("timing candidate INT8 placements")
-        excluded, speed = choose_placement(work, config)
+        excluded, speed = _timed_placement(work, config)
         pipeline.qconfig = dataclasses.replace(config, exclude_nodes=excluded)
     work = pipeline.run(work, start="annotate")
     report.timings = dict(pipeline.timings)
@@ -292,100 +291,26 @@ def quantize(
     return ConversionResult(work, report, kind)
 
 
-def _depthwise(model: ir.Model) -> list[str]:
-    names = []
-    for node in model.graph:
-        group = node.attributes.get("group")
-        weight = node.inputs[1] if len(node.inputs) > 1 else None
-        if node.op_type != "Conv" or group is None or group.as_int() <= 1 or weight is None:
-            continue
-        shape = weight.shape
-        if shape is not None and len(shape) > 1 and shape[1] == 1:
-            names.append(node.name or "")
-    return names
-
-
-def _candidates(model: ir.Model, config: QuantizeConfig) -> dict[str, tuple[str, ...]]:
-    """Placements to time: extra exclusions by name, on top of the user's."""
-    probe = ir.from_proto(ir.to_proto(model))
-    probe.meta.update(model.meta)
-    CountMacsPass()(probe)
-    macs = {n.name or "": int(n.meta.get(MACS, 0)) for n in probe.graph}
-    total = sum(macs.values()) or 1
-    depthwise = _depthwise(probe)
-    small = [n for n, m in macs.items() if m and m < 0.01 * total]
-    found = {"all": (), "no depthwise Conv": tuple(depthwise)}
-    found["only Conv/MatMul/Gemm with >= 1% of the MACs"] = tuple(dict.fromkeys(depthwise + small))
-    unique: dict[tuple[str, ...], str] = {}
-    for label, names in found.items():
-        unique.setdefault(names, label)
-    return {
-        label: tuple(config.exclude_nodes) + tuple(re.escape(n) for n in names)
-        for names, label in unique.items()
-    }
-
-
-def choose_placement(
-    model: ir.Model, config: QuantizeConfig, rounds: int = 12
+def _timed_placement(
+    model: ir.Model, config: QuantizeConfig
 ) -> tuple[tuple[str, ...], dict[str, object]]:
-    """Quantize ``model`` (calibrated, not yet annotated) under each candidate placement,
-    time each against the FP32 model in ONNX Runtime (2 threads, interleaved runs, median)
-    and return the exclusions of the fastest that is not slower than FP32."""
-    import time
-
-    import numpy as np
-    import onnxruntime as ort
-
+    """The exclusions of the fastest INT8 placement on this CPU (:mod:`mixprec._qspeed`),
+    timed at the calibration's input shapes."""
     from mixprec._feeds import feeds_for, make_inputs
     from mixprec._measure import calibration_of
-
-    def session(proto: onnx.ModelProto) -> ort.InferenceSession:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 2
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3
-        return ort.InferenceSession(
-            proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
+    from mixprec._qspeed import candidate_placements, choose_placement
 
     base = ir.to_proto(model)
-    feeds, _ = make_inputs(model, shapes=calibration_of(model).input_shapes, seed=0)
-    feeds = feeds_for(model, feeds)
-    sessions = {"fp32": session(base)}
-    plans = _candidates(model, config)
-    for label, excluded in plans.items():
+
+    def build(excluded: tuple[str, ...]) -> onnx.ModelProto:
         copy = ir.from_proto(base)
         copy.meta.update(model.meta)
         trial = QuantizePipeline(dataclasses.replace(config, exclude_nodes=excluded, check=False))
-        sessions[label] = session(ir.to_proto(trial.run(copy, start="annotate", until="apply")))
-    # Each measurement repeats the run until it lasts >= 5 ms (tiny models are all noise
-    # otherwise); sessions take turns, so drifts in machine load hit every candidate alike.
-    start = time.perf_counter()
-    sessions["fp32"].run(None, feeds)
-    repeat = max(1, int(0.005 / max(time.perf_counter() - start, 1e-6)))
-    times: dict[str, list[float]] = {k: [] for k in sessions}
-    for k in range(rounds + 2):
-        for label, sess in sessions.items():
-            start = time.perf_counter()
-            for _ in range(repeat):
-                sess.run(None, feeds)
-            if k >= 2:  # two warm-up rounds
-                times[label].append((time.perf_counter() - start) / repeat)
-    ms = {label: float(np.median(t)) * 1e3 for label, t in times.items()}
-    best = min(plans, key=lambda label: ms[label])
-    chosen = best if ms[best] <= ms["fp32"] else "fp32"
-    excluded = plans[best] if chosen != "fp32" else (".*",)
-    summary = (
-        f"INT8 placement timed on this CPU (ms, median of {rounds}): "
-        + ", ".join(f"{label} {value:.2f}" for label, value in ms.items())
-        + f"; chose {chosen!r}"
-        + (
-            " (every INT8 placement was slower than FP32: the model stays float)"
-            if chosen == "fp32"
-            else f", {ms[chosen] / ms['fp32']:.2f}x FP32"
-        )
-    )
-    return excluded, {"ms": ms, "chosen": chosen, "summary": summary}
+        return ir.to_proto(trial.run(copy, start="annotate", until="apply"))
+
+    feeds, _ = make_inputs(model, shapes=calibration_of(model).input_shapes, seed=0)
+    placements = candidate_placements(model, tuple(config.exclude_nodes))
+    return choose_placement(model, placements, build, feeds_for(model, feeds))
 
 
 def _config_dict(config: QuantizeConfig) -> dict[str, object]:
