@@ -32,6 +32,7 @@ from mixprec._opset import upgrade_to
 from mixprec._pipeline import Pipeline, Stage
 from mixprec._policy import default_policy
 from mixprec._qdq import QuantizeQDQPass, QuantizeQDQResult
+from mixprec._qdynamic import QuantizeDynamicPass, QuantizeDynamicResult
 from mixprec._qparams import METHODS
 from mixprec._qplan import AnnotateInt8Pass, int8_decision
 from mixprec._report import NodeReport, Report
@@ -98,6 +99,8 @@ class QuantizeConfig:
         speed: "auto" times candidate placements on this machine (all INT8 nodes; without
             depthwise convolutions; only the large Conv/MatMul/Gemm) against the FP32 model
             and keeps the fastest, never one slower than FP32; "off" quantizes all.
+        mode: "static" (calibrated Q/DQ pairs) or "dynamic" (MatMul/Gemm weights INT8
+            offline, activations quantized per call at run time; no calibration).
     """
 
     method: str = "minmax"
@@ -109,8 +112,11 @@ class QuantizeConfig:
     check: bool = True
     log_dir: Path | None = None
     speed: str = "auto"
+    mode: str = "static"
 
     def __post_init__(self) -> None:
+        if self.mode not in ("static", "dynamic"):
+            raise MixprecError(f"mode must be 'static' or 'dynamic', not {self.mode!r}")
         if self.speed not in ("auto", "off"):
             raise MixprecError(f"speed must be 'auto' or 'off', not {self.speed!r}")
         if self.method not in METHODS:
@@ -157,15 +163,25 @@ class QuantizePipeline(Pipeline):
     def build(self, name: str, model: ir.Model) -> Stage:
         q = self.qconfig
         if name == "calibrate":
-            return Stage(
-                name, CalibratePass(q.shapes, self.calibration_data, observer=self.config.observer)
+            # Dynamic mode measures ranges at run time: given data only shows the shapes
+            # (MAC counts, the speed plan's inputs).
+            run = q.mode == "static" or self.calibration_data is not None
+            calibrate = CalibratePass(
+                q.shapes, self.calibration_data, observer=self.config.observer, run=run
             )
+            return Stage(name, calibrate)
         if name == "annotate":
             passes: list[ir.passes.PassBase] = []
             opset = model.opset_imports.get("", 1)
-            if q.per_channel and opset < PER_CHANNEL_OPSET:
+            if q.per_channel and q.mode == "static" and opset < PER_CHANNEL_OPSET:
                 passes.append(upgrade_to(PER_CHANNEL_OPSET))
-            return Stage(name, *passes, CountMacsPass(), AnnotateInt8Pass(q.exclude_nodes))
+            annotate = AnnotateInt8Pass(q.exclude_nodes, dynamic=q.mode == "dynamic")
+            return Stage(name, *passes, CountMacsPass(), annotate)
+        if name == "apply" and q.mode == "dynamic":
+            dynamic_pass = QuantizeDynamicPass(
+                per_channel=q.per_channel, reduce_range=q.reduce_range
+            )
+            return Stage(name, dynamic_pass, common.RemoveUnusedNodesPass())
         if name == "apply":
             return Stage(
                 name,
@@ -181,13 +197,15 @@ class QuantizePipeline(Pipeline):
 
 
 def integer_kernel_share(
-    proto: onnx.ModelProto, macs: Mapping[str, int]
+    proto: onnx.ModelProto, macs: Mapping[str, int], outputs: Mapping[str, str] | None = None
 ) -> tuple[float | None, dict[str, int]]:
     """Share of the given nodes' MACs that ONNX Runtime's CPU provider runs in integer
     kernels, read from its optimized graph, and the count of each compute kernel there.
 
     A fused integer kernel writes the output of the QuantizeLinear that followed the
-    node (or the Relu/Clip it absorbed), so kernels are traced back by that name.
+    node (or the Relu/Clip it absorbed), so kernels are traced back by that name;
+    ``outputs`` adds other output -> node pairs (a dynamic MatMul's fused kernel writes
+    the original MatMul's output).
     """
     import onnxruntime as ort
 
@@ -203,7 +221,7 @@ def integer_kernel_share(
         n.op_type for n in optimized.graph.node if n.op_type in INTEGER_KERNELS | FLOAT_KERNELS
     )
     producer = {out: node for node in proto.graph.node for out in node.output}
-    source: dict[str, str] = {}  # Q output -> the compute node it quantizes
+    source: dict[str, str] = dict(outputs or {})  # Q output -> the compute node it quantizes
     for node in proto.graph.node:
         if node.op_type != "QuantizeLinear":
             continue
@@ -212,6 +230,12 @@ def integer_kernel_share(
             before = producer.get(before.input[0])
         if before is not None and before.name in macs:
             source[node.output[0]] = before.name
+    # A fused kernel may also absorb the bias Add that follows (MatMulIntegerToFloat).
+    readers = Counter(name for node in proto.graph.node for name in node.input)
+    for node in proto.graph.node:
+        fed = [name for name in node.input if name in source and readers[name] == 1]
+        if node.op_type == "Add" and len(fed) == 1:
+            source.setdefault(node.output[0], source[fed[0]])
     integer = sum(
         macs[source[out]]
         for n in optimized.graph.node
@@ -268,7 +292,13 @@ def quantize(
     work, kind = load_input(model, base_dir)
     report = Report(target="int8", policy={"quantize": _config_dict(config)})
     report.notes.extend(_notes_about_input(work))
-    if calibration_data is None:
+    if config.mode == "dynamic":
+        if calibration_data is not None:
+            report.notes.append(
+                "dynamic mode: activation ranges are measured at run time; the calibration "
+                "data only gave the shapes (MAC counts, the speed plan's inputs)"
+            )
+    elif calibration_data is None:
         message = (
             "no calibration data: scales come from one synthetic sample and say nothing "
             "about accuracy on real inputs; give calibration_data / --calibration-data"
@@ -325,7 +355,6 @@ def _fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) ->
     from mixprec._convert import _report_stages
 
     _report_stages(report, pipeline.stages, model)
-    report.calibrated = True
     report.nodes = [
         NodeReport(
             name=node.name or "",
@@ -339,19 +368,31 @@ def _fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) ->
         for node in model.graph
         if (d := int8_decision(node)) is not None and node.op_type not in _QDQ_OPS
     ]
+    report.calibrated = pipeline.qconfig.mode == "static"
     applied = pipeline.stages["apply"].result(QuantizeQDQResult)
+    dynamic = pipeline.stages["apply"].result(QuantizeDynamicResult)
     if applied is not None:
         report.quantization = {
+            "mode": "static",
             "tensors": applied.tensors,
             "weights_quantized": applied.weights,
             "biases_int32": applied.biases,
             "float_biases": applied.float_biases,
             "left_float": applied.left_float,
         }
+    elif dynamic is not None:
+        report.quantization = {
+            "mode": "dynamic",
+            "tensors": dynamic.tensors,
+            "weights_quantized": dynamic.weights,
+            "left_float": dynamic.left_float,
+        }
     # The share is over every Conv/MatMul/Gemm MAC of the model, INT8-planned or not.
     macs = {n.name: n.macs for n in report.nodes if n.macs}
     try:
-        share, kinds = integer_kernel_share(ir.to_proto(model), macs)
+        share, kinds = integer_kernel_share(
+            ir.to_proto(model), macs, dynamic.outputs if dynamic is not None else None
+        )
     except Exception as exc:  # the check stage already passed: report, do not fail
         report.notes.append(f"could not read ONNX Runtime's optimized graph: {exc}")
         return
