@@ -62,6 +62,7 @@ class NodeView:
     detail: dict[str, Any]
     macs: int = 0
     op_type: str = ""
+    small: bool = False  # drawn as a small box (Constant nodes)
 
 
 @dataclass
@@ -72,14 +73,60 @@ class GraphView:
     title: str
     nodes: list[NodeView] = field(default_factory=list)
     edges: list[tuple[int, int, str]] = field(default_factory=list)  # (from, to, dtype kind)
+    #: Layout weight of each edge: a node's first input from a computing node weighs
+    #: more, so the main data path runs straight down past side inputs.
+    weights: list[int] = field(default_factory=list)
 
 
-def _is_float(value: ir.Value | None) -> bool:
-    return value is not None and value.dtype in _FLOATS
+Dtypes = dict[str, ir.DataType]
 
 
-def _edge_kind(value: ir.Value) -> str:
-    return _EDGE_KIND.get(value.dtype, "other") if value.dtype is not None else "other"
+def _dtype(value: ir.Value, dtypes: Dtypes | None) -> ir.DataType | None:
+    """The value's dtype; a converted model forgets intermediate types (only what the
+    input annotated is written), so those come from ``dtypes`` (inferred by name)."""
+    if value.dtype is not None:
+        return value.dtype
+    return dtypes.get(value.name or "") if dtypes else None
+
+
+def _is_float(value: ir.Value | None, dtypes: Dtypes | None) -> bool:
+    return value is not None and _dtype(value, dtypes) in _FLOATS
+
+
+def _edge_kind(value: ir.Value, dtypes: Dtypes) -> str:
+    dtype = _dtype(value, dtypes)
+    return _EDGE_KIND.get(dtype, "other") if dtype is not None else "other"
+
+
+def inferred_dtypes(model: ir.Model) -> Dtypes:
+    """Element types of every value by name, from onnx type inference on a weightless
+    copy (empty when inference fails: the page then shows unknown types as "other")."""
+    import onnx
+
+    from mixprec._protos import weightless_proto
+
+    found: Dtypes = {}
+    try:
+        proto, _ = weightless_proto(model, with_arrays=False)
+        inferred = onnx.shape_inference.infer_shapes(proto)
+    except Exception:  # best effort: a picture never fails for want of types
+        return found
+
+    def visit(graph: onnx.GraphProto) -> None:
+        for vi in [*graph.input, *graph.output, *graph.value_info]:
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+                found[vi.name] = ir.DataType(vi.type.tensor_type.elem_type)
+        for init in graph.initializer:
+            found[init.name] = ir.DataType(init.data_type)
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    visit(attr.g)
+                for sub in attr.graphs:
+                    visit(sub)
+
+    visit(inferred.graph)
+    return found
 
 
 def _dims(value: ir.Value) -> list[int | str] | None:
@@ -88,10 +135,11 @@ def _dims(value: ir.Value) -> list[int | str] | None:
     return [d if isinstance(d, int) else str(d) for d in value.shape]
 
 
-def _tensor_text(value: ir.Value, shapes: dict[str, list[int]]) -> dict[str, Any]:
+def _tensor_text(value: ir.Value, shapes: dict[str, list[int]], dtypes: Dtypes) -> dict[str, Any]:
     name = value.name or ""
     dims = shapes.get(name) or _dims(value)
-    dtype = value.dtype.name.lower() if value.dtype is not None else "?"
+    known = _dtype(value, dtypes)
+    dtype = known.name.lower() if known is not None else "?"
     return {"name": name, "dtype": dtype, "shape": dims}
 
 
@@ -109,13 +157,15 @@ def _qparams_text(node: ir.Node) -> str | None:
     return f"per-channel scale {s.min():.3g}..{s.max():.3g} ({s.size} channels)"
 
 
-def node_precision(node: ir.Node, row: NodeReport | None, target: str) -> str:
+def node_precision(
+    node: ir.Node, row: NodeReport | None, target: str, dtypes: Dtypes | None = None
+) -> str:
     """The precision class a drawn node is coloured by."""
     if node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
         return "cast"
     if node.op_type in _QDQ:
         return "qdq"
-    if not any(_is_float(v) for v in [*node.inputs, *node.outputs]):
+    if not any(_is_float(v, dtypes) for v in [*node.inputs, *node.outputs]):
         return "int"
     if row is not None:
         if row.precision == "int8":
@@ -123,10 +173,10 @@ def node_precision(node: ir.Node, row: NodeReport | None, target: str) -> str:
         if row.precision == "low":
             return "bf16" if target == "bfloat16" else "fp16"
         return "fp32"
-    dtypes = {v.dtype for v in node.outputs if _is_float(v)}
-    if ir.DataType.FLOAT16 in dtypes:
+    found = {_dtype(v, dtypes) for v in node.outputs if _is_float(v, dtypes)}
+    if ir.DataType.FLOAT16 in found:
         return "fp16"
-    if ir.DataType.BFLOAT16 in dtypes:
+    if ir.DataType.BFLOAT16 in found:
         return "bf16"
     return "fp32"
 
@@ -140,16 +190,26 @@ def _rows_from_meta(model: ir.Model, graphs: list[ir.Graph]) -> dict[str, NodeRe
             d = decision_of(node)
             if d is not None:
                 rows[node.name or ""] = NodeReport(
-                    node.name or "", node.op_type, d.precision.value, d.op_class.value,
-                    d.step, d.reason, macs,
-                )  # fmt: skip
+                    node.name or "",
+                    node.op_type,
+                    d.precision.value,
+                    d.op_class.value,
+                    d.step,
+                    d.reason,
+                    macs,
+                )
                 continue
             q = int8_decision(node)
             if q is not None:
                 rows[node.name or ""] = NodeReport(
-                    node.name or "", node.op_type, "int8" if q.int8 else "fp32",
-                    q.role or "none", "int8", q.reason, macs,
-                )  # fmt: skip
+                    node.name or "",
+                    node.op_type,
+                    "int8" if q.int8 else "fp32",
+                    q.role or "none",
+                    "int8",
+                    q.reason,
+                    macs,
+                )
     return rows
 
 
@@ -184,22 +244,26 @@ def build_views(model: ir.Model, report: Report | None) -> list[GraphView]:
     body_ids: dict[int, list[tuple[str, str]]] = {}
     for sub, gid, title in walked[1:]:
         body_ids.setdefault(id(sub), []).append((gid, title))
-    return [
-        _graph_view(graph, gid, title, rows, target, calib, shapes, body_ids)
-        for graph, gid, title in walked
-    ]
+    untyped = any(
+        v.dtype is None for g in graphs for node in g for v in node.outputs if v is not None
+    )
+    ctx = _Context(rows, target, calib, shapes, body_ids, inferred_dtypes(model) if untyped else {})
+    return [_graph_view(graph, gid, title, ctx) for graph, gid, title in walked]
 
 
-def _graph_view(
-    graph: ir.Graph,
-    gid: str,
-    title: str,
-    rows: dict[str, NodeReport],
-    target: str,
-    calib: Calibration,
-    shapes: dict[str, list[int]],
-    body_ids: dict[int, list[tuple[str, str]]],
-) -> GraphView:
+@dataclass
+class _Context:
+    """What every node's view reads: decisions, target, calibration, shapes, types."""
+
+    rows: dict[str, NodeReport]
+    target: str
+    calib: Calibration
+    shapes: dict[str, list[int]]
+    body_ids: dict[int, list[tuple[str, str]]]
+    dtypes: Dtypes
+
+
+def _graph_view(graph: ir.Graph, gid: str, title: str, ctx: _Context) -> GraphView:
     view = GraphView(gid, title)
     index: dict[ir.Value, int] = {}  # value -> drawn producer
     initializers = set(graph.initializers.values())
@@ -209,54 +273,59 @@ def _graph_view(
         index[value] = len(view.nodes)
         view.nodes.append(
             NodeView(
-                f"{gid}_i{len(view.nodes)}", value.name or "input", value.name or "",
-                "io", {"kind": "graph input", "tensor": _tensor_text(value, shapes)},
+                f"{gid}_i{len(view.nodes)}",
+                value.name or "input",
+                value.name or "",
+                "io",
+                {"kind": "graph input", "tensor": _tensor_text(value, ctx.shapes, ctx.dtypes)},
             )
-        )  # fmt: skip
+        )
     nodes = list(graph)
     first = len(view.nodes)
+    constants = set()
     for k, node in enumerate(nodes, start=first):
         for out in node.outputs:
             index[out] = k
+        if node.op_type == "Constant":
+            constants.add(k)
     seen: set[tuple[int, int]] = set()
     for k, node in enumerate(nodes, start=first):
-        row = rows.get(node.name or "")
-        view.nodes.append(_node_view(node, f"{gid}_n{k}", row, target, calib, shapes, body_ids))
-        for used in node.inputs:
+        view.nodes.append(_node_view(node, f"{gid}_n{k}", ctx))
+        for slot, used in enumerate(node.inputs):
             src = index.get(used) if used is not None else None
             if used is not None and src is not None and (src, k) not in seen:
                 seen.add((src, k))
-                view.edges.append((src, k, _edge_kind(used)))
+                view.edges.append((src, k, _edge_kind(used, ctx.dtypes)))
+                side = slot > 0 or src in constants
+                view.weights.append(1 if side else 10)
     for value in graph.outputs:
         k = len(view.nodes)
         view.nodes.append(
             NodeView(
-                f"{gid}_o{k}", value.name or "output", value.name or "", "io",
-                {"kind": "graph output", "tensor": _tensor_text(value, shapes)},
+                f"{gid}_o{k}",
+                value.name or "output",
+                value.name or "",
+                "io",
+                {"kind": "graph output", "tensor": _tensor_text(value, ctx.shapes, ctx.dtypes)},
             )
-        )  # fmt: skip
+        )
         src = index.get(value)
         if src is not None:
-            view.edges.append((src, k, _edge_kind(value)))
+            view.edges.append((src, k, _edge_kind(value, ctx.dtypes)))
+            view.weights.append(10)
     return view
 
 
-def _node_view(
-    node: ir.Node,
-    nid: str,
-    row: NodeReport | None,
-    target: str,
-    calib: Calibration,
-    shapes: dict[str, list[int]],
-    body_ids: dict[int, list[tuple[str, str]]],
-) -> NodeView:
-    precision = node_precision(node, row, target)
+def _node_view(node: ir.Node, nid: str, ctx: _Context) -> NodeView:
+    row = ctx.rows.get(node.name or "")
+    calib = ctx.calib
+    precision = node_precision(node, row, ctx.target, ctx.dtypes)
     op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
     detail: dict[str, Any] = {
         "op": op,
         "name": node.name or "",
         "precision": PRECISION_LABELS[precision],
-        "outputs": [_tensor_text(v, shapes) for v in node.outputs],
+        "outputs": [_tensor_text(v, ctx.shapes, ctx.dtypes) for v in node.outputs],
     }
     if row is not None:
         detail.update(list_class=row.op_class, step=row.step, reason=row.reason)
@@ -283,9 +352,10 @@ def _node_view(
         detail["qparams"] = qparams
     bodies = [sub for sub in subgraphs_of(node)]
     if bodies:
-        detail["bodies"] = [entry for sub in bodies for entry in body_ids.get(id(sub), [])]
+        detail["bodies"] = [entry for sub in bodies for entry in ctx.body_ids.get(id(sub), [])]
     name = node.name or ""
-    return NodeView(nid, op, name, precision, detail, macs, node.op_type)
+    small = node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+    return NodeView(nid, op, name, precision, detail, macs, node.op_type, small)
 
 
 def _node_qparams(node: ir.Node) -> list[str]:

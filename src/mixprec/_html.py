@@ -26,6 +26,7 @@ from mixprec._report import Report
 __all__ = ["render_page", "write_report_html"]
 
 _NODE_H = 34.0
+_SMALL_W, _SMALL_H = 34.0, 16.0
 _CHAR_W = 6.6
 
 
@@ -42,6 +43,8 @@ def _short(text: str, limit: int = 26) -> str:
 
 
 def _node_width(node: NodeView) -> float:
+    if node.small:
+        return _SMALL_W
     chars = max(len(node.label), min(len(node.name), 26))
     return max(70.0, chars * _CHAR_W + 18.0)
 
@@ -64,19 +67,22 @@ def _svg(view: GraphView, lay: Layout, widths: list[float], hidden: bool) -> str
     for (a, b, kind), path in zip(view.edges, lay.paths, strict=True):
         parts.append(f'<path class="e e-{kind}" data-a="{a}" data-b="{b}" d="{path}"/>')
     for i, node in enumerate(view.nodes):
-        w = widths[i]
+        w, h = widths[i], _SMALL_H if node.small else _NODE_H
         x, y = lay.x[i], lay.y[i]
         second = _short(node.name) if node.name and node.name != node.label else ""
-        label_y = -3 if second else 4
+        if node.small:
+            label = '<text class="nm" y="3">const</text>'
+        elif second:
+            label = f'<text y="-3">{_esc(_short(node.label))}</text>'
+            label += f'<text class="nm" y="11">{_esc(second)}</text>'
+        else:
+            label = f'<text y="4">{_esc(_short(node.label))}</text>'
         parts.append(
             f'<g class="n p-{node.precision}" id="{node.id}" data-i="{i}" '
             f'transform="translate({x:.1f},{y:.1f})">'
             f"<title>{_esc(_tooltip(node))}</title>"
-            f'<rect x="{-w / 2:.1f}" y="{-_NODE_H / 2:.1f}" width="{w:.1f}" '
-            f'height="{_NODE_H:.0f}" rx="5"/>'
-            f'<text y="{label_y}">{_esc(_short(node.label))}</text>'
-            + (f'<text class="nm" y="11">{_esc(second)}</text>' if second else "")
-            + "</g>"
+            f'<rect x="{-w / 2:.1f}" y="{-h / 2:.1f}" width="{w:.1f}" height="{h:.0f}" rx="5"/>'
+            f"{label}</g>"
         )
     parts.append("</g></svg>")
     return "".join(parts)
@@ -89,9 +95,14 @@ def _legend() -> str:
     )
     edges = "".join(
         f'<span class="lg"><i class="ln e-{k}"></i>{label}</span>'
-        for k, label in (("f32", "float32"), ("f16", "float16"), ("bf16", "bfloat16"),
-                         ("i8", "int8/uint8"), ("other", "other"))
-    )  # fmt: skip
+        for k, label in (
+            ("f32", "float32"),
+            ("f16", "float16"),
+            ("bf16", "bfloat16"),
+            ("i8", "int8/uint8"),
+            ("other", "other"),
+        )
+    )
     return f'<div class="legend">{items}<span class="sep"></span>{edges}</div>'
 
 
@@ -122,9 +133,9 @@ def render_page(
     svgs, data, engines = [], {}, set()
     for k, view in enumerate(views):
         widths = [_node_width(n) for n in view.nodes]
-        lay = layout_graph(
-            widths, [_NODE_H] * len(widths), [(a, b) for a, b, _ in view.edges], engine=engine
-        )
+        heights = [_SMALL_H if n.small else _NODE_H for n in view.nodes]
+        edges = [(a, b) for a, b, _ in view.edges]
+        lay = layout_graph(widths, heights, edges, weights=view.weights, engine=engine)
         engines.add(lay.engine)
         svgs.append(_svg(view, lay, widths, hidden=k > 0))
         data[view.id] = {
@@ -190,9 +201,14 @@ def write_report_html(
         converted = hasattr(result_or_model, "report")
     name = title or f"mixprec report: {model.graph.name or 'model'}"
     page = render_page(
-        model, report, title=name, converted=converted, extra=extra, curve=curve,
+        model,
+        report,
+        title=name,
+        converted=converted,
+        extra=extra,
+        curve=curve,
         curve_labels=curve_labels,
-    )  # fmt: skip
+    )
     write_text(path, page)
 
 

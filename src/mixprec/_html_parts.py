@@ -32,17 +32,25 @@ def summary_rows(
     low = "INT8" if report.target == "int8" else f"{report.target} (low precision)"
     rows += [
         ("target", low),
-        ("nodes in low precision", f"{report.low_nodes} of {len(report.nodes)} "
-                                   f"({report.low_node_share:.1%})"),
-        ("MACs in low precision", f"{report.low_mac_share:.1%} of {report.total_macs / 1e6:.1f} M"
-                                  if report.total_macs else "n/a (no counted MACs)"),
-    ]  # fmt: skip
+        (
+            "nodes in low precision",
+            f"{report.low_nodes} of {len(report.nodes)} ({report.low_node_share:.1%})",
+        ),
+        (
+            "MACs in low precision",
+            f"{report.low_mac_share:.1%} of {report.total_macs / 1e6:.1f} M"
+            if report.total_macs
+            else "n/a (no counted MACs)",
+        ),
+    ]
     if converted:
         rows += [
             ("casts before → after", f"{report.casts_before} → {report.casts_after}"),
-            ("parameter bytes before → after",
-             f"{_mb(report.param_bytes_before)} → {_mb(report.param_bytes_after)}"),
-        ]  # fmt: skip
+            (
+                "parameter bytes before → after",
+                f"{_mb(report.param_bytes_before)} → {_mb(report.param_bytes_after)}",
+            ),
+        ]
         if drawn.get("qdq"):
             rows.append(("QuantizeLinear / DequantizeLinear nodes", str(drawn["qdq"])))
     else:
@@ -91,6 +99,10 @@ def reason_groups(report: Report | None, views: Sequence[GraphView]) -> str:
     return f'<h2>Kept FP32: {total} nodes, by reason</h2><ul class="groups">{"".join(items)}</ul>'
 
 
+#: The validation columns shown, when the outputs carry them.
+_VALIDATION_KEYS = ("name", "rel_l2_error", "max_abs_error", "top1_agreement", "passed")
+
+
 def validation(report: Report | None) -> str:
     """Per-output validation metrics, when the run validated."""
     if report is None or not report.validation:
@@ -99,7 +111,8 @@ def validation(report: Report | None) -> str:
     outputs = data.get("outputs") or []
     if not isinstance(outputs, list) or not outputs:
         return ""
-    keys = [k for k, v in outputs[0].items() if not isinstance(v, list | dict)]
+    preferred = [k for k in _VALIDATION_KEYS if k in outputs[0]]
+    keys = preferred or [k for k, v in outputs[0].items() if not isinstance(v, list | dict)]
     head = "".join(f"<th>{_esc(k)}</th>" for k in keys)
     body = "".join(
         "<tr>" + "".join(f"<td>{_esc(_fmt(o.get(k)))}</td>" for k in keys) + "</tr>"

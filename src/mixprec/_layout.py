@@ -55,11 +55,13 @@ def layout_graph(
     heights: Sequence[float],
     edges: Sequence[tuple[int, int]],
     *,
+    weights: Sequence[int] | None = None,
     engine: str = "auto",
 ) -> Layout:
     """Lay out nodes ``0..n-1`` of the given sizes (pixels) and directed ``edges``.
 
     Args:
+        weights: dot's edge weights (heavier edges are kept shorter and straighter).
         engine: "dot" (Graphviz, falling back to "layered" if it fails), "layered", or
             "auto": dot when installed, else layered.
     """
@@ -67,7 +69,7 @@ def layout_graph(
         raise ValueError(f"layout engine must be auto, dot or layered, not {engine!r}")
     if engine != "layered" and shutil.which("dot") is not None and widths:
         try:
-            return _dot_layout(widths, heights, edges)
+            return _dot_layout(widths, heights, edges, weights)
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             logger.warning("graphviz dot failed (%s); using the simple layered layout", exc)
             found = _layered_layout(widths, heights, edges)
@@ -77,7 +79,10 @@ def layout_graph(
 
 
 def _dot_source(
-    widths: Sequence[float], heights: Sequence[float], edges: Sequence[tuple[int, int]]
+    widths: Sequence[float],
+    heights: Sequence[float],
+    edges: Sequence[tuple[int, int]],
+    weights: Sequence[int] | None,
 ) -> str:
     lines = [
         "digraph G {",
@@ -88,18 +93,24 @@ def _dot_source(
         f"n{i} [width={w / _PT:.3f}, height={h / _PT:.3f}];"
         for i, (w, h) in enumerate(zip(widths, heights, strict=True))
     ]
-    lines += [f"n{a} -> n{b};" for a, b in edges]
+    if weights is None:
+        lines += [f"n{a} -> n{b};" for a, b in edges]
+    else:
+        lines += [f"n{a} -> n{b} [weight={w}];" for (a, b), w in zip(edges, weights, strict=True)]
     lines.append("}")
     return "\n".join(lines)
 
 
 def _dot_layout(
-    widths: Sequence[float], heights: Sequence[float], edges: Sequence[tuple[int, int]]
+    widths: Sequence[float],
+    heights: Sequence[float],
+    edges: Sequence[tuple[int, int]],
+    weights: Sequence[int] | None = None,
 ) -> Layout:
     exe = shutil.which("dot") or "dot"
     done = subprocess.run(
         [exe, "-Tplain"],
-        input=_dot_source(widths, heights, edges),
+        input=_dot_source(widths, heights, edges, weights),
         capture_output=True,
         text=True,
         timeout=DOT_TIMEOUT_S,

@@ -217,8 +217,13 @@ def run_report(
         model, report = result.model, result.report
     written = write_outputs(args, model, report, converted=False)
     if args.json:
-        print(json.dumps({"report": written[0], "written": written, **report.to_dict()},
-                         indent=2, default=str))  # fmt: skip
+        print(
+            json.dumps(
+                {"report": written[0], "written": written, **report.to_dict()},
+                indent=2,
+                default=str,
+            )
+        )
     else:
         print(report.format_summary())
         for path in written:

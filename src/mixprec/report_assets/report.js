@@ -26,12 +26,18 @@
   function apply(v) {
     v.vp.setAttribute("transform", "translate(" + v.tx + "," + v.ty + ") scale(" + v.s + ")");
   }
-  function fit(v) {
+  function fit(v, whole) {
     var cw = canvas.clientWidth || 800, ch = canvas.clientHeight || 600;
-    v.s = Math.min(1, (cw - 20) / v.w);
-    if (v.h * v.s < ch) { v.s = Math.min(1, (cw - 20) / v.w, (ch - 20) / v.h); }
+    v.s = Math.min(1, (cw - 20) / v.w, (ch - 20) / v.h);
     v.tx = (cw - v.w * v.s) / 2;
     v.ty = Math.max(10, (ch - v.h * v.s) / 2);
+    if (!whole && v.s < 0.4) {
+      // Too small to read: start readable, at the first node (the top of the graph).
+      v.s = 0.8;
+      var first = v.svg.querySelector("g.n").transform.baseVal.consolidate().matrix;
+      v.tx = cw / 2 - first.e * v.s;
+      v.ty = 20 - (first.f - 20) * v.s;
+    }
     v.fitted = true;
     apply(v);
   }
@@ -141,7 +147,7 @@
     }
   });
   select.addEventListener("change", function () { show(select.value); });
-  document.getElementById("fit").addEventListener("click", function () { fit(views[current]); });
+  document.getElementById("fit").addEventListener("click", function () { fit(views[current], true); });
 
   // Highlights: search hits and FP32 reason groups.
   function clearHits() {
