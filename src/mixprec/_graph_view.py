@@ -20,6 +20,7 @@ from mixprec._constants import const_tensor
 from mixprec._graphs import subgraphs_of
 from mixprec._measure import CALIBRATION, MACS, Calibration
 from mixprec._paint import decision_of
+from mixprec._policy import SHAPE_ONLY_OPS
 from mixprec._qplan import int8_decision
 from mixprec._report import NodeReport, Report
 
@@ -165,6 +166,8 @@ def node_precision(
         return "cast"
     if node.op_type in _QDQ:
         return "qdq"
+    if node.op_type in SHAPE_ONLY_OPS and node.domain in ("", "ai.onnx"):
+        return "int"
     if not any(_is_float(v, dtypes) for v in [*node.inputs, *node.outputs]):
         return "int"
     if row is not None:
@@ -333,6 +336,8 @@ def _node_view(node: ir.Node, nid: str, ctx: _Context) -> NodeView:
         detail["reason"] = "inserted or kept by the conversion: changes a tensor's dtype"
     elif precision == "qdq":
         detail["reason"] = "quantizes or dequantizes a tensor at an INT8 boundary"
+    elif precision == "int":
+        detail["reason"] = "not painted: no float tensor in or out"
     macs = row.macs if row is not None else int(node.meta.get(MACS, 0))
     if macs:
         detail["macs"] = macs

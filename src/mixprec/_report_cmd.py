@@ -17,7 +17,7 @@ from typing import Any
 import onnx_ir as ir
 
 from mixprec._errors import MixprecError
-from mixprec._graph_view import PRECISION_LABELS, build_views, node_precision
+from mixprec._graph_view import PRECISION_LABELS, build_views, inferred_dtypes, node_precision
 from mixprec._report import NodeReport, Report
 
 __all__ = [
@@ -107,10 +107,11 @@ def annotate_model(model: ir.Model, report: Report | None) -> int:
 
     rows = _rows(report)
     target = report.target if report is not None else "float16"
+    dtypes = inferred_dtypes(model)  # a converted model forgets intermediate types
     done = 0
     for node in iter_nodes(model.graph):
         row = rows.get(node.name or "")
-        kind = node_precision(node, row, target)
+        kind = node_precision(node, row, target, dtypes)
         if row is not None:
             reason = f"[{row.step}] {row.reason}"
         elif kind == "cast":
