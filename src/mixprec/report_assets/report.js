@@ -43,7 +43,7 @@
   }
   function show(gid) {
     if (current === gid) { return; }
-    Object.keys(views).forEach(function (k) { views[k].svg.hidden = k !== gid; });
+    Object.keys(views).forEach(function (k) { views[k].svg.toggleAttribute("hidden", k !== gid); });
     current = gid;
     select.value = gid;
     if (!views[gid].fitted) { fit(views[gid]); }
