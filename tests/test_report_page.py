@@ -273,3 +273,11 @@ def test_model_explorer_keys_are_output_names() -> None:
     data = model_explorer_data(result.model, result.report)
     results = data["tiny"]["results"]
     assert results["h"]["value"] == 16 and results["s"]["value"] == 0, results
+
+
+def test_page_without_graphviz_uses_the_layered_layout() -> None:
+    result = _run(tiny_model(), "fp16", None, None, None, {}, "annotate")
+    with_dot = _parse(render_page(result.model, result.report))
+    text = render_page(result.model, result.report, engine="layered")
+    assert "layered (graphviz not installed)" in text
+    assert _parse(text).nodes.keys() == with_dot.nodes.keys()
