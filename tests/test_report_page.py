@@ -281,3 +281,22 @@ def test_page_without_graphviz_uses_the_layered_layout() -> None:
     text = render_page(result.model, result.report, engine="layered")
     assert "layered (graphviz not installed)" in text
     assert _parse(text).nodes.keys() == with_dot.nodes.keys()
+
+
+def test_cli_report_path_checked_before_any_work(demo: Path) -> None:
+    folder = demo.parent
+    missing = folder / "no_such_folder" / "r.html"
+    done = _cli("convert", str(demo), "-o", "never.onnx", "--report", str(missing), cwd=folder)
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "does not exist" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not (folder / "never.onnx").exists()
+
+
+def test_names_cannot_break_out_of_the_page() -> None:
+    model = tiny_model()
+    model.graph.node[0].name = "</script><!--mm"
+    result = _run(model, "fp16", None, None, None, {}, "annotate")
+    page = render_page(result.model, result.report)
+    assert page.count("</script>") == 2, page.count("</script>")  # the data and the code
+    assert "<!--" not in page
+    assert "&lt;/script&gt;&lt;!--mm" in page  # the tooltip, escaped

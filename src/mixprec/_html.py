@@ -164,7 +164,7 @@ def render_page(
         title=_esc(title),
         css=_asset("report.css"),
         js=_asset("report.js"),
-        data=payload.replace("</", "<\\/"),
+        data=payload.replace("<", "\\u003c"),  # no "</script>" or "<!--" inside the script
         legend=_legend(),
         side="".join(side),
         options=options,

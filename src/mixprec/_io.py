@@ -136,8 +136,9 @@ class _Writing:
     files are being removed, waits until they are done.
     """
 
-    def __init__(self, shown: Path) -> None:
+    def __init__(self, shown: Path, what: str = "the model") -> None:
         self.shown = shown
+        self.what = what
         self.files: list[str] = []
         self._previous: dict[int, Any] = {}
         self._raising = False
@@ -193,10 +194,10 @@ class _Writing:
             self._redeliver(self._pending)
         if isinstance(exc, OSError):
             raise MixprecError(
-                f"{self.shown}: cannot write the model ({exc.strerror or exc}); nothing written"
+                f"{self.shown}: cannot write {self.what} ({exc.strerror or exc}); nothing written"
             ) from None
         if isinstance(exc, Exception) and not isinstance(exc, MixprecError):
-            raise MixprecError(f"{self.shown}: cannot write the model: {exc}") from None
+            raise MixprecError(f"{self.shown}: cannot write {self.what}: {exc}") from None
 
     def _redeliver(self, signum: int) -> None:
         old = self._previous.get(signum, signal.SIG_DFL)
@@ -332,7 +333,7 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
     the same folder, then a rename, removed again on any error or SIGINT/SIGTERM."""
     p = check_output_path(path)
     folder = os.path.realpath(p.parent)
-    with _Writing(p) as writing:
+    with _Writing(p, "the file") as writing:
         fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
         writing.add(tmp)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
