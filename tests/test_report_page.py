@@ -259,6 +259,8 @@ def test_cli_report_writes_no_model(demo: Path, dtype: str) -> None:
     expected = {"fp16": "p-fp16", "bf16": "p-bf16", "int8": "p-int8"}[dtype]
     assert expected in kinds, kinds
     assert "wrote" in done.stdout
+    if dtype == "int8":  # the plan shows the scales quantize would compute
+        assert "(planned, MinMax uint8): scale" in (folder / "plan_int8.html").read_text()
 
 
 def test_cli_report_bad_input_is_one_line(tmp_path: Path) -> None:
@@ -300,3 +302,21 @@ def test_names_cannot_break_out_of_the_page() -> None:
     assert page.count("</script>") == 2, page.count("</script>")  # the data and the code
     assert "<!--" not in page
     assert "&lt;/script&gt;&lt;!--mm" in page  # the tooltip, escaped
+
+
+def test_tuner_extras_and_search_curve(tmp_path: Path) -> None:
+    from mixprec._html import write_report_html
+
+    result = _run(tiny_model(), "fp16", None, None, None, {}, "annotate")
+    path = tmp_path / "tuned.html"
+    curve = [(0.2, 0.001), (0.5, 0.004), (0.9, 0.02)]
+    write_report_html(
+        result, path, converted=False, extra={"tuner": "greedy, 3 trials"}, curve=curve
+    )
+    page = path.read_text()
+    assert "<th>tuner</th><td>greedy, 3 trials</td>" in page
+    assert page.count("<circle ") == 3
+    points = page.split('<polyline points="', 1)[1].split('"', 1)[0].split()
+    assert len(points) == 3, points
+    xs = [float(p.split(",")[0]) for p in points]
+    assert xs == sorted(xs), xs

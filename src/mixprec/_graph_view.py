@@ -353,6 +353,8 @@ def _node_view(node: ir.Node, nid: str, ctx: _Context) -> NodeView:
     if ranges:
         detail["calibrated"] = ranges
     qparams = _node_qparams(node)
+    if not qparams and precision == "int8":
+        qparams = _planned_qparams(node, calib)
     if qparams:
         detail["qparams"] = qparams
     bodies = [sub for sub in subgraphs_of(node)]
@@ -361,6 +363,22 @@ def _node_view(node: ir.Node, nid: str, ctx: _Context) -> NodeView:
     name = node.name or ""
     small = node.op_type == "Constant" and node.domain in ("", "ai.onnx")
     return NodeView(nid, op, name, precision, detail, macs, node.op_type, small)
+
+
+def _planned_qparams(node: ir.Node, calib: Calibration) -> list[str]:
+    """For an INT8 plan (no Q/DQ yet): the output scale and zero point ``quantize``'s
+    defaults (MinMax, uint8 activations) would give from the calibrated range."""
+    from mixprec._qparams import activation_qparams
+
+    found = []
+    for value in node.outputs:
+        stats = calib.stats.get(value.name or "")
+        if stats is None or getattr(stats, "min", None) is None:
+            continue
+        params = activation_qparams(stats, "minmax", unsigned=True)
+        if not isinstance(params, str):
+            found.append(f"output {value.name} (planned, MinMax uint8): {params.describe()}")
+    return found
 
 
 def _node_qparams(node: ir.Node) -> list[str]:
