@@ -55,6 +55,13 @@ def _tooltip(node: NodeView) -> str:
     if "reason" in d:
         step = f"[{d['step']}] " if d.get("step") else ""
         lines.append(f"{step}{d['reason']}")
+    if d.get("list_class") not in (None, "none"):
+        lines.append(f"list class: {d['list_class']}")
+    if d.get("macs"):
+        lines.append(f"MACs: {d['macs'] / 1e6:.3f} M")
+    for out in d.get("outputs", [])[:1]:
+        if out.get("shape") is not None:
+            lines.append(f"output: {out['dtype']} [{', '.join(map(str, out['shape']))}]")
     return "\n".join(lines)
 
 
