@@ -196,6 +196,12 @@ def _add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
     )
     q.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor")
     q.add_argument(
+        "--dynamic",
+        action="store_true",
+        help="dynamic INT8: MatMul/Gemm weights quantized here, activations per call at run "
+        "time (DynamicQuantizeMatMul; for transformers; no calibration needed)",
+    )
+    q.add_argument(
         "--speed",
         choices=("auto", "off"),
         default="auto",
@@ -440,6 +446,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
         fold_batchnorm=not args.no_fold_batchnorm,
         log_dir=args.log_dir,
         speed=args.speed,
+        mode="dynamic" if args.dynamic else "static",
         progress=_progress(args.quiet or args.json),
     )
     return _validate_and_write(args, result, feeds, out)

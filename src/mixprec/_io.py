@@ -30,7 +30,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from mixprec._errors import MixprecError
-from mixprec._external import add_input_files, input_files, model_from_proto
+from mixprec._external import MissingDataFile, add_input_files, input_files, model_from_proto
 from mixprec._protos import iter_proto_tensors
 
 __all__ = ["check_output_path", "load_model", "save_model", "write_text"]
@@ -77,7 +77,17 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
     if not proto.HasField("graph") or (not proto.graph.node and not proto.graph.output):
         raise MixprecError(f"{p}: not an ONNX model (no graph); truncated or another format?")
     check_opset(proto, str(p))
-    model = model_from_proto(proto, where=str(p), folder=os.path.dirname(real))
+    try:
+        model = model_from_proto(proto, where=str(p), folder=os.path.dirname(real))
+    except MissingDataFile as exc:
+        if os.path.dirname(os.path.abspath(p)) == os.path.dirname(real):
+            raise
+        # A link into another folder (a Hugging Face cache keeps each file as a blob).
+        raise MixprecError(
+            f"{exc}; {p} is a symbolic link into that folder and external data is read "
+            "only beside the model file's target: put the model and its data files in "
+            "one folder (e.g. huggingface-cli download --local-dir DIR)"
+        ) from None
     add_input_files(model, [real])
     return model
 

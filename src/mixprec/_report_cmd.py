@@ -177,7 +177,7 @@ def write_outputs(
 
 def _int8_plan(args: argparse.Namespace, calibration_data: Any, say: Any) -> tuple[Any, Report]:
     """The FP32 model annotated with the INT8 plan (every node the plan allows)."""
-    from mixprec._convert import _load, _notes_about_input
+    from mixprec._convert import _notes_about_input, load_input
     from mixprec._quantize import QuantizeConfig, QuantizePipeline, int8_node_reports
 
     config = QuantizeConfig(
@@ -186,7 +186,7 @@ def _int8_plan(args: argparse.Namespace, calibration_data: Any, say: Any) -> tup
         fold_batchnorm=not args.no_fold_batchnorm,
         speed="off",
     )
-    work, _ = _load(args.model)
+    work, _ = load_input(args.model)
     report = Report(target="int8")
     report.notes.extend(_notes_about_input(work))
     pipeline = QuantizePipeline(config, calibration_data=calibration_data, progress=say)
