@@ -37,7 +37,7 @@ from mixprec._qparams import METHODS
 from mixprec._qplan import AnnotateInt8Pass, int8_decision
 from mixprec._report import NodeReport, Report
 
-__all__ = ["QuantizeConfig", "integer_kernel_share", "quantize"]
+__all__ = ["QuantizeConfig", "int8_node_reports", "integer_kernel_share", "quantize"]
 
 logger = logging.getLogger(__name__)
 
@@ -351,11 +351,9 @@ def _config_dict(config: QuantizeConfig) -> dict[str, object]:
     return data
 
 
-def _fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) -> None:
-    from mixprec._convert import _report_stages
-
-    _report_stages(report, pipeline.stages, model)
-    report.nodes = [
+def int8_node_reports(model: ir.Model) -> list[NodeReport]:
+    """The report rows of the INT8 decisions recorded on the main graph's nodes."""
+    return [
         NodeReport(
             name=node.name or "",
             op_type=node.op_type,
@@ -368,6 +366,13 @@ def _fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) ->
         for node in model.graph
         if (d := int8_decision(node)) is not None and node.op_type not in _QDQ_OPS
     ]
+
+
+def _fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) -> None:
+    from mixprec._convert import _report_stages
+
+    _report_stages(report, pipeline.stages, model)
+    report.nodes = int8_node_reports(model)
     report.calibrated = pipeline.qconfig.mode == "static"
     applied = pipeline.stages["apply"].result(QuantizeQDQResult)
     dynamic = pipeline.stages["apply"].result(QuantizeDynamicResult)
