@@ -449,3 +449,24 @@ def test_cli_quantize_dynamic(tmp_path: Path, capsys):
     report = json.loads(captured.out)
     assert report["quantization"]["mode"] == "dynamic", report["quantization"]
     assert _ops(onnx.load(out))["MatMulInteger"] == 2
+
+
+def test_cli_inspect_shows_the_int8_plan_without_writing(tmp_path: Path, capsys):
+    src = tmp_path / "cnn.onnx"
+    onnx.save(_cnn(), src)
+    rc = main(["inspect", str(src), "--dtype", "int8", "--exclude", "conv2", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    nodes = {n["name"]: n for n in json.loads(captured.out)["nodes"]}
+    assert nodes["conv1"]["precision"] == "int8", nodes["conv1"]
+    assert nodes["conv2"]["precision"] == "fp32", nodes["conv2"]
+    assert "excluded by --exclude 'conv2'" in nodes["conv2"]["reason"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cnn.onnx"]
+    rc = main(["inspect", str(src), "--dtype", "int8", "--dynamic", "--json"])
+    nodes = {n["name"]: n for n in json.loads(capsys.readouterr().out)["nodes"]}
+    assert nodes["fc"]["precision"] == "int8" and nodes["conv1"]["precision"] == "fp32", nodes
+    rc = main(["inspect", str(src), "--dtype", "int8", "--deny-add", "Relu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [
+        "mixprec: error: --deny-add is an fp16/bf16 list; int8 takes --exclude"
+    ]

@@ -262,10 +262,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     q = _add_quantize_parser(sub)
 
-    i = sub.add_parser("inspect", help="show the painting without writing a model")
+    i = sub.add_parser(
+        "inspect",
+        help="show the painting (or, with --dtype int8, the INT8 plan) without writing a model",
+    )
     i.add_argument("model")
     _add_policy_args(i)
     i.add_argument("--all-nodes", action="store_true", help="list every node's decision")
+    i.add_argument(
+        "--dynamic", action="store_true", help="with --dtype int8: the dynamic INT8 plan"
+    )
 
     v = sub.add_parser("validate", help="compare a converted model with the original")
     v.add_argument("original")
@@ -476,13 +482,35 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from mixprec._convert import inspect
 
     feeds = _load_feeds(args.inputs, args.model)
-    report = inspect(
-        args.model,
-        args.dtype,
-        calibration_data=_calibration_data(args, feeds),
-        progress=_progress(args.quiet or args.json),
-        **_convert_kwargs(args),
-    )
+    dtype = (args.dtype or os.environ.get("MIXPREC_DTYPE") or "").strip().lower()
+    if dtype == "int8":
+        from mixprec._quantize import plan_int8
+
+        for name in _LISTS:
+            for kind in ("add", "remove"):
+                if getattr(args, f"{name}_{kind}", None):
+                    raise MixprecError(
+                        f"--{name}-{kind} is an fp16/bf16 list; int8 takes --exclude"
+                    )
+        _, report = plan_int8(
+            args.model,
+            _calibration_data(args, feeds),
+            progress=_progress(args.quiet or args.json),
+            exclude_nodes=tuple(args.exclude or ()),
+            shapes=dict(args.shape),
+            fold_batchnorm=not args.no_fold_batchnorm,
+            mode="dynamic" if args.dynamic else "static",
+        )
+    else:
+        if args.dynamic:
+            raise MixprecError("--dynamic goes with --dtype int8")
+        report = inspect(
+            args.model,
+            args.dtype,
+            calibration_data=_calibration_data(args, feeds),
+            progress=_progress(args.quiet or args.json),
+            **_convert_kwargs(args),
+        )
     if args.json:
         print(report.to_json())
         return 0

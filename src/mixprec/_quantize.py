@@ -351,6 +351,34 @@ def _config_dict(config: QuantizeConfig) -> dict[str, object]:
     return data
 
 
+def plan_int8(
+    model: Any,
+    calibration_data: CalibrationData | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> tuple[ir.Model, Report]:
+    """The INT8 plan without converting: the calibrated model annotated up to ``annotate``
+    (every node the plan allows: no speed search) and its report rows, each node INT8 or
+    float with the reason. ``options`` are :class:`QuantizeConfig` fields."""
+    from mixprec._convert import _notes_about_input, load_input
+
+    try:
+        config = QuantizeConfig(**{"speed": "off", **options})
+    except TypeError as exc:
+        raise MixprecError(f"quantize: {exc}") from None
+    work, _ = load_input(model, base_dir)
+    report = Report(target="int8", policy={"quantize": _config_dict(config)})
+    report.notes.extend(_notes_about_input(work))
+    pipeline = QuantizePipeline(config, calibration_data=calibration_data, progress=progress)
+    work = pipeline.run(work, until="annotate")
+    report.timings = dict(pipeline.timings)
+    report.calibrated = config.mode == "static" or calibration_data is not None
+    report.nodes = int8_node_reports(work)
+    return work, report
+
+
 def int8_node_reports(model: ir.Model) -> list[NodeReport]:
     """The report rows of the INT8 decisions recorded on the main graph's nodes."""
     return [

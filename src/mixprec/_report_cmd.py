@@ -177,24 +177,16 @@ def write_outputs(
 
 def _int8_plan(args: argparse.Namespace, calibration_data: Any, say: Any) -> tuple[Any, Report]:
     """The FP32 model annotated with the INT8 plan (every node the plan allows)."""
-    from mixprec._convert import _notes_about_input, load_input
-    from mixprec._quantize import QuantizeConfig, QuantizePipeline, int8_node_reports
+    from mixprec._quantize import plan_int8
 
-    config = QuantizeConfig(
+    return plan_int8(
+        args.model,
+        calibration_data,
+        progress=say,
         exclude_nodes=tuple(args.exclude or ()),
         shapes=dict(args.shape),
         fold_batchnorm=not args.no_fold_batchnorm,
-        speed="off",
     )
-    work, _ = load_input(args.model)
-    report = Report(target="int8")
-    report.notes.extend(_notes_about_input(work))
-    pipeline = QuantizePipeline(config, calibration_data=calibration_data, progress=say)
-    work = pipeline.run(work, until="annotate")
-    report.timings = dict(pipeline.timings)
-    report.calibrated = True
-    report.nodes = int8_node_reports(work)
-    return work, report
 
 
 def run_report(
