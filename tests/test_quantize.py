@@ -470,3 +470,31 @@ def test_cli_inspect_shows_the_int8_plan_without_writing(tmp_path: Path, capsys)
     assert rc == 2 and err == [
         "mixprec: error: --deny-add is an fp16/bf16 list; int8 takes --exclude"
     ]
+
+
+@pytest.mark.parametrize("fallback", ["fp16", "bf16"])
+def test_fallback_paints_the_float_nodes_and_keeps_the_integer_kernels(fallback: str):
+    """INT8 + FP16/BF16: conv2 (excluded from INT8) and the float tail are painted low; the
+    INT8 convolutions still fuse into integer kernels; the output stays float32 and close."""
+    model = _cnn()
+    samples = _samples(4)
+    result = mixprec.quantize(model, samples, exclude_nodes=("conv2",), fallback=fallback,
+                              speed="off")  # fmt: skip
+    proto = result.model_proto
+    onnx.checker.check_model(proto, full_check=True)
+    rows = {n.name: n for n in result.report.nodes}
+    assert rows["conv1"].precision == "int8", rows["conv1"]
+    assert rows["conv2"].precision == "low", rows["conv2"]
+    assert rows["conv2"].reason.startswith(f"{fallback} fallback: "), rows["conv2"]
+    low_type = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}[fallback]
+    weights = {t.name: t.data_type for t in proto.graph.initializer}
+    conv2 = next(n for n in proto.graph.node if n.name == "conv2")
+    assert weights.get(conv2.input[1]) == low_type, (conv2.input, weights)
+    assert result.report.quantization["fallback"]["nodes"] >= 1
+    assert proto.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    kinds = result.report.quantization["ort_kernels"]
+    assert kinds.get("QLinearConv", 0) >= 1, kinds  # conv1 still an integer kernel
+    if fallback == "fp16":  # ORT's CPU provider has fp16 kernels, not bf16 ones
+        x = _samples(1, seed=9)[0]
+        ref, got = run_ort(model, x)["logits"], run_ort(proto, x)["logits"]
+        assert _rel_l2(ref, got) < 0.05, _rel_l2(ref, got)

@@ -202,6 +202,13 @@ def _add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
         "time (DynamicQuantizeMatMul; for transformers; no calibration needed)",
     )
     q.add_argument(
+        "--fallback",
+        choices=("fp32", "fp16", "bf16"),
+        default="fp32",
+        help="precision of the nodes left out of INT8 (fp16/bf16: painted around the "
+        "integer kernels, as convert paints)",
+    )
+    q.add_argument(
         "--speed",
         choices=("auto", "off"),
         default="auto",
@@ -453,6 +460,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
         log_dir=args.log_dir,
         speed=args.speed,
         mode="dynamic" if args.dynamic else "static",
+        fallback=args.fallback,
         progress=_progress(args.quiet or args.json),
     )
     return _validate_and_write(args, result, feeds, out)

@@ -33,6 +33,7 @@ from mixprec._pipeline import Pipeline, Stage
 from mixprec._policy import default_policy
 from mixprec._qdq import QuantizeQDQPass, QuantizeQDQResult
 from mixprec._qdynamic import QuantizeDynamicPass, QuantizeDynamicResult
+from mixprec._qfallback import FALLBACKS, paint_fallback
 from mixprec._qparams import METHODS
 from mixprec._qplan import AnnotateInt8Pass, int8_decision
 from mixprec._report import NodeReport, Report
@@ -101,6 +102,8 @@ class QuantizeConfig:
             and keeps the fastest, never one slower than FP32; "off" quantizes all.
         mode: "static" (calibrated Q/DQ pairs) or "dynamic" (MatMul/Gemm weights INT8
             offline, activations quantized per call at run time; no calibration).
+        fallback: precision of the nodes left out of INT8: "fp32", or "fp16"/"bf16" painted
+            by the FP16/BF16 painter around the integer kernels (:mod:`mixprec._qfallback`).
     """
 
     method: str = "minmax"
@@ -113,8 +116,13 @@ class QuantizeConfig:
     log_dir: Path | None = None
     speed: str = "auto"
     mode: str = "static"
+    fallback: str = "fp32"
 
     def __post_init__(self) -> None:
+        if self.fallback not in FALLBACKS:
+            raise MixprecError(
+                f"fallback must be one of {', '.join(FALLBACKS)}, not {self.fallback!r}"
+            )
         if self.mode not in ("static", "dynamic"):
             raise MixprecError(f"mode must be 'static' or 'dynamic', not {self.mode!r}")
         if self.speed not in ("auto", "off"):
@@ -221,7 +229,8 @@ def integer_kernel_share(
         n.op_type for n in optimized.graph.node if n.op_type in INTEGER_KERNELS | FLOAT_KERNELS
     )
     producer = {out: node for node in proto.graph.node for out in node.output}
-    source: dict[str, str] = dict(outputs or {})  # Q output -> the compute node it quantizes
+    # Q output -> the compute node it quantizes (nodes without counted MACs are left out)
+    source: dict[str, str] = {k: v for k, v in (outputs or {}).items() if v in macs}
     for node in proto.graph.node:
         if node.op_type != "QuantizeLinear":
             continue
@@ -312,9 +321,15 @@ def quantize(
         say("timing candidate INT8 placements")
         excluded, speed = _timed_placement(work, config)
         pipeline.qconfig = dataclasses.replace(config, exclude_nodes=excluded)
-    work = pipeline.run(work, start="annotate")
+    work = pipeline.run(work, start="annotate", until="annotate")
+    planned = set(work.graph)
+    work = pipeline.run(work, start="apply")
     report.timings = dict(pipeline.timings)
     _fill_report(report, pipeline, work)
+    if config.fallback != "fp32":
+        say(f"painting the float nodes {config.fallback}")
+        work, low = paint_fallback(work, config.fallback, planned, check=config.check)
+        _mark_fallback(report, config.fallback, low)
     if speed is not None and report.quantization is not None:
         report.quantization["speed"] = speed
         report.notes.append(str(speed["summary"]))
@@ -349,6 +364,21 @@ def _config_dict(config: QuantizeConfig) -> dict[str, object]:
     data["log_dir"] = str(config.log_dir) if config.log_dir else None
     data["reduce_range"] = config.reduce_range
     return data
+
+
+def _mark_fallback(report: Report, target: str, low: Mapping[str, str]) -> None:
+    """Report rows of the float nodes the fallback painted low."""
+    report.nodes = [
+        dataclasses.replace(
+            n, precision="low", step=target, reason=f"{target} fallback: {low[n.name]}"
+        )
+        if n.precision == "fp32" and n.name in low
+        else n
+        for n in report.nodes
+    ]
+    if report.quantization is not None:
+        report.quantization["fallback"] = {"dtype": target, "nodes": len(low)}
+    report.notes.append(f"{len(low)} node(s) left out of INT8 run in {target} (fallback)")
 
 
 def plan_int8(
