@@ -9,8 +9,9 @@ samples. Per sample:
   probes placed right after its producer (the fast path: one ONNX Runtime session,
   built once, reused for every sample; no full-size intermediate leaves the session);
 * observers that need the data (:class:`HistogramObserver`), tensors holding NaN, and
-  models the probes cannot run in, fetch the tensors as extra graph outputs,
-  ``chunk_size`` at a time, bisecting a chunk that ONNX Runtime refuses.
+  models the probes cannot run in, fetch the tensors as extra graph outputs, in chunks
+  of at most ``chunk_size`` tensors and about :data:`FETCH_BYTES` (sizes learnt from the
+  first sample), bisecting a chunk that ONNX Runtime refuses.
 
 Initializers and Constant tensors (subgraphs included) are observed once from their
 data, with per-output-channel min/max for weights; no ORT run is needed for them.
@@ -56,6 +57,9 @@ _FLOAT = frozenset(
 )
 # Bisection depth when a fetched chunk fails in ONNX Runtime.
 _MAX_BISECT_DEPTH = 12
+#: Bytes of fetched tensors per ONNX Runtime run (each fetched tensor stays alive until
+#: the run returns); tensors of unknown size count as FETCH_BYTES / 32.
+FETCH_BYTES = 128 << 20
 # Weight input of ops whose output channel is not axis 0: (op, input index) -> axis.
 _CHANNEL_AXIS = {("MatMul", 1): -1, ("ConvTranspose", 1): 1}
 
@@ -173,6 +177,7 @@ class _Observed:
         self.bins = bins
         self.observers: dict[str, Observer] = {}
         self.shapes = shapes
+        self.nbytes: dict[str, int] = {}  # fetched tensors' sizes, for the next chunks
 
     def _observer(self, name: str) -> Observer:
         if name not in self.observers:
@@ -192,6 +197,7 @@ class _Observed:
         """Observes the wanted arrays of ``outs`` and drops each one right away."""
         for name in list(outs):
             array = outs.pop(name)
+            self.nbytes[name] = int(array.nbytes)
             if name in wanted:
                 self.array(name, array)
 
@@ -263,8 +269,7 @@ class _SampleRunner:
         wanted = {name for name, _ in pending}
         originals = runner.original_outputs
         own = {vi.name for vi in originals}
-        size = self._chunk_size
-        chunks = [pending[i : i + size] for i in range(0, len(pending), size)]
+        chunks = _chunks(pending, self._chunk_size, observed.nbytes)
         first = [item for item in chunks.pop(0) if item[0] not in own]
         try:
             outs = runner.run([*originals, *_value_infos(first)], feeds)
@@ -301,6 +306,22 @@ class _SampleRunner:
             self._run_chunk(items[mid:], feeds, observed, depth + 1)
             return
         observed.record(outs, {name for name, _ in items})
+
+
+def _chunks(
+    pending: list[tuple[str, ir.DataType]], most: int, nbytes: Mapping[str, int]
+) -> list[list[tuple[str, ir.DataType]]]:
+    """``pending`` in runs of at most ``most`` tensors and about :data:`FETCH_BYTES`."""
+    chunks: list[list[tuple[str, ir.DataType]]] = [[]]
+    total = 0
+    for item in pending:
+        size = nbytes.get(item[0], FETCH_BYTES // 32)
+        if chunks[-1] and (total + size > FETCH_BYTES or len(chunks[-1]) >= most):
+            chunks.append([])
+            total = 0
+        chunks[-1].append(item)
+        total += size
+    return chunks
 
 
 def _value_infos(items: Sequence[tuple[str, ir.DataType]]) -> list[onnx.ValueInfoProto]:

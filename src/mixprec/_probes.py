@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -123,12 +124,16 @@ def _probe_nodes(value: ir.Value, dtype: ir.DataType, k: int) -> list[ir.Node]:
     return nodes
 
 
+#: Sessions a :class:`VariantRunner` keeps (one per chunk of fetched tensors).
+_KEPT_SESSIONS = 8
+
+
 class VariantRunner:
     """Runs copies of one model that differ only in their graph outputs.
 
     ``model`` is not modified: outputs are swapped for the run and restored, or, over
     the protobuf limit, swapped on a skeleton whose initializers live in a temporary
-    file. The session of the last output set is kept for the next sample.
+    file. The sessions of the last few output sets are kept for the next samples.
     """
 
     def __init__(
@@ -143,7 +148,8 @@ class VariantRunner:
         self.original_outputs = [_copy_vi(vi) for vi in model.graph.output]
         self._threads = threads
         self._dir: tempfile.TemporaryDirectory[str] | None = None
-        self._cached: tuple[tuple[str, ...], ort.InferenceSession] | None = None
+        # The sessions of the last few output sets (the chunks repeat for every sample).
+        self._sessions: OrderedDict[tuple[str, ...], ort.InferenceSession] = OrderedDict()
         if model.ByteSize() > PROTO_LIMIT:
             self._dir = tempfile.TemporaryDirectory(prefix="mixprec-")
             try:
@@ -156,16 +162,18 @@ class VariantRunner:
             self._model = model
 
     def close(self) -> None:
-        self._cached = None
+        self._sessions.clear()
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
 
     def _session(self, outputs: Sequence[onnx.ValueInfoProto]) -> ort.InferenceSession:
         key = tuple(vi.name for vi in outputs)
-        if self._cached is not None and self._cached[0] == key:
-            return self._cached[1]
-        self._cached = None  # one session at a time
+        if key in self._sessions:
+            self._sessions.move_to_end(key)
+            return self._sessions[key]
+        while len(self._sessions) >= _KEPT_SESSIONS:
+            self._sessions.popitem(last=False)
         graph = self._model.graph
         del graph.output[:]
         graph.output.extend(outputs)
@@ -186,8 +194,9 @@ class VariantRunner:
             external=self._external,
             prepack=False,
             data_folder=self._data_folder,
+            arena=False,  # several sessions are kept: none holds its activations
         )
-        self._cached = (key, session)
+        self._sessions[key] = session
         return session
 
     def run(
