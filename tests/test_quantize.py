@@ -245,7 +245,7 @@ def test_non_finite_ranges_leave_their_nodes_float_with_a_reason():
     rng = np.random.default_rng(4)
     mask = np.array([[0.0, 0.0, -np.inf, 0.0]], np.float32)
     samples = [{"x": rng.uniform(0, 1, (1, 4)).astype(np.float32), "mask": mask} for _ in range(4)]
-    result = mixprec.quantize(model, samples, speed="off")
+    result = mixprec.quantize(model, samples, speed="off", mode="static")
     nodes = {n.op_type: n for n in result.report.nodes}
     assert nodes["MatMul"].precision == "int8", nodes["MatMul"]
     assert nodes["Add"].precision == "fp32" and "not finite" in nodes["Add"].reason
@@ -498,3 +498,15 @@ def test_fallback_paints_the_float_nodes_and_keeps_the_integer_kernels(fallback:
         x = _samples(1, seed=9)[0]
         ref, got = run_ort(model, x)["logits"], run_ort(proto, x)["logits"]
         assert _rel_l2(ref, got) < 0.05, _rel_l2(ref, got)
+
+
+def test_mode_auto_is_dynamic_for_matmul_models_and_static_for_cnns():
+    mlp = mixprec.quantize(_mlp(), [{"x": np.ones((2, 64), np.float32)}], speed="off")
+    assert mlp.report.quantization["mode"] == "dynamic", mlp.report.quantization
+    assert (
+        "mode auto: dynamic (MatMul/Gemm with constant weights hold 99%"
+        in (mlp.report.quantization["mode_choice"])
+    )
+    cnn = mixprec.quantize(_cnn(), _samples(2), speed="off")
+    assert cnn.report.quantization["mode"] == "static", cnn.report.quantization
+    assert cnn.report.quantization["mode_choice"].startswith("mode auto: static")

@@ -196,11 +196,14 @@ def _add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
     )
     q.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor")
     q.add_argument(
-        "--dynamic",
-        action="store_true",
-        help="dynamic INT8: MatMul/Gemm weights quantized here, activations per call at run "
-        "time (DynamicQuantizeMatMul; for transformers; no calibration needed)",
+        "--mode",
+        choices=("auto", "static", "dynamic"),
+        default="auto",
+        help="static: calibrated Q/DQ; dynamic: MatMul/Gemm weights INT8 here, activations "
+        "per call at run time (no calibration needed); auto (default): dynamic when "
+        "weighted MatMul/Gemm hold >= 80%% of the Conv/MatMul/Gemm MACs",
     )
+    q.add_argument("--dynamic", action="store_true", help="same as --mode dynamic")
     q.add_argument(
         "--fallback",
         choices=("fp32", "fp16", "bf16"),
@@ -459,7 +462,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
         fold_batchnorm=not args.no_fold_batchnorm,
         log_dir=args.log_dir,
         speed=args.speed,
-        mode="dynamic" if args.dynamic else "static",
+        mode="dynamic" if args.dynamic else args.mode,
         fallback=args.fallback,
         progress=_progress(args.quiet or args.json),
     )

@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 _ACTIVATIONS = ("auto", "u8", "s8")
 #: Per-channel DequantizeLinear (``axis``) needs this ai.onnx opset.
 PER_CHANNEL_OPSET = 13
+MODES = ("static", "dynamic", "auto")
+#: mode="auto" goes dynamic when weighted MatMul/Gemm hold at least this MAC share.
+DYNAMIC_MAC_SHARE = 0.8
 #: ONNX Runtime kernels that run a Conv/MatMul/Gemm in integers.
 INTEGER_KERNELS = frozenset(
     {
@@ -100,8 +103,11 @@ class QuantizeConfig:
         speed: "auto" times candidate placements on this machine (all INT8 nodes; without
             depthwise convolutions; only the large Conv/MatMul/Gemm) against the FP32 model
             and keeps the fastest, never one slower than FP32; "off" quantizes all.
-        mode: "static" (calibrated Q/DQ pairs) or "dynamic" (MatMul/Gemm weights INT8
-            offline, activations quantized per call at run time; no calibration).
+        mode: "static" (calibrated Q/DQ pairs), "dynamic" (MatMul/Gemm weights INT8
+            offline, activations quantized per call at run time; no calibration) or
+            "auto": dynamic when MatMul/Gemm with constant weights hold >= 80% of the
+            Conv/MatMul/Gemm MACs (transformers, whose activation outlier channels one
+            static scale cannot hold), else static.
         fallback: precision of the nodes left out of INT8: "fp32", or "fp16"/"bf16" painted
             by the FP16/BF16 painter around the integer kernels (:mod:`mixprec._qfallback`).
     """
@@ -115,7 +121,7 @@ class QuantizeConfig:
     check: bool = True
     log_dir: Path | None = None
     speed: str = "auto"
-    mode: str = "static"
+    mode: str = "auto"
     fallback: str = "fp32"
 
     def __post_init__(self) -> None:
@@ -123,8 +129,8 @@ class QuantizeConfig:
             raise MixprecError(
                 f"fallback must be one of {', '.join(FALLBACKS)}, not {self.fallback!r}"
             )
-        if self.mode not in ("static", "dynamic"):
-            raise MixprecError(f"mode must be 'static' or 'dynamic', not {self.mode!r}")
+        if self.mode not in MODES:
+            raise MixprecError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.speed not in ("auto", "off"):
             raise MixprecError(f"speed must be 'auto' or 'off', not {self.speed!r}")
         if self.method not in METHODS:
@@ -173,7 +179,7 @@ class QuantizePipeline(Pipeline):
         if name == "calibrate":
             # Dynamic mode measures ranges at run time: given data only shows the shapes
             # (MAC counts, the speed plan's inputs).
-            run = q.mode == "static" or self.calibration_data is not None
+            run = q.mode != "dynamic" or self.calibration_data is not None
             calibrate = CalibratePass(
                 q.shapes, self.calibration_data, observer=self.config.observer, run=run
             )
@@ -316,6 +322,11 @@ def quantize(
         report.notes.append(message)
     pipeline = QuantizePipeline(config, calibration_data=calibration_data, progress=progress)
     work = pipeline.run(work, until="calibrate")
+    mode_choice = None
+    if config.mode == "auto":
+        config, mode_choice = _choose_mode(work, config)
+        pipeline.qconfig = config
+        report.notes.append(mode_choice)
     speed: dict[str, object] | None = None
     if config.speed == "auto":
         say("timing candidate INT8 placements")
@@ -326,6 +337,8 @@ def quantize(
     work = pipeline.run(work, start="apply")
     report.timings = dict(pipeline.timings)
     _fill_report(report, pipeline, work)
+    if mode_choice is not None and report.quantization is not None:
+        report.quantization["mode_choice"] = mode_choice
     if config.fallback != "fp32":
         say(f"painting the float nodes {config.fallback}")
         work, low = paint_fallback(work, config.fallback, planned, check=config.check)
@@ -334,6 +347,29 @@ def quantize(
         report.quantization["speed"] = speed
         report.notes.append(str(speed["summary"]))
     return ConversionResult(work, report, kind)
+
+
+def _choose_mode(model: ir.Model, config: QuantizeConfig) -> tuple[QuantizeConfig, str]:
+    """mode="auto": dynamic for MatMul-dominated models (see :class:`QuantizeConfig`)."""
+    from mixprec._qdynamic import dynamic_candidate
+
+    probe = ir.from_proto(ir.to_proto(model))
+    probe.meta.update(model.meta)
+    CountMacsPass()(probe)
+    matmul = total = 0
+    for node in probe.graph:
+        macs = int(node.meta.get(MACS, 0))
+        if node.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm"):
+            total += macs
+            if dynamic_candidate(node) is None:
+                matmul += macs
+    share = matmul / total if total else 0.0
+    mode = "dynamic" if total and share >= DYNAMIC_MAC_SHARE else "static"
+    why = (
+        f"mode auto: {mode} (MatMul/Gemm with constant weights hold {share:.0%} of the "
+        f"Conv/MatMul/Gemm MACs; dynamic from {DYNAMIC_MAC_SHARE:.0%})"
+    )
+    return dataclasses.replace(config, mode=mode), why
 
 
 def _timed_placement(
