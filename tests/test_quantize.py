@@ -510,3 +510,58 @@ def test_mode_auto_is_dynamic_for_matmul_models_and_static_for_cnns():
     cnn = mixprec.quantize(_cnn(), _samples(2), speed="off")
     assert cnn.report.quantization["mode"] == "static", cnn.report.quantization
     assert cnn.report.quantization["mode_choice"].startswith("mode auto: static")
+
+
+# --- bias correction -------------------------------------------------------------------------
+
+
+def test_output_shift_is_dW_times_the_input_mean():
+    from mixprec._qbias import output_shift
+
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((6, 2, 3, 3))  # Conv, group 2: 4 input channels
+    dq = w + rng.standard_normal(w.shape) * 0.01
+    mean = rng.uniform(0, 1, 4)
+    x = np.broadcast_to(mean[None, :, None, None], (1, 4, 3, 3))  # a constant input
+    expected = [((dq - w)[o] * x[0, (o // 3) * 2 : (o // 3) * 2 + 2]).sum() for o in range(6)]
+    np.testing.assert_allclose(output_shift("Conv", w, dq, mean, group=2), expected)
+    g = rng.standard_normal((5, 4))  # Gemm transB: [N, K]
+    gq = g + 0.01
+    np.testing.assert_allclose(output_shift("Gemm", g, gq, mean, trans_b=True), (gq - g) @ mean)
+    np.testing.assert_allclose(output_shift("Gemm", g.T, gq.T, mean), (gq - g) @ mean)
+    assert output_shift("Conv", w, dq, mean[:3], group=2) is None  # wrong channel count
+
+
+def test_bias_correction_removes_the_mean_shift_of_rounded_weights():
+    """Per-tensor weights on a depthwise-style conv with a large-scale channel: rounding
+    the small channels shifts their mean output; corrected biases bring it back."""
+    rng = np.random.default_rng(3)
+    w = (0.05 * rng.standard_normal((8, 1, 3, 3))).astype(np.float32)
+    w[0] *= 40  # one large channel sets the per-tensor scale: the others round coarsely
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="dw", group=8, pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(
+        nodes,
+        "dw",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    samples = [{"x": rng.uniform(0.5, 1.5, (1, 8, 16, 16)).astype(np.float32)} for _ in range(4)]
+    evals = [{"x": rng.uniform(0.5, 1.5, (1, 8, 16, 16)).astype(np.float32)} for _ in range(4)]
+
+    def mean_shift(result) -> float:
+        shifts = [
+            (run_ort(result.model_proto, f)["y"] - run_ort(model, f)["y"]).mean(axis=(0, 2, 3))
+            for f in evals
+        ]
+        return float(np.abs(np.mean(shifts, axis=0))[1:].mean())  # the small channels
+
+    options = {"per_channel": False, "speed": "off", "mode": "static"}
+    plain = mixprec.quantize(model, samples, **options)
+    corrected = mixprec.quantize(model, samples, bias_correction=True, **options)
+    assert corrected.report.quantization["biases_corrected"] == 1, corrected.report.quantization
+    before, after = mean_shift(plain), mean_shift(corrected)
+    print(f"mean shift of the small channels: {before:.3g} -> {after:.3g}")
+    assert after < 0.5 * before, (before, after)
+    onnx.checker.check_model(corrected.model_proto, full_check=True)

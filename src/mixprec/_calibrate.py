@@ -73,12 +73,15 @@ class CalibrationResult:
         shapes: Shape of each measured tensor in the first sample.
         samples: Number of samples consumed.
         observer: The observer kind used.
+        channel_means: Per-channel means of the tensors asked for (``channel_means=`` of
+            :func:`calibrate`), averaged over samples (bias correction reads them).
     """
 
     stats: dict[str, TensorStats] = field(default_factory=dict)
     shapes: dict[str, list[int]] = field(default_factory=dict)
     samples: int = 0
     observer: str = "absmax"
+    channel_means: dict[str, np.ndarray] = field(default_factory=dict)
 
     def absmax(self) -> dict[str, float]:
         """``max |x|`` over all samples by tensor name (what the painter reads)."""
@@ -178,6 +181,24 @@ class _Observed:
         self.observers: dict[str, Observer] = {}
         self.shapes = shapes
         self.nbytes: dict[str, int] = {}  # fetched tensors' sizes, for the next chunks
+        self.mean_axes: dict[str, int] = {}  # tensors whose per-channel mean is wanted
+        self.mean_sums: dict[str, np.ndarray] = {}
+        self.mean_counts: dict[str, int] = {}
+
+    def channel_mean(self, name: str, mean: np.ndarray) -> None:
+        """Adds one sample's per-channel mean of ``name``."""
+        mean = np.asarray(mean, np.float64).reshape(-1)
+        if name in self.mean_sums and self.mean_sums[name].shape != mean.shape:
+            return  # channel count changed between samples: not a per-channel quantity
+        self.mean_sums[name] = self.mean_sums.get(name, 0) + mean
+        self.mean_counts[name] = self.mean_counts.get(name, 0) + 1
+
+    def means(self) -> dict[str, np.ndarray]:
+        return {
+            n: (self.mean_sums[n] / self.mean_counts[n]).astype(np.float32)
+            for n in self.mean_sums
+            if np.all(np.isfinite(self.mean_sums[n]))
+        }
 
     def _observer(self, name: str) -> Observer:
         if name not in self.observers:
@@ -188,6 +209,11 @@ class _Observed:
         self.shapes.setdefault(name, [int(d) for d in np.shape(array)])
         if is_float_array(array):
             self._observer(name).update(np.asarray(array))
+            axis = self.mean_axes.get(name)
+            if axis is not None and np.ndim(array) > 0:
+                axis %= np.ndim(array)
+                others = tuple(i for i in range(np.ndim(array)) if i != axis)
+                self.channel_mean(name, np.asarray(np.mean(array, axis=others, dtype=np.float64)))
 
     def reduced(self, name: str, lo: float, hi: float, shape: list[int]) -> None:
         self.shapes.setdefault(name, shape)
@@ -214,8 +240,10 @@ class _SampleRunner:
         threads: int,
         external: Mapping[str, np.ndarray],
         use_probes: bool,
+        means: Mapping[str, int] | None = None,
     ) -> None:
         self._model = model
+        self._means = dict(means or {})
         self._candidates = candidates
         self._chunk_size = chunk_size
         self._threads = threads
@@ -234,7 +262,7 @@ class _SampleRunner:
         pending = self._candidates
         if self._use_probes and self._probe is None:
             self._probe = ProbeSession.create(
-                self._model, self._candidates, self._threads, self._external
+                self._model, self._candidates, self._threads, self._external, means=self._means
             )
             self._use_probes = self._probe is not None
         if self._probe is not None:
@@ -243,6 +271,8 @@ class _SampleRunner:
             except MixprecError as e:
                 logger.debug("range analysis: probes failed on a sample (%s); fetching", e)
             else:
+                for name, mean in self._probe.last_means.items():
+                    observed.channel_mean(name, mean)
                 pending = []
                 for name, dtype in self._candidates:
                     lo, hi, shape = reduced.get(name, (math.nan, math.nan, []))
@@ -338,6 +368,7 @@ def calibrate(
     threads: int = 2,
     external: Mapping[str, np.ndarray] | None = None,
     shapes_out: dict[str, list[int]] | None = None,
+    channel_means: Mapping[str, int] | None = None,
 ) -> CalibrationResult:
     """Runs the FP32 model on every sample of ``data`` and observes every float tensor.
 
@@ -362,6 +393,8 @@ def calibrate(
         external: Arrays of initializers that ``model`` holds as in-memory placeholders
             (see :func:`mixprec._protos.weightless_proto`).
         shapes_out: When given, filled with the first sample's shape of each tensor.
+        channel_means: Tensor -> channel axis: also average each sample's per-channel
+            mean of these (``result.channel_means``).
 
     Returns:
         The :class:`CalibrationResult` (``.stats``, ``.shapes``, ``.samples``,
@@ -389,6 +422,7 @@ def calibrate(
     result.stats.update(static_stats(work, ext, observer, bins))
     candidates = _candidates(work, set(result.stats))
     observed = _Observed(observer, bins, result.shapes)
+    observed.mean_axes = dict(channel_means or {})
     runner = _SampleRunner(
         work,
         candidates,
@@ -396,6 +430,7 @@ def calibrate(
         threads=threads,
         external=ext,
         use_probes=not OBSERVERS[observer].needs_data,
+        means=channel_means,
     )
     try:
         for sample in samples:
@@ -409,6 +444,7 @@ def calibrate(
     if result.samples == 0:
         raise MixprecError("calibration data holds no sample")
     result.stats.update({name: obs.stats() for name, obs in observed.observers.items()})
+    result.channel_means = observed.means()
     if shapes_out is not None:
         shapes_out.update(result.shapes)
     return result

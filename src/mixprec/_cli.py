@@ -205,6 +205,11 @@ def _add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
     )
     q.add_argument("--dynamic", action="store_true", help="same as --mode dynamic")
     q.add_argument(
+        "--bias-correction",
+        action="store_true",
+        help="fold the mean output shift of weight rounding into Conv/Gemm biases",
+    )
+    q.add_argument(
         "--fallback",
         choices=("fp32", "fp16", "bf16"),
         default="fp32",
@@ -464,6 +469,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
         speed=args.speed,
         mode="dynamic" if args.dynamic else args.mode,
         fallback=args.fallback,
+        bias_correction=args.bias_correction,
         progress=_progress(args.quiet or args.json),
     )
     return _validate_and_write(args, result, feeds, out)

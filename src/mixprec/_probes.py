@@ -38,9 +38,17 @@ class ProbeSession:
     near a plain inference run.
     """
 
-    def __init__(self, session: ort.InferenceSession, probes: list[tuple[str, str, str, str]]):
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        probes: list[tuple[str, str, str, str]],
+        means: dict[str, str] | None = None,
+    ):
         self._session = session
         self._probes = probes  # (tensor, min output, max output, shape output)
+        self._means = means or {}  # tensor -> its per-channel mean output
+        #: Per-channel means of the last :meth:`run`, by tensor name.
+        self.last_means: dict[str, np.ndarray] = {}
 
     @classmethod
     def create(
@@ -49,8 +57,12 @@ class ProbeSession:
         candidates: Sequence[tuple[str, ir.DataType]],
         threads: int,
         external: Mapping[str, np.ndarray] | None = None,
+        means: Mapping[str, int] | None = None,
     ) -> ProbeSession | None:
         """The probe session, or None when ONNX Runtime cannot build it.
+
+        ``means`` (tensor -> channel axis) adds a per-channel ``ReduceMean`` of those
+        tensors whose rank is known.
 
         The probes are inserted into ``model`` only while it is serialized (without its
         large weights, which ORT gets in memory) and removed again: ``model`` is left as
@@ -58,6 +70,7 @@ class ProbeSession:
         """
         by_name = {v.name: v for n in model.graph for v in n.outputs if v.name}
         probes: list[tuple[str, str, str, str]] = []
+        mean_outputs: dict[str, str] = {}
         added: list[ir.Node] = []
         outputs_before = len(model.graph.outputs)
         try:
@@ -71,6 +84,13 @@ class ProbeSession:
                 added.extend(nodes)
                 model.graph.outputs.extend(n.outputs[0] for n in nodes)
                 probes.append((name, *(n.outputs[0].name or "" for n in nodes)))  # type: ignore[arg-type]
+                if means and name in means and value.shape is not None:
+                    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 13))
+                    mean = _mean_node(value, means[name], len(value.shape), k, opset)
+                    model.graph.insert_after(nodes[-1], mean)
+                    added.extend(mean)
+                    model.graph.outputs.append(mean[-1].outputs[0])
+                    mean_outputs[name] = mean[-1].outputs[0].name or ""
             folder = model.meta.get(DATA_FOLDER)
             # ORT parses no weight bytes: it maps the model's own data files (no copy) and
             # takes other large weights from memory.
@@ -92,7 +112,7 @@ class ProbeSession:
         except MixprecError as e:
             logger.debug("range analysis: probe session failed (%s); fetching tensors", e)
             return None
-        return cls(session, probes)
+        return cls(session, probes, mean_outputs)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, tuple[float, float, list[int]]]:
         """``(min, max, shape)`` by tensor name for one sample.
@@ -101,7 +121,8 @@ class ProbeSession:
             MixprecError: ONNX Runtime fails on this sample.
         """
         wanted = [o for _, lo, hi, shape in self._probes for o in (lo, hi, shape)]
-        outs = run_session(self._session, feeds, wanted)
+        outs = run_session(self._session, feeds, [*wanted, *self._means.values()])
+        self.last_means = {name: np.asarray(outs[out]) for name, out in self._means.items()}
         return {
             name: (
                 float(np.asarray(outs[lo], dtype=np.float64)),
@@ -126,6 +147,37 @@ def _probe_nodes(value: ir.Value, dtype: ir.DataType, k: int) -> list[ir.Node]:
 
 #: Sessions a :class:`VariantRunner` keeps (one per chunk of fetched tensors).
 _KEPT_SESSIONS = 8
+
+
+def _mean_node(value: ir.Value, axis: int, rank: int, k: int, opset: int) -> list[ir.Node]:
+    """``ReduceMean`` of ``value`` over every axis but ``axis`` (output ``__mp_mean_k``)."""
+    axes = [i for i in range(rank) if i != axis % rank]
+    out = ir.Value(name=f"__mp_mean_{k}", type=ir.TensorType(ir.DataType.FLOAT))
+    if opset >= 18:  # axes became an input
+        given = ir.Value(
+            name=f"__mp_mean_axes_{k}",
+            type=ir.TensorType(ir.DataType.INT64),
+            shape=ir.Shape([len(axes)]),
+        )
+        const = ir.Node(
+            "",
+            "Constant",
+            [],
+            attributes=[ir.AttrTensor("value", ir.tensor(np.array(axes, np.int64)))],
+            outputs=[given],
+            name=f"{given.name}_node",
+        )
+        node = ir.Node(
+            "",
+            "ReduceMean",
+            [value, given],
+            attributes=[ir.AttrInt64("keepdims", 0)],
+            outputs=[out],
+            name=out.name,
+        )
+        return [const, node]
+    attrs = [ir.AttrInt64s("axes", axes), ir.AttrInt64("keepdims", 0)]
+    return [ir.Node("", "ReduceMean", [value], attributes=attrs, outputs=[out], name=out.name)]
 
 
 class VariantRunner:

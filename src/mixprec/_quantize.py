@@ -108,6 +108,8 @@ class QuantizeConfig:
             "auto": dynamic when MatMul/Gemm with constant weights hold >= 80% of the
             Conv/MatMul/Gemm MACs (transformers, whose activation outlier channels one
             static scale cannot hold), else static.
+        bias_correction: fold the mean output shift of weight rounding into Conv/Gemm
+            biases (static mode; the calibration also averages their inputs' channel means).
         fallback: precision of the nodes left out of INT8: "fp32", or "fp16"/"bf16" painted
             by the FP16/BF16 painter around the integer kernels (:mod:`mixprec._qfallback`).
     """
@@ -123,6 +125,7 @@ class QuantizeConfig:
     speed: str = "auto"
     mode: str = "auto"
     fallback: str = "fp32"
+    bias_correction: bool = False
 
     def __post_init__(self) -> None:
         if self.fallback not in FALLBACKS:
@@ -181,7 +184,11 @@ class QuantizePipeline(Pipeline):
             # (MAC counts, the speed plan's inputs).
             run = q.mode != "dynamic" or self.calibration_data is not None
             calibrate = CalibratePass(
-                q.shapes, self.calibration_data, observer=self.config.observer, run=run
+                q.shapes,
+                self.calibration_data,
+                observer=self.config.observer,
+                run=run,
+                channel_means=q.bias_correction and q.mode != "dynamic",
             )
             return Stage(name, calibrate)
         if name == "annotate":
@@ -204,6 +211,7 @@ class QuantizePipeline(Pipeline):
                     unsigned=q.unsigned,
                     per_channel=q.per_channel,
                     reduce_range=q.reduce_range,
+                    bias_correction=q.bias_correction,
                 ),
                 common.RemoveUnusedNodesPass(),
             )
@@ -476,6 +484,7 @@ def _fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) ->
             "tensors": applied.tensors,
             "weights_quantized": applied.weights,
             "biases_int32": applied.biases,
+            "biases_corrected": applied.corrected_biases,
             "float_biases": applied.float_biases,
             "left_float": applied.left_float,
         }
