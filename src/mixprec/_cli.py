@@ -1,4 +1,4 @@
-"""Command line: ``mixprec convert | inspect | validate | lists``.
+"""Command line: ``mixprec convert | quantize | tune | inspect | validate | lists``.
 
 Exit statuses:
 
@@ -252,6 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     q = _add_quantize_parser(sub)
+    from mixprec._tune_cmd import add_tune_parser
+
+    t = add_tune_parser(sub)
 
     i = sub.add_parser("inspect", help="show the painting without writing a model")
     i.add_argument("model")
@@ -281,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     lists = sub.add_parser("lists", help="print the default op lists and rules")
     lists.add_argument("--dtype", default="fp16")
     lists.add_argument("--markdown", action="store_true")
-    for command in (c, q, i, v, lists):
+    for command in (c, q, t, i, v, lists):
         _add_debug_arg(command, top=False)
     return parser
 
@@ -429,6 +432,12 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     return _validate_and_write(args, result, feeds, out)
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from mixprec._tune_cmd import cmd_tune
+
+    return cmd_tune(args)
+
+
 def _failed_path(out: Path) -> Path:
     """``out.onnx`` -> ``out.failed.onnx``: where ``--keep-failed`` writes a failed model."""
     return out.with_name(f"{out.stem}.failed{out.suffix or '.onnx'}")
@@ -556,6 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {
         "convert": _cmd_convert,
         "quantize": _cmd_quantize,
+        "tune": _cmd_tune,
         "inspect": _cmd_inspect,
         "validate": _cmd_validate,
         "lists": _cmd_lists,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
@@ -105,7 +106,7 @@ class Rounder:
         self._count += 1
         return self.names.fresh(f"{base}__t{self._count}")
 
-    def _append(self, op: str, inputs: Sequence[ir.Value], base: str, **attrs: object) -> ir.Value:
+    def _append(self, op: str, inputs: Sequence[ir.Value], base: str, **attrs: Any) -> ir.Value:
         node = ir.node(op, inputs, attrs or None, name=self.fresh(f"tune/{op}"))
         out = node.outputs[0]
         out.name = self.fresh(base)

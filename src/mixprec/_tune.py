@@ -148,10 +148,17 @@ def _finite(value: float | None) -> float | str | None:
     return str(value)
 
 
-def _samples(data: Any, model: ir.Model) -> list[dict[str, np.ndarray]]:
-    """The tuning data as a list of feed dicts (it is run many times)."""
-    from mixprec._feeds import calibration_feeds, iter_calibration_npz
+def _samples(data: Any, model: ir.Model, shapes: Any) -> list[dict[str, np.ndarray]]:
+    """The tuning data as a list of feed dicts (it is run many times); None generates
+    one sample from the signature, with a warning."""
+    from mixprec._feeds import calibration_feeds, iter_calibration_npz, make_inputs
 
+    if data is None:
+        logger.warning(
+            "tune: no data given: one generated sample; budgets measured on it say little "
+            "about real inputs"
+        )
+        return [make_inputs(model, shapes=shapes, seed=0)[0]]
     if isinstance(data, str | os.PathLike):
         return list(iter_calibration_npz(data, model))
     found = calibration_feeds(data)
@@ -320,7 +327,7 @@ class _Search:
 
 def tune(
     model: Any,
-    target: str = "fp16",
+    target: str | None = "fp16",
     data: Any = None,
     *,
     metric: str | Callable[[Candidate], float] = "rel-l2",
@@ -329,6 +336,7 @@ def tune(
     max_evaluations: int | None = None,
     progress: Callable[[str], None] | None = None,
     threads: int = 2,
+    mode: str = "emulated",
     **options: Any,
 ) -> TuneResult:
     """Find the model that keeps the most MACs in low precision (or INT8) within a budget.
@@ -349,6 +357,10 @@ def tune(
         max_evaluations: the most model evaluations (subset and full together).
         progress: called with a short message at each phase.
         threads: ONNX Runtime intra-op threads.
+        mode: how fp16/bf16 candidates run: "emulated" (default: float32 with every
+            low tensor rounded, as a runtime that computes in the low dtype sees it) or
+            "ort" (fp16 as is on ONNX Runtime's CPU provider, which computes ops lacking
+            fp16 kernels in float32 and so hides some errors). INT8 always runs as is.
         **options: :func:`mixprec.convert`'s options for fp16/bf16, or
             :func:`mixprec.quantize`'s for int8 (``speed`` defaults to "off").
 
@@ -373,10 +385,10 @@ def tune(
     say = progress or (lambda _msg: None)
     log_dir = options.pop("log_dir", None)
     t0 = time.perf_counter()
-    kind = make_target(target, options)
+    kind = make_target(target, options, mode)
     resolved = _resolve_metric(metric)
     work, input_kind = _load(model)
-    samples = _samples(data, work)
+    samples = _samples(data, work, options.get("shapes"))
     say(f"preparing and calibrating on {len(samples)} sample(s)")
     pipeline = kind.pipeline(
         (), calibration_data if calibration_data is not None else samples, check=False
@@ -420,7 +432,7 @@ def tune(
     if kind.int8:
         from mixprec._quantize import _fill_report
 
-        _fill_report(report, search.last_pipeline, final)  # type: ignore[arg-type]
+        _fill_report(report, search.last_pipeline, final)
     else:
         _report_stages(report, search.last_pipeline.stages, final)
     step = search.full.get(k)

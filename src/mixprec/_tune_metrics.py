@@ -30,7 +30,7 @@ from mixprec._errors import MixprecError
 __all__ = ["BUILTIN_METRICS", "Budget", "Candidate", "Metric", "resolve_metric"]
 
 Outputs = Mapping[str, np.ndarray]
-_NUMPY_FLOATS = {
+_NUMPY_FLOATS: dict[str, np.dtype[Any]] = {
     "tensor(float)": np.dtype(np.float32),
     "tensor(float16)": np.dtype(np.float16),
     "tensor(double)": np.dtype(np.float64),
@@ -68,7 +68,7 @@ class Candidate:
         missing = sorted(set(wanted) - set(feeds))
         if missing:
             raise MixprecError(f"no input data for model input(s) {', '.join(missing)}")
-        cast = {}
+        cast: dict[str, np.ndarray] = {}
         for name, dtype in wanted.items():
             array = np.asarray(feeds[name])
             if dtype is not None and array.dtype.kind == "f" and array.dtype != dtype:

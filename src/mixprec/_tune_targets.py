@@ -36,9 +36,10 @@ class FloatTarget:
 
     int8 = False
 
-    def __init__(self, target: str, options: Mapping[str, Any]) -> None:
+    def __init__(self, target: str | None, options: Mapping[str, Any], mode: str) -> None:
         self.config = ConvertConfig.resolve(target, **dict(options))
         self.name = self.config.target
+        self.mode = mode
 
     def pipeline(self, excluded: Sequence[str], data: Any = None, *, check: bool) -> Pipeline:
         policy = self.config.policy.with_changes(exclude_nodes=_escaped(excluded))
@@ -67,9 +68,14 @@ class FloatTarget:
         return lambda graph, names: CastRounder(graph, names, low)
 
     def runnable(self, proto: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
-        """The model to run in ONNX Runtime and whether to optimize it: bfloat16 is
-        emulated in float32 (the CPU provider lacks bfloat16 kernels)."""
-        if self.name != "bfloat16":
+        """The model to run in ONNX Runtime and whether to optimize it.
+
+        Emulated in float32 (every low tensor rounded through the low dtype) unless
+        ``mode="ort"`` and the target is float16: ONNX Runtime's CPU provider lacks
+        bfloat16 kernels, and for float16 ops it lacks it computes in float32 and drops
+        the rounding between them, hiding errors a GPU would show.
+        """
+        if self.name != "bfloat16" and self.mode == "ort":
             return proto, True
         from mixprec._emulate import emulate_low_precision
 
@@ -167,28 +173,34 @@ class QdqRounder(Rounder):
             found = quantize_weight(w, axis, qmax=63 if self.q.reduce_range else 127)
             if isinstance(found, str):
                 return value
-            qw, params = found
-            scale = (
-                params.scale
+            qw, wparams = found
+            factor = (
+                wparams.scale
                 if axis is None
-                else np.expand_dims(params.scale, [d for d in range(w.ndim) if d != axis])
+                else np.expand_dims(wparams.scale, [d for d in range(w.ndim) if d != axis])
             )
-            return self._const(base, (qw.astype(np.float32) * scale).astype(np.float32))
+            return self._const(base, (qw.astype(np.float32) * factor).astype(np.float32))
         stats = self.stats.get(value.name or "")
         if stats is None:
             return value
-        params = activation_qparams(stats, self.q.method, self.q.unsigned)
-        if isinstance(params, str):
+        qparams = activation_qparams(stats, self.q.method, self.q.unsigned)
+        if isinstance(qparams, str):
             return value
-        scale = self._const(f"{base}_scale", np.asarray(params.scale, np.float32))
-        zero = self._const(f"{base}_zp", np.asarray(params.zero_point))
+        scale = self._const(f"{base}_scale", np.asarray(qparams.scale, np.float32))
+        zero = self._const(f"{base}_zp", np.asarray(qparams.zero_point))
         quantized = self._append("QuantizeLinear", [value, scale, zero], base)
         return self._append("DequantizeLinear", [quantized, scale, zero], base)
 
 
-def make_target(target: str, options: Mapping[str, Any]) -> FloatTarget | Int8Target:
+def make_target(
+    target: str | None, options: Mapping[str, Any], mode: str = "emulated"
+) -> FloatTarget | Int8Target:
+    if mode not in ("emulated", "ort"):
+        raise MixprecError(f"mode must be 'emulated' or 'ort', not {mode!r}")
+    if target is None:  # MIXPREC_DTYPE, else float16, as convert() resolves it
+        return FloatTarget(None, options, mode)
     if not isinstance(target, str):
         raise TypeError(f"target must be 'fp16', 'bf16' or 'int8', not {type(target).__name__}")
     if target.strip().lower() in ("int8", "i8", "qdq"):
         return Int8Target(options)
-    return FloatTarget(target, options)
+    return FloatTarget(target, options, mode)
