@@ -7,9 +7,11 @@
 3. Search over the ranked list: moving the first ``k`` back to float (the policy's node
    exclusions; only ``annotate`` and ``apply`` re-run on copies of the calibrated model).
    The all-low model (k = 0) is scored on every sample; if it misses the budget, ``k`` is
-   bisected on the worst quarter of the samples, the subset's answer is confirmed on the
-   full set, and if that fails the bisection goes on, on the full set, above it. At most
-   ceil(log2 N) + 3 full-set evaluations; each evaluation is counted.
+   bisected on the worst quarter of the samples (halving the MACs at stake each step),
+   the subset's answer is confirmed on the full set, and if that fails the bisection goes
+   on, on the full set, above it (halving the node count). At most ceil(log2 N) + 3
+   full-set evaluations; each evaluation is counted. Bisection stops once the bracket
+   holds less than 0.5% of the model's MACs.
 4. The passing model with the largest low-precision MAC share is finished (cleanup,
    check) and returned with the nodes kept float, their sensitivity, and the search path.
 """
@@ -72,7 +74,9 @@ class TuneResult(ConversionResult):
         achieved: the returned model's metric on the full data (None when not measured).
         passed: whether it meets the budget (False when not even the all-float model
             does, or ``max_evaluations`` ran out first).
-        kept_float: the candidates moved back to float, each with its sensitivity.
+        kept_float: the candidates that are float in the returned model, each with its
+            sensitivity: those moved by name and those painting then kept float (an INFER
+            op fed only by a node moved to float).
         ranking: every candidate, most harmful first.
         evaluations: model evaluations: {"subset": .., "full": .., "reference": ..}.
         path: every evaluation in order.
@@ -202,6 +206,16 @@ class _Search:
         total = float(sum(self.macs.values())) or 1.0
         self.moved_share = [float(c) / total for c in cumulative]
 
+    def mac_midpoint(self, lo: int, hi: int) -> int:
+        """The ``k`` that moves half the bracket's MACs (strictly inside it): the subset
+        bisection halves the MAC share at stake, not the node count, so a long run of
+        nodes without MACs costs one step, not several."""
+        if self.moved_share[-1] < MAC_SHARE_RESOLUTION:
+            return (lo + hi) // 2
+        half = (self.moved_share[lo] + self.moved_share[hi]) / 2
+        k = int(np.searchsorted(self.moved_share, half, side="left"))
+        return min(max(k, lo + 1), hi - 1)
+
     def open_bracket(self, lo: int, hi: int) -> bool:
         """Whether bisection between ``lo`` (fails) and ``hi`` (passes) goes on."""
         if hi - lo <= 1 or self.exhausted():
@@ -227,6 +241,7 @@ class _Search:
         stage = Stage("annotate", *passes)
         model = stage(model).model
         share = self.target.low_mac_share(model)
+        self.last_low = set(self.target.candidates(model))
         model = pipeline.run(model, start="apply", until="check" if finish else "apply")
         pipeline.stages = {"annotate": stage, **pipeline.stages}
         self.last_pipeline = pipeline
@@ -291,8 +306,12 @@ class _Search:
         if self.metric.builtin and 0 < subset_size < len(self.samples):
             worst = self._worst(each, subset_size)
             hi = n
-            while self.open_bracket(lo, hi):
-                mid = (lo + hi) // 2
+            # MAC-share halving first; then, among nodes without MACs, halving the count
+            # (fewer float nodes: fewer casts), within ceil(log2 N) + 2 subset runs.
+            cap = math.ceil(math.log2(n)) + 2 if n > 1 else 1
+            while hi - lo > 1 and not self.exhausted() and self.counts["subset"] < cap:
+                wide = self.open_bracket(lo, hi)
+                mid = self.mac_midpoint(lo, hi) if wide else (lo + hi) // 2
                 self.score(mid, worst)
                 if self.path[-1].passed:
                     hi = mid
@@ -445,7 +464,7 @@ def tune(
         budget=search.budget,
         achieved=step.value if step is not None else None,
         passed=best is not None,
-        kept_float=ranked[:k],
+        kept_float=[s for s in ranked if s.name not in search.last_low],
         ranking=ranked,
         evaluations=dict(search.counts),
         path=list(search.path),
@@ -467,7 +486,9 @@ def _message(result: TuneResult, n: int, best: int | None, search: _Search) -> s
     if best == 0:
         return f"every candidate stays {result.target}: the all-low model meets {text}"
     if best is not None:
-        return f"{best} of {n} candidate node(s) moved back to float to meet {text}"
+        followed = len(result.kept_float) - best
+        more = f" (+{followed} that painting then kept float)" if followed > 0 else ""
+        return f"{best} of {n} candidate node(s) moved back to float{more} to meet {text}"
     all_float = search.full.get(n)
     if all_float is not None and not all_float.passed:
         return (
