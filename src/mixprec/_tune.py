@@ -7,11 +7,11 @@
 3. Search over the ranked list: moving the first ``k`` back to float (the policy's node
    exclusions; only ``annotate`` and ``apply`` re-run on copies of the calibrated model).
    The all-low model (k = 0) is scored on every sample; if it misses the budget, ``k`` is
-   bisected on the worst quarter of the samples (halving the MACs at stake each step),
-   the subset's answer is confirmed on the full set, and if that fails the bisection goes
-   on, on the full set, above it (halving the node count). At most ceil(log2 N) + 3
-   full-set evaluations; each evaluation is counted. Bisection stops once the bracket
-   holds less than 0.5% of the model's MACs.
+   bisected on the worst quarter of the samples (halving the MACs at stake, then the
+   error energy at stake: :meth:`_Search.next_subset_step`), the subset's answer is
+   confirmed on the full set, and if that fails the bisection goes on, on the full set,
+   above it (halving the node count, until the bracket holds < 0.5% of the MACs). At
+   most ceil(log2 N) + 3 full-set evaluations; each evaluation is counted.
 4. The passing model with the largest low-precision MAC share is finished (cleanup,
    check) and returned with the nodes kept float, their sensitivity, and the search path.
 """
@@ -49,6 +49,9 @@ SENSITIVITY_SAMPLES = 2
 #: The bisection stops once the bracket's MACs differ by less than this share of the
 #: model's MACs: nodes without MACs cost no MAC share, so finer steps gain nothing.
 MAC_SHARE_RESOLUTION = 0.005
+#: Then, among nodes holding fewer MACs than that, it stops once the bracket holds less
+#: than this share of the candidates' error energy (squared sensitivity scores).
+ENERGY_RESOLUTION = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,16 +208,41 @@ class _Search:
         cumulative = np.cumsum([0] + [s.macs for s in ranked])
         total = float(sum(self.macs.values())) or 1.0
         self.moved_share = [float(c) / total for c in cumulative]
+        squares = [min(s.score, 1e6) ** 2 if s.measured else 0.0 for s in ranked]
+        energy = np.cumsum([0.0, *squares])
+        self.energy = [float(e) / max(float(energy[-1]), 1e-300) for e in energy]
 
-    def mac_midpoint(self, lo: int, hi: int) -> int:
-        """The ``k`` that moves half the bracket's MACs (strictly inside it): the subset
-        bisection halves the MAC share at stake, not the node count, so a long run of
-        nodes without MACs costs one step, not several."""
+    @staticmethod
+    def midpoint(axis: Sequence[float], lo: int, hi: int) -> int:
+        """The ``k`` strictly inside (lo, hi) where ``axis`` (cumulative, rising) is
+        halfway between its values at ``lo`` and ``hi``."""
+        half = (axis[lo] + axis[hi]) / 2
+        k = int(np.searchsorted(np.asarray(axis), half, side="left"))
+        return min(max(k, lo + 1), hi - 1)
+
+    def next_subset_step(self, lo: int, hi: int) -> int | None:
+        """Where the subset bisection looks next, or None when it is done.
+
+        While the bracket holds >= 0.5% of the model's MACs it first tries every node
+        that costs no MACs beyond ``lo`` at once, then halves the MACs at stake; then,
+        among the rest, it halves the error energy (squared scores) at stake while that
+        is >= 1% of the candidates' total, so fewer nodes go float (fewer casts) for the
+        same MAC share.
+        """
+        if hi - lo <= 1 or self.exhausted():
+            return None
         if self.moved_share[-1] < MAC_SHARE_RESOLUTION:
             return (lo + hi) // 2
-        half = (self.moved_share[lo] + self.moved_share[hi]) / 2
-        k = int(np.searchsorted(self.moved_share, half, side="left"))
-        return min(max(k, lo + 1), hi - 1)
+        if self.moved_share[hi] - self.moved_share[lo] >= MAC_SHARE_RESOLUTION:
+            # First every node that costs no more MACs than ``lo`` does, all at once.
+            free = int(np.searchsorted(np.asarray(self.moved_share), self.moved_share[lo], "right"))
+            free -= 1
+            if lo < free < hi:
+                return free
+            return self.midpoint(self.moved_share, lo, hi)
+        if self.energy[hi] - self.energy[lo] >= ENERGY_RESOLUTION:
+            return self.midpoint(self.energy, lo, hi)
+        return None
 
     def open_bracket(self, lo: int, hi: int) -> bool:
         """Whether bisection between ``lo`` (fails) and ``hi`` (passes) goes on."""
@@ -306,12 +334,7 @@ class _Search:
         if self.metric.builtin and 0 < subset_size < len(self.samples):
             worst = self._worst(each, subset_size)
             hi = n
-            # MAC-share halving first; then, among nodes without MACs, halving the count
-            # (fewer float nodes: fewer casts), within ceil(log2 N) + 2 subset runs.
-            cap = math.ceil(math.log2(n)) + 2 if n > 1 else 1
-            while hi - lo > 1 and not self.exhausted() and self.counts["subset"] < cap:
-                wide = self.open_bracket(lo, hi)
-                mid = self.mac_midpoint(lo, hi) if wide else (lo + hi) // 2
+            while (mid := self.next_subset_step(lo, hi)) is not None:
                 self.score(mid, worst)
                 if self.path[-1].passed:
                     hi = mid
