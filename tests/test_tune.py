@@ -123,6 +123,7 @@ def test_all_low_model_meeting_the_budget_takes_one_evaluation():
     result = mixprec.tune(_cancel_model(), "fp16", _data(), budget=10.0)
     assert result.passed and result.kept_float == []
     assert result.evaluations == {"subset": 0, "full": 1, "reference": 1}
+    assert result.ranking == [] and result.candidates == 5  # no sensitivity run needed
     assert "meets" in result.message
 
 
@@ -223,10 +224,12 @@ def test_int8_tuning_and_quantize_max_drop():
     loose = mixprec.quantize(_conv_model(), data, max_drop=0.5)
     assert isinstance(loose, mixprec.TuneResult) and loose.passed
     assert loose.kept_float == [] and loose.low_mac_share == 1.0
-    assert {s.name for s in loose.ranking} == {"conv1", "conv2"}
+    assert loose.candidates == 2 and loose.ranking == []
     assert any(n.op_type == "QuantizeLinear" for n in loose.model_proto.graph.node)
     tight = mixprec.tune(_conv_model(), "int8", data, budget=1e-6)
     assert tight.passed  # only the all-float model gets there
+    assert {s.name for s in tight.ranking} == {"conv1", "conv2"}
+    assert all(s.local > 0 for s in tight.ranking), tight.ranking  # QDQ-emulated copies
     assert len(tight.kept_float) == 2 and tight.low_mac_share == 0.0
     assert _measured_rel_l2(_conv_model(), tight.model_proto, data) <= 1e-6
 

@@ -3,7 +3,8 @@
 1. Prepare and calibrate once (:class:`~mixprec._pipeline.Pipeline`), annotate with the
    default policy: the nodes it puts in low precision (INT8: the Conv/MatMul/Gemm it
    quantizes) are the N candidates.
-2. Rank them from one instrumented run (:mod:`mixprec._sensitivity`).
+2. Score the all-low model on every sample; if it meets the budget, that is the answer.
+   Otherwise rank the candidates from one instrumented run (:mod:`mixprec._sensitivity`).
 3. Search over the ranked list: moving the first ``k`` back to float (the policy's node
    exclusions; only ``annotate`` and ``apply`` re-run on copies of the calibrated model).
    The all-low model (k = 0) is scored on every sample; if it misses the budget, ``k`` is
@@ -80,7 +81,9 @@ class TuneResult(ConversionResult):
         kept_float: the candidates that are float in the returned model, each with its
             sensitivity: those moved by name and those painting then kept float (an INFER
             op fed only by a node moved to float).
-        ranking: every candidate, most harmful first.
+        candidates: N, the nodes the default policy puts in low precision (INT8).
+        ranking: every candidate, most harmful first (empty when the all-low model met
+            the budget, or ``max_evaluations`` ran out, before sensitivity was needed).
         evaluations: model evaluations: {"subset": .., "full": .., "reference": ..}.
         path: every evaluation in order.
         seconds: the whole tuning time; ``plain_seconds`` that of one plain conversion's
@@ -95,6 +98,7 @@ class TuneResult(ConversionResult):
     achieved: float | None = None
     passed: bool = False
     kept_float: list[NodeSensitivity] = dataclasses.field(default_factory=list)
+    candidates: int = 0
     ranking: list[NodeSensitivity] = dataclasses.field(default_factory=list)
     evaluations: dict[str, int] = dataclasses.field(default_factory=dict)
     path: list[Step] = dataclasses.field(default_factory=list)
@@ -115,7 +119,7 @@ class TuneResult(ConversionResult):
             "low_mac_share": round(self.low_mac_share, 6),
             "kept_float": [s.name for s in self.kept_float],
             "kept_float_sensitivity": [s.to_dict() for s in self.kept_float],
-            "candidates": len(self.ranking),
+            "candidates": self.candidates,
             "evaluations": self.evaluations["subset"] + self.evaluations["full"],
             "evaluations_by_set": dict(self.evaluations),
             "seconds": round(self.seconds, 3),
@@ -132,7 +136,7 @@ class TuneResult(ConversionResult):
             f"  result            {'PASSED' if self.passed else 'NOT MET'}: {self.message}",
             f"  achieved          {self.metric} {achieved}",
             f"  low MAC share     {self.low_mac_share:.1%}",
-            f"  candidates        {len(self.ranking)}; kept float {len(self.kept_float)}",
+            f"  candidates        {self.candidates}; kept float {len(self.kept_float)}",
             f"  evaluations       {ev['full']} full-set + {ev['subset']} subset "
             f"(+ {ev['reference']} reference run)",
             f"  time              {self.seconds:.2f} s "
@@ -182,7 +186,8 @@ class _Search:
         self,
         target: Any,
         base: ir.Model,
-        ranked: list[NodeSensitivity],
+        candidates: Sequence[str],
+        measure: Callable[[], list[NodeSensitivity]],
         metric: Metric,
         samples: list[dict[str, np.ndarray]],
         reference: list[dict[str, np.ndarray]],
@@ -195,7 +200,9 @@ class _Search:
         self.base_bytes = ir.to_proto(base).SerializeToString()
         self.base_meta = {k: base.meta[k] for k in (CALIBRATION, SHAPES) if k in base.meta}
         self.macs = {n.name or "": int(n.meta.get(MACS, 0)) for n in iter_nodes(base.graph)}
-        self.ranked = ranked
+        self.order = list(candidates)  # ranked once measured
+        self.measure = measure
+        self.ranked: list[NodeSensitivity] = []
         self.metric = metric
         self.samples = samples
         self.reference = reference
@@ -205,6 +212,14 @@ class _Search:
         self.counts = {"subset": 0, "full": 0, "reference": 1}
         self.path: list[Step] = []
         self.full: dict[int, Step] = {}
+        self.moved_share: list[float] = []
+        self.energy: list[float] = []
+
+    def rank(self) -> None:
+        """Measure the sensitivities (only once the all-low model misses the budget)."""
+        ranked = self.measure()
+        self.ranked = ranked
+        self.order = [s.name for s in ranked]
         cumulative = np.cumsum([0] + [s.macs for s in ranked])
         total = float(sum(self.macs.values())) or 1.0
         self.moved_share = [float(c) / total for c in cumulative]
@@ -262,7 +277,7 @@ class _Search:
         model.meta.update(self.base_meta)
         for node in iter_nodes(model.graph):
             node.meta[MACS] = self.macs.get(node.name or "", 0)
-        names = [s.name for s in self.ranked[:k]]
+        names = self.order[:k]
         pipeline = self.target.pipeline(names, check=finish)
         annotate = pipeline.build("annotate", model)
         passes = [p for p in annotate.passes if not isinstance(p, CountMacsPass)]
@@ -326,15 +341,19 @@ class _Search:
 
     def run(self, subset_size: int) -> int | None:
         """The smallest ``k`` found to pass on the full set, or None."""
-        n = len(self.ranked)
+        n = len(self.order)
         _, each = self.score(0, None)
         if self.full[0].passed or n == 0:
             return 0 if self.full[0].passed else None
+        if self.exhausted():
+            return None
+        self.rank()
         lo = 0
         if self.metric.builtin and 0 < subset_size < len(self.samples):
             worst = self._worst(each, subset_size)
             hi = n
-            while (mid := self.next_subset_step(lo, hi)) is not None:
+            cap = math.ceil(math.log2(n)) + 2 if n > 1 else 1
+            while self.counts["subset"] < cap and (mid := self.next_subset_step(lo, hi)):
                 self.score(mid, worst)
                 if self.path[-1].passed:
                     hi = mid
@@ -445,26 +464,38 @@ def tune(
     base.meta[CALIBRATION] = calibrated.meta[CALIBRATION]
     base = kind.pipeline((), check=False).run(base, start="annotate", until="annotate")
     candidates = kind.candidates(base)
-    say(f"measuring the sensitivity of {len(candidates)} candidate node(s)")
-    # The annotated model still computes in FP32 (bf16: at the raised opset, where Cast
-    # takes bfloat16).
-    found = measure_sensitivity(
-        base, candidates, kind.rounder(base), samples[:SENSITIVITY_SAMPLES], threads=threads
-    )
-    ranked = rank(found)
+
+    def measure() -> list[NodeSensitivity]:
+        say(f"measuring the sensitivity of {len(candidates)} candidate node(s)")
+        # The annotated model still computes in FP32 (bf16: at the raised opset, where
+        # Cast takes bfloat16).
+        found = measure_sensitivity(
+            base, candidates, kind.rounder(base), samples[:SENSITIVITY_SAMPLES], threads=threads
+        )
+        return rank(found)
+
     reference_score = None
     search = _Search(
-        kind, base, ranked, resolved, samples, reference, None, max_evaluations, threads
+        kind,
+        base,
+        list(candidates),
+        measure,
+        resolved,
+        samples,
+        reference,
+        None,
+        max_evaluations,
+        threads,
     )
     if not resolved.builtin:
         assert resolved.user is not None
         with _session_for(fp32, threads) as session:
             reference_score = float(resolved.user(Candidate(fp32, session, samples)))
     search.budget = resolve_budget(resolved, budget, kind.name, reference_score)
-    say(f"searching over {len(ranked)} ranked candidate(s)")
+    say(f"searching over {len(candidates)} candidate(s)")
     subset = max(1, len(samples) // 4) if len(samples) >= 4 else 0
     best = search.run(subset)
-    n = len(ranked)
+    n = len(candidates)
     k = best if best is not None else n
     say("finishing the chosen model")
     t = time.perf_counter()
@@ -487,8 +518,9 @@ def tune(
         budget=search.budget,
         achieved=step.value if step is not None else None,
         passed=best is not None,
-        kept_float=[s for s in ranked if s.name not in search.last_low],
-        ranking=ranked,
+        kept_float=[s for s in search.ranked if s.name not in search.last_low],
+        ranking=search.ranked,
+        candidates=n,
         evaluations=dict(search.counts),
         path=list(search.path),
         low_mac_share=share,
