@@ -352,7 +352,7 @@ class _Search:
         if self.metric.builtin and 0 < subset_size < len(self.samples):
             worst = self._worst(each, subset_size)
             hi = n
-            cap = math.ceil(math.log2(n)) + 2 if n > 1 else 1
+            cap = math.ceil(math.log2(n)) if n > 1 else 1
             while self.counts["subset"] < cap and (mid := self.next_subset_step(lo, hi)):
                 self.score(mid, worst)
                 if self.path[-1].passed:
