@@ -277,3 +277,55 @@ def test_cli_budget_not_met_writes_nothing_and_exits_1(tmp_path, capsys):
     lines = [line for line in captured.err.splitlines() if line.startswith("mixprec:")]
     assert len(lines) == 1 and "not written" in lines[0], captured.err
     assert "Traceback" not in captured.err
+
+
+def test_candidates_inside_subgraphs_rank_last_unmeasured_and_the_budget_is_met():
+    """The instrumented run copies main-graph nodes only; a model whose low nodes all sit
+    in If branches is still tuned (its candidates in name order) and meets the budget."""
+    big = numpy_helper.from_array(np.array(BIG, np.float32), "big")
+
+    rng = np.random.default_rng(4)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), f"w{i}")
+        for i in range(2)
+    ]
+
+    def branch(name: str, weight: str) -> onnx.GraphProto:
+        nodes = [
+            helper.make_node("MatMul", ["x", weight], [f"{name}_m"], name=f"{name}_op"),
+            helper.make_node("Add", [f"{name}_m", "big"], [f"{name}_a"], name=f"{name}_add"),
+            helper.make_node("Sub", [f"{name}_a", "big"], [f"{name}_y"], name=f"{name}_sub"),
+        ]
+        out = helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [4, 8])
+        return helper.make_graph(nodes, name, [], [out])
+
+    graph = helper.make_graph(
+        [
+            helper.make_node(
+                "If",
+                ["c"],
+                ["y"],
+                name="branch",
+                then_branch=branch("then", "w0"),
+                else_branch=branch("else", "w1"),
+            )
+        ],
+        "with_if",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8]),
+            helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+        [big, *weights],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = [{"x": s["x"], "c": np.array(True)} for s in _data()]
+    result = mixprec.tune(model, "fp16", data, budget=1e-2)
+    assert result.passed, result.message
+    assert not result.path[0].passed and result.candidates >= 4, result.path
+    assert result.ranking and not any(s.measured for s in result.ranking)
+    assert [s.name for s in result.ranking] == sorted(s.name for s in result.ranking)
+    n = result.candidates
+    assert result.evaluations["full"] <= math.ceil(math.log2(n)) + 3
+    assert _measured_rel_l2(model, result.model_proto, data, emulated=True) <= 1e-2
