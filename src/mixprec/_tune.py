@@ -11,7 +11,7 @@
    bisected on the worst quarter of the samples (halving the MACs at stake, then the
    error energy at stake: :meth:`_Search.next_subset_step`), the subset's answer is
    confirmed on the full set, and if that fails the bisection goes on, on the full set,
-   above it (halving the node count, until the bracket holds < 0.5% of the MACs). At
+   above it (halving the node count, until the bracket holds < 1% of the MACs). At
    most ceil(log2 N) + 3 full-set evaluations; each evaluation is counted.
 4. The passing model with the largest low-precision MAC share is finished (cleanup,
    check) and returned with the nodes kept float, their sensitivity, and the search path.
@@ -49,7 +49,10 @@ logger = logging.getLogger(__name__)
 SENSITIVITY_SAMPLES = 2
 #: The bisection stops once the bracket's MACs differ by less than this share of the
 #: model's MACs: nodes without MACs cost no MAC share, so finer steps gain nothing.
-MAC_SHARE_RESOLUTION = 0.005
+MAC_SHARE_RESOLUTION = 0.01
+#: It first tries every node that costs no MACs, at once, when they hold at least this
+#: share of the candidates' error energy.
+FREE_ENERGY = 0.25
 #: Then, among nodes holding fewer MACs than that, it stops once the bracket holds less
 #: than this share of the candidates' error energy (squared sensitivity scores).
 ENERGY_RESOLUTION = 0.01
@@ -238,8 +241,9 @@ class _Search:
     def next_subset_step(self, lo: int, hi: int) -> int | None:
         """Where the subset bisection looks next, or None when it is done.
 
-        While the bracket holds >= 0.5% of the model's MACs it first tries every node
-        that costs no MACs beyond ``lo`` at once, then halves the MACs at stake; then,
+        While the bracket holds >= 1% of the model's MACs it first tries every node that
+        costs no MACs beyond ``lo`` at once (when they hold >= 25% of the error energy),
+        then halves the MACs at stake; then,
         among the rest, it halves the error energy (squared scores) at stake while that
         is >= 1% of the candidates' total, so fewer nodes go float (fewer casts) for the
         same MAC share.
@@ -252,7 +256,7 @@ class _Search:
             # First every node that costs no more MACs than ``lo`` does, all at once.
             free = int(np.searchsorted(np.asarray(self.moved_share), self.moved_share[lo], "right"))
             free -= 1
-            if lo < free < hi:
+            if lo < free < hi and self.energy[free] - self.energy[lo] >= FREE_ENERGY:
                 return free
             return self.midpoint(self.moved_share, lo, hi)
         if self.energy[hi] - self.energy[lo] >= ENERGY_RESOLUTION:
@@ -293,7 +297,7 @@ class _Search:
     def session(self, model: ir.Model) -> tuple[onnx.ModelProto, Any]:
         from mixprec._ort import OrtLoadError, make_session
 
-        proto, optimize = self.target.runnable(ir.to_proto(model))
+        proto, optimize = self.target.runnable(model)
         try:
             return proto, make_session(proto.SerializeToString(), self.threads, optimize=optimize)
         except OrtLoadError:

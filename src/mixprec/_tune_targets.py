@@ -67,8 +67,9 @@ class FloatTarget:
         low = self.config.policy.target_type
         return lambda graph, names: CastRounder(graph, names, low)
 
-    def runnable(self, proto: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
-        """The model to run in ONNX Runtime and whether to optimize it.
+    def runnable(self, model: ir.Model) -> tuple[onnx.ModelProto, bool]:
+        """The model (a disposable candidate, changed in place) to run in ONNX Runtime,
+        and whether to optimize it.
 
         Emulated in float32 (every low tensor rounded through the low dtype) unless
         ``mode="ort"`` and the target is float16: ONNX Runtime's CPU provider lacks
@@ -76,10 +77,10 @@ class FloatTarget:
         the rounding between them, hiding errors a GPU would show.
         """
         if self.name != "bfloat16" and self.mode == "ort":
-            return proto, True
-        from mixprec._emulate import emulate_low_precision
+            return ir.to_proto(model), True
+        from mixprec._emulate import EmulateLowPrecisionPass
 
-        return emulate_low_precision(proto), False
+        return ir.to_proto(EmulateLowPrecisionPass()(model).model), False
 
 
 class Int8Target:
@@ -137,8 +138,8 @@ class Int8Target:
         return lambda graph, names: QdqRounder(graph, names, stats, q)
 
     @staticmethod
-    def runnable(proto: onnx.ModelProto) -> tuple[onnx.ModelProto, bool]:
-        return proto, True
+    def runnable(model: ir.Model) -> tuple[onnx.ModelProto, bool]:
+        return ir.to_proto(model), True
 
 
 class QdqRounder(Rounder):
