@@ -3,6 +3,7 @@ run, what ONNX Runtime fuses into integer kernels, the CLI, and a real model."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -260,9 +261,13 @@ def test_non_finite_ranges_leave_their_nodes_float_with_a_reason():
 def test_speed_auto_times_placements_and_never_picks_one_slower_than_fp32():
     result = mixprec.quantize(_cnn(), _samples(2))
     speed = result.report.quantization["speed"]
-    ms = speed["ms"]
+    ms, ratio = speed["ms"], speed["ratio"]
     assert {"fp32", "all"} <= set(ms) and all(v > 0 for v in ms.values())
-    assert ms[speed["chosen"]] <= ms["fp32"]
+    assert ratio["fp32"] == 1.0 and speed["rounds"] >= 15
+    # a placement is kept only when clearly faster than FP32 (median paired ratio)
+    assert speed["chosen"] == "fp32" or ratio[speed["chosen"]] <= 0.95, speed["summary"]
+    if speed["chosen"] == "fp32":
+        assert min(r for k, r in ratio.items() if k != "fp32") > 0.95, speed["summary"]
     assert "INT8 placement timed on this CPU" in speed["summary"]
     onnx.checker.check_model(result.model_proto, full_check=True)
 
@@ -341,3 +346,106 @@ def test_mtcnn_onet_int8(corpus_dir: Path):
     for name in ref:
         assert _rel_l2(ref[name], got[name]) < 0.1, name
     assert np.array_equal(ref["softmax_2"].argmax(1), got["softmax_2"].argmax(1))
+
+
+def test_paired_timing_ratios_and_margin(monkeypatch):
+    """time_paired on a fake clock: ratios are per round against FP32, medians of them."""
+    from mixprec import _qspeed
+
+    clock = [0.0]
+    monkeypatch.setattr(_qspeed.time, "perf_counter", lambda: clock[0])
+    costs = {"fp32": 2e-3, "fast": 1e-3, "same": 1.96e-3}
+
+    class Fake:
+        def __init__(self, cost: float) -> None:
+            self.cost = cost
+
+        def run(self, _outputs, _feeds):
+            clock[0] += self.cost
+
+    sessions = {label: Fake(cost) for label, cost in costs.items()}
+    ms, ratio, rounds = _qspeed.time_paired(sessions, {})
+    assert rounds >= 15
+    assert ratio == pytest.approx({"fp32": 1.0, "fast": 0.5, "same": 0.98}), ratio
+    assert ms["fast"] == pytest.approx(1.0) and ms["fp32"] == pytest.approx(2.0), ms
+    # "same" is 2% faster: inside the noise margin, it would not be chosen
+    assert ratio["same"] > 1.0 - _qspeed.MARGIN >= ratio["fast"]
+
+
+# --- dynamic mode ------------------------------------------------------------------------------
+
+
+def _mlp() -> onnx.ModelProto:
+    """MatMul+Add -> Relu -> Gemm(transB) on [batch, 64] with a symbolic batch; a Conv-free
+    stand-in for a transformer's projections, plus an activation x activation MatMul."""
+    rng = np.random.default_rng(5)
+    w1 = numpy_helper.from_array((0.2 * rng.standard_normal((64, 96))).astype(np.float32), "w1")
+    b1 = numpy_helper.from_array((0.1 * rng.standard_normal(96)).astype(np.float32), "b1")
+    w2 = numpy_helper.from_array((0.2 * rng.standard_normal((32, 96))).astype(np.float32), "w2")
+    b2 = numpy_helper.from_array((0.1 * rng.standard_normal(32)).astype(np.float32), "b2")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="proj"),
+        helper.make_node("Add", ["b1", "h"], ["hb"], name="bias"),
+        helper.make_node("Relu", ["hb"], ["r"], name="relu"),
+        helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="fc", transB=1),
+        helper.make_node("Transpose", ["x"], ["xt"], name="t"),
+        helper.make_node("MatMul", ["x", "xt"], ["gram"], name="gram"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32]),
+            helper.make_tensor_value_info("gram", TensorProto.FLOAT, ["batch", "batch"]),
+        ],
+        [w1, b1, w2, b2],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_dynamic_mode_quantizes_weights_and_runs_fused_integer_kernels():
+    model = _mlp()
+    result = mixprec.quantize(model, mode="dynamic", speed="off")
+    proto = result.model_proto
+    onnx.checker.check_model(proto, full_check=True)
+    q = result.report.quantization
+    assert q["mode"] == "dynamic" and q["weights_quantized"] == 2, q
+    ops = _ops(proto)
+    assert ops["DynamicQuantizeLinear"] == 2 and ops["MatMulInteger"] == 2, ops
+    assert ops["MatMul"] == 1  # the activation x activation MatMul stays float
+    decisions = {n.name: (n.precision, n.reason) for n in result.report.nodes}
+    assert decisions["proj"][0] == "int8" and decisions["fc"][0] == "int8", decisions
+    assert decisions["gram"] == ("fp32", "weight is not a 2-D float32 constant"), decisions
+    # ONNX Runtime fuses each into one integer kernel (with the bias Add)
+    assert set(q["ort_kernels"]) >= {"MatMulIntegerToFloat"} or set(q["ort_kernels"]) >= {
+        "DynamicQuantizeMatMul"
+    }, q["ort_kernels"]
+    assert q["integer_kernel_mac_share"] is not None and q["integer_kernel_mac_share"] > 0.5, q
+    # numbers against the FP32 model, at two batch sizes (activations scaled per call)
+    for batch in (1, 7):
+        x = np.random.default_rng(batch).standard_normal((batch, 64)).astype(np.float32)
+        ref, got = run_ort(model, {"x": x}), run_ort(proto, {"x": x})
+        np.testing.assert_array_equal(got["gram"], ref["gram"])
+        assert _rel_l2(ref["y"], got["y"]) < 0.03, _rel_l2(ref["y"], got["y"])
+    # calibration data is not needed, and when given, only its shapes are used
+    assert not any("no calibration data" in n for n in result.report.notes)
+    given = mixprec.quantize(model, [{"x": np.ones((3, 64), np.float32)}], mode="dynamic",
+                             speed="off")  # fmt: skip
+    assert any("only gave the shapes" in n for n in given.report.notes)
+
+
+def test_cli_quantize_dynamic(tmp_path: Path, capsys):
+    src = tmp_path / "mlp.onnx"
+    onnx.save(_mlp(), src)
+    out = tmp_path / "mlp_int8.onnx"
+    rc = main(["quantize", str(src), "-o", str(out), "--dynamic", "--speed", "off",
+               "--validate", "--json"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    report = json.loads(captured.out)
+    assert report["quantization"]["mode"] == "dynamic", report["quantization"]
+    assert _ops(onnx.load(out))["MatMulInteger"] == 2

@@ -31,6 +31,7 @@ from onnx import helper
 
 from mixprec._emulate import element_types
 from mixprec._errors import MixprecError
+from mixprec._external import DATA_FOLDER, RELEASE_EVERY, release_mapped_pages
 from mixprec._feeds import Feeds, calibration_feeds, feeds_for
 from mixprec._graphs import all_graphs, is_constant_node
 from mixprec._observers import (
@@ -39,6 +40,7 @@ from mixprec._observers import (
     Observer,
     TensorStats,
     channel_range,
+    chunks_of,
     is_float_array,
     make_observer,
 )
@@ -103,7 +105,11 @@ def _constant_array(node: ir.Node) -> np.ndarray | None:
 
 def _weight_stats(array: np.ndarray, kind: str, bins: int, axis: int | None) -> TensorStats:
     observer = make_observer(kind, bins)
-    observer.update(array)
+    if kind in ("absmax", "minmax"):
+        for chunk in chunks_of(array):  # same result, no full-size temporaries
+            observer.update(chunk)
+    else:
+        observer.update(array)
     stats = observer.stats()
     if axis is None or array.ndim < 2 or array.size == 0:
         return stats
@@ -126,6 +132,8 @@ def static_stats(
                 continue
             if is_float_array(array):
                 found[name] = _weight_stats(np.asarray(array), kind, bins, _channel_axis(value))
+                if array.nbytes >= RELEASE_EVERY:
+                    release_mapped_pages(model)  # read once: let a mapped file's pages go
         for node in graph:
             if not is_constant_node(node) or not node.outputs[0].name:
                 continue
@@ -247,9 +255,10 @@ class _SampleRunner:
     ) -> None:
         if self._runner is None:
             # The fallback runs protos: large weights as in-memory placeholders.
-            proto, arrays = weightless_proto(self._model)
+            folder = self._model.meta.get(DATA_FOLDER)
+            proto, arrays = weightless_proto(self._model, data_folder=folder)
             self._external.update(arrays)
-            self._runner = VariantRunner(proto, self._threads, self._external)
+            self._runner = VariantRunner(proto, self._threads, self._external, folder)
         runner = self._runner
         wanted = {name for name, _ in pending}
         originals = runner.original_outputs

@@ -69,7 +69,9 @@ class ConversionResult:
         save_model(self.model, path, external_data=external_data)
 
 
-def _load(model: ModelLike, base_dir: str | os.PathLike[str] | None = None) -> tuple[ir.Model, str]:
+def load_input(
+    model: ModelLike, base_dir: str | os.PathLike[str] | None = None
+) -> tuple[ir.Model, str]:
     """A private copy of ``model`` and the form it came in ("ir", "proto" or "path").
 
     External data is read (and checked) here, through :mod:`mixprec._external`: from the
@@ -176,7 +178,7 @@ def _run(
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     say("loading")
-    work, kind = _load(model, base_dir)
+    work, kind = load_input(model, base_dir)
     report = Report(target=config.target, policy=config.policy.to_dict())
     report.notes.extend(_notes_about_input(work))
     original_proto = ir.to_proto(work) if config.log_dir is not None else None

@@ -19,6 +19,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from mixprec._errors import MixprecError
+from mixprec._external import DATA_FOLDER
 from mixprec._ort import PROTO_LIMIT, check_external, external_skeleton, make_session, run_session
 from mixprec._protos import weightless_proto
 
@@ -69,7 +70,10 @@ class ProbeSession:
                 added.extend(nodes)
                 model.graph.outputs.extend(n.outputs[0] for n in nodes)
                 probes.append((name, *(n.outputs[0].name or "" for n in nodes)))  # type: ignore[arg-type]
-            augmented, detached = weightless_proto(model)  # ORT parses no weight bytes
+            folder = model.meta.get(DATA_FOLDER)
+            # ORT parses no weight bytes: it maps the model's own data files (no copy) and
+            # takes other large weights from memory.
+            augmented, detached = weightless_proto(model, data_folder=folder)
         finally:
             del model.graph.outputs[outputs_before:]
             for node in reversed(added):
@@ -77,7 +81,12 @@ class ProbeSession:
         detached.update(external or {})
         try:
             session = make_session(
-                augmented.SerializeToString(), threads, in_order=True, external=detached
+                augmented.SerializeToString(),
+                threads,
+                in_order=True,
+                external=detached,
+                prepack=False,  # calibration runs a few samples: no second weight copy
+                data_folder=folder,
             )
         except MixprecError as e:
             logger.debug("range analysis: probe session failed (%s); fetching tensors", e)
@@ -127,8 +136,10 @@ class VariantRunner:
         model: onnx.ModelProto,
         threads: int,
         external: Mapping[str, np.ndarray] | None = None,
+        data_folder: str | None = None,
     ):
         self._external = external
+        self._data_folder = data_folder
         self.original_outputs = [_copy_vi(vi) for vi in model.graph.output]
         self._threads = threads
         self._dir: tempfile.TemporaryDirectory[str] | None = None
@@ -169,7 +180,12 @@ class VariantRunner:
             del graph.output[:]
             graph.output.extend(self.original_outputs)
         session = make_session(
-            source, self._threads, owned=self._dir is not None, external=self._external
+            source,
+            self._threads,
+            owned=self._dir is not None,
+            external=self._external,
+            prepack=False,
+            data_folder=self._data_folder,
         )
         self._cached = (key, session)
         return session

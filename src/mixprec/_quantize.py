@@ -15,7 +15,6 @@ import dataclasses
 import logging
 import os
 import platform
-import re
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -33,11 +32,12 @@ from mixprec._opset import upgrade_to
 from mixprec._pipeline import Pipeline, Stage
 from mixprec._policy import default_policy
 from mixprec._qdq import QuantizeQDQPass, QuantizeQDQResult
+from mixprec._qdynamic import QuantizeDynamicPass, QuantizeDynamicResult
 from mixprec._qparams import METHODS
 from mixprec._qplan import AnnotateInt8Pass, int8_decision
 from mixprec._report import NodeReport, Report
 
-__all__ = ["QuantizeConfig", "integer_kernel_share", "quantize"]
+__all__ = ["QuantizeConfig", "int8_node_reports", "integer_kernel_share", "quantize"]
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +99,8 @@ class QuantizeConfig:
         speed: "auto" times candidate placements on this machine (all INT8 nodes; without
             depthwise convolutions; only the large Conv/MatMul/Gemm) against the FP32 model
             and keeps the fastest, never one slower than FP32; "off" quantizes all.
+        mode: "static" (calibrated Q/DQ pairs) or "dynamic" (MatMul/Gemm weights INT8
+            offline, activations quantized per call at run time; no calibration).
     """
 
     method: str = "minmax"
@@ -110,8 +112,11 @@ class QuantizeConfig:
     check: bool = True
     log_dir: Path | None = None
     speed: str = "auto"
+    mode: str = "static"
 
     def __post_init__(self) -> None:
+        if self.mode not in ("static", "dynamic"):
+            raise MixprecError(f"mode must be 'static' or 'dynamic', not {self.mode!r}")
         if self.speed not in ("auto", "off"):
             raise MixprecError(f"speed must be 'auto' or 'off', not {self.speed!r}")
         if self.method not in METHODS:
@@ -158,15 +163,25 @@ class QuantizePipeline(Pipeline):
     def build(self, name: str, model: ir.Model) -> Stage:
         q = self.qconfig
         if name == "calibrate":
-            return Stage(
-                name, CalibratePass(q.shapes, self.calibration_data, observer=self.config.observer)
+            # Dynamic mode measures ranges at run time: given data only shows the shapes
+            # (MAC counts, the speed plan's inputs).
+            run = q.mode == "static" or self.calibration_data is not None
+            calibrate = CalibratePass(
+                q.shapes, self.calibration_data, observer=self.config.observer, run=run
             )
+            return Stage(name, calibrate)
         if name == "annotate":
             passes: list[ir.passes.PassBase] = []
             opset = model.opset_imports.get("", 1)
-            if q.per_channel and opset < PER_CHANNEL_OPSET:
+            if q.per_channel and q.mode == "static" and opset < PER_CHANNEL_OPSET:
                 passes.append(upgrade_to(PER_CHANNEL_OPSET))
-            return Stage(name, *passes, CountMacsPass(), AnnotateInt8Pass(q.exclude_nodes))
+            annotate = AnnotateInt8Pass(q.exclude_nodes, dynamic=q.mode == "dynamic")
+            return Stage(name, *passes, CountMacsPass(), annotate)
+        if name == "apply" and q.mode == "dynamic":
+            dynamic_pass = QuantizeDynamicPass(
+                per_channel=q.per_channel, reduce_range=q.reduce_range
+            )
+            return Stage(name, dynamic_pass, common.RemoveUnusedNodesPass())
         if name == "apply":
             return Stage(
                 name,
@@ -182,13 +197,15 @@ class QuantizePipeline(Pipeline):
 
 
 def integer_kernel_share(
-    proto: onnx.ModelProto, macs: Mapping[str, int]
+    proto: onnx.ModelProto, macs: Mapping[str, int], outputs: Mapping[str, str] | None = None
 ) -> tuple[float | None, dict[str, int]]:
     """Share of the given nodes' MACs that ONNX Runtime's CPU provider runs in integer
     kernels, read from its optimized graph, and the count of each compute kernel there.
 
     A fused integer kernel writes the output of the QuantizeLinear that followed the
-    node (or the Relu/Clip it absorbed), so kernels are traced back by that name.
+    node (or the Relu/Clip it absorbed), so kernels are traced back by that name;
+    ``outputs`` adds other output -> node pairs (a dynamic MatMul's fused kernel writes
+    the original MatMul's output).
     """
     import onnxruntime as ort
 
@@ -204,7 +221,7 @@ def integer_kernel_share(
         n.op_type for n in optimized.graph.node if n.op_type in INTEGER_KERNELS | FLOAT_KERNELS
     )
     producer = {out: node for node in proto.graph.node for out in node.output}
-    source: dict[str, str] = {}  # Q output -> the compute node it quantizes
+    source: dict[str, str] = dict(outputs or {})  # Q output -> the compute node it quantizes
     for node in proto.graph.node:
         if node.op_type != "QuantizeLinear":
             continue
@@ -213,6 +230,12 @@ def integer_kernel_share(
             before = producer.get(before.input[0])
         if before is not None and before.name in macs:
             source[node.output[0]] = before.name
+    # A fused kernel may also absorb the bias Add that follows (MatMulIntegerToFloat).
+    readers = Counter(name for node in proto.graph.node for name in node.input)
+    for node in proto.graph.node:
+        fed = [name for name in node.input if name in source and readers[name] == 1]
+        if node.op_type == "Add" and len(fed) == 1:
+            source.setdefault(node.output[0], source[fed[0]])
     integer = sum(
         macs[source[out]]
         for n in optimized.graph.node
@@ -233,6 +256,7 @@ def quantize(
     *,
     config: QuantizeConfig | None = None,
     progress: Callable[[str], None] | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Any:
     """Post-training static INT8 quantization in QDQ form.
@@ -244,6 +268,8 @@ def quantize(
             synthetic data say nothing about real accuracy.
         config: a ready :class:`QuantizeConfig`; ``options`` then replace its fields.
         progress: called with a short message at each stage.
+        base_dir: the folder an in-memory model's external data is read from (as for
+            :func:`~mixprec.convert`); a path's own folder otherwise.
         **options: the fields of :class:`QuantizeConfig` (``method``, ``activations``,
             ``per_channel``, ``exclude_nodes``, ``shapes``, ``fold_batchnorm``, ``check``,
             ``log_dir``). ``max_drop=X`` tunes instead (:func:`mixprec.tune`, target int8,
@@ -258,11 +284,11 @@ def quantize(
         >>> result = mixprec.quantize("model.onnx", batches, method="entropy")  # doctest: +SKIP
         >>> result.save("model_int8.onnx")                                      # doctest: +SKIP
     """
-    from mixprec._convert import ConversionResult, _load, _notes_about_input
+    from mixprec._convert import ConversionResult, _notes_about_input, load_input
 
     if options.get("max_drop") is not None:
-        if config is not None:
-            raise MixprecError("max_drop= takes keyword options, not config=")
+        if config is not None or base_dir is not None:
+            raise MixprecError("max_drop= takes keyword options, not config= or base_dir=")
         return _tune_int8(model, calibration_data, progress, options)
     options.pop("max_drop", None)
     try:
@@ -271,10 +297,16 @@ def quantize(
         raise MixprecError(f"quantize: {exc}") from None
     say = progress or (lambda _msg: None)
     say("loading")
-    work, kind = _load(model)
+    work, kind = load_input(model, base_dir)
     report = Report(target="int8", policy={"quantize": _config_dict(config)})
     report.notes.extend(_notes_about_input(work))
-    if calibration_data is None:
+    if config.mode == "dynamic":
+        if calibration_data is not None:
+            report.notes.append(
+                "dynamic mode: activation ranges are measured at run time; the calibration "
+                "data only gave the shapes (MAC counts, the speed plan's inputs)"
+            )
+    elif calibration_data is None:
         message = (
             "no calibration data: scales come from one synthetic sample and say nothing "
             "about accuracy on real inputs; give calibration_data / --calibration-data"
@@ -286,7 +318,7 @@ def quantize(
     speed: dict[str, object] | None = None
     if config.speed == "auto":
         say("timing candidate INT8 placements")
-        excluded, speed = choose_placement(work, config)
+        excluded, speed = _timed_placement(work, config)
         pipeline.qconfig = dataclasses.replace(config, exclude_nodes=excluded)
     work = pipeline.run(work, start="annotate")
     report.timings = dict(pipeline.timings)
@@ -311,100 +343,26 @@ def _tune_int8(
     return tune(model, "int8", data, metric=metric, budget=budget, progress=progress, **options)
 
 
-def _depthwise(model: ir.Model) -> list[str]:
-    names = []
-    for node in model.graph:
-        group = node.attributes.get("group")
-        weight = node.inputs[1] if len(node.inputs) > 1 else None
-        if node.op_type != "Conv" or group is None or group.as_int() <= 1 or weight is None:
-            continue
-        shape = weight.shape
-        if shape is not None and len(shape) > 1 and shape[1] == 1:
-            names.append(node.name or "")
-    return names
-
-
-def _candidates(model: ir.Model, config: QuantizeConfig) -> dict[str, tuple[str, ...]]:
-    """Placements to time: extra exclusions by name, on top of the user's."""
-    probe = ir.from_proto(ir.to_proto(model))
-    probe.meta.update(model.meta)
-    CountMacsPass()(probe)
-    macs = {n.name or "": int(n.meta.get(MACS, 0)) for n in probe.graph}
-    total = sum(macs.values()) or 1
-    depthwise = _depthwise(probe)
-    small = [n for n, m in macs.items() if m and m < 0.01 * total]
-    found = {"all": (), "no depthwise Conv": tuple(depthwise)}
-    found["only Conv/MatMul/Gemm with >= 1% of the MACs"] = tuple(dict.fromkeys(depthwise + small))
-    unique: dict[tuple[str, ...], str] = {}
-    for label, names in found.items():
-        unique.setdefault(names, label)
-    return {
-        label: tuple(config.exclude_nodes) + tuple(re.escape(n) for n in names)
-        for names, label in unique.items()
-    }
-
-
-def choose_placement(
-    model: ir.Model, config: QuantizeConfig, rounds: int = 12
+def _timed_placement(
+    model: ir.Model, config: QuantizeConfig
 ) -> tuple[tuple[str, ...], dict[str, object]]:
-    """Quantize ``model`` (calibrated, not yet annotated) under each candidate placement,
-    time each against the FP32 model in ONNX Runtime (2 threads, interleaved runs, median)
-    and return the exclusions of the fastest that is not slower than FP32."""
-    import time
-
-    import numpy as np
-    import onnxruntime as ort
-
+    """The exclusions of the fastest INT8 placement on this CPU (:mod:`mixprec._qspeed`),
+    timed at the calibration's input shapes."""
     from mixprec._feeds import feeds_for, make_inputs
     from mixprec._measure import calibration_of
-
-    def session(proto: onnx.ModelProto) -> ort.InferenceSession:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 2
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3
-        return ort.InferenceSession(
-            proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
+    from mixprec._qspeed import candidate_placements, choose_placement
 
     base = ir.to_proto(model)
-    feeds, _ = make_inputs(model, shapes=calibration_of(model).input_shapes, seed=0)
-    feeds = feeds_for(model, feeds)
-    sessions = {"fp32": session(base)}
-    plans = _candidates(model, config)
-    for label, excluded in plans.items():
+
+    def build(excluded: tuple[str, ...]) -> onnx.ModelProto:
         copy = ir.from_proto(base)
         copy.meta.update(model.meta)
         trial = QuantizePipeline(dataclasses.replace(config, exclude_nodes=excluded, check=False))
-        sessions[label] = session(ir.to_proto(trial.run(copy, start="annotate", until="apply")))
-    # Each measurement repeats the run until it lasts >= 5 ms (tiny models are all noise
-    # otherwise); sessions take turns, so drifts in machine load hit every candidate alike.
-    start = time.perf_counter()
-    sessions["fp32"].run(None, feeds)
-    repeat = max(1, int(0.005 / max(time.perf_counter() - start, 1e-6)))
-    times: dict[str, list[float]] = {k: [] for k in sessions}
-    for k in range(rounds + 2):
-        for label, sess in sessions.items():
-            start = time.perf_counter()
-            for _ in range(repeat):
-                sess.run(None, feeds)
-            if k >= 2:  # two warm-up rounds
-                times[label].append((time.perf_counter() - start) / repeat)
-    ms = {label: float(np.median(t)) * 1e3 for label, t in times.items()}
-    best = min(plans, key=lambda label: ms[label])
-    chosen = best if ms[best] <= ms["fp32"] else "fp32"
-    excluded = plans[best] if chosen != "fp32" else (".*",)
-    summary = (
-        f"INT8 placement timed on this CPU (ms, median of {rounds}): "
-        + ", ".join(f"{label} {value:.2f}" for label, value in ms.items())
-        + f"; chose {chosen!r}"
-        + (
-            " (every INT8 placement was slower than FP32: the model stays float)"
-            if chosen == "fp32"
-            else f", {ms[chosen] / ms['fp32']:.2f}x FP32"
-        )
-    )
-    return excluded, {"ms": ms, "chosen": chosen, "summary": summary}
+        return ir.to_proto(trial.run(copy, start="annotate", until="apply"))
+
+    feeds, _ = make_inputs(model, shapes=calibration_of(model).input_shapes, seed=0)
+    placements = candidate_placements(model, tuple(config.exclude_nodes))
+    return choose_placement(model, placements, build, feeds_for(model, feeds))
 
 
 def _config_dict(config: QuantizeConfig) -> dict[str, object]:
@@ -415,12 +373,9 @@ def _config_dict(config: QuantizeConfig) -> dict[str, object]:
     return data
 
 
-def _fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) -> None:
-    from mixprec._convert import _report_stages
-
-    _report_stages(report, pipeline.stages, model)
-    report.calibrated = True
-    report.nodes = [
+def int8_node_reports(model: ir.Model) -> list[NodeReport]:
+    """The report rows of the INT8 decisions recorded on the main graph's nodes."""
+    return [
         NodeReport(
             name=node.name or "",
             op_type=node.op_type,
@@ -433,19 +388,38 @@ def _fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) ->
         for node in model.graph
         if (d := int8_decision(node)) is not None and node.op_type not in _QDQ_OPS
     ]
+
+
+def _fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) -> None:
+    from mixprec._convert import _report_stages
+
+    _report_stages(report, pipeline.stages, model)
+    report.nodes = int8_node_reports(model)
+    report.calibrated = pipeline.qconfig.mode == "static"
     applied = pipeline.stages["apply"].result(QuantizeQDQResult)
+    dynamic = pipeline.stages["apply"].result(QuantizeDynamicResult)
     if applied is not None:
         report.quantization = {
+            "mode": "static",
             "tensors": applied.tensors,
             "weights_quantized": applied.weights,
             "biases_int32": applied.biases,
             "float_biases": applied.float_biases,
             "left_float": applied.left_float,
         }
+    elif dynamic is not None:
+        report.quantization = {
+            "mode": "dynamic",
+            "tensors": dynamic.tensors,
+            "weights_quantized": dynamic.weights,
+            "left_float": dynamic.left_float,
+        }
     # The share is over every Conv/MatMul/Gemm MAC of the model, INT8-planned or not.
     macs = {n.name: n.macs for n in report.nodes if n.macs}
     try:
-        share, kinds = integer_kernel_share(ir.to_proto(model), macs)
+        share, kinds = integer_kernel_share(
+            ir.to_proto(model), macs, dynamic.outputs if dynamic is not None else None
+        )
     except Exception as exc:  # the check stage already passed: report, do not fail
         report.notes.append(f"could not read ONNX Runtime's optimized graph: {exc}")
         return

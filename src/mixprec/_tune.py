@@ -436,7 +436,7 @@ def tune(
         >>> r = mixprec.tune("m.onnx", "fp16", "samples.npz", budget=1e-3)  # doctest: +SKIP
         >>> r.passed, r.low_mac_share, [s.name for s in r.kept_float]     # doctest: +SKIP
     """
-    from mixprec._convert import _load, _report_stages
+    from mixprec._convert import _report_stages, load_input
     from mixprec._feeds import feeds_for
     from mixprec._ort import _session_for, run_session
     from mixprec._report import Report
@@ -452,7 +452,7 @@ def tune(
     t0 = time.perf_counter()
     kind = make_target(target, options, mode)
     resolved = _resolve_metric(metric)
-    work, input_kind = _load(model)
+    work, input_kind = load_input(model)
     samples = _samples(data, work, options.get("shapes"))
     say(f"preparing and calibrating on {len(samples)} sample(s)")
     pipeline = kind.pipeline(
