@@ -262,6 +262,9 @@ def test_cli_json_is_one_object_and_the_model_is_written(tmp_path, capsys):
     log = json.loads((tmp_path / "log" / "tune.json").read_text())
     assert len(log["ranking"]) == 5 and log["ranking"][0]["name"] in ("add_big", "sub_big")
     assert (tmp_path / "log" / "tune.png").exists() or "matplotlib" in log["notes"][0]
+    page = (tmp_path / "log" / "tune.html").read_text()
+    assert "<th>tuner result</th><td>passed: 1 of 5 candidate node(s)" in page
+    assert page.count("<circle ") == len(log["path"])  # the search curve, one dot a step
     measured = _measured_rel_l2(_cancel_model(), onnx.load(out), _data(), emulated=True)
     assert measured <= 1e-2 and math.isclose(measured, data["achieved"], rel_tol=1e-3)
 

@@ -1,5 +1,7 @@
-"""The tuner's log folder: ``tune.json`` (the result and the search path) and
-``tune.png``, the metric against the low-precision MAC share along the path.
+"""The tuner's log folder: ``tune.json`` (the result and the search path),
+``tune.png``, the metric against the low-precision MAC share along the path, and
+``tune.html``, the tuned model's report page (:mod:`mixprec._html`) with the tuner's
+summary rows and the same search curve.
 
 matplotlib is an optional extra (``pip install mixprec[plot]``), imported only here;
 without it the plot is skipped with a note in ``tune.json`` and the log.
@@ -9,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 JSON_FILE = "tune.json"
 PLOT_FILE = "tune.png"
+PAGE_FILE = "tune.html"
 
 
 def _plot(result: TuneResult, path: Path) -> str | None:
@@ -64,6 +68,27 @@ def _plot(result: TuneResult, path: Path) -> str | None:
     return None
 
 
+def _page(result: TuneResult, path: Path) -> None:
+    from mixprec._html import write_report_html
+
+    ev = result.evaluations
+    extra: dict[str, object] = {
+        "tuner budget": result.budget.text if result.budget else "",
+        "tuner result": ("passed: " if result.passed else "not met: ") + result.message,
+        "tuner evaluations": f"{ev['full']} full-set + {ev['subset']} subset",
+        "kept float by the tuner": ", ".join(s.name for s in result.kept_float[:20])
+        + (f" (+{len(result.kept_float) - 20})" if len(result.kept_float) > 20 else ""),
+    }
+    curve = [(s.low_mac_share, s.value) for s in result.path if math.isfinite(s.value)]
+    write_report_html(
+        result,
+        path,
+        extra=extra,
+        curve=curve,
+        curve_labels=(f"MAC share in {result.target}", result.metric),
+    )
+
+
 def write_tune_log(folder: str | os.PathLike[str], result: TuneResult) -> list[str]:
     """Write ``tune.json`` and ``tune.png`` into ``folder``; returns the notes."""
     out = Path(folder)
@@ -73,6 +98,7 @@ def write_tune_log(folder: str | os.PathLike[str], result: TuneResult) -> list[s
     if note is not None:
         logger.warning(note)
         notes.append(note)
+    _page(result, out / PAGE_FILE)
     data = result.to_dict()
     data["ranking"] = [s.to_dict() for s in result.ranking]
     data["notes"] = notes
