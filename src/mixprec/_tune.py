@@ -13,7 +13,11 @@
    confirmed on the full set, and if that fails the bisection goes on, on the full set,
    above it (halving the node count, until the bracket holds < 1% of the MACs). At
    most ceil(log2 N) + 3 full-set evaluations; each evaluation is counted.
-4. The passing model with the largest low-precision MAC share is finished (cleanup,
+4. Give-back: the heaviest float nodes are handed back to low precision one at a time,
+   each kept if the budget still holds (on the worst samples, confirmed on all); the
+   refinements (this and the error-energy steps) stop at 8x an estimated plain
+   conversion's time.
+5. The passing model with the largest low-precision MAC share is finished (cleanup,
    check) and returned with the nodes kept float, their sensitivity, and the search path.
 """
 
@@ -53,6 +57,9 @@ MAC_SHARE_RESOLUTION = 0.01
 #: It first tries every node that costs no MACs, at once, when they hold at least this
 #: share of the candidates' error energy.
 FREE_ENERGY = 0.25
+#: The give-back refinement (heavy float nodes handed back one at a time) stops once the
+#: tuning has taken this many times an estimated plain conversion.
+REFINE_TIME_FACTOR = 8.0
 #: Then, among nodes holding fewer MACs than that, it stops once the bracket holds less
 #: than this share of the candidates' error energy (squared sensitivity scores).
 ENERGY_RESOLUTION = 0.01
@@ -214,7 +221,9 @@ class _Search:
         self.threads = threads
         self.counts = {"subset": 0, "full": 0, "reference": 1}
         self.path: list[Step] = []
-        self.full: dict[int, Step] = {}
+        self.full: dict[int, Step] = {}  # by k, the ranked prefix moved to float
+        self.passing: list[tuple[tuple[str, ...], Step]] = []  # full-set passes
+        self.deadline = math.inf  # the give-back refinement stops here (perf_counter)
         self.moved_share: list[float] = []
         self.energy: list[float] = []
 
@@ -260,6 +269,8 @@ class _Search:
                 return free
             return self.midpoint(self.moved_share, lo, hi)
         if self.energy[hi] - self.energy[lo] >= ENERGY_RESOLUTION:
+            if time.perf_counter() > self.deadline:
+                return None  # a refinement, like the give-back: within the time budget
             return self.midpoint(self.energy, lo, hi)
         return None
 
@@ -274,15 +285,18 @@ class _Search:
         used = self.counts["subset"] + self.counts["full"]
         return self.max_evaluations is not None and used >= self.max_evaluations
 
-    def build(self, k: int, *, finish: bool) -> tuple[ir.Model, float]:
-        """Candidate ``k``: the first ``k`` ranked nodes moved to float. Annotate re-runs
-        without counting MACs again (they and the shapes are the base model's)."""
+    def names(self, k: int | Sequence[str]) -> list[str]:
+        return self.order[:k] if isinstance(k, int) else list(k)
+
+    def build(self, k: int | Sequence[str], *, finish: bool) -> tuple[ir.Model, float]:
+        """Candidate ``k``: the first ``k`` ranked nodes (or the nodes named) moved to
+        float. Annotate re-runs without counting MACs again (they and the shapes are the
+        base model's)."""
         model = ir.from_proto(onnx.ModelProto.FromString(self.base_bytes))
         model.meta.update(self.base_meta)
         for node in iter_nodes(model.graph):
             node.meta[MACS] = self.macs.get(node.name or "", 0)
-        names = self.order[:k]
-        pipeline = self.target.pipeline(names, check=finish)
+        pipeline = self.target.pipeline(self.names(k), check=finish)
         annotate = pipeline.build("annotate", model)
         passes = [p for p in annotate.passes if not isinstance(p, CountMacsPass)]
         stage = Stage("annotate", *passes)
@@ -308,7 +322,9 @@ class _Search:
             proto = emulate_low_precision(proto)
             return proto, make_session(proto.SerializeToString(), self.threads, optimize=False)
 
-    def score(self, k: int, subset: Sequence[int] | None) -> tuple[float, list[float]]:
+    def score(
+        self, k: int | Sequence[str], subset: Sequence[int] | None
+    ) -> tuple[float, list[float]]:
         """The metric of candidate ``k`` on ``subset`` (indices) or every sample, and the
         per-sample values (built-in metrics on the full set only)."""
         t = time.perf_counter()
@@ -329,13 +345,17 @@ class _Search:
             value = float(self.metric.user(Candidate(proto, session, samples)))
         self.counts["subset" if subset is not None else "full"] += 1
         passed = self.budget.met(value) if self.budget is not None else False
-        step = Step(k, subset is not None, value, passed, share, time.perf_counter() - t)
+        moved = self.names(k)
+        step = Step(len(moved), subset is not None, value, passed, share, time.perf_counter() - t)
         self.path.append(step)
         if subset is None:
-            self.full[k] = step
+            if isinstance(k, int):
+                self.full[k] = step
+            if passed:
+                self.passing.append((tuple(moved), step))
         logger.info(
             "tune: %d kept float, %s: %s %.6g (%s)",
-            k,
+            len(moved),
             "subset" if subset is not None else "full",
             self.metric.name,
             value,
@@ -343,33 +363,24 @@ class _Search:
         )
         return value, each
 
-    def run(self, subset_size: int) -> int | None:
-        """The smallest ``k`` found to pass on the full set, or None."""
+    def run(self, subset_size: int) -> tuple[str, ...] | None:
+        """The nodes to move to float: the passing candidate with the largest MAC share
+        found on the full set, or None."""
         n = len(self.order)
         _, each = self.score(0, None)
         if self.full[0].passed or n == 0:
-            return 0 if self.full[0].passed else None
+            return () if self.full[0].passed else None
         if self.exhausted():
             return None
         self.rank()
         lo = 0
+        worst: list[int] | None = None
         if self.metric.builtin and 0 < subset_size < len(self.samples):
             worst = self._worst(each, subset_size)
-            hi = n
-            cap = math.ceil(math.log2(n)) if n > 1 else 1
-            while self.counts["subset"] < cap and (mid := self.next_subset_step(lo, hi)):
-                self.score(mid, worst)
-                if self.path[-1].passed:
-                    hi = mid
-                else:
-                    lo = mid
-            if hi < n and not self.exhausted():
-                self.score(hi, None)
-                if self.full[hi].passed:
-                    return hi
-                lo = hi
-            else:
-                lo = 0
+            found = self._bisect_subset(worst)
+            if found is not None:
+                return self._give_back(found, worst)
+            lo = next((k for k, s in self.full.items() if k > 0 and not s.passed), 0)
         hi = n
         while self.open_bracket(lo, hi):
             mid = (lo + hi) // 2
@@ -380,8 +391,60 @@ class _Search:
                 lo = mid
         if hi not in self.full and not self.exhausted():
             self.score(hi, None)
-        passing = [k for k, s in self.full.items() if s.passed]
-        return max(passing, key=lambda k: (self.full[k].low_mac_share, -k)) if passing else None
+        if not self.passing:
+            return None
+        best = max(self.passing, key=lambda p: (p[1].low_mac_share, -len(p[0])))[0]
+        return self._give_back(best, worst)
+
+    def _bisect_subset(self, worst: list[int]) -> tuple[str, ...] | None:
+        """Bisect on the worst samples, confirm on all: the prefix if confirmed."""
+        n = len(self.order)
+        lo, hi = 0, n
+        cap = math.ceil(math.log2(n)) if n > 1 else 1
+        while self.counts["subset"] < cap and (mid := self.next_subset_step(lo, hi)):
+            self.score(mid, worst)
+            if self.path[-1].passed:
+                hi = mid
+            else:
+                lo = mid
+        if hi < n and not self.exhausted():
+            self.score(hi, None)
+            if self.full[hi].passed:
+                return tuple(self.order[:hi])
+        return None
+
+    def _give_back(self, moved: tuple[str, ...], worst: list[int] | None) -> tuple[str, ...]:
+        """Greedy refinement: hand the heaviest float nodes back to low precision one at a
+        time, keeping each whose return still meets the budget (on the worst samples,
+        then confirmed on all). Tries: what the subset allowance (ceil(log2 N)) left, at
+        least 2; never past the full-set bound or the time budget."""
+        n = len(self.order)
+        bound = math.ceil(math.log2(n)) + 3 if n > 1 else 4
+        if worst is None:
+            tries = bound - self.counts["full"]
+        else:
+            tries = max(2, math.ceil(math.log2(max(n, 2))) - self.counts["subset"])
+        heavy = [m for m in sorted(moved, key=lambda m: -self.macs.get(m, 0)) if self.macs.get(m)]
+        kept = list(moved)
+        changed = False
+        for name in heavy[:tries]:
+            if self.exhausted() or time.perf_counter() > self.deadline:
+                break
+            if worst is None and self.counts["full"] >= bound:
+                break
+            trial = [m for m in kept if m != name]
+            self.score(trial, worst)
+            if self.path[-1].passed:
+                kept, changed = trial, True
+        if not changed:
+            return moved
+        if worst is None:
+            return tuple(kept)  # scored on every sample already
+        if self.counts["full"] < bound and not self.exhausted():
+            self.score(kept, None)
+            if self.path[-1].passed:
+                return tuple(kept)
+        return moved
 
     def _worst(self, each: list[float], size: int) -> list[int]:
         order = sorted(
@@ -498,12 +561,15 @@ def tune(
     search.budget = resolve_budget(resolved, budget, kind.name, reference_score)
     say(f"searching over {len(candidates)} candidate(s)")
     subset = max(1, len(samples) // 4) if len(samples) >= 4 else 0
+    # The give-back refinement stops once tuning has taken REFINE_TIME_FACTOR times a
+    # plain conversion (estimated: prepare + calibrate, plus 30% for the other stages).
+    search.deadline = t0 + REFINE_TIME_FACTOR * 1.3 * (time.perf_counter() - t0)
     best = search.run(subset)
     n = len(candidates)
-    k = best if best is not None else n
+    moved = best if best is not None else tuple(search.order)
     say("finishing the chosen model")
     t = time.perf_counter()
-    final, share = search.build(k, finish=True)
+    final, share = search.build(moved, finish=True)
     plain += time.perf_counter() - t
     report = Report(target=kind.name)
     if kind.int8:
@@ -512,7 +578,9 @@ def tune(
         _fill_report(report, search.last_pipeline, final)
     else:
         _report_stages(report, search.last_pipeline.stages, final)
-    step = search.full.get(k)
+    step = next((st for names, st in search.passing if names == best), None)
+    if best is None:
+        step = search.full.get(n)
     result = TuneResult(
         final,
         report,
@@ -540,14 +608,14 @@ def tune(
     return result
 
 
-def _message(result: TuneResult, n: int, best: int | None, search: _Search) -> str:
+def _message(result: TuneResult, n: int, best: tuple[str, ...] | None, search: _Search) -> str:
     text = result.budget.text if result.budget else "the budget"
-    if best == 0:
+    if best == ():
         return f"every candidate stays {result.target}: the all-low model meets {text}"
     if best is not None:
-        followed = len(result.kept_float) - best
+        followed = len(result.kept_float) - len(best)
         more = f" (+{followed} that painting then kept float)" if followed > 0 else ""
-        return f"{best} of {n} candidate node(s) moved back to float{more} to meet {text}"
+        return f"{len(best)} of {n} candidate node(s) moved back to float{more} to meet {text}"
     all_float = search.full.get(n)
     if all_float is not None and not all_float.passed:
         return (
