@@ -15,7 +15,7 @@
    most ceil(log2 N) + 3 full-set evaluations; each evaluation is counted.
 4. Give-back: the heaviest float nodes are handed back to low precision one at a time,
    each kept if the budget still holds (on the worst samples, confirmed on all); the
-   refinements (this and the error-energy steps) stop at 8x an estimated plain
+   refinements (this and the error-energy steps) stop at 6x an estimated plain
    conversion's time.
 5. The passing model with the largest low-precision MAC share is finished (cleanup,
    check) and returned with the nodes kept float, their sensitivity, and the search path.
@@ -59,7 +59,7 @@ MAC_SHARE_RESOLUTION = 0.01
 FREE_ENERGY = 0.25
 #: The give-back refinement (heavy float nodes handed back one at a time) stops once the
 #: tuning has taken this many times an estimated plain conversion.
-REFINE_TIME_FACTOR = 8.0
+REFINE_TIME_FACTOR = 6.0
 #: Then, among nodes holding fewer MACs than that, it stops once the bracket holds less
 #: than this share of the candidates' error energy (squared sensitivity scores).
 ENERGY_RESOLUTION = 0.01
