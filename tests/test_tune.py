@@ -332,3 +332,37 @@ def test_candidates_inside_subgraphs_rank_last_unmeasured_and_the_budget_is_met(
     n = result.candidates
     assert result.evaluations["full"] <= math.ceil(math.log2(n)) + 3
     assert _measured_rel_l2(model, result.model_proto, data, emulated=True) <= 1e-2
+
+
+def test_give_back_returns_heavy_nodes_the_budget_does_not_need():
+    """The refinement after the bisection, on a stand-in scorer: the error is the sum of
+    the low nodes' errors; the heavy node 'big' was moved but costs nothing."""
+    from mixprec._tune import Step, _Search
+    from mixprec._tune_metrics import Budget
+
+    errors = {"hot": 1.0, "big": 0.0, "mid": 0.004, "small": 0.003}
+    search = object.__new__(_Search)
+    search.order = ["hot", "big", "mid", "small"]
+    search.macs = {"hot": 0, "big": 1000, "mid": 100, "small": 10}
+    search.counts = {"subset": 1, "full": 2, "reference": 1}
+    search.path, search.passing, search.full = [], [], {}
+    search.max_evaluations, search.deadline = None, math.inf
+    search.budget = Budget(0.005, False, "err <= 0.005")
+
+    def score(k, subset):
+        moved = search.names(k)
+        value = sum(e for name, e in errors.items() if name not in moved)
+        step = Step(len(moved), subset is not None, value, value <= 0.005, 0.0, 0.0)
+        search.path.append(step)
+        search.counts["subset" if subset is not None else "full"] += 1
+        if subset is None and step.passed:
+            search.passing.append((tuple(moved), step))
+        return value, []
+
+    search.score = score  # type: ignore[method-assign]
+    kept = search._give_back(("hot", "big", "mid", "small"), worst=[0])
+    # 'big' goes back (error unchanged); then 'mid' (0.004 <= 0.005); 'small' is not
+    # tried: two tries were left (ceil(log2 4) - 1 subset run = 1, at least 2).
+    assert kept == ("hot", "small"), (kept, search.path)
+    assert [s.subset for s in search.path] == [True, True, False]  # confirmed on all
+    assert search.counts["full"] == 3
