@@ -1,4 +1,4 @@
-"""Command line: ``mixprec convert | quantize | inspect | report | validate | lists``.
+"""Command line: ``mixprec convert | quantize | tune | inspect | report | validate | lists``.
 
 Exit statuses:
 
@@ -276,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_output_args(c)
 
     q = _add_quantize_parser(sub)
+    from mixprec._tune_cmd import add_tune_parser
+
+    t = add_tune_parser(sub)
 
     i = sub.add_parser(
         "inspect",
@@ -312,7 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     lists.add_argument("--dtype", default="fp16")
     lists.add_argument("--markdown", action="store_true")
     r = add_report_parser(sub, _add_policy_args)
-    for command in (c, q, i, v, lists, r):
+    for command in (c, q, t, i, v, lists, r):
         _add_debug_arg(command, top=False)
     return parser
 
@@ -475,6 +478,12 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     return _validate_and_write(args, result, feeds, out)
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from mixprec._tune_cmd import cmd_tune
+
+    return cmd_tune(args)
+
+
 def _failed_path(out: Path) -> Path:
     """``out.onnx`` -> ``out.failed.onnx``: where ``--keep-failed`` writes a failed model."""
     return out.with_name(f"{out.stem}.failed{out.suffix or '.onnx'}")
@@ -632,6 +641,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {
         "convert": _cmd_convert,
         "quantize": _cmd_quantize,
+        "tune": _cmd_tune,
         "inspect": _cmd_inspect,
         "report": _cmd_report,
         "validate": _cmd_validate,

@@ -295,7 +295,10 @@ def quantize(
             :func:`~mixprec.convert`); a path's own folder otherwise.
         **options: the fields of :class:`QuantizeConfig` (``method``, ``activations``,
             ``per_channel``, ``exclude_nodes``, ``shapes``, ``fold_batchnorm``, ``check``,
-            ``log_dir``).
+            ``log_dir``). ``max_drop=X`` tunes instead (:func:`mixprec.tune`, target int8,
+            ``calibration_data`` as its data): the accepted drop of ``metric`` (default
+            "rel-l2": rel L2 <= X; "top1"/"cosine": >= 1 - X; a callable: its FP32 score
+            - X); it returns the ``TuneResult``.
 
     Returns:
         A :class:`~mixprec.ConversionResult` (``.model``, ``.report``, ``.save()``).
@@ -306,6 +309,11 @@ def quantize(
     """
     from mixprec._convert import ConversionResult, _notes_about_input, load_input
 
+    if options.get("max_drop") is not None:
+        if config is not None or base_dir is not None:
+            raise MixprecError("max_drop= takes keyword options, not config= or base_dir=")
+        return _tune_int8(model, calibration_data, progress, options)
+    options.pop("max_drop", None)
     try:
         config = dataclasses.replace(config, **options) if config else QuantizeConfig(**options)
     except TypeError as exc:
@@ -378,6 +386,20 @@ def _choose_mode(model: ir.Model, config: QuantizeConfig) -> tuple[QuantizeConfi
         f"Conv/MatMul/Gemm MACs; dynamic from {DYNAMIC_MAC_SHARE:.0%})"
     )
     return dataclasses.replace(config, mode=mode), why
+
+
+def _tune_int8(
+    model: Any,
+    data: CalibrationData | None,
+    progress: Callable[[str], None] | None,
+    options: dict[str, Any],
+) -> Any:
+    from mixprec._tune import tune
+
+    drop = options.pop("max_drop")
+    metric = options.pop("metric", "rel-l2")
+    budget = 1.0 - drop if metric in ("top1", "cosine") else drop
+    return tune(model, "int8", data, metric=metric, budget=budget, progress=progress, **options)
 
 
 def _timed_placement(
