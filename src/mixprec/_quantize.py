@@ -176,8 +176,14 @@ class QuantizePipeline(Pipeline):
     def __init__(self, qconfig: QuantizeConfig, **kwargs: Any) -> None:
         super().__init__(qconfig.base(), **kwargs)
         self.qconfig = qconfig
+        #: Why mode "auto" became static or dynamic (set when the annotate stage is built).
+        self.mode_choice: str | None = None
 
     def build(self, name: str, model: ir.Model) -> Stage:
+        if name == "annotate" and self.qconfig.mode == "auto":
+            # The calibrated shapes give the MACs that decide (every user of the pipeline,
+            # quantize, the plan, the tuner, resolves "auto" the same way).
+            self.qconfig, self.mode_choice = _choose_mode(model, self.qconfig)
         q = self.qconfig
         if name == "calibrate":
             # Dynamic mode measures ranges at run time: given data only shows the shapes
@@ -194,7 +200,7 @@ class QuantizePipeline(Pipeline):
         if name == "annotate":
             passes: list[ir.passes.PassBase] = []
             opset = model.opset_imports.get("", 1)
-            if q.per_channel and q.mode == "static" and opset < PER_CHANNEL_OPSET:
+            if q.per_channel and q.mode != "dynamic" and opset < PER_CHANNEL_OPSET:
                 passes.append(upgrade_to(PER_CHANNEL_OPSET))
             annotate = AnnotateInt8Pass(q.exclude_nodes, dynamic=q.mode == "dynamic")
             return Stage(name, *passes, CountMacsPass(), annotate)
@@ -338,10 +344,10 @@ def quantize(
         report.notes.append(message)
     pipeline = QuantizePipeline(config, calibration_data=calibration_data, progress=progress)
     work = pipeline.run(work, until="calibrate")
-    mode_choice = None
     if config.mode == "auto":
         config, mode_choice = _choose_mode(work, config)
-        pipeline.qconfig = config
+        pipeline.qconfig = config  # resolved once here: the speed plan times this mode
+        pipeline.mode_choice = mode_choice
         report.notes.append(mode_choice)
     speed: dict[str, object] | None = None
     if config.speed == "auto":
@@ -353,8 +359,8 @@ def quantize(
     work = pipeline.run(work, start="apply")
     report.timings = dict(pipeline.timings)
     _fill_report(report, pipeline, work)
-    if mode_choice is not None and report.quantization is not None:
-        report.quantization["mode_choice"] = mode_choice
+    if pipeline.mode_choice is not None and report.quantization is not None:
+        report.quantization["mode_choice"] = pipeline.mode_choice
     if config.fallback != "fp32":
         say(f"painting the float nodes {config.fallback}")
         work, low = paint_fallback(work, config.fallback, planned, check=config.check)
@@ -470,7 +476,9 @@ def plan_int8(
     pipeline = QuantizePipeline(config, calibration_data=calibration_data, progress=progress)
     work = pipeline.run(work, until="annotate")
     report.timings = dict(pipeline.timings)
-    report.calibrated = config.mode == "static" or calibration_data is not None
+    report.calibrated = pipeline.qconfig.mode != "dynamic" or calibration_data is not None
+    if pipeline.mode_choice is not None:
+        report.notes.append(pipeline.mode_choice)
     report.nodes = int8_node_reports(work)
     return work, report
 
@@ -497,7 +505,7 @@ def _fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) ->
 
     _report_stages(report, pipeline.stages, model)
     report.nodes = int8_node_reports(model)
-    report.calibrated = pipeline.qconfig.mode == "static"
+    report.calibrated = pipeline.qconfig.mode != "dynamic"
     applied = pipeline.stages["apply"].result(QuantizeQDQResult)
     dynamic = pipeline.stages["apply"].result(QuantizeDynamicResult)
     if applied is not None:
