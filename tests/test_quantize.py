@@ -565,3 +565,14 @@ def test_bias_correction_removes_the_mean_shift_of_rounded_weights():
     print(f"mean shift of the small channels: {before:.3g} -> {after:.3g}")
     assert after < 0.5 * before, (before, after)
     onnx.checker.check_model(corrected.model_proto, full_check=True)
+
+
+def test_int8_tuning_of_an_opset_11_cnn_raises_the_opset_for_its_candidates():
+    """The tuner's candidates go through QuantizePipeline with mode "auto": per-channel
+    DequantizeLinear needs opset 13, so every candidate must be raised (ORT refused them)."""
+    result = mixprec.tune(_cnn(opset=11), "int8", _samples(3), budget=0.2)
+    proto = result.model_proto
+    assert {o.domain: o.version for o in proto.opset_import}[""] == 13
+    onnx.checker.check_model(proto, full_check=True)
+    x = _samples(1, seed=5)[0]
+    assert _rel_l2(run_ort(_cnn(opset=11), x)["logits"], run_ort(proto, x)["logits"]) < 0.2
