@@ -6,7 +6,9 @@ DIR holds the calibration samples, one feed dict per .npz file, read in name ord
 Tools:
   mixprec-minmax / -entropy / -percentile
       `python -m mixprec quantize IN -o OUT --calibration-data DIR --method M --json`
-      (defaults otherwise: activations auto, per-channel, speed auto)
+      (defaults otherwise: mode auto, activations auto, per-channel, speed auto)
+  mixprec-minmax-bc
+      mixprec-minmax with `--bias-correction` (measured on/off)
   mixprec-dynamic
       `python -m mixprec quantize IN -o OUT --calibration-data DIR --dynamic --json`
       (MatMul/Gemm weights per column offline, activations at run time; the samples only
@@ -43,8 +45,8 @@ from typing import Any
 
 from convert_one import Unavailable, measure_and_write, run_mixprec_cli
 
-TOOLS = ("mixprec-minmax", "mixprec-entropy", "mixprec-percentile", "mixprec-dynamic",
-         "ort-s8s8", "ort-u8s8", "ort-dynamic", "nncf")
+TOOLS = ("mixprec-minmax", "mixprec-minmax-bc", "mixprec-entropy", "mixprec-percentile",
+         "mixprec-dynamic", "ort-s8s8", "ort-u8s8", "ort-dynamic", "nncf")
 
 
 def samples(folder: str) -> Iterator[dict[str, Any]]:
@@ -74,7 +76,9 @@ def opset13(model_path: str, folder: str) -> tuple[str, dict[str, Any]]:
 
 
 def _mixprec(args: argparse.Namespace, method: str) -> Callable[[], dict[str, Any]]:
-    mode = ["--dynamic"] if method == "dynamic" else ["--method", method]
+    special = {"dynamic": ["--dynamic"],
+               "minmax-bc": ["--method", "minmax", "--bias-correction"]}
+    mode = special.get(method, ["--method", method])
     argv = ["mixprec", "quantize", args.model, "-o", args.out, "--calibration-data",
             args.calib_dir, *mode, "--json"]
     return run_mixprec_cli(argv, "mixprec CLI")
