@@ -196,7 +196,8 @@ def render(rows: Sequence[Row], agg: Sequence[dict[str, Any]],
              "Every tool quantizes from the same calibration samples (one .npz per sample, "
              f"disjoint from the eval inputs; samples per model: {calib}) and is measured on the "
              "same eval inputs as the FP16/BF16 rows. mixprec runs with its defaults "
-             "(activations auto, per-channel, speed auto); placement = the placement mixprec's "
+             "(mode auto, activations auto, per-channel, speed auto; -bc: bias correction on, "
+             "-dynamic: mode dynamic); placement = the placement mixprec's "
              "speed=auto kept.", "", COLUMNS, "",
              model_table(rows, fp32_accuracy), "", "### Per tool", "", aggregate_table(agg), ""]
     for tool, found in targets.items():
