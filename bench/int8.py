@@ -21,9 +21,7 @@ from common import BENCH_DIR, run_measured
 from evaluate import Baseline, check, compare, first_line, interleaved_latency, run, session
 from metrics import ValueInfo, node_macs, runtime_shapes, subgraphs, value_infos
 from models import ModelSpec, int8_calibration
-
-TOOLS = ("mixprec-minmax", "mixprec-entropy", "mixprec-percentile", "ort-s8s8", "ort-u8s8",
-         "nncf")
+from quantize_one import TOOLS as TOOLS  # the one list of quantizers, for bench.py
 
 #: ONNX Runtime CPU kernels that run a Conv/MatMul/Gemm in integers, and in float.
 INTEGER_KERNELS = {

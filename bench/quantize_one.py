@@ -6,11 +6,19 @@ DIR holds the calibration samples, one feed dict per .npz file, read in name ord
 Tools:
   mixprec-minmax / -entropy / -percentile
       `python -m mixprec quantize IN -o OUT --calibration-data DIR --method M --json`
-      (defaults otherwise: activations auto, per-channel, speed auto)
+      (defaults otherwise: mode auto, activations auto, per-channel, speed auto)
+  mixprec-minmax-bc
+      mixprec-minmax with `--bias-correction` (measured on/off)
+  mixprec-dynamic
+      `python -m mixprec quantize IN -o OUT --calibration-data DIR --dynamic --json`
+      (MatMul/Gemm weights per column offline, activations at run time; the samples only
+      give the shapes)
   ort-s8s8   onnxruntime.quantization.quantize_static, its documented default (QDQ, QInt8
              activations and weights, MinMax) with per_channel=True, on the output of
              onnxruntime.quantization.shape_inference.quant_pre_process
   ort-u8s8   the same with activation_type=QuantType.QUInt8
+  ort-dynamic onnxruntime.quantization.quantize_dynamic with its defaults (QInt8 weights,
+             per tensor), no calibration
   nncf       nncf.quantize(onnx model, nncf.Dataset(samples)), ONNX backend, default preset
 
 Per-channel DequantizeLinear (its `axis`) needs ai.onnx opset 13. mixprec raises the opset
@@ -37,8 +45,8 @@ from typing import Any
 
 from convert_one import Unavailable, measure_and_write, run_mixprec_cli
 
-TOOLS = ("mixprec-minmax", "mixprec-entropy", "mixprec-percentile", "ort-s8s8", "ort-u8s8",
-         "nncf")
+TOOLS = ("mixprec-minmax", "mixprec-minmax-bc", "mixprec-entropy", "mixprec-percentile",
+         "mixprec-dynamic", "ort-s8s8", "ort-u8s8", "ort-dynamic", "nncf")
 
 
 def samples(folder: str) -> Iterator[dict[str, Any]]:
@@ -68,9 +76,29 @@ def opset13(model_path: str, folder: str) -> tuple[str, dict[str, Any]]:
 
 
 def _mixprec(args: argparse.Namespace, method: str) -> Callable[[], dict[str, Any]]:
+    special = {"dynamic": ["--dynamic"],
+               "minmax-bc": ["--method", "minmax", "--bias-correction"]}
+    mode = special.get(method, ["--method", method])
     argv = ["mixprec", "quantize", args.model, "-o", args.out, "--calibration-data",
-            args.calib_dir, "--method", method, "--json"]
+            args.calib_dir, *mode, "--json"]
     return run_mixprec_cli(argv, "mixprec CLI")
+
+
+def _ort_dynamic(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
+    try:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError as exc:
+        raise Unavailable(f"onnxruntime.quantization not importable: {exc}") from exc
+
+    def run() -> dict[str, Any]:
+        out = str(Path(args.out).resolve())
+        source = str(Path(args.model).resolve())
+        # it may write temporary models into the current directory: keep them in a temp one
+        with tempfile.TemporaryDirectory(prefix="bench-ort-") as folder, contextlib.chdir(folder):
+            quantize_dynamic(source, out, weight_type=QuantType.QInt8)
+        return {"options": {"weight_type": "QInt8", "per_channel": "False"}}
+
+    return run
 
 
 def _ort(args: argparse.Namespace, unsigned: bool) -> Callable[[], dict[str, Any]]:
@@ -136,6 +164,8 @@ def _nncf(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
 def build(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
     if args.tool.startswith("mixprec-"):
         return _mixprec(args, args.tool.removeprefix("mixprec-"))
+    if args.tool == "ort-dynamic":
+        return _ort_dynamic(args)
     if args.tool in ("ort-s8s8", "ort-u8s8"):
         return _ort(args, unsigned=args.tool == "ort-u8s8")
     if args.tool == "nncf":

@@ -9,7 +9,8 @@ from report import _median, _num, _pct, _target, latency_ratio, targets_markdown
 
 Row = dict[str, Any]
 
-MIXPREC_TOOLS = ("mixprec-minmax", "mixprec-entropy", "mixprec-percentile")
+MIXPREC_TOOLS = ("mixprec-minmax", "mixprec-minmax-bc", "mixprec-entropy", "mixprec-percentile",
+                 "mixprec-dynamic")
 ORT_DEFAULT = "ort-s8s8"  # quantize_static's documented default (QDQ, S8S8, MinMax)
 ORT_U8S8 = "ort-u8s8"
 OCR_CLASSIFIERS = ("ppocr_rec", "ppocr_cls")
@@ -195,7 +196,8 @@ def render(rows: Sequence[Row], agg: Sequence[dict[str, Any]],
              "Every tool quantizes from the same calibration samples (one .npz per sample, "
              f"disjoint from the eval inputs; samples per model: {calib}) and is measured on the "
              "same eval inputs as the FP16/BF16 rows. mixprec runs with its defaults "
-             "(activations auto, per-channel, speed auto); placement = the placement mixprec's "
+             "(mode auto, activations auto, per-channel, speed auto; -bc: bias correction on, "
+             "-dynamic: mode dynamic); placement = the placement mixprec's "
              "speed=auto kept.", "", COLUMNS, "",
              model_table(rows, fp32_accuracy), "", "### Per tool", "", aggregate_table(agg), ""]
     for tool, found in targets.items():

@@ -119,6 +119,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--dtypes", default="fp16,bf16,int8")
+    parser.add_argument(
+        "--int8-budget", type=float, default=None, help="max rel L2 for int8 (default 0.1)"
+    )
     parser.add_argument("--threads", type=int, default=2, help="for torch and ORT alike")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -138,6 +141,7 @@ def main() -> int:
         options: dict[str, object] = {"dynamic_shapes": dynamic_shapes()}
         if dtype == "int8":
             options["calibration_data"] = calibration
+            options["budget"] = args.int8_budget
         start = time.perf_counter()
         try:
             fast = mt.convert_module(encoder, example, dtype=dtype, **options)

@@ -831,6 +831,8 @@ def test_convert_validate_success_writes_and_says_so(
     assert _lines(res.out)[-1] == f"wrote {out} (validated: passed)"
     assert _leftovers(tmp_path) == ["o.onnx"]
     _converted(out)
+
+
 def test_convert_with_calibration_data_npz_and_folder(
     models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -530,6 +530,17 @@ def test_e6_model_without_its_data_converted_from_another_folder(
     result = mixprec.convert(proto, "fp16", base_dir=site.folder, calibration_data={"x": X})
     assert_close(site.ref, output_of(result.model_proto, "fp16"), "fp16")
     assert mixprec.inspect(proto, "fp16", base_dir=site.folder, calibrate=False).nodes
+    # validate and quantize read in-memory models the same way
+    with pytest.raises(mixprec.MixprecError, match="has no folder to read it from"):
+        mixprec.validate(proto, result.model_proto, inputs={"x": X})
+    report = mixprec.validate(proto, result.model_proto, inputs={"x": X}, base_dir=site.folder)
+    assert report.passed, report.format_table()
+    with pytest.raises(mixprec.MixprecError, match="has no folder to read it from"):
+        mixprec.quantize(proto, {"x": X})
+    int8 = mixprec.quantize(proto, {"x": X}, base_dir=site.folder)
+    got = run_ort(int8.model_proto, {"x": X})["y"]
+    rel = float(np.linalg.norm(got - site.ref) / np.linalg.norm(site.ref))
+    assert rel < 0.1, f"INT8 relative L2 {rel:.3g} vs the FP32 model (real weights: < 0.1)"
     assert proto.SerializeToString() == untouched  # the caller's proto is not changed
 
 
@@ -584,6 +595,29 @@ def test_e8_model_reached_through_a_symlink_reads_its_real_folder(
     result = mixprec.convert(elsewhere / "m.onnx", "fp16", calibration_data={"x": X})
     assert_close(site.ref, output_of(result.model_proto, "fp16"), "fp16")
     assert snapshot(site.folder, elsewhere) == before
+
+
+def test_hugging_face_style_cache_of_blobs_is_refused_with_a_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``snapshot/m.onnx`` and ``snapshot/m.onnx.data`` link to hash-named blobs: the data
+    beside the link is not beside the target, so it is refused in one line that says why
+    and what to do (reading it would follow a link out of the model's real folder)."""
+    blobs, snap = tmp_path / "blobs", tmp_path / "snapshot"
+    blobs.mkdir()
+    snap.mkdir()
+    save_external(conv_model(), blobs / "m.onnx", "m.onnx.data")
+    (blobs / "m.onnx").rename(blobs / "3f2a")
+    (blobs / "m.onnx.data").rename(blobs / "9c1d")
+    (snap / "m.onnx").symlink_to("../blobs/3f2a")
+    (snap / "m.onnx.data").symlink_to("../blobs/9c1d")
+    res = run_cli(["convert", snap / "m.onnx", "-o", tmp_path / "o.onnx"], "inproc", monkeypatch)
+    assert_one_error(
+        res,
+        r".*external data file 'm.onnx.data' is missing \(looked in .*blobs\); .* is a "
+        r"symbolic link into that folder .* \(e.g. huggingface-cli download --local-dir DIR\)",
+    )
+    assert not (tmp_path / "o.onnx").exists()
 
 
 def _npz(site: Site) -> Path:
@@ -923,3 +957,63 @@ def test_stages_run_directly_never_read_from_the_cwd(
         mixprec.Pipeline(config).run(bare)
     model = mixprec.Pipeline(config).run(ir.load(site.model))
     assert_close(site.ref, output_of(ir.to_proto(model), "fp16"), "fp16")
+
+
+# --------------------------------------------------------------------------- bounded memory
+
+
+def test_calibration_lets_ort_map_the_model_files_and_measures_the_same(tmp_path: Path) -> None:
+    """A model read from files is calibrated by an ORT session that maps those files
+    itself (no copy of the weights); the ranges equal those of the same model in memory."""
+    from mixprec._calibrate import calibrate
+    from mixprec._external import DATA_FOLDER, ResolveExternalDataPass
+    from mixprec._protos import weightless_proto
+
+    model = conv_model()
+    save_external(model, tmp_path / "m.onnx")
+    on_disk = ir.load(tmp_path / "m.onnx")
+    ResolveExternalDataPass()(on_disk)
+    folder = on_disk.meta[DATA_FOLDER]
+    assert folder == os.path.realpath(tmp_path)
+    proto, arrays = weightless_proto(on_disk, data_folder=folder)
+    refs = {
+        t.name: {e.key: e.value for e in t.external_data}
+        for t in proto.graph.initializer
+        if t.data_location == onnx.TensorProto.EXTERNAL
+    }
+    assert refs["k"]["location"] == "m.bin" and "k" not in arrays, (refs, sorted(arrays))
+    assert int(refs["k"]["length"]) == 8 * 300 * 4
+    from mixprec._probes import ProbeSession
+
+    probe = ProbeSession.create(on_disk, [("c", ir.DataType.FLOAT)], threads=1)
+    assert probe is not None, "ORT could not build the session that maps the model's files"
+    lo, hi, shape = probe.run({"x": X})["c"]
+    assert shape == [1, 8, 8, 8] and lo < hi
+
+    feeds = [{"x": X}, {"x": X[..., ::-1].copy()}]
+    from_files = calibrate(on_disk, feeds, observer="minmax").stats
+    in_memory = calibrate(ir.from_proto(model), feeds, observer="minmax").stats
+    assert set(from_files) == set(in_memory)
+    differ = {
+        n: (from_files[n], in_memory[n])
+        for n in in_memory
+        if (from_files[n].min, from_files[n].max) != (in_memory[n].min, in_memory[n].max)
+    }
+    assert not differ, differ
+
+
+def test_weight_scans_match_numpy_and_keep_nan() -> None:
+    from mixprec._observers import absmax_of, channel_range
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((5, 7, 3)).astype(np.float32)
+    assert absmax_of(w) == float(np.max(np.abs(w)))
+    assert absmax_of(np.zeros((0, 4), np.float32)) == 0.0
+    w_nan = w.copy()
+    w_nan[1, 2, 0] = np.nan
+    assert np.isnan(absmax_of(w_nan))
+    for axis in (0, 1, -1):
+        lo, hi = channel_range(w_nan, axis)
+        moved = np.moveaxis(w_nan, axis, 0).reshape(w.shape[axis], -1)
+        np.testing.assert_array_equal(lo, np.nanmin(moved, axis=1))
+        np.testing.assert_array_equal(hi, np.nanmax(moved, axis=1))

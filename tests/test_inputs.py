@@ -203,6 +203,29 @@ BAD: dict[str, tuple[Callable[[], onnx.ModelProto], list[str], str]] = {
         [],
         "node 'r' (Relu): Relu-14 has no attribute 'alpha'",
     ),
+    "axis-out-of-rank": (
+        lambda: _model([helper.make_node("Softmax", ["x"], ["y"], name="s", axis=2**40)]),
+        [],
+        "node 's' (Softmax): axis 1099511627776 is out of range for an input of rank 2 "
+        "(must be in [-2, 1])",
+    ),
+    "flatten-axis-past-rank": (
+        lambda: _model(
+            [helper.make_node("Flatten", ["x"], ["y"], name="f", axis=3)],
+            outputs=[_vi("y", [1, 4])],
+        ),
+        [],
+        "node 'f' (Flatten): axis 3 is out of range for an input of rank 2 (must be in [-2, 2])",
+    ),
+    "reduce-axes-out-of-rank": (
+        lambda: _model(
+            [helper.make_node("ReduceMax", ["x"], ["y"], name="r", axes=[-3])],
+            outputs=[_vi("y", [1, 4])],
+            opset=13,
+        ),
+        [],
+        "node 'r' (ReduceMax): axes -3 is out of range",
+    ),
     "opset-too-new": (lambda: _relu(opset=99), [], "opset 99"),
     "ir-version-too-new": (_ir_version(99), [], "ir_version 99 is newer"),
     "string-input": (

@@ -610,12 +610,14 @@ def test_public_surface_is_pinned():
             "Policy",
             "QuantizeConfig",
             "Report",
+            "TuneResult",
             "ValidationReport",
             "convert",
             "default_policy",
             "inspect",
             "quantize",
             "register_rule",
+            "tune",
             "validate",
         ]
     )

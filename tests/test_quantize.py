@@ -3,6 +3,7 @@ run, what ONNX Runtime fuses into integer kernels, the CLI, and a real model."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -244,7 +245,7 @@ def test_non_finite_ranges_leave_their_nodes_float_with_a_reason():
     rng = np.random.default_rng(4)
     mask = np.array([[0.0, 0.0, -np.inf, 0.0]], np.float32)
     samples = [{"x": rng.uniform(0, 1, (1, 4)).astype(np.float32), "mask": mask} for _ in range(4)]
-    result = mixprec.quantize(model, samples, speed="off")
+    result = mixprec.quantize(model, samples, speed="off", mode="static")
     nodes = {n.op_type: n for n in result.report.nodes}
     assert nodes["MatMul"].precision == "int8", nodes["MatMul"]
     assert nodes["Add"].precision == "fp32" and "not finite" in nodes["Add"].reason
@@ -260,9 +261,13 @@ def test_non_finite_ranges_leave_their_nodes_float_with_a_reason():
 def test_speed_auto_times_placements_and_never_picks_one_slower_than_fp32():
     result = mixprec.quantize(_cnn(), _samples(2))
     speed = result.report.quantization["speed"]
-    ms = speed["ms"]
+    ms, ratio = speed["ms"], speed["ratio"]
     assert {"fp32", "all"} <= set(ms) and all(v > 0 for v in ms.values())
-    assert ms[speed["chosen"]] <= ms["fp32"]
+    assert ratio["fp32"] == 1.0 and speed["rounds"] >= 15
+    # a placement is kept only when clearly faster than FP32 (median paired ratio)
+    assert speed["chosen"] == "fp32" or ratio[speed["chosen"]] <= 0.95, speed["summary"]
+    if speed["chosen"] == "fp32":
+        assert min(r for k, r in ratio.items() if k != "fp32") > 0.95, speed["summary"]
     assert "INT8 placement timed on this CPU" in speed["summary"]
     onnx.checker.check_model(result.model_proto, full_check=True)
 
@@ -341,3 +346,233 @@ def test_mtcnn_onet_int8(corpus_dir: Path):
     for name in ref:
         assert _rel_l2(ref[name], got[name]) < 0.1, name
     assert np.array_equal(ref["softmax_2"].argmax(1), got["softmax_2"].argmax(1))
+
+
+def test_paired_timing_ratios_and_margin(monkeypatch):
+    """time_paired on a fake clock: ratios are per round against FP32, medians of them."""
+    from mixprec import _qspeed
+
+    clock = [0.0]
+    monkeypatch.setattr(_qspeed.time, "perf_counter", lambda: clock[0])
+    costs = {"fp32": 2e-3, "fast": 1e-3, "same": 1.96e-3}
+
+    class Fake:
+        def __init__(self, cost: float) -> None:
+            self.cost = cost
+
+        def run(self, _outputs, _feeds):
+            clock[0] += self.cost
+
+    sessions = {label: Fake(cost) for label, cost in costs.items()}
+    ms, ratio, rounds = _qspeed.time_paired(sessions, {})
+    assert rounds >= 15
+    assert ratio == pytest.approx({"fp32": 1.0, "fast": 0.5, "same": 0.98}), ratio
+    assert ms["fast"] == pytest.approx(1.0) and ms["fp32"] == pytest.approx(2.0), ms
+    # "same" is 2% faster: inside the noise margin, it would not be chosen
+    assert ratio["same"] > 1.0 - _qspeed.MARGIN >= ratio["fast"]
+
+
+# --- dynamic mode ------------------------------------------------------------------------------
+
+
+def _mlp() -> onnx.ModelProto:
+    """MatMul+Add -> Relu -> Gemm(transB) on [batch, 64] with a symbolic batch; a Conv-free
+    stand-in for a transformer's projections, plus an activation x activation MatMul."""
+    rng = np.random.default_rng(5)
+    w1 = numpy_helper.from_array((0.2 * rng.standard_normal((64, 96))).astype(np.float32), "w1")
+    b1 = numpy_helper.from_array((0.1 * rng.standard_normal(96)).astype(np.float32), "b1")
+    w2 = numpy_helper.from_array((0.2 * rng.standard_normal((32, 96))).astype(np.float32), "w2")
+    b2 = numpy_helper.from_array((0.1 * rng.standard_normal(32)).astype(np.float32), "b2")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="proj"),
+        helper.make_node("Add", ["b1", "h"], ["hb"], name="bias"),
+        helper.make_node("Relu", ["hb"], ["r"], name="relu"),
+        helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="fc", transB=1),
+        helper.make_node("Transpose", ["x"], ["xt"], name="t"),
+        helper.make_node("MatMul", ["x", "xt"], ["gram"], name="gram"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [
+            helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 32]),
+            helper.make_tensor_value_info("gram", TensorProto.FLOAT, ["batch", "batch"]),
+        ],
+        [w1, b1, w2, b2],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_dynamic_mode_quantizes_weights_and_runs_fused_integer_kernels():
+    model = _mlp()
+    result = mixprec.quantize(model, mode="dynamic", speed="off")
+    proto = result.model_proto
+    onnx.checker.check_model(proto, full_check=True)
+    q = result.report.quantization
+    assert q["mode"] == "dynamic" and q["weights_quantized"] == 2, q
+    ops = _ops(proto)
+    assert ops["DynamicQuantizeLinear"] == 2 and ops["MatMulInteger"] == 2, ops
+    assert ops["MatMul"] == 1  # the activation x activation MatMul stays float
+    decisions = {n.name: (n.precision, n.reason) for n in result.report.nodes}
+    assert decisions["proj"][0] == "int8" and decisions["fc"][0] == "int8", decisions
+    assert decisions["gram"] == ("fp32", "weight is not a 2-D float32 constant"), decisions
+    # ONNX Runtime fuses each into one integer kernel (with the bias Add)
+    assert set(q["ort_kernels"]) >= {"MatMulIntegerToFloat"} or set(q["ort_kernels"]) >= {
+        "DynamicQuantizeMatMul"
+    }, q["ort_kernels"]
+    assert q["integer_kernel_mac_share"] is not None and q["integer_kernel_mac_share"] > 0.5, q
+    # numbers against the FP32 model, at two batch sizes (activations scaled per call)
+    for batch in (1, 7):
+        x = np.random.default_rng(batch).standard_normal((batch, 64)).astype(np.float32)
+        ref, got = run_ort(model, {"x": x}), run_ort(proto, {"x": x})
+        np.testing.assert_array_equal(got["gram"], ref["gram"])
+        assert _rel_l2(ref["y"], got["y"]) < 0.03, _rel_l2(ref["y"], got["y"])
+    # calibration data is not needed, and when given, only its shapes are used
+    assert not any("no calibration data" in n for n in result.report.notes)
+    given = mixprec.quantize(model, [{"x": np.ones((3, 64), np.float32)}], mode="dynamic",
+                             speed="off")  # fmt: skip
+    assert any("only gave the shapes" in n for n in given.report.notes)
+
+
+def test_cli_quantize_dynamic(tmp_path: Path, capsys):
+    src = tmp_path / "mlp.onnx"
+    onnx.save(_mlp(), src)
+    out = tmp_path / "mlp_int8.onnx"
+    rc = main(["quantize", str(src), "-o", str(out), "--dynamic", "--speed", "off",
+               "--validate", "--json"])  # fmt: skip
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    report = json.loads(captured.out)
+    assert report["quantization"]["mode"] == "dynamic", report["quantization"]
+    assert _ops(onnx.load(out))["MatMulInteger"] == 2
+
+
+def test_cli_inspect_shows_the_int8_plan_without_writing(tmp_path: Path, capsys):
+    src = tmp_path / "cnn.onnx"
+    onnx.save(_cnn(), src)
+    rc = main(["inspect", str(src), "--dtype", "int8", "--exclude", "conv2", "--json"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    nodes = {n["name"]: n for n in json.loads(captured.out)["nodes"]}
+    assert nodes["conv1"]["precision"] == "int8", nodes["conv1"]
+    assert nodes["conv2"]["precision"] == "fp32", nodes["conv2"]
+    assert "excluded by --exclude 'conv2'" in nodes["conv2"]["reason"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cnn.onnx"]
+    rc = main(["inspect", str(src), "--dtype", "int8", "--dynamic", "--json"])
+    nodes = {n["name"]: n for n in json.loads(capsys.readouterr().out)["nodes"]}
+    assert nodes["fc"]["precision"] == "int8" and nodes["conv1"]["precision"] == "fp32", nodes
+    rc = main(["inspect", str(src), "--dtype", "int8", "--deny-add", "Relu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [
+        "mixprec: error: --deny-add is an fp16/bf16 list; int8 takes --exclude"
+    ]
+
+
+@pytest.mark.parametrize("fallback", ["fp16", "bf16"])
+def test_fallback_paints_the_float_nodes_and_keeps_the_integer_kernels(fallback: str):
+    """INT8 + FP16/BF16: conv2 (excluded from INT8) and the float tail are painted low; the
+    INT8 convolutions still fuse into integer kernels; the output stays float32 and close."""
+    model = _cnn()
+    samples = _samples(4)
+    result = mixprec.quantize(model, samples, exclude_nodes=("conv2",), fallback=fallback,
+                              speed="off")  # fmt: skip
+    proto = result.model_proto
+    onnx.checker.check_model(proto, full_check=True)
+    rows = {n.name: n for n in result.report.nodes}
+    assert rows["conv1"].precision == "int8", rows["conv1"]
+    assert rows["conv2"].precision == "low", rows["conv2"]
+    assert rows["conv2"].reason.startswith(f"{fallback} fallback: "), rows["conv2"]
+    low_type = {"fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}[fallback]
+    weights = {t.name: t.data_type for t in proto.graph.initializer}
+    conv2 = next(n for n in proto.graph.node if n.name == "conv2")
+    assert weights.get(conv2.input[1]) == low_type, (conv2.input, weights)
+    assert result.report.quantization["fallback"]["nodes"] >= 1
+    assert proto.graph.output[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    kinds = result.report.quantization["ort_kernels"]
+    assert kinds.get("QLinearConv", 0) >= 1, kinds  # conv1 still an integer kernel
+    if fallback == "fp16":  # ORT's CPU provider has fp16 kernels, not bf16 ones
+        x = _samples(1, seed=9)[0]
+        ref, got = run_ort(model, x)["logits"], run_ort(proto, x)["logits"]
+        assert _rel_l2(ref, got) < 0.05, _rel_l2(ref, got)
+
+
+def test_mode_auto_is_dynamic_for_matmul_models_and_static_for_cnns():
+    mlp = mixprec.quantize(_mlp(), [{"x": np.ones((2, 64), np.float32)}], speed="off")
+    assert mlp.report.quantization["mode"] == "dynamic", mlp.report.quantization
+    assert (
+        "mode auto: dynamic (MatMul/Gemm with constant weights hold 99%"
+        in (mlp.report.quantization["mode_choice"])
+    )
+    cnn = mixprec.quantize(_cnn(), _samples(2), speed="off")
+    assert cnn.report.quantization["mode"] == "static", cnn.report.quantization
+    assert cnn.report.quantization["mode_choice"].startswith("mode auto: static")
+
+
+# --- bias correction -------------------------------------------------------------------------
+
+
+def test_output_shift_is_dW_times_the_input_mean():
+    from mixprec._qbias import output_shift
+
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((6, 2, 3, 3))  # Conv, group 2: 4 input channels
+    dq = w + rng.standard_normal(w.shape) * 0.01
+    mean = rng.uniform(0, 1, 4)
+    x = np.broadcast_to(mean[None, :, None, None], (1, 4, 3, 3))  # a constant input
+    expected = [((dq - w)[o] * x[0, (o // 3) * 2 : (o // 3) * 2 + 2]).sum() for o in range(6)]
+    np.testing.assert_allclose(output_shift("Conv", w, dq, mean, group=2), expected)
+    g = rng.standard_normal((5, 4))  # Gemm transB: [N, K]
+    gq = g + 0.01
+    np.testing.assert_allclose(output_shift("Gemm", g, gq, mean, trans_b=True), (gq - g) @ mean)
+    np.testing.assert_allclose(output_shift("Gemm", g.T, gq.T, mean), (gq - g) @ mean)
+    assert output_shift("Conv", w, dq, mean[:3], group=2) is None  # wrong channel count
+
+
+def test_bias_correction_removes_the_mean_shift_of_rounded_weights():
+    """Per-tensor weights on a depthwise-style conv with a large-scale channel: rounding
+    the small channels shifts their mean output; corrected biases bring it back."""
+    rng = np.random.default_rng(3)
+    w = (0.05 * rng.standard_normal((8, 1, 3, 3))).astype(np.float32)
+    w[0] *= 40  # one large channel sets the per-tensor scale: the others round coarsely
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="dw", group=8, pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(
+        nodes,
+        "dw",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [numpy_helper.from_array(w, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    samples = [{"x": rng.uniform(0.5, 1.5, (1, 8, 16, 16)).astype(np.float32)} for _ in range(4)]
+    evals = [{"x": rng.uniform(0.5, 1.5, (1, 8, 16, 16)).astype(np.float32)} for _ in range(4)]
+
+    def mean_shift(result) -> float:
+        shifts = [
+            (run_ort(result.model_proto, f)["y"] - run_ort(model, f)["y"]).mean(axis=(0, 2, 3))
+            for f in evals
+        ]
+        return float(np.abs(np.mean(shifts, axis=0))[1:].mean())  # the small channels
+
+    options = {"per_channel": False, "speed": "off", "mode": "static"}
+    plain = mixprec.quantize(model, samples, **options)
+    corrected = mixprec.quantize(model, samples, bias_correction=True, **options)
+    assert corrected.report.quantization["biases_corrected"] == 1, corrected.report.quantization
+    before, after = mean_shift(plain), mean_shift(corrected)
+    print(f"mean shift of the small channels: {before:.3g} -> {after:.3g}")
+    assert after < 0.5 * before, (before, after)
+    onnx.checker.check_model(corrected.model_proto, full_check=True)
+
+
+def test_int8_tuning_of_an_opset_11_cnn_raises_the_opset_for_its_candidates():
+    """The tuner's candidates go through QuantizePipeline with mode "auto": per-channel
+    DequantizeLinear needs opset 13, so every candidate must be raised (ORT refused them)."""
+    result = mixprec.tune(_cnn(opset=11), "int8", _samples(3), budget=0.2)
+    proto = result.model_proto
+    assert {o.domain: o.version for o in proto.opset_import}[""] == 13
+    onnx.checker.check_model(proto, full_check=True)
+    x = _samples(1, seed=5)[0]
+    assert _rel_l2(run_ort(_cnn(opset=11), x)["logits"], run_ort(proto, x)["logits"]) < 0.2

@@ -25,6 +25,7 @@ from mixprec._policy import (
 )
 from mixprec._quantize import QuantizeConfig, quantize
 from mixprec._report import NodeReport, Report
+from mixprec._tune import TuneResult, tune
 from mixprec._validate import validate
 from mixprec._validation import ValidationReport
 
@@ -45,12 +46,14 @@ __all__ = [
     "Policy",
     "QuantizeConfig",
     "Report",
+    "TuneResult",
     "ValidationReport",
     "convert",
     "default_policy",
     "inspect",
     "quantize",
     "register_rule",
+    "tune",
     "validate",
 ]
 

@@ -9,8 +9,9 @@ samples. Per sample:
   probes placed right after its producer (the fast path: one ONNX Runtime session,
   built once, reused for every sample; no full-size intermediate leaves the session);
 * observers that need the data (:class:`HistogramObserver`), tensors holding NaN, and
-  models the probes cannot run in, fetch the tensors as extra graph outputs,
-  ``chunk_size`` at a time, bisecting a chunk that ONNX Runtime refuses.
+  models the probes cannot run in, fetch the tensors as extra graph outputs, in chunks
+  of at most ``chunk_size`` tensors and about :data:`FETCH_BYTES` (sizes learnt from the
+  first sample), bisecting a chunk that ONNX Runtime refuses.
 
 Initializers and Constant tensors (subgraphs included) are observed once from their
 data, with per-output-channel min/max for weights; no ORT run is needed for them.
@@ -31,6 +32,7 @@ from onnx import helper
 
 from mixprec._emulate import element_types
 from mixprec._errors import MixprecError
+from mixprec._external import DATA_FOLDER, RELEASE_EVERY, release_mapped_pages
 from mixprec._feeds import Feeds, calibration_feeds, feeds_for
 from mixprec._graphs import all_graphs, is_constant_node
 from mixprec._observers import (
@@ -39,6 +41,7 @@ from mixprec._observers import (
     Observer,
     TensorStats,
     channel_range,
+    chunks_of,
     is_float_array,
     make_observer,
 )
@@ -54,6 +57,9 @@ _FLOAT = frozenset(
 )
 # Bisection depth when a fetched chunk fails in ONNX Runtime.
 _MAX_BISECT_DEPTH = 12
+#: Bytes of fetched tensors per ONNX Runtime run (each fetched tensor stays alive until
+#: the run returns); tensors of unknown size count as FETCH_BYTES / 32.
+FETCH_BYTES = 128 << 20
 # Weight input of ops whose output channel is not axis 0: (op, input index) -> axis.
 _CHANNEL_AXIS = {("MatMul", 1): -1, ("ConvTranspose", 1): 1}
 
@@ -67,12 +73,15 @@ class CalibrationResult:
         shapes: Shape of each measured tensor in the first sample.
         samples: Number of samples consumed.
         observer: The observer kind used.
+        channel_means: Per-channel means of the tensors asked for (``channel_means=`` of
+            :func:`calibrate`), averaged over samples (bias correction reads them).
     """
 
     stats: dict[str, TensorStats] = field(default_factory=dict)
     shapes: dict[str, list[int]] = field(default_factory=dict)
     samples: int = 0
     observer: str = "absmax"
+    channel_means: dict[str, np.ndarray] = field(default_factory=dict)
 
     def absmax(self) -> dict[str, float]:
         """``max |x|`` over all samples by tensor name (what the painter reads)."""
@@ -103,7 +112,11 @@ def _constant_array(node: ir.Node) -> np.ndarray | None:
 
 def _weight_stats(array: np.ndarray, kind: str, bins: int, axis: int | None) -> TensorStats:
     observer = make_observer(kind, bins)
-    observer.update(array)
+    if kind in ("absmax", "minmax"):
+        for chunk in chunks_of(array):  # same result, no full-size temporaries
+            observer.update(chunk)
+    else:
+        observer.update(array)
     stats = observer.stats()
     if axis is None or array.ndim < 2 or array.size == 0:
         return stats
@@ -126,6 +139,8 @@ def static_stats(
                 continue
             if is_float_array(array):
                 found[name] = _weight_stats(np.asarray(array), kind, bins, _channel_axis(value))
+                if array.nbytes >= RELEASE_EVERY:
+                    release_mapped_pages(model)  # read once: let a mapped file's pages go
         for node in graph:
             if not is_constant_node(node) or not node.outputs[0].name:
                 continue
@@ -165,6 +180,25 @@ class _Observed:
         self.bins = bins
         self.observers: dict[str, Observer] = {}
         self.shapes = shapes
+        self.nbytes: dict[str, int] = {}  # fetched tensors' sizes, for the next chunks
+        self.mean_axes: dict[str, int] = {}  # tensors whose per-channel mean is wanted
+        self.mean_sums: dict[str, np.ndarray] = {}
+        self.mean_counts: dict[str, int] = {}
+
+    def channel_mean(self, name: str, mean: np.ndarray) -> None:
+        """Adds one sample's per-channel mean of ``name``."""
+        mean = np.asarray(mean, np.float64).reshape(-1)
+        if name in self.mean_sums and self.mean_sums[name].shape != mean.shape:
+            return  # channel count changed between samples: not a per-channel quantity
+        self.mean_sums[name] = self.mean_sums.get(name, 0) + mean
+        self.mean_counts[name] = self.mean_counts.get(name, 0) + 1
+
+    def means(self) -> dict[str, np.ndarray]:
+        return {
+            n: (self.mean_sums[n] / self.mean_counts[n]).astype(np.float32)
+            for n in self.mean_sums
+            if np.all(np.isfinite(self.mean_sums[n]))
+        }
 
     def _observer(self, name: str) -> Observer:
         if name not in self.observers:
@@ -175,6 +209,11 @@ class _Observed:
         self.shapes.setdefault(name, [int(d) for d in np.shape(array)])
         if is_float_array(array):
             self._observer(name).update(np.asarray(array))
+            axis = self.mean_axes.get(name)
+            if axis is not None and np.ndim(array) > 0:
+                axis %= np.ndim(array)
+                others = tuple(i for i in range(np.ndim(array)) if i != axis)
+                self.channel_mean(name, np.asarray(np.mean(array, axis=others, dtype=np.float64)))
 
     def reduced(self, name: str, lo: float, hi: float, shape: list[int]) -> None:
         self.shapes.setdefault(name, shape)
@@ -184,6 +223,7 @@ class _Observed:
         """Observes the wanted arrays of ``outs`` and drops each one right away."""
         for name in list(outs):
             array = outs.pop(name)
+            self.nbytes[name] = int(array.nbytes)
             if name in wanted:
                 self.array(name, array)
 
@@ -200,8 +240,10 @@ class _SampleRunner:
         threads: int,
         external: Mapping[str, np.ndarray],
         use_probes: bool,
+        means: Mapping[str, int] | None = None,
     ) -> None:
         self._model = model
+        self._means = dict(means or {})
         self._candidates = candidates
         self._chunk_size = chunk_size
         self._threads = threads
@@ -220,7 +262,7 @@ class _SampleRunner:
         pending = self._candidates
         if self._use_probes and self._probe is None:
             self._probe = ProbeSession.create(
-                self._model, self._candidates, self._threads, self._external
+                self._model, self._candidates, self._threads, self._external, means=self._means
             )
             self._use_probes = self._probe is not None
         if self._probe is not None:
@@ -229,6 +271,8 @@ class _SampleRunner:
             except MixprecError as e:
                 logger.debug("range analysis: probes failed on a sample (%s); fetching", e)
             else:
+                for name, mean in self._probe.last_means.items():
+                    observed.channel_mean(name, mean)
                 pending = []
                 for name, dtype in self._candidates:
                     lo, hi, shape = reduced.get(name, (math.nan, math.nan, []))
@@ -247,15 +291,15 @@ class _SampleRunner:
     ) -> None:
         if self._runner is None:
             # The fallback runs protos: large weights as in-memory placeholders.
-            proto, arrays = weightless_proto(self._model)
+            folder = self._model.meta.get(DATA_FOLDER)
+            proto, arrays = weightless_proto(self._model, data_folder=folder)
             self._external.update(arrays)
-            self._runner = VariantRunner(proto, self._threads, self._external)
+            self._runner = VariantRunner(proto, self._threads, self._external, folder)
         runner = self._runner
         wanted = {name for name, _ in pending}
         originals = runner.original_outputs
         own = {vi.name for vi in originals}
-        size = self._chunk_size
-        chunks = [pending[i : i + size] for i in range(0, len(pending), size)]
+        chunks = _chunks(pending, self._chunk_size, observed.nbytes)
         first = [item for item in chunks.pop(0) if item[0] not in own]
         try:
             outs = runner.run([*originals, *_value_infos(first)], feeds)
@@ -294,6 +338,22 @@ class _SampleRunner:
         observed.record(outs, {name for name, _ in items})
 
 
+def _chunks(
+    pending: list[tuple[str, ir.DataType]], most: int, nbytes: Mapping[str, int]
+) -> list[list[tuple[str, ir.DataType]]]:
+    """``pending`` in runs of at most ``most`` tensors and about :data:`FETCH_BYTES`."""
+    chunks: list[list[tuple[str, ir.DataType]]] = [[]]
+    total = 0
+    for item in pending:
+        size = nbytes.get(item[0], FETCH_BYTES // 32)
+        if chunks[-1] and (total + size > FETCH_BYTES or len(chunks[-1]) >= most):
+            chunks.append([])
+            total = 0
+        chunks[-1].append(item)
+        total += size
+    return chunks
+
+
 def _value_infos(items: Sequence[tuple[str, ir.DataType]]) -> list[onnx.ValueInfoProto]:
     return [helper.make_tensor_value_info(name, int(dtype), None) for name, dtype in items]
 
@@ -308,6 +368,7 @@ def calibrate(
     threads: int = 2,
     external: Mapping[str, np.ndarray] | None = None,
     shapes_out: dict[str, list[int]] | None = None,
+    channel_means: Mapping[str, int] | None = None,
 ) -> CalibrationResult:
     """Runs the FP32 model on every sample of ``data`` and observes every float tensor.
 
@@ -332,6 +393,8 @@ def calibrate(
         external: Arrays of initializers that ``model`` holds as in-memory placeholders
             (see :func:`mixprec._protos.weightless_proto`).
         shapes_out: When given, filled with the first sample's shape of each tensor.
+        channel_means: Tensor -> channel axis: also average each sample's per-channel
+            mean of these (``result.channel_means``).
 
     Returns:
         The :class:`CalibrationResult` (``.stats``, ``.shapes``, ``.samples``,
@@ -359,6 +422,7 @@ def calibrate(
     result.stats.update(static_stats(work, ext, observer, bins))
     candidates = _candidates(work, set(result.stats))
     observed = _Observed(observer, bins, result.shapes)
+    observed.mean_axes = dict(channel_means or {})
     runner = _SampleRunner(
         work,
         candidates,
@@ -366,6 +430,7 @@ def calibrate(
         threads=threads,
         external=ext,
         use_probes=not OBSERVERS[observer].needs_data,
+        means=channel_means,
     )
     try:
         for sample in samples:
@@ -379,6 +444,7 @@ def calibrate(
     if result.samples == 0:
         raise MixprecError("calibration data holds no sample")
     result.stats.update({name: obs.stats() for name, obs in observed.observers.items()})
+    result.channel_means = observed.means()
     if shapes_out is not None:
         shapes_out.update(result.shapes)
     return result

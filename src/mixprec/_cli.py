@@ -1,4 +1,4 @@
-"""Command line: ``mixprec convert | inspect | validate | lists``.
+"""Command line: ``mixprec convert | quantize | tune | inspect | report | validate | lists``.
 
 Exit statuses:
 
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from mixprec._errors import MixprecError, describe
+from mixprec._report_cmd import add_output_args, add_report_parser
 from mixprec._terminal import terminal_logging
 
 EXIT_VALIDATION_FAILED = 1
@@ -195,6 +196,27 @@ def _add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
     )
     q.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor")
     q.add_argument(
+        "--mode",
+        choices=("auto", "static", "dynamic"),
+        default="auto",
+        help="static: calibrated Q/DQ; dynamic: MatMul/Gemm weights INT8 here, activations "
+        "per call at run time (no calibration needed); auto (default): dynamic when "
+        "weighted MatMul/Gemm hold >= 80%% of the Conv/MatMul/Gemm MACs",
+    )
+    q.add_argument("--dynamic", action="store_true", help="same as --mode dynamic")
+    q.add_argument(
+        "--bias-correction",
+        action="store_true",
+        help="fold the mean output shift of weight rounding into Conv/Gemm biases",
+    )
+    q.add_argument(
+        "--fallback",
+        choices=("fp32", "fp16", "bf16"),
+        default="fp32",
+        help="precision of the nodes left out of INT8 (fp16/bf16: painted around the "
+        "integer kernels, as convert paints)",
+    )
+    q.add_argument(
         "--speed",
         choices=("auto", "off"),
         default="auto",
@@ -215,6 +237,7 @@ def _add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
     q.add_argument("--external-data", action="store_true", help="write weights to OUTPUT.data")
     q.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     _add_quiet_arg(q)
+    add_output_args(q)
     return q
 
 
@@ -250,13 +273,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--external-data", action="store_true", help="write weights to OUTPUT.data beside the model"
     )
+    add_output_args(c)
 
     q = _add_quantize_parser(sub)
+    from mixprec._tune_cmd import add_tune_parser
 
-    i = sub.add_parser("inspect", help="show the painting without writing a model")
+    t = add_tune_parser(sub)
+
+    i = sub.add_parser(
+        "inspect",
+        help="show the painting (or, with --dtype int8, the INT8 plan) without writing a model",
+    )
     i.add_argument("model")
     _add_policy_args(i)
     i.add_argument("--all-nodes", action="store_true", help="list every node's decision")
+    i.add_argument(
+        "--dynamic", action="store_true", help="with --dtype int8: the dynamic INT8 plan"
+    )
 
     v = sub.add_parser("validate", help="compare a converted model with the original")
     v.add_argument("original")
@@ -281,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     lists = sub.add_parser("lists", help="print the default op lists and rules")
     lists.add_argument("--dtype", default="fp16")
     lists.add_argument("--markdown", action="store_true")
-    for command in (c, q, i, v, lists):
+    r = add_report_parser(sub, _add_policy_args)
+    for command in (c, q, t, i, v, lists, r):
         _add_debug_arg(command, top=False)
     return parser
 
@@ -340,11 +374,13 @@ def _checked_output(args: argparse.Namespace) -> Path:
     """``-o`` checked before any work: a writable folder, not the input, and
     ``--keep-failed`` only with ``--validate``."""
     from mixprec._io import check_output_path
+    from mixprec._report_cmd import check_output_args
 
     if args.keep_failed and not args.validate:
         raise MixprecError("--keep-failed needs --validate")
     out = Path(args.output)
     check_output_path(out)
+    check_output_args(args)
     if Path(args.model).exists() and out.exists() and out.resolve() == Path(args.model).resolve():
         raise MixprecError(f"{out}: output would overwrite the input model")
     return out
@@ -382,15 +418,23 @@ def _validate_and_write(args: argparse.Namespace, result: Any, feeds: Any, out: 
         )
         result.report.validation = {**validation.to_dict(), "table": validation.format_table()}
     passed = validation is None or validation.passed
+    if args.annotate_model:
+        from mixprec._report_cmd import annotate_model
+
+        annotate_model(result.model, result.report)
     kept = None
     if passed:
         result.save(out, external_data=args.external_data)
     elif args.keep_failed:
         kept = _failed_path(out)
         result.save(kept, external_data=args.external_data)
+    from mixprec._report_cmd import write_outputs
+
+    written = write_outputs(args, result.model, result.report, converted=True)
     if args.json:
         data = result.report.to_dict()
         data["output"] = str(out) if passed else None
+        data["reports"] = written
         if kept is not None:
             data["failed_output"] = str(kept)
         print(json.dumps(data, indent=2, default=str))
@@ -398,6 +442,8 @@ def _validate_and_write(args: argparse.Namespace, result: Any, feeds: Any, out: 
         print(result.report.format_summary())
         if passed:
             print(f"wrote {out}" + ("" if validation is None else " (validated: passed)"))
+        for path in written:
+            print(f"wrote {path}")
     if validation is None or passed:
         return 0
     sys.stdout.flush()  # the verdict is the last line, also where stdout and stderr interleave
@@ -424,9 +470,18 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
         fold_batchnorm=not args.no_fold_batchnorm,
         log_dir=args.log_dir,
         speed=args.speed,
+        mode="dynamic" if args.dynamic else args.mode,
+        fallback=args.fallback,
+        bias_correction=args.bias_correction,
         progress=_progress(args.quiet or args.json),
     )
     return _validate_and_write(args, result, feeds, out)
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from mixprec._tune_cmd import cmd_tune
+
+    return cmd_tune(args)
 
 
 def _failed_path(out: Path) -> Path:
@@ -453,13 +508,35 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     from mixprec._convert import inspect
 
     feeds = _load_feeds(args.inputs, args.model)
-    report = inspect(
-        args.model,
-        args.dtype,
-        calibration_data=_calibration_data(args, feeds),
-        progress=_progress(args.quiet or args.json),
-        **_convert_kwargs(args),
-    )
+    dtype = (args.dtype or os.environ.get("MIXPREC_DTYPE") or "").strip().lower()
+    if dtype == "int8":
+        from mixprec._quantize import plan_int8
+
+        for name in _LISTS:
+            for kind in ("add", "remove"):
+                if getattr(args, f"{name}_{kind}", None):
+                    raise MixprecError(
+                        f"--{name}-{kind} is an fp16/bf16 list; int8 takes --exclude"
+                    )
+        _, report = plan_int8(
+            args.model,
+            _calibration_data(args, feeds),
+            progress=_progress(args.quiet or args.json),
+            exclude_nodes=tuple(args.exclude or ()),
+            shapes=dict(args.shape),
+            fold_batchnorm=not args.no_fold_batchnorm,
+            mode="dynamic" if args.dynamic else "static",
+        )
+    else:
+        if args.dynamic:
+            raise MixprecError("--dynamic goes with --dtype int8")
+        report = inspect(
+            args.model,
+            args.dtype,
+            calibration_data=_calibration_data(args, feeds),
+            progress=_progress(args.quiet or args.json),
+            **_convert_kwargs(args),
+        )
     if args.json:
         print(report.to_json())
         return 0
@@ -468,6 +545,14 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         for n in report.nodes:
             print(f"  {n.precision:4s}  {n.op_type:22s} {n.name:40s} [{n.step}] {n.reason}")
     return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from mixprec._report_cmd import run_report
+
+    feeds = _load_feeds(args.inputs, args.model)
+    progress = _progress(args.quiet or args.json)
+    return run_report(args, _convert_kwargs(args), _calibration_data(args, feeds), progress)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -556,7 +641,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {
         "convert": _cmd_convert,
         "quantize": _cmd_quantize,
+        "tune": _cmd_tune,
         "inspect": _cmd_inspect,
+        "report": _cmd_report,
         "validate": _cmd_validate,
         "lists": _cmd_lists,
     }

@@ -69,7 +69,9 @@ class ConversionResult:
         save_model(self.model, path, external_data=external_data)
 
 
-def _load(model: ModelLike, base_dir: str | os.PathLike[str] | None = None) -> tuple[ir.Model, str]:
+def load_input(
+    model: ModelLike, base_dir: str | os.PathLike[str] | None = None
+) -> tuple[ir.Model, str]:
     """A private copy of ``model`` and the form it came in ("ir", "proto" or "path").
 
     External data is read (and checked) here, through :mod:`mixprec._external`: from the
@@ -176,7 +178,7 @@ def _run(
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter()
     say("loading")
-    work, kind = _load(model, base_dir)
+    work, kind = load_input(model, base_dir)
     report = Report(target=config.target, policy=config.policy.to_dict())
     report.notes.extend(_notes_about_input(work))
     original_proto = ir.to_proto(work) if config.log_dir is not None else None
@@ -290,7 +292,9 @@ def convert(
             the policy options ``allow_add``, ``allow_remove``, ..., ``clear_remove``
             (op types added to / removed from each list; None: use ``MIXPREC_*LIST_*``),
             ``exclude_nodes`` (names or regular expressions kept FP32), ``force_all``
-            and ``output_fp32_ops`` (compute low, hand float32 on).
+            and ``output_fp32_ops`` (compute low, hand float32 on). ``max_error=X``
+            tunes instead (:func:`mixprec.tune` with ``calibration_data`` as its data,
+            ``metric`` default "rel-l2", budget X) and returns its ``TuneResult``.
 
     Returns:
         A :class:`ConversionResult` with ``.model``, ``.model_proto``, ``.report``, ``.save()``.
@@ -304,6 +308,23 @@ def convert(
         >>> result.save("model_fp16.onnx")                       # doctest: +SKIP
         >>> print(result.report.format_summary())                # doctest: +SKIP
     """
+    if options.get("max_error") is not None:
+        if config is not None or base_dir is not None:
+            raise MixprecError("max_error= takes keyword options, not config= or base_dir=")
+        from mixprec._tune import tune
+
+        budget = options.pop("max_error")
+        metric = options.pop("metric", "rel-l2")
+        return tune(
+            model,
+            target_dtype,
+            calibration_data,
+            metric=metric,
+            budget=budget,
+            progress=progress,
+            **options,
+        )
+    options.pop("max_error", None)
     return _run(model, target_dtype, config, calibration_data, progress, options, "check", base_dir)
 
 

@@ -45,10 +45,14 @@ import onnx.numpy_helper
 import onnx_ir as ir
 
 from mixprec._errors import MixprecError
-from mixprec._protos import _IN_MEMORY, iter_model_graphs
+from mixprec._protos import _IN_MEMORY, FILE_SPAN, iter_model_graphs
 
 __all__ = [
+    "DATA_FOLDER",
     "INPUT_FILES",
+    "MAPPINGS",
+    "RELEASE_EVERY",
+    "MissingDataFile",
     "ResolveExternalDataPass",
     "ResolveExternalDataResult",
     "add_input_files",
@@ -57,6 +61,7 @@ __all__ = [
     "model_from_proto",
     "prepare_proto",
     "real_folder",
+    "release_mapped_pages",
 ]
 
 #: ``model.meta`` key: the real paths (strings) of every file the input model was read from.
@@ -85,6 +90,10 @@ class _DataFile:
     path: str  # real path
     size: int
     buffer: mmap.mmap | None  # None for an empty file
+
+
+class MissingDataFile(MixprecError):
+    """An external data file that is not in the model's folder."""
 
 
 class _Reader:
@@ -139,8 +148,9 @@ class _Reader:
         try:
             fd = os.open(real, flags)
         except FileNotFoundError:
-            raise self.fail(
-                name, f"external data file {location!r} is missing (looked in {self.folder})"
+            raise MissingDataFile(
+                f"{self.where}: tensor {name!r}: external data file {location!r} is missing "
+                f"(looked in {self.folder})"
             ) from None
         except OSError as exc:
             raise self.fail(
@@ -229,13 +239,16 @@ class _Reader:
             array = array.reshape(dims)
             if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
                 array = array.astype(np_dtype.newbyteorder("="))
-        return ir.Tensor(
+        tensor = ir.Tensor(
             array,
             dtype=dtype,
             name=name,
             doc_string=doc_string,
             metadata_props=dict(metadata_props) if metadata_props else None,
         )
+        if numel and data.buffer is not None and sys.byteorder == "little":
+            tensor.meta[FILE_SPAN] = (data.path, offset)  # ORT may map the file itself
+        return tensor
 
 
 def real_folder(base_dir: str | os.PathLike[str], what: str = "base_dir") -> str:
@@ -522,6 +535,7 @@ class ResolveExternalDataPass(ir.passes.InPlacePass):
         maps = [f.buffer for f in reader.files.values() if f.buffer is not None]
         if maps:
             model.meta.setdefault(MAPPINGS, []).extend(maps)
+        model.meta[DATA_FOLDER] = folder
         files = sorted({f.path for f in reader.files.values()})
         add_input_files(model, files)
         return ResolveExternalDataResult(
@@ -531,6 +545,10 @@ class ResolveExternalDataPass(ir.passes.InPlacePass):
 
 #: ``model.meta`` key: the read-only maps of the model's external data files.
 MAPPINGS = "mixprec.mappings"
+#: ``model.meta`` key: the real folder the model's external data files were read from.
+DATA_FOLDER = "mixprec.data_folder"
+#: Bytes read from the maps after which a pass lets their pages go again.
+RELEASE_EVERY = 64 << 20
 
 
 def release_mapped_pages(model: ir.Model) -> None:

@@ -6,6 +6,8 @@ for the repairs that run beside them).
   attribute of the wrong type or of type UNDEFINED, ``Cast(to=999)``, an UNDEFINED element
   type, ``raw_data`` that does not match its dims, If/Loop bodies with the wrong number of
   outputs, an unsupported opset or IR version.
+* :class:`CheckAxesPass`: an ``axis``/``axes`` attribute outside its input's rank, once
+  shape inference has given the ranks.
 * :func:`check_proto`: the checks that must run before ``onnx_ir`` parses a proto.
 """
 
@@ -30,7 +32,7 @@ from mixprec._sanitize import (
     _opsets,
 )
 
-__all__ = ["CheckInputPass", "check_proto", "tensor_fault"]
+__all__ = ["CheckAxesPass", "CheckInputPass", "check_proto", "tensor_fault"]
 
 
 # --- structural checks ------------------------------------------------------------------------
@@ -311,3 +313,90 @@ def _check_proto_tensor(tensor: onnx.TensorProto, what: str) -> None:
     fault = tensor_fault(ir.serde.TensorProtoTensor(tensor))
     if fault:
         raise MixprecError(f"{what} {fault}")
+
+
+# --- axis attributes against known ranks ------------------------------------------------------
+
+#: Default-domain ops whose ``axis``/``axes`` attribute indexes input 0's dimensions:
+#: op type -> (attribute, how far past the last dimension it may point). Flatten's axis may
+#: equal the rank; the others must name an existing dimension.
+_AXIS_ATTRS: dict[str, tuple[str, int]] = {
+    **{
+        op: ("axis", 0)
+        for op in (
+            "Softmax",
+            "LogSoftmax",
+            "Hardmax",
+            "Concat",
+            "Gather",
+            "GatherElements",
+            "Split",
+            "ArgMax",
+            "ArgMin",
+            "LpNormalization",
+            "LayerNormalization",
+            "Compress",
+            "QuantizeLinear",
+            "DequantizeLinear",
+            "OneHot",
+            "ScatterElements",
+        )
+    },
+    "Flatten": ("axis", 1),
+    **{
+        op: ("axes", 0)
+        for op in (
+            "Squeeze",
+            "ReduceMax",
+            "ReduceMin",
+            "ReduceMean",
+            "ReduceSum",
+            "ReduceProd",
+            "ReduceL1",
+            "ReduceL2",
+            "ReduceLogSum",
+            "ReduceLogSumExp",
+            "ReduceSumSquare",
+        )
+    },
+}
+
+
+class CheckAxesPass(ir.passes.InPlacePass):
+    """Refuse an ``axis``/``axes`` attribute outside its input's known rank. Changes nothing.
+
+    Runs after shape inference, where ranks are known. Some runtimes tolerate such an axis
+    at one opset and reject it at another (ORT expands a bf16 Softmax into ReduceMax, which
+    checks it), so a model that only ran by accident would come out broken.
+    """
+
+    def call(self, model: ir.Model) -> SanitizeResult:
+        for graph in model.graphs():
+            for node in graph:
+                self._check(node)
+        return SanitizeResult(model, modified=False)
+
+    @staticmethod
+    def _check(node: ir.Node) -> None:
+        spec = _AXIS_ATTRS.get(node.op_type)
+        if spec is None or node.domain not in _DEFAULT_DOMAINS or not node.inputs:
+            return
+        name, extra = spec
+        attr = node.attributes.get(name)
+        first = node.inputs[0]
+        if attr is None or attr.is_ref() or first is None or first.shape is None:
+            return
+        if attr.type == ir.AttributeType.INT:
+            values = [attr.as_int()]
+        elif attr.type == ir.AttributeType.INTS:
+            values = list(attr.as_ints())
+        else:
+            return
+        rank = len(first.shape)
+        low, high = -rank, rank - 1 + extra
+        for value in values:
+            if not low <= value <= high:
+                raise MixprecError(
+                    f"{_node_label(node)}: {name} {value} is out of range for an input of "
+                    f"rank {rank} (must be in [{low}, {high}])"
+                )

@@ -30,10 +30,10 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from mixprec._errors import MixprecError
-from mixprec._external import add_input_files, input_files, model_from_proto
+from mixprec._external import MissingDataFile, add_input_files, input_files, model_from_proto
 from mixprec._protos import iter_proto_tensors
 
-__all__ = ["check_output_path", "load_model", "save_model"]
+__all__ = ["check_output_path", "load_model", "save_model", "write_text"]
 
 _MAX_PROTO = 2**31 - 1
 #: An existing output model is parsed (to find the data files it refers to) up to this size.
@@ -77,7 +77,17 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
     if not proto.HasField("graph") or (not proto.graph.node and not proto.graph.output):
         raise MixprecError(f"{p}: not an ONNX model (no graph); truncated or another format?")
     check_opset(proto, str(p))
-    model = model_from_proto(proto, where=str(p), folder=os.path.dirname(real))
+    try:
+        model = model_from_proto(proto, where=str(p), folder=os.path.dirname(real))
+    except MissingDataFile as exc:
+        if os.path.dirname(os.path.abspath(p)) == os.path.dirname(real):
+            raise
+        # A link into another folder (a Hugging Face cache keeps each file as a blob).
+        raise MixprecError(
+            f"{exc}; {p} is a symbolic link into that folder and external data is read "
+            "only beside the model file's target: put the model and its data files in "
+            "one folder (e.g. huggingface-cli download --local-dir DIR)"
+        ) from None
     add_input_files(model, [real])
     return model
 
@@ -136,8 +146,9 @@ class _Writing:
     files are being removed, waits until they are done.
     """
 
-    def __init__(self, shown: Path) -> None:
+    def __init__(self, shown: Path, what: str = "the model") -> None:
         self.shown = shown
+        self.what = what
         self.files: list[str] = []
         self._previous: dict[int, Any] = {}
         self._raising = False
@@ -193,10 +204,10 @@ class _Writing:
             self._redeliver(self._pending)
         if isinstance(exc, OSError):
             raise MixprecError(
-                f"{self.shown}: cannot write the model ({exc.strerror or exc}); nothing written"
+                f"{self.shown}: cannot write {self.what} ({exc.strerror or exc}); nothing written"
             ) from None
         if isinstance(exc, Exception) and not isinstance(exc, MixprecError):
-            raise MixprecError(f"{self.shown}: cannot write the model: {exc}") from None
+            raise MixprecError(f"{self.shown}: cannot write {self.what}: {exc}") from None
 
     def _redeliver(self, signum: int) -> None:
         old = self._previous.get(signum, signal.SIG_DFL)
@@ -325,6 +336,22 @@ def save_model(
         if os.path.realpath(old) not in inputs:
             with contextlib.suppress(OSError):
                 os.unlink(old)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write a text file (a report page, a JSON overlay) atomically: a temporary file in
+    the same folder, then a rename, removed again on any error or SIGINT/SIGTERM."""
+    p = check_output_path(path)
+    folder = os.path.realpath(p.parent)
+    with _Writing(p, "the file") as writing:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
+        writing.add(tmp)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        writing.commit(tmp, os.path.join(folder, p.name))
 
 
 def _varint(n: int) -> bytes:

@@ -46,6 +46,7 @@ class Calibration:
         notes: what the report should say about inputs and shapes.
         observer: what was recorded per tensor ("absmax", "minmax" or "histogram").
         stats: the observers' statistics by value name (min/max, histograms).
+        channel_means: per-channel means of Conv/Gemm inputs, when asked for.
     """
 
     absmax: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -55,6 +56,29 @@ class Calibration:
     notes: list[str] = dataclasses.field(default_factory=list)
     observer: str = "absmax"
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    channel_means: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def _weighted_inputs(model: ir.Model) -> dict[str, int]:
+    """Activation input -> channel axis of the main graph's Conv/Gemm with a constant
+    weight (what bias correction needs the per-channel mean of)."""
+    from mixprec._constants import const_tensor
+
+    found: dict[str, int] = {}
+    for node in model.graph:
+        if node.op_type not in ("Conv", "Gemm") or len(node.inputs) < 2:
+            continue
+        x, w = node.inputs[0], node.inputs[1]
+        if x is None or w is None or not x.name or const_tensor(w) is None:
+            continue
+        if x.dtype != ir.DataType.FLOAT:
+            continue
+        if node.op_type == "Gemm":
+            trans_a = node.attributes.get("transA")
+            found[x.name] = 0 if trans_a is not None and trans_a.as_int() else 1
+        else:
+            found[x.name] = 1
+    return found
 
 
 class CalibratePass(ir.passes.InPlacePass):
@@ -66,6 +90,8 @@ class CalibratePass(ir.passes.InPlacePass):
             None generates one seeded sample from the signature.
         observer: "absmax", "minmax" or "histogram" (see ``mixprec._observers``).
         run: False records only the input shapes (``--no-calibrate``).
+        channel_means: also average the per-channel means of the activation inputs of
+            Conv/Gemm with constant weights (for INT8 bias correction).
     """
 
     def __init__(
@@ -75,8 +101,10 @@ class CalibratePass(ir.passes.InPlacePass):
         *,
         observer: str = "absmax",
         run: bool = True,
+        channel_means: bool = False,
     ) -> None:
         super().__init__()
+        self.channel_means = channel_means
         self.shapes = shapes
         self.data = data
         self.observer = observer
@@ -105,7 +133,10 @@ class CalibratePass(ir.passes.InPlacePass):
         else:
             source = "the given inputs"
         # The model itself is read (weights are handed to ORT in memory), not copied.
-        run = calibrate(model, data, observer=self.observer, shapes_out=result.shapes)
+        means = _weighted_inputs(model) if self.channel_means else None
+        run = calibrate(
+            model, data, observer=self.observer, shapes_out=result.shapes, channel_means=means
+        )
         given = [v.name for v in model.graph.inputs if v.name in run.shapes]
         if self.data is not None:
             result.input_shapes = {k: list(run.shapes[k]) for k in given}
@@ -114,6 +145,7 @@ class CalibratePass(ir.passes.InPlacePass):
         result.absmax = run.absmax()
         result.stats = run.stats
         result.samples = run.samples
+        result.channel_means = run.channel_means
         model.meta[CALIBRATION] = result
         return ir.passes.PassResult(model, modified=False)
 

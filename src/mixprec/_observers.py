@@ -11,6 +11,7 @@ Memory is fixed per tensor, whatever the number of samples.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -27,6 +28,9 @@ __all__ = [
     "MinMaxObserver",
     "Observer",
     "TensorStats",
+    "absmax_of",
+    "channel_range",
+    "chunks_of",
     "is_float_array",
     "make_observer",
 ]
@@ -239,11 +243,44 @@ def make_observer(kind: str, bins: int = DEFAULT_BINS) -> Observer:
 
 
 def channel_range(array: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-channel min and max of a weight along ``axis`` (NaN ignored)."""
-    a = np.moveaxis(np.asarray(array, dtype=np.float32), axis, 0).reshape(
-        np.asarray(array).shape[axis], -1
-    )
-    if math.prod(a.shape) == 0:
-        zeros = np.zeros(a.shape[0], np.float32)
+    """Per-channel min and max of a weight along ``axis`` (NaN ignored).
+
+    Reduces in place over the other axes: no copy of the weight is made, so a large
+    memory-mapped weight costs only its pages.
+    """
+    a = np.asarray(array)
+    if a.dtype not in (np.float32, np.float64):
+        a = a.astype(np.float32)
+    axis %= a.ndim
+    if a.size == 0:
+        zeros = np.zeros(a.shape[axis], np.float32)
         return zeros, zeros
-    return np.nanmin(a, axis=1), np.nanmax(a, axis=1)
+    others = tuple(i for i in range(a.ndim) if i != axis)
+    # fmin/fmax skip NaN unless a whole channel is NaN (then NaN, as nanmin gives).
+    lo = np.fmin.reduce(a, axis=others) if others else a.copy()
+    hi = np.fmax.reduce(a, axis=others) if others else a.copy()
+    return lo.astype(np.float32), hi.astype(np.float32)
+
+
+#: Elements per chunk when a large constant is scanned (64 MB of float32).
+CHUNK_ELEMENTS = 1 << 24
+
+
+def chunks_of(array: np.ndarray) -> Iterator[np.ndarray]:
+    """``array`` flattened, in views of at most :data:`CHUNK_ELEMENTS` (no copy when it is
+    contiguous): scanning a large weight then never allocates a full-size temporary."""
+    flat = np.asarray(array).reshape(-1)
+    for start in range(0, flat.size, CHUNK_ELEMENTS):
+        yield flat[start : start + CHUNK_ELEMENTS]
+
+
+def absmax_of(array: np.ndarray) -> float:
+    """``max |x|`` of a constant (0 when empty; NaN when it holds NaN), in chunks."""
+    peak = 0.0
+    for chunk in chunks_of(array):
+        if chunk.size:
+            lo, hi = float(chunk.min()), float(chunk.max())
+            if math.isnan(lo) or math.isnan(hi):
+                return math.nan
+            peak = max(peak, abs(lo), abs(hi))
+    return peak

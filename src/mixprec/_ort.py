@@ -154,8 +154,18 @@ def make_session(
     optimize: bool = True,
     in_order: bool = False,
     external: Mapping[str, np.ndarray] | None = None,
+    prepack: bool = True,
+    data_folder: str | None = None,
+    arena: bool = True,
 ) -> ort.InferenceSession:
     """Creates a CPU session.
+
+    ``external`` initializers are used in place (no copy). With ``prepack=False`` ORT
+    keeps no repacked copy of the weights either (MatMul/Conv run a little slower): the
+    session then holds no second copy of a large model's weights. ``data_folder`` is where
+    ORT resolves the external-data references of a model given as bytes (it maps those
+    files itself). Without the ``arena`` a session frees its activations after each run
+    (for sessions kept side by side).
 
     When ORT rejects only the model's IR version (models written by a newer onnx than
     this ORT knows), the session is retried with the IR version ORT names; that rewrites
@@ -176,6 +186,14 @@ def make_session(
         # Run nodes in the given order: range probes placed after each producer then
         # free every activation right away (the default order keeps them all alive).
         so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    if not prepack:
+        so.add_session_config_entry("session.disable_prepacking", "1")
+    if not arena:
+        so.enable_cpu_mem_arena = False
+    if data_folder is not None:
+        so.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", data_folder
+        )
     if external:
         names = list(external)
         so.add_external_initializers(

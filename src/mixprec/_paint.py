@@ -35,6 +35,7 @@ import onnx_ir as ir
 
 from mixprec._constants import const_tensor
 from mixprec._errors import InternalError
+from mixprec._external import RELEASE_EVERY, release_mapped_pages
 from mixprec._graphs import (
     if_branch_owners,
     is_constant_node,
@@ -44,6 +45,7 @@ from mixprec._graphs import (
 )
 from mixprec._measure import SHAPES as SHAPE_META
 from mixprec._measure import calibration_of
+from mixprec._observers import absmax_of
 from mixprec._policy import SHAPE_ONLY_OPS, OpClass, OpRule, Policy, RuleContext, rule_for
 from mixprec._registry import node_info
 from mixprec._schema import SlotInfo, slot_info
@@ -145,7 +147,9 @@ class PaintPass(ir.passes.InPlacePass):
                 self._const_peaks[value] = None
             else:
                 arr = tensor.numpy()
-                self._const_peaks[value] = float(np.max(np.abs(arr))) if arr.size else 0.0
+                self._const_peaks[value] = absmax_of(arr)
+                if arr.nbytes >= RELEASE_EVERY:
+                    release_mapped_pages(self._model)  # read once: let a mapped file's pages go
         return self._const_peaks[value]
 
     def _range_block(self, node: ir.Node, slots: SlotInfo) -> str | None:
@@ -209,6 +213,7 @@ class PaintPass(ir.passes.InPlacePass):
         self.absmax = dict(absmax if absmax is not None else calibration_of(model).absmax)
         self.shapes = dict(shapes if shapes is not None else model.meta.get(SHAPE_META, {}))
         self._main_graph = model.graph
+        self._model = model
         self._const_peaks: dict[ir.Value, float | None] = {}
         self._owners = if_branch_owners(model.graph)
         painter = _Painter(self, model)

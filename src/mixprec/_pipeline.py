@@ -25,7 +25,7 @@ from mixprec._config import ConvertConfig
 from mixprec._errors import InternalError, MixprecError
 from mixprec._external import ResolveExternalDataPass
 from mixprec._fold import FoldBatchNormPass, FoldCastsPass
-from mixprec._input_checks import CheckInputPass
+from mixprec._input_checks import CheckAxesPass, CheckInputPass
 from mixprec._measure import CalibratePass, CountMacsPass
 from mixprec._opset import UpgradeOpsetPass, ops_needing_upgrade
 from mixprec._paint import PaintPass
@@ -142,6 +142,7 @@ class Pipeline:
             passes += [
                 FoldCastsPass(),
                 InferShapesPass(),
+                CheckAxesPass(),
                 FoldCastsPass(),  # identity casts, now that every dtype is known
                 common.RemoveUnusedNodesPass(),
             ]

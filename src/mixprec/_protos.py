@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 from mixprec._errors import MixprecError
 
 __all__ = [
+    "FILE_SPAN",
     "iter_model_graphs",
     "iter_node_graphs",
     "iter_proto_graphs",
@@ -26,6 +27,9 @@ __all__ = [
 _LIGHT_MAX_ELEMS = 1024
 # Location of external-data placeholders whose arrays are handed to ONNX Runtime in memory.
 _IN_MEMORY = "__mixprec_in_memory__"
+#: ``tensor.meta`` key of a tensor whose bytes are a span of a checked data file:
+#: ``(real path, offset)`` (set by :mod:`mixprec._external`).
+FILE_SPAN = "mixprec.file_span"
 
 
 def _is_repeated(fd: Any) -> bool:
@@ -84,6 +88,17 @@ _PLACEHOLDER_DTYPES = frozenset(
 )
 
 
+def _span_in(tensor: ir.TensorProtocol, folder: str | None) -> tuple[str, int] | None:
+    """``(location relative to folder, offset)`` of a tensor that is a file span there."""
+    span = tensor.meta.get(FILE_SPAN) if folder else None
+    if span is None or folder is None:
+        return None
+    path, offset = span
+    if os.path.commonpath([path, folder]) != folder:
+        return None  # not inside the folder the runtime will be told
+    return os.path.relpath(path, folder), offset
+
+
 def _external_ok(tensor: ir.ExternalTensor, name: str) -> bool:
     """Whether ``tensor`` may become a placeholder; refuses one that has no folder.
 
@@ -101,19 +116,27 @@ def _external_ok(tensor: ir.ExternalTensor, name: str) -> bool:
 
 
 def weightless_proto(
-    model: ir.Model, min_bytes: int = 4096, *, with_arrays: bool = True
+    model: ir.Model,
+    min_bytes: int = 4096,
+    *,
+    with_arrays: bool = True,
+    data_folder: str | None = None,
 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """``model`` as a proto whose large main-graph initializers are in-memory placeholders.
 
     Returns the proto and, with ``with_arrays``, the placeholders' arrays (protobuf hands
     out a copy of each tensor's bytes: skip them when only shapes are needed). Shape work
     reads only dims; ONNX Runtime gets the arrays through ``add_external_initializers``
-    (``collect_absmax(external=...)``). ``model`` is unchanged afterwards.
+    (``collect_absmax(external=...)``), which copies them. With ``data_folder``, a tensor
+    that is still a span of a checked file in that folder (:data:`FILE_SPAN`) is written
+    as a reference to it instead: ONNX Runtime then maps the file itself (no copy) when
+    told the folder (``make_session(data_folder=...)``). ``model`` is unchanged afterwards.
     """
     swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
     inlined: list[tuple[ir.Value, ir.TensorProtocol]] = []
     arrays: dict[str, np.ndarray] = {}
     in_memory: set[str] = set()
+    in_files: set[str] = set()
     try:
         for name, value in model.graph.initializers.items():
             tensor = value.const_value
@@ -134,6 +157,20 @@ def weightless_proto(
                 continue
             if tensor.dtype not in _PLACEHOLDER_DTYPES:
                 continue
+            span = _span_in(tensor, data_folder)
+            if span is not None:
+                value.const_value = ir.ExternalTensor(
+                    span[0],
+                    span[1],
+                    tensor.nbytes,
+                    tensor.dtype,
+                    shape=tensor.shape,  # type: ignore[arg-type]
+                    name=name,
+                    base_dir=data_folder or "",
+                )
+                swapped.append((value, tensor))
+                in_files.add(name)
+                continue
             if with_arrays:
                 arrays[name] = tensor.numpy()
             value.const_value = ir.ExternalTensor(
@@ -149,7 +186,7 @@ def weightless_proto(
     finally:
         for value, tensor in [*swapped, *inlined]:
             value.const_value = tensor
-    placeholders = {value.name for value, _ in swapped} | in_memory
+    placeholders = ({value.name for value, _ in swapped} - in_files) | in_memory
     for t in proto.graph.initializer:
         if t.name in placeholders:
             del t.external_data[:]

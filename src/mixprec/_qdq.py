@@ -27,6 +27,7 @@ from mixprec._constants import const_tensor
 from mixprec._graphs import UniqueNames
 from mixprec._measure import calibration_of
 from mixprec._observers import TensorStats
+from mixprec._qbias import output_shift
 from mixprec._qparams import QParams, activation_qparams, quantize_bias, quantize_weight
 from mixprec._qplan import INT8, Int8Decision, int8_decision, weight_index
 
@@ -49,6 +50,7 @@ class QuantizeQDQResult(ir.passes.PassResult):
     biases: int = 0
     float_biases: list[str] = dataclasses.field(default_factory=list)
     left_float: dict[str, str] = dataclasses.field(default_factory=dict)
+    corrected_biases: int = 0
 
 
 def _activation_inputs(node: ir.Node, role: str | None) -> list[int]:
@@ -70,12 +72,21 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
         unsigned: uint8 activations (asymmetric) instead of int8 (symmetric).
         per_channel: per-output-channel weight scales (needs opset >= 13).
         reduce_range: 7-bit weights (for AVX2 kernels without VNNI).
+        bias_correction: fold the mean output shift of weight rounding into the bias of
+            Conv/Gemm (:mod:`mixprec._qbias`; needs the calibration's channel means).
     """
 
     def __init__(
-        self, method: str, *, unsigned: bool, per_channel: bool, reduce_range: bool = False
+        self,
+        method: str,
+        *,
+        unsigned: bool,
+        per_channel: bool,
+        reduce_range: bool = False,
+        bias_correction: bool = False,
     ) -> None:
         super().__init__()
+        self.bias_correction = bias_correction
         self.method = method
         self.unsigned = unsigned
         self.per_channel = per_channel
@@ -86,6 +97,7 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
         self._graph = model.graph
         self._names = UniqueNames(model)
         self._stats = calibration_of(model).stats
+        self._means = getattr(calibration_of(model), "channel_means", {}) or {}
         self._first = next(iter(model.graph), None)
         while True:  # a tensor left float demotes its nodes, and what they fed: plan again
             nodes = [n for n in model.graph if _is_int8(n)]
@@ -263,8 +275,60 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
         result.weights += 1
         x = node.inputs[0]
         x_params = qparams.get(x) if x is not None else None
+        if self.bias_correction and x is not None and (x.name or "") in self._means:
+            self._correct_bias(node, array, data, params, self._means[x.name or ""], result)
         if node.op_type in ("Conv", "Gemm") and len(node.inputs) > 2 and node.inputs[2] is not None:
             self._quantize_bias(node, x_params, params, result)
+
+    def _correct_bias(
+        self,
+        node: ir.Node,
+        weight: np.ndarray,
+        data: np.ndarray,
+        params: QParams,
+        mean: np.ndarray,
+        result: QuantizeQDQResult,
+    ) -> None:
+        """``bias -= dW @ E[x]`` (a bias is added when the node has none)."""
+        shape = [1] * data.ndim
+        if params.axis is not None:
+            shape[params.axis] = -1
+        dequantized = data.astype(np.float32) * params.scale.reshape(shape)
+        attrs = node.attributes
+        if node.op_type == "Gemm" and any(
+            attrs.get(k) is not None and attrs[k].as_float() != 1.0 for k in ("alpha", "beta")
+        ):
+            return
+        trans_b = attrs.get("transB")
+        group = attrs.get("group")
+        shift = output_shift(
+            node.op_type,
+            weight,
+            dequantized,
+            mean,
+            group=group.as_int() if group is not None else 1,
+            trans_b=trans_b is not None and bool(trans_b.as_int()),
+        )
+        if shift is None or not np.all(np.isfinite(shift)):
+            return
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        current = const_tensor(bias) if bias is not None else None
+        if bias is not None and current is None:
+            return  # a computed bias: nothing to fold into
+        old = (
+            np.zeros(len(shift), np.float32)
+            if current is None
+            else np.asarray(current.numpy(), np.float32)
+        )
+        if old.size != len(shift):
+            return  # a broadcast Gemm C of another shape
+        corrected = (old.reshape(-1) - shift).astype(np.float32).reshape(old.shape)
+        base = (bias.name if bias is not None else None) or f"{node.name}_bias"
+        value = self._initializer(f"{base}_corrected", corrected)
+        if bias is None:
+            node.resize_inputs(3)
+        node.replace_input_with(2, value)
+        result.corrected_biases += 1
 
     def _quantize_bias(
         self,

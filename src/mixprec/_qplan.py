@@ -61,11 +61,14 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
 
     Args:
         exclude_nodes: node names or regular expressions kept float.
+        dynamic: plan dynamic INT8 (:mod:`mixprec._qdynamic`): only MatMul/Gemm with a
+            constant 2-D weight, activations quantized at run time.
     """
 
-    def __init__(self, exclude_nodes: tuple[str, ...] = ()) -> None:
+    def __init__(self, exclude_nodes: tuple[str, ...] = (), *, dynamic: bool = False) -> None:
         super().__init__()
         self._exclude = [re.compile(p) for p in exclude_nodes]
+        self._dynamic = dynamic
 
     def _excluded(self, node: ir.Node) -> str | None:
         name = node.name or ""
@@ -82,8 +85,17 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
             if node not in main:
                 node.meta[INT8] = Int8Decision(False, None, "inside a subgraph")
         for node in model.graph:  # topological order: producers are decided first
-            node.meta[INT8] = self._decide(node)
+            node.meta[INT8] = self._decide_dynamic(node) if self._dynamic else self._decide(node)
         return ir.passes.PassResult(model, modified=False)
+
+    def _decide_dynamic(self, node: ir.Node) -> Int8Decision:
+        from mixprec._qdynamic import dynamic_candidate
+
+        role = node_info(node).int8
+        why = dynamic_candidate(node) or self._excluded(node)
+        if why is not None:
+            return Int8Decision(False, role, why)
+        return Int8Decision(True, role, f"{node.op_type}: dynamic INT8 (DynamicQuantizeMatMul)")
 
     def _decide(self, node: ir.Node) -> Int8Decision:
         info = node_info(node)

@@ -15,7 +15,6 @@ import dataclasses
 import logging
 import os
 import platform
-import re
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -33,17 +32,22 @@ from mixprec._opset import upgrade_to
 from mixprec._pipeline import Pipeline, Stage
 from mixprec._policy import default_policy
 from mixprec._qdq import QuantizeQDQPass, QuantizeQDQResult
+from mixprec._qdynamic import QuantizeDynamicPass, QuantizeDynamicResult
+from mixprec._qfallback import FALLBACKS, paint_fallback
 from mixprec._qparams import METHODS
 from mixprec._qplan import AnnotateInt8Pass, int8_decision
 from mixprec._report import NodeReport, Report
 
-__all__ = ["QuantizeConfig", "integer_kernel_share", "quantize"]
+__all__ = ["QuantizeConfig", "int8_node_reports", "integer_kernel_share", "quantize"]
 
 logger = logging.getLogger(__name__)
 
 _ACTIVATIONS = ("auto", "u8", "s8")
 #: Per-channel DequantizeLinear (``axis``) needs this ai.onnx opset.
 PER_CHANNEL_OPSET = 13
+MODES = ("static", "dynamic", "auto")
+#: mode="auto" goes dynamic when weighted MatMul/Gemm hold at least this MAC share.
+DYNAMIC_MAC_SHARE = 0.8
 #: ONNX Runtime kernels that run a Conv/MatMul/Gemm in integers.
 INTEGER_KERNELS = frozenset(
     {
@@ -99,6 +103,15 @@ class QuantizeConfig:
         speed: "auto" times candidate placements on this machine (all INT8 nodes; without
             depthwise convolutions; only the large Conv/MatMul/Gemm) against the FP32 model
             and keeps the fastest, never one slower than FP32; "off" quantizes all.
+        mode: "static" (calibrated Q/DQ pairs), "dynamic" (MatMul/Gemm weights INT8
+            offline, activations quantized per call at run time; no calibration) or
+            "auto": dynamic when MatMul/Gemm with constant weights hold >= 80% of the
+            Conv/MatMul/Gemm MACs (transformers, whose activation outlier channels one
+            static scale cannot hold), else static.
+        bias_correction: fold the mean output shift of weight rounding into Conv/Gemm
+            biases (static mode; the calibration also averages their inputs' channel means).
+        fallback: precision of the nodes left out of INT8: "fp32", or "fp16"/"bf16" painted
+            by the FP16/BF16 painter around the integer kernels (:mod:`mixprec._qfallback`).
     """
 
     method: str = "minmax"
@@ -110,8 +123,17 @@ class QuantizeConfig:
     check: bool = True
     log_dir: Path | None = None
     speed: str = "auto"
+    mode: str = "auto"
+    fallback: str = "fp32"
+    bias_correction: bool = False
 
     def __post_init__(self) -> None:
+        if self.fallback not in FALLBACKS:
+            raise MixprecError(
+                f"fallback must be one of {', '.join(FALLBACKS)}, not {self.fallback!r}"
+            )
+        if self.mode not in MODES:
+            raise MixprecError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.speed not in ("auto", "off"):
             raise MixprecError(f"speed must be 'auto' or 'off', not {self.speed!r}")
         if self.method not in METHODS:
@@ -154,19 +176,39 @@ class QuantizePipeline(Pipeline):
     def __init__(self, qconfig: QuantizeConfig, **kwargs: Any) -> None:
         super().__init__(qconfig.base(), **kwargs)
         self.qconfig = qconfig
+        #: Why mode "auto" became static or dynamic (set when the annotate stage is built).
+        self.mode_choice: str | None = None
 
     def build(self, name: str, model: ir.Model) -> Stage:
+        if name == "annotate" and self.qconfig.mode == "auto":
+            # The calibrated shapes give the MACs that decide (every user of the pipeline,
+            # quantize, the plan, the tuner, resolves "auto" the same way).
+            self.qconfig, self.mode_choice = _choose_mode(model, self.qconfig)
         q = self.qconfig
         if name == "calibrate":
-            return Stage(
-                name, CalibratePass(q.shapes, self.calibration_data, observer=self.config.observer)
+            # Dynamic mode measures ranges at run time: given data only shows the shapes
+            # (MAC counts, the speed plan's inputs).
+            run = q.mode != "dynamic" or self.calibration_data is not None
+            calibrate = CalibratePass(
+                q.shapes,
+                self.calibration_data,
+                observer=self.config.observer,
+                run=run,
+                channel_means=q.bias_correction and q.mode != "dynamic",
             )
+            return Stage(name, calibrate)
         if name == "annotate":
             passes: list[ir.passes.PassBase] = []
             opset = model.opset_imports.get("", 1)
-            if q.per_channel and opset < PER_CHANNEL_OPSET:
+            if q.per_channel and q.mode != "dynamic" and opset < PER_CHANNEL_OPSET:
                 passes.append(upgrade_to(PER_CHANNEL_OPSET))
-            return Stage(name, *passes, CountMacsPass(), AnnotateInt8Pass(q.exclude_nodes))
+            annotate = AnnotateInt8Pass(q.exclude_nodes, dynamic=q.mode == "dynamic")
+            return Stage(name, *passes, CountMacsPass(), annotate)
+        if name == "apply" and q.mode == "dynamic":
+            dynamic_pass = QuantizeDynamicPass(
+                per_channel=q.per_channel, reduce_range=q.reduce_range
+            )
+            return Stage(name, dynamic_pass, common.RemoveUnusedNodesPass())
         if name == "apply":
             return Stage(
                 name,
@@ -175,6 +217,7 @@ class QuantizePipeline(Pipeline):
                     unsigned=q.unsigned,
                     per_channel=q.per_channel,
                     reduce_range=q.reduce_range,
+                    bias_correction=q.bias_correction,
                 ),
                 common.RemoveUnusedNodesPass(),
             )
@@ -182,13 +225,15 @@ class QuantizePipeline(Pipeline):
 
 
 def integer_kernel_share(
-    proto: onnx.ModelProto, macs: Mapping[str, int]
+    proto: onnx.ModelProto, macs: Mapping[str, int], outputs: Mapping[str, str] | None = None
 ) -> tuple[float | None, dict[str, int]]:
     """Share of the given nodes' MACs that ONNX Runtime's CPU provider runs in integer
     kernels, read from its optimized graph, and the count of each compute kernel there.
 
     A fused integer kernel writes the output of the QuantizeLinear that followed the
-    node (or the Relu/Clip it absorbed), so kernels are traced back by that name.
+    node (or the Relu/Clip it absorbed), so kernels are traced back by that name;
+    ``outputs`` adds other output -> node pairs (a dynamic MatMul's fused kernel writes
+    the original MatMul's output).
     """
     import onnxruntime as ort
 
@@ -204,7 +249,8 @@ def integer_kernel_share(
         n.op_type for n in optimized.graph.node if n.op_type in INTEGER_KERNELS | FLOAT_KERNELS
     )
     producer = {out: node for node in proto.graph.node for out in node.output}
-    source: dict[str, str] = {}  # Q output -> the compute node it quantizes
+    # Q output -> the compute node it quantizes (nodes without counted MACs are left out)
+    source: dict[str, str] = {k: v for k, v in (outputs or {}).items() if v in macs}
     for node in proto.graph.node:
         if node.op_type != "QuantizeLinear":
             continue
@@ -213,6 +259,12 @@ def integer_kernel_share(
             before = producer.get(before.input[0])
         if before is not None and before.name in macs:
             source[node.output[0]] = before.name
+    # A fused kernel may also absorb the bias Add that follows (MatMulIntegerToFloat).
+    readers = Counter(name for node in proto.graph.node for name in node.input)
+    for node in proto.graph.node:
+        fed = [name for name in node.input if name in source and readers[name] == 1]
+        if node.op_type == "Add" and len(fed) == 1:
+            source.setdefault(node.output[0], source[fed[0]])
     integer = sum(
         macs[source[out]]
         for n in optimized.graph.node
@@ -233,6 +285,7 @@ def quantize(
     *,
     config: QuantizeConfig | None = None,
     progress: Callable[[str], None] | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Any:
     """Post-training static INT8 quantization in QDQ form.
@@ -244,9 +297,14 @@ def quantize(
             synthetic data say nothing about real accuracy.
         config: a ready :class:`QuantizeConfig`; ``options`` then replace its fields.
         progress: called with a short message at each stage.
+        base_dir: the folder an in-memory model's external data is read from (as for
+            :func:`~mixprec.convert`); a path's own folder otherwise.
         **options: the fields of :class:`QuantizeConfig` (``method``, ``activations``,
             ``per_channel``, ``exclude_nodes``, ``shapes``, ``fold_batchnorm``, ``check``,
-            ``log_dir``).
+            ``log_dir``). ``max_drop=X`` tunes instead (:func:`mixprec.tune`, target int8,
+            ``calibration_data`` as its data): the accepted drop of ``metric`` (default
+            "rel-l2": rel L2 <= X; "top1"/"cosine": >= 1 - X; a callable: its FP32 score
+            - X); it returns the ``TuneResult``.
 
     Returns:
         A :class:`~mixprec.ConversionResult` (``.model``, ``.report``, ``.save()``).
@@ -255,18 +313,29 @@ def quantize(
         >>> result = mixprec.quantize("model.onnx", batches, method="entropy")  # doctest: +SKIP
         >>> result.save("model_int8.onnx")                                      # doctest: +SKIP
     """
-    from mixprec._convert import ConversionResult, _load, _notes_about_input
+    from mixprec._convert import ConversionResult, _notes_about_input, load_input
 
+    if options.get("max_drop") is not None:
+        if config is not None or base_dir is not None:
+            raise MixprecError("max_drop= takes keyword options, not config= or base_dir=")
+        return _tune_int8(model, calibration_data, progress, options)
+    options.pop("max_drop", None)
     try:
         config = dataclasses.replace(config, **options) if config else QuantizeConfig(**options)
     except TypeError as exc:
         raise MixprecError(f"quantize: {exc}") from None
     say = progress or (lambda _msg: None)
     say("loading")
-    work, kind = _load(model)
+    work, kind = load_input(model, base_dir)
     report = Report(target="int8", policy={"quantize": _config_dict(config)})
     report.notes.extend(_notes_about_input(work))
-    if calibration_data is None:
+    if config.mode == "dynamic":
+        if calibration_data is not None:
+            report.notes.append(
+                "dynamic mode: activation ranges are measured at run time; the calibration "
+                "data only gave the shapes (MAC counts, the speed plan's inputs)"
+            )
+    elif calibration_data is None:
         message = (
             "no calibration data: scales come from one synthetic sample and say nothing "
             "about accuracy on real inputs; give calibration_data / --calibration-data"
@@ -275,114 +344,90 @@ def quantize(
         report.notes.append(message)
     pipeline = QuantizePipeline(config, calibration_data=calibration_data, progress=progress)
     work = pipeline.run(work, until="calibrate")
+    if config.mode == "auto":
+        config, mode_choice = _choose_mode(work, config)
+        pipeline.qconfig = config  # resolved once here: the speed plan times this mode
+        pipeline.mode_choice = mode_choice
+        report.notes.append(mode_choice)
     speed: dict[str, object] | None = None
     if config.speed == "auto":
         say("timing candidate INT8 placements")
-        excluded, speed = choose_placement(work, config)
+        excluded, speed = _timed_placement(work, config)
         pipeline.qconfig = dataclasses.replace(config, exclude_nodes=excluded)
-    work = pipeline.run(work, start="annotate")
+    work = pipeline.run(work, start="annotate", until="annotate")
+    planned = set(work.graph)
+    work = pipeline.run(work, start="apply")
     report.timings = dict(pipeline.timings)
     _fill_report(report, pipeline, work)
+    if pipeline.mode_choice is not None and report.quantization is not None:
+        report.quantization["mode_choice"] = pipeline.mode_choice
+    if config.fallback != "fp32":
+        say(f"painting the float nodes {config.fallback}")
+        work, low = paint_fallback(work, config.fallback, planned, check=config.check)
+        _mark_fallback(report, config.fallback, low)
     if speed is not None and report.quantization is not None:
         report.quantization["speed"] = speed
         report.notes.append(str(speed["summary"]))
     return ConversionResult(work, report, kind)
 
 
-def _depthwise(model: ir.Model) -> list[str]:
-    names = []
-    for node in model.graph:
-        group = node.attributes.get("group")
-        weight = node.inputs[1] if len(node.inputs) > 1 else None
-        if node.op_type != "Conv" or group is None or group.as_int() <= 1 or weight is None:
-            continue
-        shape = weight.shape
-        if shape is not None and len(shape) > 1 and shape[1] == 1:
-            names.append(node.name or "")
-    return names
+def _choose_mode(model: ir.Model, config: QuantizeConfig) -> tuple[QuantizeConfig, str]:
+    """mode="auto": dynamic for MatMul-dominated models (see :class:`QuantizeConfig`)."""
+    from mixprec._qdynamic import dynamic_candidate
 
-
-def _candidates(model: ir.Model, config: QuantizeConfig) -> dict[str, tuple[str, ...]]:
-    """Placements to time: extra exclusions by name, on top of the user's."""
     probe = ir.from_proto(ir.to_proto(model))
     probe.meta.update(model.meta)
     CountMacsPass()(probe)
-    macs = {n.name or "": int(n.meta.get(MACS, 0)) for n in probe.graph}
-    total = sum(macs.values()) or 1
-    depthwise = _depthwise(probe)
-    small = [n for n, m in macs.items() if m and m < 0.01 * total]
-    found = {"all": (), "no depthwise Conv": tuple(depthwise)}
-    found["only Conv/MatMul/Gemm with >= 1% of the MACs"] = tuple(dict.fromkeys(depthwise + small))
-    unique: dict[tuple[str, ...], str] = {}
-    for label, names in found.items():
-        unique.setdefault(names, label)
-    return {
-        label: tuple(config.exclude_nodes) + tuple(re.escape(n) for n in names)
-        for names, label in unique.items()
-    }
+    matmul = total = 0
+    for node in probe.graph:
+        macs = int(node.meta.get(MACS, 0))
+        if node.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm"):
+            total += macs
+            if dynamic_candidate(node) is None:
+                matmul += macs
+    share = matmul / total if total else 0.0
+    mode = "dynamic" if total and share >= DYNAMIC_MAC_SHARE else "static"
+    why = (
+        f"mode auto: {mode} (MatMul/Gemm with constant weights hold {share:.0%} of the "
+        f"Conv/MatMul/Gemm MACs; dynamic from {DYNAMIC_MAC_SHARE:.0%})"
+    )
+    return dataclasses.replace(config, mode=mode), why
 
 
-def choose_placement(
-    model: ir.Model, config: QuantizeConfig, rounds: int = 12
+def _tune_int8(
+    model: Any,
+    data: CalibrationData | None,
+    progress: Callable[[str], None] | None,
+    options: dict[str, Any],
+) -> Any:
+    from mixprec._tune import tune
+
+    drop = options.pop("max_drop")
+    metric = options.pop("metric", "rel-l2")
+    budget = 1.0 - drop if metric in ("top1", "cosine") else drop
+    return tune(model, "int8", data, metric=metric, budget=budget, progress=progress, **options)
+
+
+def _timed_placement(
+    model: ir.Model, config: QuantizeConfig
 ) -> tuple[tuple[str, ...], dict[str, object]]:
-    """Quantize ``model`` (calibrated, not yet annotated) under each candidate placement,
-    time each against the FP32 model in ONNX Runtime (2 threads, interleaved runs, median)
-    and return the exclusions of the fastest that is not slower than FP32."""
-    import time
-
-    import numpy as np
-    import onnxruntime as ort
-
+    """The exclusions of the fastest INT8 placement on this CPU (:mod:`mixprec._qspeed`),
+    timed at the calibration's input shapes."""
     from mixprec._feeds import feeds_for, make_inputs
     from mixprec._measure import calibration_of
-
-    def session(proto: onnx.ModelProto) -> ort.InferenceSession:
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 2
-        options.inter_op_num_threads = 1
-        options.log_severity_level = 3
-        return ort.InferenceSession(
-            proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-        )
+    from mixprec._qspeed import candidate_placements, choose_placement
 
     base = ir.to_proto(model)
-    feeds, _ = make_inputs(model, shapes=calibration_of(model).input_shapes, seed=0)
-    feeds = feeds_for(model, feeds)
-    sessions = {"fp32": session(base)}
-    plans = _candidates(model, config)
-    for label, excluded in plans.items():
+
+    def build(excluded: tuple[str, ...]) -> onnx.ModelProto:
         copy = ir.from_proto(base)
         copy.meta.update(model.meta)
         trial = QuantizePipeline(dataclasses.replace(config, exclude_nodes=excluded, check=False))
-        sessions[label] = session(ir.to_proto(trial.run(copy, start="annotate", until="apply")))
-    # Each measurement repeats the run until it lasts >= 5 ms (tiny models are all noise
-    # otherwise); sessions take turns, so drifts in machine load hit every candidate alike.
-    start = time.perf_counter()
-    sessions["fp32"].run(None, feeds)
-    repeat = max(1, int(0.005 / max(time.perf_counter() - start, 1e-6)))
-    times: dict[str, list[float]] = {k: [] for k in sessions}
-    for k in range(rounds + 2):
-        for label, sess in sessions.items():
-            start = time.perf_counter()
-            for _ in range(repeat):
-                sess.run(None, feeds)
-            if k >= 2:  # two warm-up rounds
-                times[label].append((time.perf_counter() - start) / repeat)
-    ms = {label: float(np.median(t)) * 1e3 for label, t in times.items()}
-    best = min(plans, key=lambda label: ms[label])
-    chosen = best if ms[best] <= ms["fp32"] else "fp32"
-    excluded = plans[best] if chosen != "fp32" else (".*",)
-    summary = (
-        f"INT8 placement timed on this CPU (ms, median of {rounds}): "
-        + ", ".join(f"{label} {value:.2f}" for label, value in ms.items())
-        + f"; chose {chosen!r}"
-        + (
-            " (every INT8 placement was slower than FP32: the model stays float)"
-            if chosen == "fp32"
-            else f", {ms[chosen] / ms['fp32']:.2f}x FP32"
-        )
-    )
-    return excluded, {"ms": ms, "chosen": chosen, "summary": summary}
+        return ir.to_proto(trial.run(copy, start="annotate", until="apply"))
+
+    feeds, _ = make_inputs(model, shapes=calibration_of(model).input_shapes, seed=0)
+    placements = candidate_placements(model, tuple(config.exclude_nodes))
+    return choose_placement(model, placements, build, feeds_for(model, feeds))
 
 
 def _config_dict(config: QuantizeConfig) -> dict[str, object]:
@@ -393,12 +438,54 @@ def _config_dict(config: QuantizeConfig) -> dict[str, object]:
     return data
 
 
-def _fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) -> None:
-    from mixprec._convert import _report_stages
-
-    _report_stages(report, pipeline.stages, model)
-    report.calibrated = True
+def _mark_fallback(report: Report, target: str, low: Mapping[str, str]) -> None:
+    """Report rows of the float nodes the fallback painted low."""
     report.nodes = [
+        dataclasses.replace(
+            n, precision="low", step=target, reason=f"{target} fallback: {low[n.name]}"
+        )
+        if n.precision == "fp32" and n.name in low
+        else n
+        for n in report.nodes
+    ]
+    if report.quantization is not None:
+        report.quantization["fallback"] = {"dtype": target, "nodes": len(low)}
+    report.notes.append(f"{len(low)} node(s) left out of INT8 run in {target} (fallback)")
+
+
+def plan_int8(
+    model: Any,
+    calibration_data: CalibrationData | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> tuple[ir.Model, Report]:
+    """The INT8 plan without converting: the calibrated model annotated up to ``annotate``
+    (every node the plan allows: no speed search) and its report rows, each node INT8 or
+    float with the reason. ``options`` are :class:`QuantizeConfig` fields."""
+    from mixprec._convert import _notes_about_input, load_input
+
+    try:
+        config = QuantizeConfig(**{"speed": "off", **options})
+    except TypeError as exc:
+        raise MixprecError(f"quantize: {exc}") from None
+    work, _ = load_input(model, base_dir)
+    report = Report(target="int8", policy={"quantize": _config_dict(config)})
+    report.notes.extend(_notes_about_input(work))
+    pipeline = QuantizePipeline(config, calibration_data=calibration_data, progress=progress)
+    work = pipeline.run(work, until="annotate")
+    report.timings = dict(pipeline.timings)
+    report.calibrated = pipeline.qconfig.mode != "dynamic" or calibration_data is not None
+    if pipeline.mode_choice is not None:
+        report.notes.append(pipeline.mode_choice)
+    report.nodes = int8_node_reports(work)
+    return work, report
+
+
+def int8_node_reports(model: ir.Model) -> list[NodeReport]:
+    """The report rows of the INT8 decisions recorded on the main graph's nodes."""
+    return [
         NodeReport(
             name=node.name or "",
             op_type=node.op_type,
@@ -411,19 +498,39 @@ def _fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) ->
         for node in model.graph
         if (d := int8_decision(node)) is not None and node.op_type not in _QDQ_OPS
     ]
+
+
+def _fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) -> None:
+    from mixprec._convert import _report_stages
+
+    _report_stages(report, pipeline.stages, model)
+    report.nodes = int8_node_reports(model)
+    report.calibrated = pipeline.qconfig.mode != "dynamic"
     applied = pipeline.stages["apply"].result(QuantizeQDQResult)
+    dynamic = pipeline.stages["apply"].result(QuantizeDynamicResult)
     if applied is not None:
         report.quantization = {
+            "mode": "static",
             "tensors": applied.tensors,
             "weights_quantized": applied.weights,
             "biases_int32": applied.biases,
+            "biases_corrected": applied.corrected_biases,
             "float_biases": applied.float_biases,
             "left_float": applied.left_float,
+        }
+    elif dynamic is not None:
+        report.quantization = {
+            "mode": "dynamic",
+            "tensors": dynamic.tensors,
+            "weights_quantized": dynamic.weights,
+            "left_float": dynamic.left_float,
         }
     # The share is over every Conv/MatMul/Gemm MAC of the model, INT8-planned or not.
     macs = {n.name: n.macs for n in report.nodes if n.macs}
     try:
-        share, kinds = integer_kernel_share(ir.to_proto(model), macs)
+        share, kinds = integer_kernel_share(
+            ir.to_proto(model), macs, dynamic.outputs if dynamic is not None else None
+        )
     except Exception as exc:  # the check stage already passed: report, do not fail
         report.notes.append(f"could not read ONNX Runtime's optimized graph: {exc}")
         return

@@ -14,7 +14,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec._constants import const_tensor
-from mixprec._external import release_mapped_pages
+from mixprec._external import RELEASE_EVERY, release_mapped_pages
 from mixprec._graphs import (
     UniqueNames,
     all_graphs,
@@ -45,7 +45,6 @@ _FLOATS = frozenset(
 
 #: Converted weight bytes after which the pages of memory-mapped external data are
 #: released (a large model's float32 weights never all stay resident at once).
-_RELEASE_EVERY = 64 << 20
 
 
 @dataclasses.dataclass
@@ -237,7 +236,7 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
                 self._produced_low.add(value)
                 del need[value]
                 unreleased += _nbytes(value) * 2  # now low precision: half its float32 size
-                if unreleased >= _RELEASE_EVERY:
+                if unreleased >= RELEASE_EVERY:
                     release_mapped_pages(self._model)
                     unreleased = 0
             elif _nbytes(value) <= self.small_weight_bytes:

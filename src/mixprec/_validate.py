@@ -22,14 +22,15 @@ __all__ = ["validate"]
 ModelLike = str | os.PathLike[str] | onnx.ModelProto | ir.Model
 
 
-def _proto(model: ModelLike) -> onnx.ModelProto:
-    if isinstance(model, onnx.ModelProto):
-        return model
-    if isinstance(model, ir.Model):
-        return ir.to_proto(model)
+def _proto(model: ModelLike, base_dir: str | os.PathLike[str] | None) -> onnx.ModelProto:
+    """The model as a proto with every external tensor read from its own folder (checked)."""
+    from mixprec._convert import load_input
+
     if isinstance(model, str | os.PathLike):
-        return ir.to_proto(load_model(model))
-    raise MixprecError(f"expected a path or a model, not {type(model).__name__}")
+        return ir.to_proto(load_model(model))  # read from the file's own folder
+    if not isinstance(model, str | os.PathLike | onnx.ModelProto | ir.Model):
+        raise MixprecError(f"expected a path or a model, not {type(model).__name__}")
+    return ir.to_proto(load_input(model, base_dir)[0])
 
 
 def validate(
@@ -42,6 +43,7 @@ def validate(
     atol: float = 1e-3,
     mode: str = "auto",
     seed: int = 0,
+    base_dir: str | os.PathLike[str] | None = None,
 ) -> ValidationReport:
     """Run both models on the same inputs and compare every output.
 
@@ -57,6 +59,9 @@ def validate(
         mode: "ort" runs the converted model as is, "emulated" runs an FP32 model that
             rounds every low-precision tensor through the low dtype (for runtimes without
             bf16 kernels), "auto" tries "ort" and falls back to "emulated".
+        seed: seed of the generated inputs.
+        base_dir: the folder in-memory models' external data is read from (as for
+            :func:`~mixprec.convert`); a model given by path is read from its own folder.
 
     Returns:
         A ``ValidationReport`` (``.passed``, ``.outputs``, ``.kind``, ``.format_table()``).
@@ -84,8 +89,8 @@ def validate(
             raise MixprecError(f"{name} must be a finite number > 0, got {value!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise MixprecError(f"seed must be an int, not {type(seed).__name__}")
-    ref_model = _proto(original)
-    new_model = _proto(converted)
+    ref_model = _proto(original, base_dir)
+    new_model = _proto(converted, base_dir)
     if inputs is None:
         feeds, notes = make_inputs(ref_model, shapes=shapes, seed=seed)
     else:

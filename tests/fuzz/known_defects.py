@@ -122,12 +122,6 @@ CAUSES: dict[str, Cause] = {
         "ONNX Runtime then refuses the model in calibrate: two stderr lines; the inference "
         "error should be the one error line",
     ),
-    "bad-attribute-after-upgrade": Cause(
-        "output-fails-in-ort",
-        r"ShapeInferenceError\] axis must be in",
-        "an out-of-range axis (2**40) that ONNX Runtime tolerates at the input's opset is "
-        "kept through the bf16 opset upgrade to 22, where ONNX Runtime rejects the output",
-    ),
 }
 
 
@@ -145,9 +139,7 @@ class KnownDefect:
         return CAUSES[self.cause].matches(kind, detail)
 
 
-KNOWN: tuple[KnownDefect, ...] = (
-    KnownDefect("attr_bad_value", 1, "bad-attribute-after-upgrade"),
-)
+KNOWN: tuple[KnownDefect, ...] = ()
 
 
 def known_for(mutation: str, seed: int) -> KnownDefect | None:

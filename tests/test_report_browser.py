@@ -1,0 +1,317 @@
+"""The report page in a real browser: headless Chromium driven by Playwright.
+
+Uses the system Chromium (``/usr/bin/chromium``, Debian package ``chromium``; ``make test``
+installs it when missing) and never downloads a browser. Skipped, with the reason shown,
+when Playwright or Chromium is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mixprec._convert import _run
+from mixprec._html import write_report_html
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("MIXPREC_CHROMIUM", "/usr/bin/chromium")
+LAUNCH_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')"
+)
+if not Path(CHROMIUM).exists():
+    pytest.skip(
+        f"headless Chromium not found at {CHROMIUM} (make test installs the Debian package "
+        "'chromium' when it can)",
+        allow_module_level=True,
+    )
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        yield b
+        b.close()
+
+
+def _open(browser: Any, path: Path) -> tuple[Any, float]:
+    """A new page showing ``path``; the seconds from navigation to the first frame drawn."""
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    start = time.perf_counter()
+    page.goto(path.as_uri())
+    page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+    page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+    return page, time.perf_counter() - start
+
+
+def _data(path: Path) -> dict[str, Any]:
+    text = path.read_text()
+    graphs: dict[str, Any] = json.loads(text.split('id="mp-data">', 1)[1].split("</script>", 1)[0])[
+        "graphs"
+    ]
+    return graphs
+
+
+def _matches(nodes: list[dict[str, Any]], query: str) -> int:
+    """How many nodes the search box should find: name or op type contains ``query``."""
+    q = query.lower()
+    return sum(
+        q in f"{d.get('name', '')} {d.get('op', '')} {d.get('tensor', {}).get('name', '')}".lower()
+        for d in nodes
+    )
+
+
+def _png_colours(png: bytes) -> tuple[int, float]:
+    """Distinct colours in an 8-bit RGB(A) PNG and the share of pixels that are not white."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, width, height, channels = 8, b"", 0, 0, 0
+    while pos < len(png):
+        (length,) = struct.unpack(">I", png[pos : pos + 4])
+        kind, body = png[pos + 4 : pos + 8], png[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, colour = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and colour in (2, 6), (depth, colour)
+            channels = 3 if colour == 2 else 4
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * channels
+    prev = bytearray(stride)
+    colours: set[bytes] = set()
+    white = 0
+    for y in range(height):
+        kind = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - channels] if i >= channels else 0
+            b, c = prev[i], prev[i - channels] if i >= channels else 0
+            if kind == 1:
+                line[i] = (line[i] + a) & 255
+            elif kind == 2:
+                line[i] = (line[i] + b) & 255
+            elif kind == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif kind == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        for x in range(0, stride, channels * 4):  # every 4th pixel is plenty
+            px = bytes(line[x : x + 3])
+            colours.add(px)
+            white += px == b"\xff\xff\xff"
+        prev = line
+    sampled = height * len(range(0, stride, channels * 4))
+    return len(colours), 1.0 - white / sampled
+
+
+@pytest.fixture(scope="module")
+def demo_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("browser")
+    model = folder / "demo.onnx"
+    subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "make_demo_model.py"), str(model)], check=True
+    )
+    page = folder / "demo.html"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mixprec",
+            "convert",
+            str(model),
+            "-o",
+            str(folder / "o.onnx"),
+            "--exclude",
+            "conv2",
+            "--report",
+            str(page),
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    return page
+
+
+def test_demo_page_renders_and_answers(browser: Any, demo_page: Path) -> None:
+    data = _data(demo_page)["g0"]
+    page, seconds = _open(browser, demo_page)
+    drawn = page.locator("#svg-g0 g.n")
+    assert drawn.count() == len(data["nodes"]) > 10, (drawn.count(), len(data["nodes"]))
+    colours, ink = _png_colours(page.locator("#canvas").screenshot())
+    assert colours >= 6 and ink > 0.01, (colours, ink)
+    assert seconds < 10, seconds
+
+    # Click conv2 (kept FP32 by --exclude): the panel shows its class, step and reason.
+    index = next(i for i, d in enumerate(data["nodes"]) if d.get("name") == "conv2")
+    page.locator(f"#{data['ids'][index]}").click()
+    panel = page.locator("#detail").inner_text()
+    assert "Conv" in panel and "conv2" in panel, panel
+    assert "FP32" in panel and "excluded" in panel, panel
+    assert "MACs" in panel, panel
+
+    # Search by op type: every Relu is a hit, the count says so.
+    page.locator("#search").fill("relu")
+    relus = _matches(data["nodes"], "relu")
+    assert relus == sum(d.get("op") == "Relu" for d in data["nodes"]) == 3
+    assert page.locator("#search-count").inner_text() == f"{relus} matches"
+    assert page.locator("g.n.hit").count() == relus
+
+    # The FP32 filter hides what is neither FP32 nor next to it.
+    page.locator("#search").fill("")
+    page.locator("#fp32-only").check()
+    hidden = page.locator("#svg-g0 g.n.gone").count()
+    assert 0 < hidden < len(data["nodes"]), hidden
+    page.locator("#fp32-only").uncheck()
+    assert page.locator("#svg-g0 g.n.gone").count() == 0
+
+    # A reason group highlights its nodes.
+    group = page.locator("button.group").first
+    want = len(group.get_attribute("data-nodes").split())
+    group.click()
+    assert page.locator("g.n.hit").count() == want > 0
+    page.close()
+
+
+def test_subgraph_bodies_open_from_the_detail_panel(browser: Any, tmp_path: Path) -> None:
+    from test_report_page import if_model
+
+    result = _run(if_model(), "fp16", None, None, None, {"calibrate": False}, "annotate")
+    path = tmp_path / "if.html"
+    write_report_html(result, path, converted=False)
+    page, _ = _open(browser, path)
+    page.locator("#svg-g0 g.n", has_text="If").first.click()
+    page.locator("#detail button[data-open='g0.2']").click()
+    assert page.locator("#svg-g0").is_hidden()
+    body = page.locator("#svg-g0\\.2")
+    assert body.is_visible()
+    assert body.locator("g.n", has_text="Mul").count() == 1
+    page.close()
+
+
+@pytest.mark.slow
+def test_largest_corpus_model_loads_fast(browser: Any, corpus_dir: Path, tmp_path: Path) -> None:
+    """PP-OCRv4 rec (the corpus model with the most nodes): page size, load time, search."""
+    model = corpus_dir / "models" / "rapidocr-onnxruntime__ch_PP-OCRv4_rec_infer.onnx"
+    path = tmp_path / "rec.html"
+    done = subprocess.run(
+        [sys.executable, "-m", "mixprec", "report", str(model), "-o", str(path), "-q"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    data = _data(path)["g0"]
+    page, seconds = _open(browser, path)
+    size_kb = path.stat().st_size / 1024
+    print(
+        f"\nPP-OCRv4 rec: {len(data['nodes'])} nodes, page {size_kb:.0f} KB, "
+        f"load+render {seconds:.2f} s"
+    )
+    assert page.locator("#svg-g0 g.n").count() == len(data["nodes"]) > 800
+    assert seconds < 10, seconds
+    colours, ink = _png_colours(page.locator("#canvas").screenshot())
+    assert colours >= 6 and ink > 0.01, (colours, ink)
+    convs = _matches(data["nodes"], "Conv")
+    assert convs >= sum(d.get("op") == "Conv" for d in data["nodes"]) > 30
+    page.locator("#search").fill("Conv")
+    assert page.locator("#search-count").inner_text() == f"{convs} matches"
+    assert "Conv" in page.locator("#detail h3").inner_text()
+    page.close()
+
+
+def wide_model(blocks: int = 500) -> Any:
+    """``blocks`` x (Conv 1x1, Relu, Add residual, Mul by a constant): 4 nodes each."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    x = "x"
+    for k in range(blocks):
+        w = numpy_helper.from_array((rng.standard_normal((8, 8, 1, 1)) * 0.3).astype("f4"), f"w{k}")
+        s = numpy_helper.from_array(np.array(0.9, np.float32), f"s{k}")
+        inits += [w, s]
+        nodes += [
+            helper.make_node("Conv", [x, f"w{k}"], [f"c{k}"], name=f"conv{k}"),
+            helper.make_node("Relu", [f"c{k}"], [f"r{k}"], name=f"relu{k}"),
+            helper.make_node("Add", [f"r{k}", x], [f"a{k}"], name=f"add{k}"),
+            helper.make_node("Mul", [f"a{k}", f"s{k}"], [f"m{k}"], name=f"mul{k}"),
+        ]
+        x = f"m{k}"
+    graph = helper.make_graph(
+        nodes,
+        "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 8, 8, 8])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_two_thousand_nodes_open_and_respond(browser: Any, tmp_path: Path) -> None:
+    import onnx
+
+    model = tmp_path / "wide.onnx"
+    onnx.save(wide_model(), str(model))
+    path = tmp_path / "wide.html"
+    start = time.perf_counter()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mixprec",
+            "report",
+            str(model),
+            "-o",
+            str(path),
+            "-q",
+            "--no-calibrate",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    made = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr
+    data = _data(path)["g0"]
+    page, seconds = _open(browser, path)
+    t = time.perf_counter()
+    page.locator("#search").fill("relu17")
+    assert (
+        page.locator("#search-count").inner_text() == f"{_matches(data['nodes'], 'relu17')} matches"
+    )
+    search_s = time.perf_counter() - t
+    t = time.perf_counter()
+    page.locator("#fp32-only").check()
+    page.locator("#svg-g0 g.n.gone").first.wait_for(state="attached")
+    filter_s = time.perf_counter() - t
+    print(
+        f"\n2,000-node model: page {path.stat().st_size / 1024:.0f} KB made in {made:.1f} s, "
+        f"load+render {seconds:.2f} s, search {search_s:.2f} s, filter {filter_s:.2f} s"
+    )
+    assert page.locator("#svg-g0 g.n").count() == len(data["nodes"]) >= 2000
+    assert seconds < 10 and search_s < 3 and filter_s < 3, (seconds, search_s, filter_s)
+    page.close()
