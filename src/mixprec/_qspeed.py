@@ -30,7 +30,7 @@ MARGIN = 0.05
 #: Each timed run repeats the model until it lasts this long (tiny models are all noise).
 _RUN_SECONDS = 0.01
 #: Timing stops after this many seconds once _MIN_ROUNDS are done.
-_BUDGET_SECONDS = 3.0
+_BUDGET_SECONDS = 1.0
 _MIN_ROUNDS, _MAX_ROUNDS, _WARMUP = 15, 60, 2
 
 
