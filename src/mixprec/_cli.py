@@ -73,6 +73,10 @@ def _add_input_args(p: argparse.ArgumentParser, calibration: bool = True) -> Non
             help="calibration samples: an .npz whose arrays have a leading sample axis, or "
             "a folder of .npz files (one sample each), read one sample at a time",
         )
+    _add_shape_arg(p)
+
+
+def _add_shape_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--shape",
         action="append",

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import onnx_ir as ir
 
 __all__ = [
     "UniqueNames",
+    "add_initializer",
     "all_graphs",
     "if_branch_owners",
     "is_constant_node",
@@ -87,3 +89,18 @@ class UniqueNames:
             k += 1
         self.used.add(name)
         return name
+
+
+def add_initializer(
+    graph: ir.Graph, names: UniqueNames, base: str, array: np.ndarray
+) -> ir.Value:
+    """A new initializer of ``graph`` holding ``array``, under a fresh name from ``base``."""
+    name = names.fresh(base)
+    value = ir.Value(
+        name=name,
+        type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+        shape=ir.Shape(list(array.shape)),
+        const_value=ir.tensor(array, name=name),
+    )
+    graph.register_initializer(value)
+    return value

@@ -24,7 +24,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec._constants import const_tensor
-from mixprec._graphs import UniqueNames
+from mixprec._graphs import UniqueNames, add_initializer
 from mixprec._measure import calibration_of
 from mixprec._observers import TensorStats
 from mixprec._qbias import output_shift
@@ -174,15 +174,7 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
     # -- rewriting -----------------------------------------------------------------------
 
     def _initializer(self, base: str, array: np.ndarray) -> ir.Value:
-        name = self._names.fresh(base)
-        value = ir.Value(
-            name=name,
-            type=ir.TensorType(_NP_TO_IR.get(array.dtype, ir.DataType.FLOAT)),
-            shape=ir.Shape(list(array.shape)),
-            const_value=ir.tensor(array, name=name),
-        )
-        self._graph.register_initializer(value)
-        return value
+        return add_initializer(self._graph, self._names, base, array)
 
     def _dq(self, data: ir.Value, params: QParams, base: str, *, at_top: bool) -> ir.Value:
         scale = self._initializer(f"{base}_scale", params.scale)

@@ -21,7 +21,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec._constants import const_tensor
-from mixprec._graphs import UniqueNames
+from mixprec._graphs import UniqueNames, add_initializer
 from mixprec._qparams import quantize_weight
 from mixprec._qplan import INT8, Int8Decision, int8_decision
 
@@ -165,13 +165,4 @@ class QuantizeDynamicPass(ir.passes.InPlacePass):
         )
 
     def _initializer(self, base: str, array: np.ndarray) -> ir.Value:
-        name = self._names.fresh(base)
-        dtype = {np.dtype(np.int8): ir.DataType.INT8, np.dtype(np.uint8): ir.DataType.UINT8}
-        value = ir.Value(
-            name=name,
-            type=ir.TensorType(dtype.get(array.dtype, ir.DataType.FLOAT)),
-            shape=ir.Shape(list(array.shape)),
-            const_value=ir.tensor(array, name=name),
-        )
-        self._graph.register_initializer(value)
-        return value
+        return add_initializer(self._graph, self._names, base, array)

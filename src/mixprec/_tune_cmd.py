@@ -15,9 +15,9 @@ from typing import Any
 from mixprec._cli import (
     EXIT_VALIDATION_FAILED,
     _add_quiet_arg,
+    _add_shape_arg,
     _checked_output,
     _progress,
-    _shape,
 )
 
 __all__ = ["add_tune_parser", "cmd_tune"]
@@ -71,14 +71,7 @@ def add_tune_parser(sub: Any) -> argparse.ArgumentParser:
         help="emulated (default): fp16/bf16 candidates run in float32 with every low "
         "tensor rounded; ort: fp16 as is on ONNX Runtime's CPU provider",
     )
-    t.add_argument(
-        "--shape",
-        action="append",
-        type=_shape,
-        default=[],
-        metavar="NAME=D0,D1,...",
-        help="concrete shape for an input with symbolic dims (repeatable)",
-    )
+    _add_shape_arg(t)
     t.add_argument("--log-dir", help="write tune.json and tune.png (metric vs MAC share) here")
     t.add_argument("--external-data", action="store_true", help="write weights to OUTPUT.data")
     t.add_argument("--json", action="store_true", help="one JSON object on stdout")
