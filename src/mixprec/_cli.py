@@ -183,7 +183,7 @@ def _add_debug_arg(p: argparse.ArgumentParser, *, top: bool) -> None:
 
 
 def _add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
-    q = sub.add_parser("quantize", help="INT8 post-training quantization (QDQ)")
+    q = sub.add_parser("quantize", help="INT8 post-training quantization (static Q/DQ or dynamic)")
     q.add_argument("model", help="FP32 ONNX model")
     q.add_argument("-o", "--output", required=True, help="where to write the INT8 model")
     q.add_argument(

@@ -91,9 +91,7 @@ class UniqueNames:
         return name
 
 
-def add_initializer(
-    graph: ir.Graph, names: UniqueNames, base: str, array: np.ndarray
-) -> ir.Value:
+def add_initializer(graph: ir.Graph, names: UniqueNames, base: str, array: np.ndarray) -> ir.Value:
     """A new initializer of ``graph`` holding ``array``, under a fresh name from ``base``."""
     name = names.fresh(base)
     value = ir.Value(

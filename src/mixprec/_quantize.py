@@ -288,7 +288,8 @@ def quantize(
     base_dir: str | os.PathLike[str] | None = None,
     **options: Any,
 ) -> Any:
-    """Post-training static INT8 quantization in QDQ form.
+    """Post-training INT8 quantization: static (calibrated Q/DQ pairs) or dynamic (MatMul
+    weights INT8, activations quantized at run time), chosen by ``mode``.
 
     Args:
         model: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``; never mutated.
