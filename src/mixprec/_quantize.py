@@ -300,9 +300,10 @@ def quantize(
         progress: called with a short message at each stage.
         base_dir: the folder an in-memory model's external data is read from (as for
             :func:`~mixprec.convert`); a path's own folder otherwise.
-        **options: the fields of :class:`QuantizeConfig` (``method``, ``activations``,
-            ``per_channel``, ``exclude_nodes``, ``shapes``, ``fold_batchnorm``, ``check``,
-            ``log_dir``). ``max_drop=X`` tunes instead (:func:`mixprec.tune`, target int8,
+        **options: the fields of :class:`QuantizeConfig` (``method``, ``mode``,
+            ``activations``, ``per_channel``, ``fallback``, ``bias_correction``, ``speed``,
+            ``exclude_nodes``, ``shapes``, ``fold_batchnorm``, ``check``, ``log_dir``).
+            ``max_drop=X`` tunes instead (:func:`mixprec.tune`, target int8,
             ``calibration_data`` as its data): the accepted drop of ``metric`` (default
             "rel-l2": rel L2 <= X; "top1"/"cosine": >= 1 - X; a callable: its FP32 score
             - X); it returns the ``TuneResult``.
