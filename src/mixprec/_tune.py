@@ -58,8 +58,7 @@ MAC_SHARE_RESOLUTION = 0.01
 #: share of the candidates' error energy.
 FREE_ENERGY = 0.25
 #: The give-back refinement (heavy float nodes handed back one at a time) stops once the
-#: tuning has taken this many times an estimated plain conversion (so does the subset
-#: bisection, once it holds a passing candidate).
+#: tuning has taken this many times an estimated plain conversion.
 REFINE_TIME_FACTOR = 6.0
 #: Then, among nodes holding fewer MACs than that, it stops once the bracket holds less
 #: than this share of the candidates' error energy (squared sensitivity scores).
@@ -260,8 +259,6 @@ class _Search:
         """
         if hi - lo <= 1 or self.exhausted():
             return None
-        if hi < len(self.order) and time.perf_counter() > self.deadline:
-            return None  # a passing candidate is known: refine only within the time budget
         if self.moved_share[-1] < MAC_SHARE_RESOLUTION:
             return (lo + hi) // 2
         if self.moved_share[hi] - self.moved_share[lo] >= MAC_SHARE_RESOLUTION:
