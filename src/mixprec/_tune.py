@@ -60,6 +60,8 @@ FREE_ENERGY = 0.25
 #: The give-back refinement (heavy float nodes handed back one at a time) stops once the
 #: tuning has taken this many times an estimated plain conversion.
 REFINE_TIME_FACTOR = 6.0
+#: ... but they always get this many seconds.
+REFINE_MIN_SECONDS = 5.0
 #: Then, among nodes holding fewer MACs than that, it stops once the bracket holds less
 #: than this share of the candidates' error energy (squared sensitivity scores).
 ENERGY_RESOLUTION = 0.01
@@ -563,7 +565,10 @@ def tune(
     subset = max(1, len(samples) // 4) if len(samples) >= 4 else 0
     # The give-back refinement stops once tuning has taken REFINE_TIME_FACTOR times a
     # plain conversion (estimated: prepare + calibrate, plus 30% for the other stages).
-    search.deadline = t0 + REFINE_TIME_FACTOR * 1.3 * (time.perf_counter() - t0)
+    # Never under REFINE_MIN_SECONDS: on a tiny model the estimate is a few hundredths of
+    # a second, and the result would then depend on the machine's load.
+    elapsed = time.perf_counter() - t0
+    search.deadline = t0 + max(REFINE_MIN_SECONDS, REFINE_TIME_FACTOR * 1.3 * elapsed)
     best = search.run(subset)
     n = len(candidates)
     moved = best if best is not None else tuple(search.order)
