@@ -25,7 +25,8 @@ from mixprec._policy import (
 )
 from mixprec._quantize import QuantizeConfig, quantize
 from mixprec._report import NodeReport, Report
-from mixprec._tune import TuneResult, tune
+from mixprec._tune import tune
+from mixprec._tune_result import TuneResult
 from mixprec._validate import validate
 from mixprec._validation import ValidationReport
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from mixprec._tune import TuneResult
+    from mixprec._tune_result import TuneResult
 
 __all__ = ["write_tune_log"]
 
