@@ -12,6 +12,7 @@ from collections import namedtuple
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx.parser
 import onnx_ir as ir
 import pytest
@@ -270,3 +271,20 @@ def test_example_script_runs(tmp_path: Path) -> None:
     assert "max abs error" in run.stdout, run.stdout
     assert (tmp_path / "out" / "model.onnx").is_file()
     assert not list(tmp_path.glob("*.onnx")), "the example left ONNX files in its cwd"
+
+
+def test_a_budget_the_plain_conversion_misses_is_met_by_tuning() -> None:
+    """fp16 MLP: the plain conversion's error (~3e-4 rel L2) misses a 1e-4 budget; tune
+    moves the most sensitive nodes to float, and the tuned module passes the eager check."""
+    module = MLP().eval()
+    x = _x(4, 32)
+    converted = mt.convert_module(module, (x,), budget=1e-4)
+    assert converted.check is not None and converted.check.passed, converted.check
+    assert converted.check.threshold == 1e-4
+    notes = converted.report.notes
+    assert any(n.startswith("tuned to the budget: ") for n in notes), notes
+    with torch.no_grad():
+        ref = module(x).numpy()
+    got = converted(x).numpy()
+    rel = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    assert rel <= 1e-4, rel

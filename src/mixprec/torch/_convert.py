@@ -13,6 +13,7 @@ from mixprec._convert import convert
 from mixprec._errors import MixprecError
 from mixprec._policy import normalize_dtype
 from mixprec._quantize import quantize
+from mixprec._tune import tune
 from mixprec.torch._check import (
     CHECK_ATOL,
     Sample,
@@ -95,7 +96,9 @@ def convert_module(
         check: compare with eager PyTorch on each input and a perturbed copy (see
             :mod:`mixprec.torch._check`) and refuse a result outside the tolerance.
         budget: the max relative L2 error per output that the check accepts, in place of
-            the dtype's default (1e-2 fp16, 8e-2 bf16, 1e-1 int8).
+            the dtype's default (1e-2 fp16, 8e-2 bf16, 1e-1 int8). When the plain
+            conversion misses it, :func:`mixprec.tune` moves sensitive nodes to float
+            and the tuned module is checked again.
         providers: ONNX Runtime execution providers (default: CUDA when available, CPU).
         **policy_options: passed to :func:`mixprec.convert` (e.g. ``deny_add``,
             ``exclude_nodes``) or :func:`mixprec.quantize` (e.g. ``method``, ``speed``).
@@ -142,6 +145,7 @@ def convert_module(
             limits,
             providers,
             policy_options,
+            budget,
         )
     finally:
         module.train(was_training)
@@ -157,6 +161,7 @@ def _convert(
     limits: tuple[float, float] | None,
     providers: Sequence[str] | None,
     options: dict[str, Any],
+    budget: float | None = None,
 ) -> ConvertedModule:
     with torch.no_grad():
         eager_out = module(*sample[0], **sample[1])
@@ -198,16 +203,33 @@ def _convert(
     if limits is None:
         return converted
     threshold, atol = limits
-    checked = check_module(
-        lambda s: _eager(module, s),
-        lambda s: converted.run_flat(*s),
-        samples,
-        converted.output_paths,
-        dtype=target,
-        threshold=threshold,
-        atol=atol,
-        runtime=converted.runtime,
-    )
+
+    def checked_against_eager(candidate: ConvertedModule) -> Any:
+        return check_module(
+            lambda s: _eager(module, s),
+            lambda s: candidate.run_flat(*s),
+            samples,
+            candidate.output_paths,
+            dtype=target,
+            threshold=threshold,
+            atol=atol,
+            runtime=candidate.runtime,
+        )
+
+    checked = checked_against_eager(converted)
+    if not checked.passed and budget is not None:
+        # A budget the plain conversion misses: tune moves the most sensitive nodes back
+        # to float until the exported model meets it, then the check runs again.
+        tuned = tune(exported.model, target, feeds, metric="rel-l2", budget=budget)
+        if tuned.passed:
+            report = tuned.report
+            report.notes[:0] = [
+                f"exported by {exported.exporter}",
+                *exported.notes,
+                f"tuned to the budget: {tuned.message}",
+            ]
+            converted = ConvertedModule(tuned.model, report, spec, providers=providers)
+            checked = checked_against_eager(converted)
     converted.check = checked
     report.validation = checked.to_dict()
     if not checked.passed:
