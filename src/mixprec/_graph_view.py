@@ -104,7 +104,7 @@ def inferred_dtypes(model: ir.Model) -> Dtypes:
     copy (empty when inference fails: the page then shows unknown types as "other")."""
     import onnx
 
-    from mixprec._protos import weightless_proto
+    from mixprec._protos import iter_proto_graphs, weightless_proto
 
     found: Dtypes = {}
     try:
@@ -113,20 +113,12 @@ def inferred_dtypes(model: ir.Model) -> Dtypes:
     except Exception:  # best effort: a picture never fails for want of types
         return found
 
-    def visit(graph: onnx.GraphProto) -> None:
+    for graph in iter_proto_graphs(inferred.graph):
         for vi in [*graph.input, *graph.output, *graph.value_info]:
             if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
                 found[vi.name] = ir.DataType(vi.type.tensor_type.elem_type)
         for init in graph.initializer:
             found[init.name] = ir.DataType(init.data_type)
-        for node in graph.node:
-            for attr in node.attribute:
-                if attr.HasField("g"):
-                    visit(attr.g)
-                for sub in attr.graphs:
-                    visit(sub)
-
-    visit(inferred.graph)
     return found
 
 

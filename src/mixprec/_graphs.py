@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import onnx_ir as ir
 
 __all__ = [
+    "NodeExclusions",
     "UniqueNames",
     "add_initializer",
     "all_graphs",
@@ -102,3 +104,18 @@ def add_initializer(graph: ir.Graph, names: UniqueNames, base: str, array: np.nd
     )
     graph.register_initializer(value)
     return value
+
+
+class NodeExclusions:
+    """``--exclude``: node names or regular expressions (matching the whole name)."""
+
+    def __init__(self, patterns: Iterable[str]) -> None:
+        self._patterns = [re.compile(p) for p in patterns]
+
+    def reason(self, node: ir.Node) -> str | None:
+        """Why ``node`` is excluded, or None."""
+        name = node.name or ""
+        for pattern in self._patterns:
+            if pattern.pattern == name or pattern.fullmatch(name):
+                return f"excluded by --exclude {pattern.pattern!r}"
+        return None

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import re
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from mixprec._constants import const_tensor
 from mixprec._errors import InternalError
 from mixprec._external import RELEASE_EVERY, release_mapped_pages
 from mixprec._graphs import (
+    NodeExclusions,
     if_branch_owners,
     is_constant_node,
     iter_nodes,
@@ -128,16 +128,12 @@ class PaintPass(ir.passes.InPlacePass):
             range_threshold if range_threshold is not None else _FINFO_MAX[target] / 4
         )
         self.keep_io_types = keep_io_types
-        self._exclude = [re.compile(p) for p in policy.exclude_nodes]
+        self._exclude = NodeExclusions(policy.exclude_nodes)
 
     # -- helpers -------------------------------------------------------------------------
 
     def _excluded(self, node: ir.Node) -> str | None:
-        name = node.name or ""
-        for pattern in self._exclude:
-            if pattern.pattern == name or pattern.fullmatch(name):
-                return f"excluded by --exclude {pattern.pattern!r}"
-        return None
+        return self._exclude.reason(node)
 
     def _const_absmax(self, value: ir.Value) -> float | None:
         """|x| max of a constant (0 when empty), once per value; None if not constant."""

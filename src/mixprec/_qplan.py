@@ -15,12 +15,11 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import onnx_ir as ir
 
 from mixprec._constants import const_tensor
-from mixprec._graphs import iter_nodes
+from mixprec._graphs import NodeExclusions, iter_nodes
 from mixprec._registry import node_info
 
 __all__ = ["INT8", "AnnotateInt8Pass", "Int8Decision", "int8_decision"]
@@ -67,15 +66,11 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
 
     def __init__(self, exclude_nodes: tuple[str, ...] = (), *, dynamic: bool = False) -> None:
         super().__init__()
-        self._exclude = [re.compile(p) for p in exclude_nodes]
+        self._exclude = NodeExclusions(exclude_nodes)
         self._dynamic = dynamic
 
     def _excluded(self, node: ir.Node) -> str | None:
-        name = node.name or ""
-        for pattern in self._exclude:
-            if pattern.pattern == name or pattern.fullmatch(name):
-                return f"excluded by --exclude {pattern.pattern!r}"
-        return None
+        return self._exclude.reason(node)
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         for node in iter_nodes(model.graph):

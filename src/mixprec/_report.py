@@ -223,17 +223,12 @@ def count_macs(
 
     ``shapes`` comes from :func:`concrete_shapes`; nodes with unknown shapes count 0.
     """
+    from mixprec._protos import iter_proto_graphs
     from mixprec._registry import MacArgs, op_info
 
     macs: dict[str, int] = {}
-
-    def visit(graph: onnx.GraphProto) -> None:
+    for graph in iter_proto_graphs(proto.graph):
         for node in graph.node:
-            for attr in node.attribute:
-                if attr.HasField("g"):
-                    visit(attr.g)
-                for g in attr.graphs:
-                    visit(g)
             formula = op_info(node.op_type, node.domain).macs
             if formula is None:
                 continue
@@ -243,6 +238,4 @@ def count_macs(
                 ints={a.name: int(a.i) for a in node.attribute if a.type == a.INT},
             )
             macs[node.name] = formula(args)
-
-    visit(proto.graph)
     return macs
