@@ -30,7 +30,7 @@ import numpy as np
 import onnx
 import report
 import report_int8
-from common import BENCH_DIR, REPO_ROOT, RESULTS_DIR, cache_dir, run_measured
+from common import BENCH_DIR, REPO_ROOT, RESULTS_DIR, cache_dir, result_row, run_measured
 from emulate import emulator
 from evaluate import Baseline, evaluate, first_line, make_baseline
 from metrics import macs_by_name, runtime_shapes
@@ -107,17 +107,7 @@ def convert(spec: ModelSpec, converter: str, dtype: str, work: Path, calib: Path
         if any(not d.HasField("dim_value") or d.dim_value <= 0 for d in dims):
             cmd += ["--shape", f"{vi.name}={','.join(str(d) for d in shapes[vi.name])}"]
     proc = run_measured(cmd, timeout, work / f"{tag}.log")
-    row: dict[str, Any] = {}
-    if result_json.is_file():
-        row.update(json.loads(result_json.read_text()))
-    samples = [v for v in (row.get("vm_hwm_mb"), proc["sampled_peak_rss_mb"]) if v is not None]
-    row.update(wall_s=proc["wall_s"], peak_rss_mb=max(samples) if samples else None)
-    if proc["timed_out"]:
-        row.update(status="timeout", error=f"killed after {timeout:.0f}s")
-    elif "status" not in row:
-        tail = (work / f"{tag}.log").read_text(errors="replace")[-1500:]
-        row.update(status="error", error=f"convert_one exited {proc['exit_code']}: {tail}")
-    row.pop("traceback", None)
+    row = result_row(proc, result_json, work / f"{tag}.log", timeout, "convert_one")
     return row, out
 
 

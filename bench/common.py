@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -128,3 +129,21 @@ def run_measured(cmd: list[str], timeout: float, log: Path) -> dict[str, Any]:
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {"exit_code": proc.returncode, "wall_s": time.perf_counter() - start,
             "sampled_peak_rss_mb": peak, "timed_out": timed_out}
+
+
+def result_row(proc: dict[str, Any], result_json: Path, log: Path, timeout: float,
+               script: str) -> dict[str, Any]:
+    """The row a ``*_one.py`` child wrote to ``result_json``, with its wall time and peak
+    RSS from ``run_measured``; a time-out or a crash before writing is an error row."""
+    row: dict[str, Any] = {}
+    if result_json.is_file():
+        row.update(json.loads(result_json.read_text()))
+    samples = [v for v in (row.get("vm_hwm_mb"), proc["sampled_peak_rss_mb"]) if v is not None]
+    row.update(wall_s=proc["wall_s"], peak_rss_mb=max(samples) if samples else None)
+    if proc["timed_out"]:
+        row.update(status="timeout", error=f"killed after {timeout:.0f}s")
+    elif "status" not in row:
+        tail = log.read_text(errors="replace")[-1500:]
+        row.update(status="error", error=f"{script} exited {proc['exit_code']}: {tail}")
+    row.pop("traceback", None)
+    return row

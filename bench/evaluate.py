@@ -200,9 +200,14 @@ def evaluate(base: Baseline, converted: Path, dtype: str,
             row["emulation_error"] = first_line(exc, 500)
 
     if measure_latency and native is not None:
-        try:
-            row["latency"] = interleaved_latency(session(str(base.path)), native,
-                                                 base.latency_feeds)
-        except Exception as exc:
-            row["latency_error"] = first_line(exc)
+        add_latency(row, base, native)
     return row
+
+
+def add_latency(row: dict[str, Any], base: Baseline, converted: ort.InferenceSession) -> None:
+    """``row["latency"]``: converted / FP32 median latency (interleaved), or the error."""
+    try:
+        row["latency"] = interleaved_latency(session(str(base.path)), converted,
+                                             base.latency_feeds)
+    except Exception as exc:
+        row["latency_error"] = first_line(exc)

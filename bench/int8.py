@@ -7,7 +7,6 @@ result is measured here on the same eval feeds as the FP16/BF16 rows (models.py)
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -17,8 +16,16 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
-from common import BENCH_DIR, run_measured
-from evaluate import Baseline, check, compare, first_line, interleaved_latency, run, session
+from common import BENCH_DIR, result_row, run_measured
+from evaluate import (
+    Baseline,
+    add_latency,
+    check,
+    compare,
+    first_line,
+    run,
+    session,
+)
 from metrics import ValueInfo, node_macs, runtime_shapes, subgraphs, value_infos
 from models import ModelSpec, int8_calibration
 from quantize_one import TOOLS as TOOLS  # the one list of quantizers, for bench.py
@@ -147,11 +154,7 @@ def evaluate_int8(base: Baseline, path: Path, measure_latency: bool = True) -> d
     except Exception as exc:
         row["kernel_share_error"] = first_line(exc, 500)
     if measure_latency:
-        try:
-            row["latency"] = interleaved_latency(session(str(base.path)), native,
-                                                 base.latency_feeds)
-        except Exception as exc:
-            row["latency_error"] = first_line(exc)
+        add_latency(row, base, native)
     return row
 
 
@@ -165,17 +168,7 @@ def quantize(spec: ModelSpec, tool: str, work: Path, calib_dir: Path,
     cmd = [sys.executable, str(BENCH_DIR / "quantize_one.py"), tool, str(spec.path()), str(out),
            str(result_json), "--calib-dir", str(calib_dir)]
     proc = run_measured(cmd, timeout, work / f"{tag}.log")
-    row: dict[str, Any] = {}
-    if result_json.is_file():
-        row.update(json.loads(result_json.read_text()))
-    samples = [v for v in (row.get("vm_hwm_mb"), proc["sampled_peak_rss_mb"]) if v is not None]
-    row.update(wall_s=proc["wall_s"], peak_rss_mb=max(samples) if samples else None)
-    if proc["timed_out"]:
-        row.update(status="timeout", error=f"killed after {timeout:.0f}s")
-    elif "status" not in row:
-        tail = (work / f"{tag}.log").read_text(errors="replace")[-1500:]
-        row.update(status="error", error=f"quantize_one exited {proc['exit_code']}: {tail}")
-    row.pop("traceback", None)
+    row = result_row(proc, result_json, work / f"{tag}.log", timeout, "quantize_one")
     quantization = (row.get("report") or {}).get("quantization")
     if isinstance(quantization, dict):
         quantization.pop("tensors", None)  # per-tensor scales stay in mixprec's own output
