@@ -24,6 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
+from export_minilm import SentenceEncoder as TupleEncoder
 from sentences import CALIBRATION_SENTENCES, EVAL_SENTENCES
 
 import mixprec.torch as mt
@@ -32,25 +33,15 @@ from mixprec._metrics import compare_outputs
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 
 
-class SentenceEncoder(torch.nn.Module):
-    """BERT, then the mean of the unpadded token states, L2-normalised."""
+class SentenceEncoder(TupleEncoder):
+    """export_minilm's encoder (BERT, masked mean pooling, L2 normalisation) returning a
+    dict, so that the converted module's output nesting is exercised."""
 
-    def __init__(self, bert: torch.nn.Module) -> None:
-        super().__init__()
-        self.bert = bert
-
-    def forward(
+    def forward(  # type: ignore[override]
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
     ) -> dict[str, torch.Tensor]:
-        hidden = self.bert(
-            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
-        ).last_hidden_state
-        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
-        return {
-            "last_hidden_state": hidden,
-            "sentence_embedding": torch.nn.functional.normalize(pooled, dim=1),
-        }
+        hidden, embedding = super().forward(input_ids, attention_mask, token_type_ids)
+        return {"last_hidden_state": hidden, "sentence_embedding": embedding}
 
 
 def load_encoder() -> tuple[SentenceEncoder, object]:
