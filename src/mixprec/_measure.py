@@ -156,6 +156,13 @@ def calibration_of(model: ir.Model) -> Calibration:
     return found if isinstance(found, Calibration) else Calibration()
 
 
+def node_macs(model: ir.Model) -> dict[str, int]:
+    """Each node's multiply-accumulates by name (:class:`CountMacsPass` on ``model``, whose
+    meta it fills; nothing else changes)."""
+    CountMacsPass()(model)
+    return {n.name or "": int(n.meta.get(MACS, 0)) for n in model.graph}
+
+
 class CountMacsPass(ir.passes.InPlacePass):
     """Shapes of every value, inferred from the calibration's input shapes and overridden
     by the shapes the run observed, in ``model.meta[SHAPES]`` (for shape-dependent rules),

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from mixprec._measure import MACS, CountMacsPass
+from mixprec._measure import node_macs
 
 __all__ = ["MARGIN", "candidate_placements", "choose_placement"]
 
@@ -52,12 +52,9 @@ def candidate_placements(
     model: ir.Model, user_excluded: tuple[str, ...]
 ) -> dict[str, tuple[str, ...]]:
     """Placements to time, as exclusion patterns on top of the user's, by label."""
-    probe = ir.from_proto(ir.to_proto(model))
-    probe.meta.update(model.meta)
-    CountMacsPass()(probe)
-    macs = {n.name or "": int(n.meta.get(MACS, 0)) for n in probe.graph}
+    macs = node_macs(model)
     total = sum(macs.values()) or 1
-    depthwise = _depthwise(probe)
+    depthwise = _depthwise(model)
     small = [n for n, m in macs.items() if m and m < 0.01 * total]
     found = {"all": (), "no depthwise Conv": tuple(depthwise)}
     found["only Conv/MatMul/Gemm with >= 1% of the MACs"] = tuple(dict.fromkeys(depthwise + small))
@@ -121,17 +118,18 @@ def time_paired(
 
 
 def choose_placement(
-    model: ir.Model,
+    fp32: onnx.ModelProto,
     placements: Mapping[str, tuple[str, ...]],
     build: Callable[[tuple[str, ...]], onnx.ModelProto],
     feeds: Mapping[str, np.ndarray],
 ) -> tuple[tuple[str, ...], dict[str, object]]:
-    """Times FP32 and each placement built by ``build(exclusions)`` on ``feeds``.
+    """Times the ``fp32`` model and each placement built by ``build(exclusions)`` on
+    ``feeds``.
 
     Returns the exclusions to use (``(".*",)``: none is clearly faster, stay float) and
     what was measured (``ms``, ``ratio``, ``rounds``, ``chosen``, ``summary``).
     """
-    sessions = {"fp32": _session(ir.to_proto(model))}
+    sessions = {"fp32": _session(fp32)}
     for label, excluded in placements.items():
         sessions[label] = _session(build(excluded))
     ms, ratio, rounds, upper = time_paired(sessions, feeds)

@@ -27,7 +27,7 @@ import onnx_ir.passes.common as common
 
 from mixprec._config import ConvertConfig
 from mixprec._errors import MixprecError
-from mixprec._measure import MACS, CalibratePass, CountMacsPass
+from mixprec._measure import MACS, CalibratePass, CountMacsPass, node_macs
 from mixprec._opset import upgrade_to
 from mixprec._pipeline import Pipeline, Stage
 from mixprec._policy import default_policy
@@ -377,12 +377,10 @@ def _choose_mode(model: ir.Model, config: QuantizeConfig) -> tuple[QuantizeConfi
     """mode="auto": dynamic for MatMul-dominated models (see :class:`QuantizeConfig`)."""
     from mixprec._qdynamic import dynamic_candidate
 
-    probe = ir.from_proto(ir.to_proto(model))
-    probe.meta.update(model.meta)
-    CountMacsPass()(probe)
+    by_name = node_macs(model)
     matmul = total = 0
-    for node in probe.graph:
-        macs = int(node.meta.get(MACS, 0))
+    for node in model.graph:
+        macs = by_name.get(node.name or "", 0)
         if node.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm"):
             total += macs
             if dynamic_candidate(node) is None:
@@ -429,7 +427,7 @@ def _timed_placement(
 
     feeds, _ = make_inputs(model, shapes=calibration_of(model).input_shapes, seed=0)
     placements = candidate_placements(model, tuple(config.exclude_nodes))
-    return choose_placement(model, placements, build, feeds_for(model, feeds))
+    return choose_placement(base, placements, build, feeds_for(model, feeds))
 
 
 def _config_dict(config: QuantizeConfig) -> dict[str, object]:
