@@ -82,10 +82,10 @@ def run_mixprec_cli(argv: list[str], needs: str = "mixprec CLI") -> Callable[[],
         import mixprec
     except ImportError as exc:
         raise Unavailable(f"mixprec not importable: {exc}") from exc
-    if importlib.util.find_spec("mixprec._cli") is None:
-        raise Unavailable(f"{needs} not available yet (no mixprec._cli)")
+    if importlib.util.find_spec("mixprec.cli.main") is None:
+        raise Unavailable(f"{needs} not available yet (no mixprec.cli.main)")
     try:
-        import mixprec._cli  # import cost stays out of convert_s
+        import mixprec.cli.main  # import cost stays out of convert_s
     except Exception as exc:
         raise Unavailable(f"{needs} not available yet: {exc}") from exc
 

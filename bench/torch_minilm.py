@@ -28,7 +28,7 @@ from export_minilm import SentenceEncoder as TupleEncoder
 from sentences import CALIBRATION_SENTENCES, EVAL_SENTENCES
 
 import mixprec.torch as mt
-from mixprec._metrics import compare_outputs
+from mixprec.core.metrics import compare_outputs
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 

@@ -29,10 +29,10 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
-from mixprec._emulate import emulate_low_precision
-from mixprec._ort import run_model
-from mixprec._report import concrete_shapes, count_macs
-from mixprec._tune_metrics import rel_l2
+from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.runtime.ort import run_model
+from mixprec.pipeline.report import concrete_shapes, count_macs
+from mixprec.tune.metrics import rel_l2
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CORPUS = Path(os.environ.get("MIXPREC_CORPUS", "~/.cache/mixprec/corpus")).expanduser()

@@ -54,7 +54,7 @@ from models import (
 )
 
 import mixprec
-from mixprec._report import concrete_shapes, count_macs
+from mixprec.pipeline.report import concrete_shapes, count_macs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMPUTE = ("Conv", "MatMul", "Gemm")

@@ -15,9 +15,9 @@ from onnx import helper, numpy_helper
 
 import mixprec
 from mixprec import ConvertConfig, MixprecError, OpClass, OpRule, Policy
-from mixprec._feeds import feeds_for
-from mixprec._policy import default_policy, register_rule
-from mixprec._registry import op_info, register_op
+from mixprec.core.policy import default_policy, register_rule
+from mixprec.core.registry import op_info, register_op
+from mixprec.io.feeds import feeds_for
 
 
 def _model() -> onnx.ModelProto:

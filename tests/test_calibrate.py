@@ -1,4 +1,4 @@
-"""Tests of mixprec._calibrate and mixprec._observers: range calibration over samples."""
+"""Tests of mixprec.calibrate.runner and .observers: range calibration over samples."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from mixprec._calibrate import collect_absmax
-from mixprec._errors import MixprecError
+from mixprec.calibrate.runner import collect_absmax
+from mixprec.core.errors import MixprecError
 from proto_builders import (
     F32,
     _const,
@@ -106,7 +106,7 @@ def test_collect_absmax_bisects_failing_chunks(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A tensor ORT refuses to expose is skipped with a warning; the others are kept."""
-    from mixprec._probes import ProbeSession, VariantRunner
+    from mixprec.runtime.probes import ProbeSession, VariantRunner
 
     real_run = VariantRunner.run
 
@@ -119,7 +119,7 @@ def test_collect_absmax_bisects_failing_chunks(
     # Force the fetch-in-chunks fallback (used when the in-graph reduction cannot run).
     monkeypatch.setattr(ProbeSession, "create", classmethod(lambda cls, *a, **k: None))
     feeds = {"x": np.array([0.25, -0.5], np.float32), "cond": np.array(False)}
-    with caplog.at_level("WARNING", logger="mixprec._calibrate"):
+    with caplog.at_level("WARNING", logger="mixprec.calibrate.runner"):
         absmax = collect_absmax(_range_model(), feeds)
     assert "t" not in absmax, absmax
     assert absmax["scaled"] == 500.0 and absmax["branch"] == pytest.approx(np.tanh(500.0)), absmax
@@ -128,7 +128,7 @@ def test_collect_absmax_bisects_failing_chunks(
 
 def test_collect_absmax_in_graph_matches_fetching(monkeypatch: pytest.MonkeyPatch) -> None:
     """The in-graph ReduceMax(Abs) path gives the same ranges and shapes as fetching."""
-    from mixprec._probes import ProbeSession
+    from mixprec.runtime.probes import ProbeSession
 
     feeds = {"x": np.array([0.25, -0.5], np.float32), "cond": np.array(False)}
     shapes_fast: dict[str, list[int]] = {}
@@ -172,7 +172,7 @@ def _fp32_tensors(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]
 @pytest.mark.parametrize("observer", ["absmax", "minmax"])
 def test_minmax_and_absmax_over_batches_equal_numpy_over_the_concatenation(observer: str) -> None:
     from helpers import make_model
-    from mixprec._calibrate import calibrate
+    from mixprec.calibrate.runner import calibrate
 
     batches = _batches(3)
     result = calibrate(make_model(_SMALL), batches, observer=observer)
@@ -197,7 +197,7 @@ def test_minmax_and_absmax_over_batches_equal_numpy_over_the_concatenation(obser
 
 def test_histogram_over_many_batches_keeps_fixed_bins_and_counts_everything() -> None:
     from helpers import make_model
-    from mixprec._calibrate import calibrate
+    from mixprec.calibrate.runner import calibrate
 
     batches = _batches(20, seed=3)
     result = calibrate(make_model(_SMALL), iter(batches), observer="histogram", bins=64)
@@ -214,7 +214,7 @@ def test_histogram_over_many_batches_keeps_fixed_bins_and_counts_everything() ->
 
 
 def test_histogram_observer_memory_is_fixed_and_ranges_grow_by_merging_bins() -> None:
-    from mixprec._observers import HistogramObserver
+    from mixprec.calibrate.observers import HistogramObserver
 
     obs = HistogramObserver(bins=8)
     obs.update(np.array([0.5, 1.0], np.float32))
@@ -231,7 +231,7 @@ def test_histogram_observer_memory_is_fixed_and_ranges_grow_by_merging_bins() ->
 
 def test_a_generator_of_50_feeds_is_consumed_lazily() -> None:
     from helpers import make_model
-    from mixprec._calibrate import calibrate
+    from mixprec.calibrate.runner import calibrate
 
     pulled: list[int] = []
 
@@ -247,7 +247,7 @@ def test_a_generator_of_50_feeds_is_consumed_lazily() -> None:
     assert result.stats["x"].absmax == pytest.approx(want)
 
     # the generator is pulled one item at a time, interleaved with the runs
-    from mixprec._feeds import calibration_feeds
+    from mixprec.io.feeds import calibration_feeds
 
     pulled.clear()
     samples = calibration_feeds(stream())
@@ -258,7 +258,7 @@ def test_a_generator_of_50_feeds_is_consumed_lazily() -> None:
 
 def test_calibrate_rejects_bad_data() -> None:
     from helpers import make_model
-    from mixprec._calibrate import calibrate
+    from mixprec.calibrate.runner import calibrate
 
     model = make_model(_SMALL)
     with pytest.raises(MixprecError, match=r"holds no sample"):

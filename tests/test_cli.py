@@ -1,7 +1,7 @@
 """The ``mixprec`` command line: bad input ends in one stderr line and exit 2, good input
 writes valid models, reports, logs; environment variables and their priority.
 
-Every error case runs twice: in-process through ``mixprec._cli.main`` and as
+Every error case runs twice: in-process through ``mixprec.cli.main.main`` and as
 ``python -m mixprec`` in a subprocess (what a user sees, tracebacks included).
 """
 
@@ -24,7 +24,7 @@ import pytest
 
 import mixprec
 from helpers import assert_close, make_model, run_ort, sha256_of
-from mixprec._cli import main
+from mixprec.cli.main import main
 
 MODES = ["inproc", "subproc"]
 
@@ -515,9 +515,9 @@ def test_failed_save_keeps_old_output_and_leaves_no_temp(
             fh.write(b"\x08\x07partial")
         raise OSError(28, "No space left on device")
 
-    import mixprec._io
+    import mixprec.io.models
 
-    monkeypatch.setattr(mixprec._io, "_write_streaming", broken_save)
+    monkeypatch.setattr(mixprec.io.models, "_write_streaming", broken_save)
     res = cli(["convert", models.small, "-o", out, "-q"], monkeypatch=monkeypatch)
     assert res.rc == 2, res.err
     assert "Traceback" not in res.err and len(res.err.strip().splitlines()) == 1
@@ -540,15 +540,15 @@ def _onnx_ir_shape_inference_first(monkeypatch: pytest.MonkeyPatch) -> None:
     result instead, so a plain conversion no longer triggers the library's warning)."""
     import onnx_ir.passes.common as common
 
-    import mixprec._shapes
+    import mixprec.passes.shapes
 
-    real = mixprec._shapes.ReconcileDeclaredShapesPass.call
+    real = mixprec.passes.shapes.ReconcileDeclaredShapesPass.call
 
     def call(self, model):
         common.ShapeInferencePass()(model)
         return real(self, model)
 
-    monkeypatch.setattr(mixprec._shapes.ReconcileDeclaredShapesPass, "call", call)
+    monkeypatch.setattr(mixprec.passes.shapes.ReconcileDeclaredShapesPass, "call", call)
 
 
 def test_wrong_declared_shape_converts_with_a_quiet_terminal(models: Paths, tmp_path: Path):
@@ -612,9 +612,9 @@ def test_library_records_and_warnings_are_one_line(
     import logging
     import warnings
 
-    import mixprec._convert
+    import mixprec.pipeline.convert
 
-    real = mixprec._convert.convert
+    real = mixprec.pipeline.convert.convert
 
     def noisy(*args, **kwargs):
         try:
@@ -625,7 +625,7 @@ def test_library_records_and_warnings_are_one_line(
         warnings.warn("a library warning\nwith two lines", UserWarning, stacklevel=1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(mixprec._convert, "convert", noisy)
+    monkeypatch.setattr(mixprec.pipeline.convert, "convert", noisy)
     res = cli(["convert", models.small, "-o", tmp_path / "o.onnx"], monkeypatch=monkeypatch)
     assert res.rc == 0, res.err
     lines = _lines(res.err)
@@ -671,12 +671,12 @@ def test_quiet_bad_input_one_line_exit_2(
 
 
 def _raise_in_convert(monkeypatch: pytest.MonkeyPatch, exc: Exception) -> None:
-    import mixprec._convert
+    import mixprec.pipeline.convert
 
     def broken(*args, **kwargs):
         raise exc
 
-    monkeypatch.setattr(mixprec._convert, "convert", broken)
+    monkeypatch.setattr(mixprec.pipeline.convert, "convert", broken)
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from mixprec._emulate import emulate_low_precision
-from mixprec._ort import run_model
+from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.runtime.ort import run_model
 from proto_builders import (
     BF16,
     F16,

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import mixprec
-from mixprec._errors import describe
-from mixprec._logdir import ERROR_FILE, write_error_file
-from mixprec._terminal import OneLineFormatter
+from mixprec.cli.terminal import OneLineFormatter
+from mixprec.core.errors import describe
+from mixprec.report.logdir import ERROR_FILE, write_error_file
 
 
 def test_mixprec_error_is_a_value_error_with_a_stage() -> None:
@@ -119,7 +119,7 @@ def test_write_error_file(tmp_path: Path) -> None:
     assert "command: mixprec convert 'a b.onnx' -o o.onnx" in text
     assert "stage: check" in text
     assert "Traceback (most recent call last)" in text
-    assert "mixprec._errors.InternalError: checker failed" in text
+    assert "mixprec.core.errors.InternalError: checker failed" in text
 
 
 def test_write_error_file_never_raises(tmp_path: Path) -> None:

@@ -34,8 +34,8 @@ import pytest
 
 import mixprec
 from helpers import assert_close, run_ort, sha256_of
-from mixprec._cli import main
-from mixprec._emulate import emulate_low_precision
+from mixprec.cli.main import main
+from mixprec.runtime.emulate import emulate_low_precision
 
 X = np.random.default_rng(7).random((1, 3, 8, 8), dtype=np.float32)
 
@@ -855,7 +855,7 @@ def test_sparse_indices_out_of_range_are_refused() -> None:
 
 def test_resolve_pass_replaces_every_external_tensor(site: Site) -> None:
     """The pass on its own: exact ``modified``, no ExternalTensor left, files in meta."""
-    from mixprec._external import INPUT_FILES, ResolveExternalDataPass
+    from mixprec.io.external import INPUT_FILES, ResolveExternalDataPass
 
     model = ir.load(site.model)
     result = ResolveExternalDataPass()(model)
@@ -904,7 +904,7 @@ def test_packed_and_bfloat16_tensors_keep_bytes_and_doc_strings(tmp_path: Path) 
     map) read from one file at their offsets, doc strings kept."""
     import ml_dtypes
 
-    from mixprec._external import ResolveExternalDataPass
+    from mixprec.io.external import ResolveExternalDataPass
 
     int4 = np.array([1, -2, 3, -4, 5], dtype=ml_dtypes.int4)
     packed = ir.Tensor(int4, dtype=ir.DataType.INT4).tobytes()
@@ -965,9 +965,9 @@ def test_stages_run_directly_never_read_from_the_cwd(
 def test_calibration_lets_ort_map_the_model_files_and_measures_the_same(tmp_path: Path) -> None:
     """A model read from files is calibrated by an ORT session that maps those files
     itself (no copy of the weights); the ranges equal those of the same model in memory."""
-    from mixprec._calibrate import calibrate
-    from mixprec._external import DATA_FOLDER, ResolveExternalDataPass
-    from mixprec._protos import weightless_proto
+    from mixprec.calibrate.runner import calibrate
+    from mixprec.io.external import DATA_FOLDER, ResolveExternalDataPass
+    from mixprec.io.protos import weightless_proto
 
     model = conv_model()
     save_external(model, tmp_path / "m.onnx")
@@ -983,7 +983,7 @@ def test_calibration_lets_ort_map_the_model_files_and_measures_the_same(tmp_path
     }
     assert refs["k"]["location"] == "m.bin" and "k" not in arrays, (refs, sorted(arrays))
     assert int(refs["k"]["length"]) == 8 * 300 * 4
-    from mixprec._probes import ProbeSession
+    from mixprec.runtime.probes import ProbeSession
 
     probe = ProbeSession.create(on_disk, [("c", ir.DataType.FLOAT)], threads=1)
     assert probe is not None, "ORT could not build the session that maps the model's files"
@@ -1003,7 +1003,7 @@ def test_calibration_lets_ort_map_the_model_files_and_measures_the_same(tmp_path
 
 
 def test_weight_scans_match_numpy_and_keep_nan() -> None:
-    from mixprec._observers import absmax_of, channel_range
+    from mixprec.calibrate.observers import absmax_of, channel_range
 
     rng = np.random.default_rng(3)
     w = rng.standard_normal((5, 7, 3)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""Tests of mixprec._feeds: input shapes, generated inputs, .npz files, calibration streams."""
+"""Tests of mixprec.io.feeds: input shapes, generated inputs, .npz files, calibration streams."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from mixprec._errors import MixprecError
-from mixprec._feeds import load_inputs_npz, make_inputs, resolve_input_shapes
+from mixprec.core.errors import MixprecError
+from mixprec.io.feeds import load_inputs_npz, make_inputs, resolve_input_shapes
 from proto_builders import (
     BF16,
     F16,
@@ -154,7 +154,7 @@ def test_load_inputs_npz(tmp_path: Path) -> None:
 
 
 def test_iter_calibration_npz_leading_axis_and_folder(tmp_path: Path) -> None:
-    from mixprec._feeds import iter_calibration_npz
+    from mixprec.io.feeds import iter_calibration_npz
 
     model = _input_model([_vi("x", F32, ["N", 3]), _vi("ids", TensorProto.INT64, ["N"])])
     stacked = tmp_path / "calib.npz"

@@ -1,7 +1,7 @@
 """Malformed and odd input models: one ``mixprec: error: ...`` line and exit 2 for faults
 (naming the node or tensor), a valid converted model for what ONNX Runtime runs.
 
-Each model is built in code; CLI cases go through ``mixprec._cli.main`` and check all of
+Each model is built in code; CLI cases go through ``mixprec.cli.main.main`` and check all of
 stderr, that nothing is written and that the input file is unchanged.
 """
 
@@ -18,9 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
 from helpers import assert_close, run_ort, sha256_of
-from mixprec._cli import main
-from mixprec._input_checks import CheckInputPass, check_proto
-from mixprec._sanitize import (
+from mixprec.cli.main import main
+from mixprec.io.input_checks import CheckInputPass, check_proto
+from mixprec.io.sanitize import (
     RepairNamesPass,
     SetIrVersionPass,
     SortNodesPass,

@@ -32,10 +32,10 @@ import onnx_ir as ir
 import pytest
 
 import mixprec
-import mixprec._io
+import mixprec.io.models
 from helpers import assert_close, run_ort, sha256_of
-from mixprec._cli import main
-from mixprec._io import save_model
+from mixprec.cli.main import main
+from mixprec.io.models import save_model
 from test_external import X, assert_differs, conv_model, reference, save_external
 
 
@@ -141,7 +141,7 @@ def test_models_over_the_protobuf_limit_still_go_external(
 ) -> None:
     """The >2 GB rule (weights alone near 2 GB: external data) with the limit lowered."""
     a, _ = pair
-    monkeypatch.setattr(mixprec._io, "_MAX_PROTO", 2**26 + 1000)
+    monkeypatch.setattr(mixprec.io.models, "_MAX_PROTO", 2**26 + 1000)
     save_model(a.model, tmp_path / "big.onnx")
     assert files(tmp_path) == ["big.onnx", "big.onnx.data"]
     assert_close(a.ref, output(tmp_path / "big.onnx"), "fp16")
@@ -193,7 +193,7 @@ def _fail_after_data(monkeypatch: pytest.MonkeyPatch) -> None:
         real(*args, **kwargs)  # the data file is complete, the model file too
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(mixprec._io.ir, "save", save)
+    monkeypatch.setattr(mixprec.io.models.ir, "save", save)
 
 
 def _fail_inside_data(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -222,7 +222,7 @@ def test_a_failed_save_leaves_the_old_pair(
     elif step == "after-data":
         _fail_after_data(monkeypatch)
     else:
-        monkeypatch.setattr(mixprec._io.os, "replace", _fail_model_rename(out))
+        monkeypatch.setattr(mixprec.io.models.os, "replace", _fail_model_rename(out))
     with pytest.raises(mixprec.MixprecError) as info:
         save_model(b.model, out, external_data=True)
     assert str(info.value) == (
@@ -247,13 +247,13 @@ def test_killed_between_the_data_and_the_model_leaves_a_consistent_pair(
     save_external(b.fp32, b_path, "b_in.bin")
     script = textwrap.dedent(
         f"""
-        import os, signal, mixprec, mixprec._io
+        import os, signal, mixprec, mixprec.io.models
         real = os.replace
         def replace(src, dst, *args, **kwargs):
             if os.fspath(dst) == {str(out)!r}:
                 os.kill(os.getpid(), signal.SIGKILL)
             real(src, dst, *args, **kwargs)
-        mixprec._io.os.replace = replace
+        mixprec.io.models.os.replace = replace
         result = mixprec.convert({str(b_path)!r}, "fp16", calibrate=False)
         result.save({str(out)!r}, external_data=True)
         """
@@ -292,7 +292,7 @@ def test_concurrent_saves_to_one_name_do_not_mix(
             assert b_done.wait(60)
         real(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(mixprec._io.os, "replace", replace)
+    monkeypatch.setattr(mixprec.io.models.os, "replace", replace)
     errors: list[BaseException] = []
 
     def save(model: ir.Model, done: threading.Event | None) -> None:
@@ -325,15 +325,15 @@ def test_concurrent_saves_to_one_name_do_not_mix(
 
 _SLOW_WRITE = """
 import sys, time, pathlib
-import mixprec._io, mixprec._cli
+import mixprec.io.models, mixprec.cli.main
 flag = pathlib.Path(sys.argv[1])
-real = mixprec._io.{name}
+real = mixprec.io.models.{name}
 def slow(*args, **kwargs):
     real(*args, **kwargs)
     flag.write_text("writing")
     time.sleep(120)
-mixprec._io.{target} = slow
-sys.exit(mixprec._cli.main(sys.argv[2:]))
+mixprec.io.models.{target} = slow
+sys.exit(mixprec.cli.main.main(sys.argv[2:]))
 """
 
 
@@ -386,7 +386,7 @@ def test_a_signal_while_writing_removes_the_temporary_files(
 def test_handlers_are_installed_only_while_writing(tmp_path: Path, pair) -> None:
     a, _ = pair
     seen = []
-    real = mixprec._io._write_streaming
+    real = mixprec.io.models._write_streaming
 
     def spy(*args: Any, **kwargs: Any) -> None:
         seen.append(signal.getsignal(signal.SIGTERM))
@@ -394,7 +394,7 @@ def test_handlers_are_installed_only_while_writing(tmp_path: Path, pair) -> None
 
     before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(mixprec._io, "_write_streaming", spy)
+        mp.setattr(mixprec.io.models, "_write_streaming", spy)
         save_model(a.model, tmp_path / "o.onnx")
     assert seen and seen[0] not in (signal.SIG_DFL, before[1])
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
@@ -411,7 +411,7 @@ def test_a_signal_goes_to_the_previous_python_handler_after_cleanup(
     def handler(signum: int, frame: Any) -> None:
         calls.append((signum, files(tmp_path)))
 
-    real = mixprec._io._write_streaming
+    real = mixprec.io.models._write_streaming
 
     def interrupted(*args: Any, **kwargs: Any) -> None:
         real(*args, **kwargs)
@@ -420,7 +420,7 @@ def test_a_signal_goes_to_the_previous_python_handler_after_cleanup(
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
-        monkeypatch.setattr(mixprec._io, "_write_streaming", interrupted)
+        monkeypatch.setattr(mixprec.io.models, "_write_streaming", interrupted)
         with pytest.raises(mixprec.MixprecError, match="interrupted by SIGTERM; nothing written"):
             save_model(a.model, tmp_path / "o.onnx")
         assert signal.getsignal(signal.SIGTERM) is handler
@@ -437,14 +437,14 @@ def test_ctrl_c_in_process_exits_130_without_leftovers(
     onnx.save(a.fp32, tmp_path / "a.onnx")
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    real = mixprec._io._write_streaming
+    real = mixprec.io.models._write_streaming
 
     def interrupted(*args: Any, **kwargs: Any) -> None:
         real(*args, **kwargs)
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)
 
-    monkeypatch.setattr(mixprec._io, "_write_streaming", interrupted)
+    monkeypatch.setattr(mixprec.io.models, "_write_streaming", interrupted)
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         rc = main(["convert", str(tmp_path / "a.onnx"), "-o", str(out_dir / "o.onnx"), "-q"])
@@ -571,7 +571,7 @@ def test_a_signal_during_the_final_rename_keeps_the_new_pair(
 
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: calls.append(signum))
     try:
-        monkeypatch.setattr(mixprec._io.os, "replace", replace)
+        monkeypatch.setattr(mixprec.io.models.os, "replace", replace)
         save_model(b.model, out, external_data=True)
     finally:
         signal.signal(signal.SIGTERM, previous)

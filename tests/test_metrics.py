@@ -1,11 +1,11 @@
-"""Tests of mixprec._metrics: output comparison."""
+"""Tests of mixprec.core.metrics: output comparison."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from mixprec._metrics import OutputComparison, compare_outputs
+from mixprec.core.metrics import OutputComparison, compare_outputs
 
 
 def test_compare_outputs_thresholds_and_top1() -> None:

@@ -1,4 +1,4 @@
-"""Tests of mixprec._ort: ONNX Runtime runs, bfloat16 arrays, IR versions, >2 GB models."""
+"""Tests of mixprec.runtime.ort: ONNX Runtime runs, bfloat16 arrays, IR versions, >2 GB models."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import onnx
 import pytest
 from onnx import helper
 
-from mixprec._calibrate import collect_absmax
-from mixprec._errors import MixprecError
-from mixprec._ort import run_model
+from mixprec.calibrate.runner import collect_absmax
+from mixprec.core.errors import MixprecError
+from mixprec.runtime.ort import run_model
 from proto_builders import (
     BF16,
     F32,
@@ -75,8 +75,8 @@ def test_ort_cpu_lacks_bfloat16_kernels(op: str) -> None:
 
 def test_large_model_paths_use_external_data(monkeypatch: pytest.MonkeyPatch) -> None:
     """Models over the protobuf limit run through a temporary external-data file."""
-    import mixprec._ort
-    import mixprec._probes
+    import mixprec.runtime.ort
+    import mixprec.runtime.probes
 
     big = np.linspace(-3.0, 2.0, 4096, dtype=np.float32)
     model = _model(
@@ -90,8 +90,8 @@ def test_large_model_paths_use_external_data(monkeypatch: pytest.MonkeyPatch) ->
         [_tensor("w", big)],
     )
     before = model.SerializeToString()
-    monkeypatch.setattr(mixprec._ort, "PROTO_LIMIT", 1000)
-    monkeypatch.setattr(mixprec._probes, "PROTO_LIMIT", 1000)
+    monkeypatch.setattr(mixprec.runtime.ort, "PROTO_LIMIT", 1000)
+    monkeypatch.setattr(mixprec.runtime.probes, "PROTO_LIMIT", 1000)
     x = np.full(4096, 2.0, np.float32)
     out = run_model(model, {"x": x})["y"]
     np.testing.assert_allclose(out, 4 * big, rtol=1e-6)

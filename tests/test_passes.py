@@ -9,12 +9,12 @@ import pytest
 
 import mixprec
 from helpers import assert_close, run_ort
-from mixprec._config import ListChanges, resolve_policy
-from mixprec._fold import FoldBatchNormPass
-from mixprec._paint import PaintPass, Precision
-from mixprec._policy import DEFAULT_LISTS, OpClass, default_policy
-from mixprec._rewrite import ApplyPrecisionPass, RemoveRedundantCastsPass
-from mixprec._schema import slot_info
+from mixprec.core.config import ListChanges, resolve_policy
+from mixprec.core.policy import DEFAULT_LISTS, OpClass, default_policy
+from mixprec.core.schema import slot_info
+from mixprec.passes.fold import FoldBatchNormPass
+from mixprec.precision.paint import PaintPass, Precision
+from mixprec.precision.rewrite import ApplyPrecisionPass, RemoveRedundantCastsPass
 
 FP16 = ir.DataType.FLOAT16
 
@@ -636,7 +636,7 @@ def test_streamed_save_writes_the_same_model(tmp_path):
     model = _model(text)
     result = mixprec.convert(model, "fp16", calibrate=False)
     path = tmp_path / "out.onnx"
-    from mixprec._io import _write_streaming
+    from mixprec.io.models import _write_streaming
 
     _write_streaming(result.model, str(path), min_bytes=1024)  # w1, w2 streamed; b inline
     written = onnx.load(path)

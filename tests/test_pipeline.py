@@ -13,14 +13,14 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
 from helpers import assert_close, make_model, run_ort
-from mixprec._config import ConvertConfig
-from mixprec._errors import InternalError, MixprecError
-from mixprec._measure import CALIBRATION, MACS, Calibration
-from mixprec._opset import BF16_OPSET, UpgradeOpsetPass
-from mixprec._paint import DECISION, PaintPass, Precision, decision_of
-from mixprec._pipeline import STAGES, Pipeline, Stage
-from mixprec._policy import default_policy
-from mixprec._shapes import InferShapesPass, ReconcileDeclaredShapesPass
+from mixprec.calibrate.measure import CALIBRATION, MACS, Calibration
+from mixprec.core.config import ConvertConfig
+from mixprec.core.errors import InternalError, MixprecError
+from mixprec.core.policy import default_policy
+from mixprec.passes.opset import BF16_OPSET, UpgradeOpsetPass
+from mixprec.passes.shapes import InferShapesPass, ReconcileDeclaredShapesPass
+from mixprec.pipeline.stages import STAGES, Pipeline, Stage
+from mixprec.precision.paint import DECISION, PaintPass, Precision, decision_of
 
 
 def _scalar_output_model() -> onnx.ModelProto:
@@ -180,7 +180,7 @@ def test_inspect_stops_after_annotate_with_decisions_on_the_graph():
 
 
 def test_annotate_and_apply_rerun_on_a_calibrated_model_without_recalibrating(monkeypatch):
-    from mixprec import _calibrate
+    from mixprec.calibrate import runner as _calibrate
 
     calls = []
     real = _calibrate.calibrate
@@ -340,7 +340,7 @@ def test_convert_streams_calibration_samples_and_takes_the_max_over_them():
 
 
 def test_check_pass_corrects_a_declaration_that_only_the_final_check_sees():
-    from mixprec._cleanup import CheckModelPass
+    from mixprec.passes.cleanup import CheckModelPass
 
     model = ir.from_proto(_scalar_output_model())
     result = CheckModelPass()(model)

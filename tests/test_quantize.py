@@ -15,13 +15,13 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
 from helpers import run_ort
-from mixprec._cli import main
-from mixprec._fold import FoldBatchNormPass
-from mixprec._observers import HistogramObserver, MinMaxObserver
-from mixprec._qparams import activation_qparams, entropy_threshold, quantize_weight
-from mixprec._qplan import AnnotateInt8Pass, int8_decision
-from mixprec._quantize import integer_kernel_share
-from mixprec._shapes import InferShapesPass
+from mixprec.calibrate.observers import HistogramObserver, MinMaxObserver
+from mixprec.cli.main import main
+from mixprec.int8.params import activation_qparams, entropy_threshold, quantize_weight
+from mixprec.int8.plan import AnnotateInt8Pass, int8_decision
+from mixprec.passes.fold import FoldBatchNormPass
+from mixprec.passes.shapes import InferShapesPass
+from mixprec.pipeline.quantize import integer_kernel_share
 
 RNG = np.random.default_rng(0)
 
@@ -354,7 +354,7 @@ def test_mtcnn_onet_int8(corpus_dir: Path):
 
 def test_paired_timing_ratios_and_margin(monkeypatch):
     """time_paired on a fake clock: ratios are per round against FP32, medians of them."""
-    from mixprec import _qspeed
+    from mixprec.int8 import speed as _qspeed
 
     clock = [0.0]
     monkeypatch.setattr(_qspeed.time, "perf_counter", lambda: clock[0])
@@ -521,7 +521,7 @@ def test_mode_auto_is_dynamic_for_matmul_models_and_static_for_cnns():
 
 
 def test_output_shift_is_dW_times_the_input_mean():
-    from mixprec._qbias import output_shift
+    from mixprec.int8.bias import output_shift
 
     rng = np.random.default_rng(7)
     w = rng.standard_normal((6, 2, 3, 3))  # Conv, group 2: 4 input channels

@@ -22,7 +22,7 @@ import pytest
 
 import mixprec
 from helpers import TOLERANCES, assert_close, run_ort, sha256_of
-from mixprec._emulate import emulate_low_precision
+from mixprec.runtime.emulate import emulate_low_precision
 
 
 def _smooth_image(rng: np.random.Generator, h: int, w: int) -> np.ndarray:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import onnx_ir as ir
 
 import mixprec
-from mixprec._policy import DEFAULT_LISTS, RANGE_CHECKED, SHAPE_ONLY_OPS, rule_for
-from mixprec._registry import MacArgs, OpClass, op_info, register_op, registered
+from mixprec.core.policy import DEFAULT_LISTS, RANGE_CHECKED, SHAPE_ONLY_OPS, rule_for
+from mixprec.core.registry import MacArgs, OpClass, op_info, register_op, registered
 
 
 def test_one_entry_carries_every_fact_of_an_op():

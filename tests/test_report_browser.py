@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from mixprec._convert import _run
-from mixprec._html import write_report_html
+from mixprec.pipeline.convert import _run
+from mixprec.report.html import write_report_html
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("MIXPREC_CHROMIUM", "/usr/bin/chromium")

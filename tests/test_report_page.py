@@ -14,10 +14,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from mixprec._convert import _run
-from mixprec._html import render_page
-from mixprec._layout import layout_graph
-from mixprec._report_cmd import model_explorer_data
+from mixprec.cli.report import model_explorer_data
+from mixprec.pipeline.convert import _run
+from mixprec.report.html import render_page
+from mixprec.report.layout import layout_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -305,7 +305,7 @@ def test_names_cannot_break_out_of_the_page() -> None:
 
 
 def test_tuner_extras_and_search_curve(tmp_path: Path) -> None:
-    from mixprec._html import write_report_html
+    from mixprec.report.html import write_report_html
 
     result = _run(tiny_model(), "fp16", None, None, None, {}, "annotate")
     path = tmp_path / "tuned.html"

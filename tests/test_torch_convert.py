@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 import mixprec.torch as mt  # noqa: E402
 from helpers import assert_close  # noqa: E402
-from mixprec._metrics import compare_outputs  # noqa: E402
+from mixprec.core.metrics import compare_outputs  # noqa: E402
 from mixprec.torch._tree import flatten_outputs  # noqa: E402
 from torch_models import (  # noqa: E402
     MLP,

@@ -13,9 +13,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
 from helpers import run_ort
-from mixprec._cli import main
-from mixprec._emulate import emulate_low_precision
-from mixprec._tune_metrics import rel_l2
+from mixprec.cli.main import main
+from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.tune.metrics import rel_l2
 
 BIG = 3000.0  # fp16 spacing is 2 at this magnitude: x + BIG - BIG loses x
 
@@ -133,7 +133,7 @@ def test_all_low_model_meeting_the_budget_takes_one_evaluation():
 def test_a_budget_even_the_all_float_model_misses_is_said_plainly():
     calls = []
 
-    def score(candidate: mixprec._tune_metrics.Candidate) -> float:
+    def score(candidate: mixprec.tune.metrics.Candidate) -> float:
         calls.append(len(candidate.outputs))
         return 1.0 if len(calls) == 1 else 0.0  # only the FP32 reference scores 1
 
@@ -337,8 +337,8 @@ def test_candidates_inside_subgraphs_rank_last_unmeasured_and_the_budget_is_met(
 def test_give_back_returns_heavy_nodes_the_budget_does_not_need():
     """The refinement after the bisection, on a stand-in scorer: the error is the sum of
     the low nodes' errors; the heavy node 'big' was moved but costs nothing."""
-    from mixprec._tune import Step, _Search
-    from mixprec._tune_metrics import Budget
+    from mixprec.tune.metrics import Budget
+    from mixprec.tune.search import Step, _Search
 
     errors = {"hot": 1.0, "big": 0.0, "mid": 0.004, "small": 0.003}
     search = object.__new__(_Search)

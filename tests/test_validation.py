@@ -1,13 +1,13 @@
-"""Tests of mixprec._validation: validating a converted model against its original."""
+"""Tests of mixprec.runtime.validation: validating a converted model against its original."""
 
 from __future__ import annotations
 
 import pytest
 
-from mixprec._errors import MixprecError
-from mixprec._feeds import make_inputs
-from mixprec._metrics import DEFAULT_RTOL
-from mixprec._validation import validate_models
+from mixprec.core.errors import MixprecError
+from mixprec.core.metrics import DEFAULT_RTOL
+from mixprec.io.feeds import make_inputs
+from mixprec.runtime.validation import validate_models
 from proto_builders import (
     BF16,
     _fp16_mlp,

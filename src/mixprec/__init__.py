@@ -9,12 +9,10 @@ Example:
 
 from __future__ import annotations
 
-from mixprec._config import ConvertConfig
-from mixprec._convert import ConversionResult, convert, inspect
-from mixprec._emulate import EmulateLowPrecisionPass, EmulateLowPrecisionResult
-from mixprec._errors import InternalError, MixprecError
-from mixprec._pipeline import STAGES, Pipeline
-from mixprec._policy import (
+from mixprec.api.validate import validate
+from mixprec.core.config import ConvertConfig
+from mixprec.core.errors import InternalError, MixprecError
+from mixprec.core.policy import (
     DEFAULT_LISTS,
     RULES,
     OpClass,
@@ -23,12 +21,15 @@ from mixprec._policy import (
     default_policy,
     register_rule,
 )
-from mixprec._quantize import QuantizeConfig, quantize
-from mixprec._report import NodeReport, Report
-from mixprec._tune import tune
-from mixprec._tune_result import TuneResult
-from mixprec._validate import validate
-from mixprec._validation import ValidationReport
+from mixprec.core.version import __version__ as __version__
+from mixprec.pipeline.convert import ConversionResult, convert, inspect
+from mixprec.pipeline.quantize import QuantizeConfig, quantize
+from mixprec.pipeline.report import NodeReport, Report
+from mixprec.pipeline.stages import STAGES, Pipeline
+from mixprec.runtime.emulate import EmulateLowPrecisionPass, EmulateLowPrecisionResult
+from mixprec.runtime.validation import ValidationReport
+from mixprec.tune.result import TuneResult
+from mixprec.tune.search import tune
 
 __all__ = [
     "DEFAULT_LISTS",
@@ -58,4 +59,3 @@ __all__ = [
     "validate",
 ]
 
-__version__ = "0.1.0"

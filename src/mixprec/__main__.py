@@ -1,5 +1,5 @@
 """``python -m mixprec``."""
 
-from mixprec._cli import main
+from mixprec.cli.main import main
 
 raise SystemExit(main())

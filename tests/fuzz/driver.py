@@ -5,7 +5,7 @@ A case is ``(mutations, seed)``: the seed picks the seed model, its opset, the d
 
 Each case runs in a forked child (the parent never loads an ONNX Runtime session, so
 forking is safe): the child points file descriptors 1 and 2 at capture files (so text
-ONNX Runtime writes from C++ is seen too), calls ``mixprec._cli.main`` in-process (or,
+ONNX Runtime writes from C++ is seen too), calls ``mixprec.cli.main.main`` in-process (or,
 in ``subprocess`` mode, ``python -m mixprec``), then checks what was written:
 ``onnx.checker.check_model(full_check=True)``, and whether ONNX Runtime runs the output
 when it ran the input. The parent kills a child that runs past the timeout (a hang) and
@@ -291,8 +291,8 @@ def _child(
 
 
 def _main_with_fds(argv: list[str], out_fd: int, err_fd: int) -> int:  # pragma: no cover
-    """``mixprec._cli.main(argv)`` with stdout/stderr (Python's and the C level's) in files."""
-    from mixprec._cli import main
+    """``mixprec.cli.main.main(argv)`` with stdout/stderr (Python's and the C level's) in files."""
+    from mixprec.cli.main import main
 
     sys.stdout.flush()
     sys.stderr.flush()

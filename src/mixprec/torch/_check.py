@@ -3,9 +3,9 @@
 Each example input runs through both, then a perturbed copy of it (float inputs plus
 Gaussian noise of 5% of their standard deviation, seeded; integer and bool inputs kept),
 so that the check is not only on the inputs calibration saw. Each output is compared by
-:func:`mixprec._metrics.compare_outputs`: max abs error, relative L2 error, top-1
+:func:`mixprec.core.metrics.compare_outputs`: max abs error, relative L2 error, top-1
 agreement for class scores. An output passes when its relative L2 error is at most the
-threshold (the dtype's :data:`~mixprec._metrics.DEFAULT_RTOL`) or its max abs error is
+threshold (the dtype's :data:`~mixprec.core.metrics.DEFAULT_RTOL`) or its max abs error is
 at most :data:`CHECK_ATOL` (references near zero). With the caller's budget, the budget
 is the threshold and the only test: no absolute escape.
 """
@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from mixprec._errors import MixprecError
-from mixprec._metrics import DEFAULT_RTOL, OutputComparison, compare_outputs
+from mixprec.core.errors import MixprecError
+from mixprec.core.metrics import DEFAULT_RTOL, OutputComparison, compare_outputs
 
 __all__ = ["CHECK_ATOL", "CheckReport", "TorchCheckError", "check_module", "perturbed"]
 

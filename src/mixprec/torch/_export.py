@@ -23,7 +23,7 @@ import onnx
 import onnx_ir as ir
 import torch
 
-from mixprec._errors import MixprecError
+from mixprec.core.errors import MixprecError
 
 __all__ = ["DYNAMO", "TORCHSCRIPT", "Exported", "export_module"]
 

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from mixprec._errors import MixprecError
-from mixprec._io import load_model, save_model
-from mixprec._report import NodeReport, Report
+from mixprec.core.errors import MixprecError
+from mixprec.io.models import load_model, save_model
+from mixprec.pipeline.report import NodeReport, Report
 
 if TYPE_CHECKING:
     from mixprec.torch._module import ConvertedModule

@@ -10,8 +10,8 @@ from typing import Any
 import onnx_ir as ir
 import torch
 
-from mixprec._errors import MixprecError
-from mixprec._report import Report
+from mixprec.core.errors import MixprecError
+from mixprec.pipeline.report import Report
 from mixprec.torch._check import CheckReport
 from mixprec.torch._runtime import OrtRunner
 from mixprec.torch._tree import Tree, leaf_paths, unflatten_outputs

@@ -20,9 +20,9 @@ import onnx_ir as ir
 import onnxruntime as ort
 import torch
 
-from mixprec._emulate import emulate_low_precision
-from mixprec._errors import MixprecError
-from mixprec._ort import ort_first_line
+from mixprec.core.errors import MixprecError
+from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.runtime.ort import ort_first_line
 
 __all__ = ["OrtRunner", "default_providers"]
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from mixprec._errors import MixprecError
+from mixprec.core.errors import MixprecError
 
 __all__ = [
     "bind_inputs",

@@ -1,0 +1,1 @@
+"""The public entry points: convert, inspect, quantize, tune, validate."""

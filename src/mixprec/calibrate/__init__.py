@@ -1,0 +1,1 @@
+"""Observers, the streaming calibration runner and the calibrate pass."""

@@ -1,0 +1,1 @@
+"""The command line: argparse faces over the api, shared options, the terminal."""

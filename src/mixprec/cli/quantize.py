@@ -1,0 +1,106 @@
+"""``mixprec quantize``: its arguments and its command (see :func:`mixprec.quantize`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from mixprec.cli.main import (
+    _add_input_args,
+    _add_quiet_arg,
+    _calibration_data,
+    _checked_output,
+    _load_feeds,
+    _progress,
+    _validate_and_write,
+)
+from mixprec.cli.report import add_output_args
+
+__all__ = ["add_quantize_parser", "cmd_quantize"]
+
+
+def add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
+    q = sub.add_parser("quantize", help="INT8 post-training quantization (static Q/DQ or dynamic)")
+    q.add_argument("model", help="FP32 ONNX model")
+    q.add_argument("-o", "--output", required=True, help="where to write the INT8 model")
+    q.add_argument(
+        "--method",
+        choices=("minmax", "entropy", "percentile"),
+        default="minmax",
+        help="activation ranges: min/max, KL-divergence threshold, or 99.999th percentile",
+    )
+    q.add_argument(
+        "--activation-type",
+        choices=("auto", "u8", "s8"),
+        default="auto",
+        help="auto: uint8 activations, int8 weights (7-bit on x86 CPUs without VNNI)",
+    )
+    q.add_argument("--per-tensor", action="store_true", help="one weight scale per tensor")
+    q.add_argument(
+        "--mode",
+        choices=("auto", "static", "dynamic"),
+        default="auto",
+        help="static: calibrated Q/DQ; dynamic: MatMul/Gemm weights INT8 here, activations "
+        "per call at run time (no calibration needed); auto (default): dynamic when "
+        "weighted MatMul/Gemm hold >= 80%% of the Conv/MatMul/Gemm MACs",
+    )
+    q.add_argument("--dynamic", action="store_true", help="same as --mode dynamic")
+    q.add_argument(
+        "--bias-correction",
+        action="store_true",
+        help="fold the mean output shift of weight rounding into Conv/Gemm biases",
+    )
+    q.add_argument(
+        "--fallback",
+        choices=("fp32", "fp16", "bf16"),
+        default="fp32",
+        help="precision of the nodes left out of INT8 (fp16/bf16: painted around the "
+        "integer kernels, as convert paints)",
+    )
+    q.add_argument(
+        "--speed",
+        choices=("auto", "off"),
+        default="auto",
+        help="auto: time candidate INT8 placements here and keep the fastest (never slower "
+        "than FP32); off: quantize every node the plan allows",
+    )
+    q.add_argument(
+        "--exclude", action="append", default=[], metavar="REGEX", help="node kept float"
+    )
+    q.add_argument("--no-fold-batchnorm", action="store_true")
+    _add_input_args(q)
+    q.add_argument("--log-dir", help="write graphs and the report here")
+    q.add_argument("--validate", action="store_true", help="compare with FP32 before writing")
+    q.add_argument("--rtol", type=float, default=None, help="validation tolerance (rel. L2)")
+    q.add_argument(
+        "--keep-failed", action="store_true", help="with --validate: keep a failed model"
+    )
+    q.add_argument("--external-data", action="store_true", help="write weights to OUTPUT.data")
+    q.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+    _add_quiet_arg(q)
+    add_output_args(q)
+    return q
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from mixprec.pipeline.quantize import quantize
+
+    out = _checked_output(args)
+    feeds = _load_feeds(args.inputs, args.model)
+    result = quantize(
+        args.model,
+        _calibration_data(args, feeds),
+        method=args.method,
+        activations=args.activation_type,
+        per_channel=not args.per_tensor,
+        exclude_nodes=tuple(args.exclude),
+        shapes=dict(args.shape),
+        fold_batchnorm=not args.no_fold_batchnorm,
+        log_dir=args.log_dir,
+        speed=args.speed,
+        mode="dynamic" if args.dynamic else args.mode,
+        fallback=args.fallback,
+        bias_correction=args.bias_correction,
+        progress=_progress(args.quiet or args.json),
+    )
+    return _validate_and_write(args, result, feeds, out)

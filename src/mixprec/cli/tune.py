@@ -1,0 +1,124 @@
+"""``mixprec tune``: the command line of :func:`mixprec.tune`.
+
+Exit status 0 when the budget is met (the model is written), 1 when it is not (nothing
+is written; one line on stderr says why), 2/3 for errors as in the other commands.
+With ``--json`` stdout holds one JSON object and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from mixprec.cli.main import (
+    EXIT_VALIDATION_FAILED,
+    _add_quiet_arg,
+    _add_shape_arg,
+    _checked_output,
+    _progress,
+)
+
+__all__ = ["add_tune_parser", "cmd_tune"]
+
+
+def _budget(text: str) -> float | str:
+    """A number, or ``N%`` (a relative drop, for callables; refused later otherwise)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def add_tune_parser(sub: Any) -> argparse.ArgumentParser:
+    t = sub.add_parser(
+        "tune", help="the most low-precision/INT8 model that meets an accuracy budget"
+    )
+    t.add_argument("model", help="FP32 ONNX model")
+    t.add_argument("-o", "--output", required=True, help="where to write the tuned model")
+    t.add_argument("--dtype", default="fp16", help="fp16 (default), bf16 or int8")
+    t.add_argument(
+        "--inputs",
+        required=True,
+        metavar="PATH",
+        help="samples the metric is measured on: an .npz whose arrays have a leading "
+        "sample axis, or a folder of .npz files (one sample each)",
+    )
+    t.add_argument(
+        "--calibration-data",
+        metavar="PATH",
+        help="calibration samples, same forms (default: the --inputs samples)",
+    )
+    t.add_argument(
+        "--metric",
+        choices=("rel-l2", "max-abs", "top1", "cosine"),
+        default="rel-l2",
+        help="comparison with the FP32 outputs (default rel-l2)",
+    )
+    t.add_argument(
+        "--budget",
+        type=_budget,
+        default=None,
+        help="bound on the metric: the largest rel-l2/max-abs, the smallest top1/cosine "
+        "(default: rel-l2 1e-2 fp16, 8e-2 bf16, 1e-1 int8; top1 0.99)",
+    )
+    t.add_argument("--max-evaluations", type=int, default=None, metavar="N")
+    t.add_argument(
+        "--mode",
+        choices=("emulated", "ort"),
+        default="emulated",
+        help="emulated (default): fp16/bf16 candidates run in float32 with every low "
+        "tensor rounded; ort: fp16 as is on ONNX Runtime's CPU provider",
+    )
+    _add_shape_arg(t)
+    t.add_argument("--log-dir", help="write tune.json and tune.png (metric vs MAC share) here")
+    t.add_argument("--external-data", action="store_true", help="write weights to OUTPUT.data")
+    t.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    _add_quiet_arg(t)
+    t.set_defaults(validate=False, keep_failed=False)
+    return t
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from mixprec.io.feeds import iter_calibration_npz
+    from mixprec.io.models import load_model
+    from mixprec.tune.search import tune
+
+    out = _checked_output(args)
+    original = load_model(args.model)
+    samples = list(iter_calibration_npz(args.inputs, original))
+    calibration = (
+        iter_calibration_npz(args.calibration_data, original) if args.calibration_data else None
+    )
+    options: dict[str, Any] = {}
+    if args.shape:
+        options["shapes"] = dict(args.shape)
+    result = tune(
+        args.model,
+        args.dtype,
+        samples,
+        metric=args.metric,
+        budget=args.budget,
+        calibration_data=calibration,
+        max_evaluations=args.max_evaluations,
+        mode=args.mode,
+        progress=_progress(args.quiet or args.json),
+        log_dir=args.log_dir,
+        **options,
+    )
+    if result.passed:
+        result.save(out, external_data=args.external_data)
+    if args.json:
+        data = result.to_dict()
+        data["output"] = str(out) if result.passed else None
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(result.format_summary())
+        if result.passed:
+            print(f"wrote {out}")
+    if result.passed:
+        return 0
+    sys.stdout.flush()
+    print(f"mixprec: tune: budget {result.message}; {out} not written", file=sys.stderr)
+    return EXIT_VALIDATION_FAILED

@@ -1,0 +1,601 @@
+"""Precision policy as data: the four op lists per target dtype and the per-op rule registry.
+
+Nothing here touches a graph. The painter (``_paint``) reads a resolved :class:`Policy`
+and the rules registered in :data:`RULES`; the rewriter (``_rewrite``) applies the result.
+
+The four lists (names follow TensorFlow grappler's auto-mixed-precision and Intel ITEX):
+
+* ``ALLOW``: always computed in low precision (compute-bound, numerically robust).
+* ``DENY``: always FP32; the deny colour spreads downstream through INFER and CLEAR ops.
+* ``INFER``: low precision only when fed by a low-precision op and not downstream of DENY.
+* ``CLEAR``: precision-neutral (data movement, max/min style ops); they follow their
+  neighbours so that casts are not placed around them.
+
+An op in no list (and any op of an unknown domain) keeps its original precision; casts are
+placed around it where its neighbours are in low precision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx_ir as ir
+
+from mixprec.core.constants import const_tensor
+from mixprec.core.errors import MixprecError
+from mixprec.core.registry import (
+    DEFAULT_RULE,
+    OpClass,
+    OpRule,
+    RuleContext,
+    node_info,
+    op_info,
+    register_op,
+    registered,
+)
+
+__all__ = [
+    "DEFAULT_LISTS",
+    "RULES",
+    "OpClass",
+    "OpRule",
+    "Policy",
+    "RuleContext",
+    "default_policy",
+    "register_rule",
+    "rule_for",
+]
+
+
+TARGET_DTYPES: Mapping[str, ir.DataType] = {
+    "float16": ir.DataType.FLOAT16,
+    "bfloat16": ir.DataType.BFLOAT16,
+}
+
+_DTYPE_ALIASES = {
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "f16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
+
+
+def normalize_dtype(name: str) -> str:
+    """Return the canonical target dtype name ("float16" or "bfloat16").
+
+    Raises:
+        MixprecError: ``name`` is not a supported low-precision dtype.
+    """
+    if not isinstance(name, str):
+        raise TypeError(
+            f"target_dtype must be a str such as 'fp16' or 'bf16', not {type(name).__name__} "
+            f"{name!r}"
+        )
+    key = name.strip().lower()
+    if key not in _DTYPE_ALIASES:
+        raise MixprecError(
+            f"unknown target dtype {name!r}; use one of: fp16, float16, bf16, bfloat16"
+        )
+    return _DTYPE_ALIASES[key]
+
+
+# --- Default lists ------------------------------------------------------------------------
+# The reason for each group is documented in docs/policy.md (generated from this table by
+# `mixprec lists --markdown`); keep the two in sync by editing only this table.
+
+_ALLOW_COMMON = (
+    "Conv",
+    "ConvTranspose",
+    "MatMul",
+    "Gemm",
+    "Einsum",
+)
+# Elementwise arithmetic and activations: safe in low precision when their inputs already are.
+_INFER_COMMON = (
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Sum",  # TF AddN
+    "Mean",  # elementwise mean of inputs (not a reduction)
+    "BatchNormalization",
+    "InstanceNormalization",
+    "Sigmoid",
+    "Tanh",
+    "Erf",
+    "Gelu",
+    "HardSigmoid",
+    "HardSwish",
+    "LeakyRelu",
+    "PRelu",
+    "Elu",
+    "Selu",
+    "Celu",
+    "Mish",
+    "Softsign",
+    "ThresholdedRelu",
+    "Sqrt",
+    "AveragePool",
+    "GlobalAveragePool",
+    "LpPool",
+    "LRN",
+    "Softmax",
+    "LayerNormalization",  # statistics in float32 (stash_type) by the ONNX spec
+    "LSTM",
+    "GRU",
+    "RNN",
+    "Sin",
+    "Cos",
+)
+# Data movement and value-preserving ops.
+_CLEAR_COMMON = (
+    "Relu",
+    "Abs",
+    "Neg",
+    "Sign",
+    "Floor",
+    "Ceil",
+    "Round",
+    "Clip",
+    "Max",
+    "Min",
+    "ReduceMax",
+    "ReduceMin",
+    "ArgMax",
+    "ArgMin",
+    "TopK",
+    "MaxPool",
+    "GlobalMaxPool",
+    "MaxRoiPool",
+    "Reshape",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Flatten",
+    "Concat",
+    "Split",
+    "Slice",
+    "Gather",
+    "GatherElements",
+    "GatherND",
+    "ScatterND",
+    "ScatterElements",
+    "Expand",
+    "Tile",
+    "Pad",
+    "Identity",
+    "Dropout",
+    "DepthToSpace",
+    "SpaceToDepth",
+    "Resize",
+    "Upsample",
+    "Where",
+    "Cast",
+    "CastLike",
+    "Equal",
+    "Less",
+    "LessOrEqual",
+    "Greater",
+    "GreaterOrEqual",
+    "NonZero",
+    "Compress",
+    "ReverseSequence",
+    "Trilu",
+    "IsNaN",
+    "IsInf",
+)
+# FP16 has a 5-bit exponent (max 65504): exponentials, powers, logs of small numbers,
+# long accumulations and normalisations over many elements overflow or lose precision.
+_DENY_FP16 = (
+    "Exp",
+    "Log",
+    "Pow",
+    "Reciprocal",
+    "Softplus",
+    "LogSoftmax",
+    "ReduceSum",
+    "ReduceMean",
+    "ReduceProd",
+    "ReduceSumSquare",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "CumSum",
+    "GroupNormalization",
+    "LpNormalization",
+    "MeanVarianceNormalization",
+    "SoftmaxCrossEntropyLoss",
+    "NegativeLogLikelihoodLoss",
+    "Acos",
+    "Asin",
+    "Acosh",
+    "Asinh",
+    "Atanh",
+    "Cosh",
+    "Sinh",
+    "Tan",
+)
+# BF16 keeps FP32's 8-bit exponent: overflow-prone ops (Exp, Pow, Log, Reciprocal, Softplus)
+# are range-safe and become INFER; long accumulations and normalisations still lose
+# precision with an 8-bit mantissa and stay DENY.
+_BF16_RANGE_SAFE = ("Exp", "Log", "Pow", "Reciprocal", "Softplus")
+_DENY_BF16 = tuple(op for op in _DENY_FP16 if op not in _BF16_RANGE_SAFE)
+
+
+def _lists(allow: Iterable[str], deny: Iterable[str], infer: Iterable[str], clear: Iterable[str]):
+    return {
+        OpClass.ALLOW: frozenset(allow),
+        OpClass.DENY: frozenset(deny),
+        OpClass.INFER: frozenset(infer),
+        OpClass.CLEAR: frozenset(clear),
+    }
+
+
+# fp16 DENY ops that are unsafe only through their range: with a calibration run that saw
+# every tensor they touch within range, they are painted as INFER instead.
+_RANGE_CHECKED_FP16 = frozenset(
+    {
+        "Exp",
+        "Pow",
+        "Reciprocal",
+        "Softplus",
+        "ReduceSum",
+        "ReduceMean",
+        "ReduceSumSquare",
+        "ReduceL1",
+        "ReduceL2",
+    }
+)
+_RANGE_CHECKED = {
+    "float16": _RANGE_CHECKED_FP16,
+    "bfloat16": frozenset(),  # bf16 has fp32's range: its DENY ops are about precision
+}
+
+# The lists and range facts go into the op registry; the tables below are read back
+# from it, so the registry is the one place that says what an op is.
+for _target, _table in {
+    "float16": _lists(_ALLOW_COMMON, _DENY_FP16, _INFER_COMMON, _CLEAR_COMMON),
+    "bfloat16": _lists(_ALLOW_COMMON, _DENY_BF16, _INFER_COMMON + _BF16_RANGE_SAFE, _CLEAR_COMMON),
+}.items():
+    for _cls, _ops in _table.items():
+        for _op in _ops:
+            register_op(_op, classes={_target: _cls})
+    for _op in _RANGE_CHECKED[_target]:
+        register_op(_op, range_checked=op_info(_op).range_checked | {_target})
+
+
+def _from_registry(target: str) -> dict[OpClass, frozenset[str]]:
+    lists: dict[OpClass, set[str]] = {c: set() for c in OpClass if c is not OpClass.NONE}
+    for (domain, op), info in registered():
+        cls = info.classes.get(target)
+        if domain == "" and cls is not None and cls is not OpClass.NONE:
+            lists[cls].add(op)
+    return {cls: frozenset(ops) for cls, ops in lists.items()}
+
+
+DEFAULT_LISTS: Mapping[str, Mapping[OpClass, frozenset[str]]] = {
+    target: _from_registry(target) for target in TARGET_DTYPES
+}
+RANGE_CHECKED: Mapping[str, frozenset[str]] = {
+    target: frozenset(op for (d, op), info in registered() if target in info.range_checked)
+    for target in TARGET_DTYPES
+}
+
+#: Ops that read only the shape of their input: they take any dtype, are never painted
+#: and never get a cast.
+SHAPE_ONLY_OPS: frozenset[str] = frozenset(
+    op for (domain, op), info in registered() if domain == "" and info.shape_only
+)
+
+KNOWN_OPS: frozenset[str] = (
+    frozenset(op for lists in DEFAULT_LISTS.values() for ops in lists.values() for op in ops)
+    | SHAPE_ONLY_OPS
+)
+
+
+# --- Rules ------------------------------------------------------------------------------
+
+
+class _RulesView(Mapping[tuple[str, str], OpRule]):
+    """The registered rules by (domain, op_type): a read-only view of the op registry."""
+
+    def _rules(self) -> dict[tuple[str, str], OpRule]:
+        return {key: info.rule for key, info in registered() if info.rule is not None}
+
+    def __getitem__(self, key: tuple[str, str]) -> OpRule:
+        return self._rules()[key]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return iter(self._rules())
+
+    def __len__(self) -> int:
+        return len(self._rules())
+
+
+RULES: Mapping[tuple[str, str], OpRule] = _RulesView()
+
+
+def register_rule(op_type: str, rule: OpRule, *, domain: str = "") -> None:
+    """Register (or replace) the rule for ``(domain, op_type)`` in the op registry.
+
+    Raises:
+        TypeError: ``rule`` is not an :class:`OpRule`, or a name is not a str.
+        MixprecError: an empty or malformed op type.
+    """
+    if not isinstance(rule, OpRule):
+        raise TypeError(f"rule must be an OpRule, not {type(rule).__name__} {rule!r}")
+    register_op(op_type, domain=domain, rule=rule)
+
+
+def rule_for(node: ir.Node) -> OpRule:
+    """Return the rule registered for ``node``'s op, or :data:`DEFAULT_RULE`."""
+    return node_info(node).rule or DEFAULT_RULE
+
+
+def _const_array(value: ir.Value | None) -> np.ndarray | None:
+    if value is None:
+        return None
+    tensor = const_tensor(value)
+    if tensor is None:
+        return None
+    try:
+        return tensor.numpy()
+    except Exception:  # pragma: no cover - exotic tensor kinds
+        return None
+
+
+def _pow_condition(node: ir.Node, ctx: RuleContext) -> str | None:
+    if ctx.target != "float16":
+        return None
+    exponent = _const_array(node.inputs[1] if len(node.inputs) > 1 else None)
+    if exponent is None:
+        return "Pow with a non-constant exponent can overflow float16"
+    if exponent.size and float(np.max(np.abs(exponent.astype(np.float64)))) > 2.0:
+        return f"Pow exponent {float(np.max(np.abs(exponent))):g} > 2 can overflow float16"
+    return None
+
+
+def _reduced_count(node: ir.Node, ctx: RuleContext) -> int | None:
+    """Number of elements reduced into each output element, from known shapes."""
+    dims = ctx.shape(node.inputs[0] if node.inputs else None)
+    if dims is None:
+        return None
+    axes_attr = node.attributes.get("axes")
+    axes: list[int] | None = None
+    if axes_attr is not None:
+        axes = list(axes_attr.as_ints())
+    elif len(node.inputs) > 1 and node.inputs[1] is not None:
+        arr = _const_array(node.inputs[1])
+        if arr is None:
+            return None
+        axes = [int(a) for a in arr.reshape(-1)]
+    if not axes:
+        noop = node.attributes.get("noop_with_empty_axes")
+        if noop is not None and noop.as_int():
+            return 1
+        axes = list(range(len(dims)))
+    count = 1
+    for a in axes:
+        d = dims[a % len(dims)]
+        if d is None:
+            return None
+        count *= int(d)
+    return count
+
+
+_MAX_REDUCED = {"float16": 4096, "bfloat16": 256}
+
+
+def _reduce_condition(node: ir.Node, ctx: RuleContext) -> str | None:
+    limit = _MAX_REDUCED[ctx.target]
+    count = _reduced_count(node, ctx)
+    if count is None:
+        return f"{node.op_type} over axes of unknown length"
+    if count > limit:
+        return f"{node.op_type} accumulates {count} elements (> {limit} for {ctx.target})"
+    return None
+
+
+_MAX_SOFTMAX_AXIS = {"float16": 8192, "bfloat16": 8192}
+
+
+def _softmax_condition(node: ir.Node, ctx: RuleContext) -> str | None:
+    shape = ctx.shape(node.inputs[0] if node.inputs else None)
+    if not shape:
+        return "Softmax over an axis of unknown length"
+    axis_attr = node.attributes.get("axis")
+    default_axis = -1 if ctx.opset >= 13 else 1
+    axis = axis_attr.as_int() if axis_attr is not None else default_axis
+    rank = len(shape)
+    dims = shape[axis % rank :] if ctx.opset < 13 else [shape[axis % rank]]
+    if not all(isinstance(d, int) for d in dims):
+        return "Softmax over an axis of unknown length"
+    width = int(np.prod([int(d) for d in dims if d is not None]))
+    if width > _MAX_SOFTMAX_AXIS[ctx.target]:
+        return f"Softmax over {width} elements (> {_MAX_SOFTMAX_AXIS[ctx.target]})"
+    return None
+
+
+register_rule(
+    "Resize",
+    OpRule(frozenset({1, 2}), note="roi and scales stay float32 (sizes are int64)"),
+)
+register_rule("Upsample", OpRule(frozenset({1}), note="scales stays float32"))
+register_rule(
+    "Pow",
+    OpRule(fp32_if=_pow_condition, note="fp16: FP32 when the exponent is not a constant <= 2"),
+)
+for _op in ("ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2"):
+    register_rule(
+        _op,
+        OpRule(
+            fp32_if=_reduce_condition,
+            note="FP32 when it accumulates > 4096 (fp16) / 256 (bf16) elements",
+        ),
+    )
+register_rule(
+    "Softmax",
+    OpRule(fp32_if=_softmax_condition, note="FP32 when the axis is unknown or > 8192 wide"),
+)
+
+
+def _stash_condition(node: ir.Node, ctx: RuleContext) -> str | None:
+    stash = node.attributes.get("stash_type")
+    if stash is not None and stash.as_int() != ir.DataType.FLOAT:
+        return "LayerNormalization with a stash_type other than float32"
+    return None
+
+
+register_rule(
+    "LayerNormalization",
+    OpRule(
+        fp32_if=_stash_condition,
+        note="low precision computes its statistics in float32 (stash_type=1, the default)",
+    ),
+)
+
+
+# --- Resolved policy ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A resolved policy: target dtype, the four lists, exclusions and modes.
+
+    Build it with :func:`default_policy` and :meth:`with_changes`; it validates itself.
+    """
+
+    target: str
+    lists: Mapping[OpClass, frozenset[str]]
+    exclude_nodes: tuple[str, ...] = ()
+    force_all: bool = False
+    output_fp32_ops: frozenset[str] = field(default_factory=frozenset)
+    range_checked: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.target, str) or self.target not in TARGET_DTYPES:
+            raise MixprecError(
+                f"Policy target must be one of {', '.join(TARGET_DTYPES)}, got {self.target!r}"
+            )
+        if not isinstance(self.lists, Mapping):
+            raise TypeError(f"Policy lists must be a mapping, not {type(self.lists).__name__}")
+        missing = [c.value for c in _LIST_CLASSES if c not in self.lists]
+        if missing or any(not isinstance(c, OpClass) for c in self.lists):
+            raise MixprecError(
+                f"Policy lists must have one entry per OpClass (allow, deny, infer, clear); "
+                f"missing: {', '.join(missing) or 'none'}"
+            )
+        _check_names("Policy exclude_nodes", self.exclude_nodes, tuple)
+        _check_names("Policy output_fp32_ops", self.output_fp32_ops, frozenset)
+        _check_names("Policy range_checked", self.range_checked, frozenset)
+        if not isinstance(self.force_all, bool):
+            raise TypeError(f"Policy force_all must be a bool, not {self.force_all!r}")
+        seen: dict[str, OpClass] = {}
+        for cls, ops in self.lists.items():
+            _check_names(f"Policy {cls.value} list", ops, frozenset)
+            for op in ops:
+                if op in seen:
+                    raise MixprecError(
+                        f"op {op!r} is in both the {seen[op].value} and {cls.value} lists"
+                    )
+                seen[op] = cls
+
+    @property
+    def target_type(self) -> ir.DataType:
+        return TARGET_DTYPES[self.target]
+
+    def op_class(self, op_type: str) -> OpClass:
+        for cls, ops in self.lists.items():
+            if op_type in ops:
+                return cls
+        return OpClass.NONE
+
+    def with_changes(
+        self,
+        add: Mapping[OpClass, Iterable[str]] | None = None,
+        remove: Mapping[OpClass, Iterable[str]] | None = None,
+        *,
+        exclude_nodes: Iterable[str] = (),
+        force_all: bool | None = None,
+        output_fp32_ops: Iterable[str] = (),
+    ) -> Policy:
+        """Return a new policy with ops added to / removed from lists.
+
+        An op added to a list leaves the list it was in. Removing an op that is not in
+        that list is an error, as is an op name that is not a plausible ONNX op type.
+        """
+        lists = {cls: set(ops) for cls, ops in self.lists.items()}
+        for cls, ops in (remove or {}).items():
+            for op in ops:
+                _check_op_name(op)
+                if op not in lists[cls]:
+                    raise MixprecError(f"cannot remove {op!r} from the {cls.value} list: not in it")
+                lists[cls].discard(op)
+        for cls, ops in (add or {}).items():
+            for op in ops:
+                _check_op_name(op)
+                for other in lists.values():
+                    other.discard(op)
+                lists[cls].add(op)
+        output_fp32_ops = tuple(output_fp32_ops)
+        for op in output_fp32_ops:
+            _check_op_name(op)
+        return Policy(
+            target=self.target,
+            lists={cls: frozenset(ops) for cls, ops in lists.items()},
+            exclude_nodes=self.exclude_nodes + tuple(exclude_nodes),
+            force_all=self.force_all if force_all is None else force_all,
+            output_fp32_ops=self.output_fp32_ops | frozenset(output_fp32_ops),
+            range_checked=self.range_checked,
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "target": self.target,
+            **{cls.value: sorted(ops) for cls, ops in self.lists.items()},
+            "exclude_nodes": list(self.exclude_nodes),
+            "force_all": self.force_all,
+            "output_fp32_ops": sorted(self.output_fp32_ops),
+            "range_checked": sorted(self.range_checked),
+            "rules": {
+                f"{domain or 'ai.onnx'}::{op}": rule.note for (domain, op), rule in RULES.items()
+            },
+        }
+
+
+_LIST_CLASSES = (OpClass.ALLOW, OpClass.DENY, OpClass.INFER, OpClass.CLEAR)
+
+
+def _check_names(what: str, names: object, kind: type) -> None:
+    if not isinstance(names, kind):
+        raise TypeError(f"{what} must be a {kind.__name__} of str, not {type(names).__name__}")
+    for name in names:  # type: ignore[attr-defined]
+        if not isinstance(name, str):
+            raise TypeError(f"{what} must hold str, got {name!r}")
+
+
+def _check_op_name(op: str) -> None:
+    import onnx.defs
+
+    if not isinstance(op, str):
+        raise TypeError(f"op types must be str, got {op!r}")
+    if not op or not op.replace("_", "").isalnum() or not op[0].isalpha():
+        raise MixprecError(f"malformed op type {op!r}")
+    if op in KNOWN_OPS or onnx.defs.has(op):
+        return
+    raise MixprecError(
+        f"unknown op type {op!r}: not an ONNX operator (names are case-sensitive, e.g. MatMul)"
+    )
+
+
+def default_policy(target: str) -> Policy:
+    """The default policy for ``target`` ("float16"/"fp16" or "bfloat16"/"bf16")."""
+    target = normalize_dtype(target)
+    return Policy(
+        target=target, lists=dict(DEFAULT_LISTS[target]), range_checked=RANGE_CHECKED[target]
+    )

@@ -1,0 +1,3 @@
+"""INT8: the plan (annotate), scales, QDQ and dynamic apply passes, bias correction, speed
+timing.
+"""

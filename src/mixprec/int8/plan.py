@@ -1,0 +1,127 @@
+"""INT8 annotation: which nodes run in integer kernels, and why the others stay float.
+
+pt2e's shape: this pass only annotates (``node.meta[INT8]``); calibration observes, and
+:mod:`mixprec.int8.qdq` converts. The op roles come from the op registry
+(:data:`mixprec.core.registry.INT8_ROLES`), so the policy is data.
+
+Rules:
+- a "weighted" op (Conv, MatMul, Gemm) runs in INT8 when its weight is a float constant
+  (a MatMul of two activations, attention's, stays float);
+- every other INT8-capable op runs in INT8 when one of its float inputs comes from an
+  INT8 node, so Q/DQ pairs sit only where ONNX Runtime can keep the integer domain;
+- excluded nodes, custom domains and nodes inside subgraphs stay float.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import onnx_ir as ir
+
+from mixprec.core.constants import const_tensor
+from mixprec.core.graphs import NodeExclusions, iter_nodes
+from mixprec.core.registry import node_info
+
+__all__ = ["INT8", "AnnotateInt8Pass", "Int8Decision", "int8_decision"]
+
+#: ``node.meta`` key of the INT8 decision.
+INT8 = "mixprec.int8"
+
+
+@dataclasses.dataclass(frozen=True)
+class Int8Decision:
+    """Whether a node runs in INT8, its role, and why."""
+
+    int8: bool
+    role: str | None
+    reason: str
+
+
+def int8_decision(node: ir.Node) -> Int8Decision | None:
+    found = node.meta.get(INT8)
+    return found if isinstance(found, Int8Decision) else None
+
+
+def _float(value: ir.Value | None) -> bool:
+    return value is not None and value.dtype == ir.DataType.FLOAT
+
+
+def weight_index(node: ir.Node) -> int | None:
+    """The input index of a weighted op's constant weight (None: no constant weight)."""
+    if node.op_type in ("Conv", "Gemm", "MatMul") and len(node.inputs) > 1:
+        weight = node.inputs[1]
+        if weight is not None and const_tensor(weight) is not None:
+            return 1
+    return None
+
+
+class AnnotateInt8Pass(ir.passes.InPlacePass):
+    """Record an :class:`Int8Decision` on every node of the main graph (analysis only).
+
+    Args:
+        exclude_nodes: node names or regular expressions kept float.
+        dynamic: plan dynamic INT8 (:mod:`mixprec.int8.dynamic`): only MatMul/Gemm with a
+            constant 2-D weight, activations quantized at run time.
+    """
+
+    def __init__(self, exclude_nodes: tuple[str, ...] = (), *, dynamic: bool = False) -> None:
+        super().__init__()
+        self._exclude = NodeExclusions(exclude_nodes)
+        self._dynamic = dynamic
+
+    def _excluded(self, node: ir.Node) -> str | None:
+        return self._exclude.reason(node)
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        for node in iter_nodes(model.graph):
+            node.meta.pop(INT8, None)
+        main = set(model.graph)
+        for node in iter_nodes(model.graph):
+            if node not in main:
+                node.meta[INT8] = Int8Decision(False, None, "inside a subgraph")
+        for node in model.graph:  # topological order: producers are decided first
+            node.meta[INT8] = self._decide_dynamic(node) if self._dynamic else self._decide(node)
+        return ir.passes.PassResult(model, modified=False)
+
+    def _decide_dynamic(self, node: ir.Node) -> Int8Decision:
+        from mixprec.int8.dynamic import dynamic_candidate
+
+        role = node_info(node).int8
+        why = dynamic_candidate(node) or self._excluded(node)
+        if why is not None:
+            return Int8Decision(False, role, why)
+        return Int8Decision(True, role, f"{node.op_type}: dynamic INT8 (DynamicQuantizeMatMul)")
+
+    def _decide(self, node: ir.Node) -> Int8Decision:
+        info = node_info(node)
+        role = info.int8
+        if role is None:
+            why = "custom domain" if node.domain not in ("", "ai.onnx") else "no INT8 kernel"
+            return Int8Decision(False, None, f"{node.op_type}: {why}; stays float")
+        excluded = self._excluded(node)
+        if excluded:
+            return Int8Decision(False, role, excluded)
+        if not any(_float(v) for v in node.inputs):
+            return Int8Decision(False, role, "no float input")
+        if role == "weighted":
+            if not _float(node.inputs[0]):
+                return Int8Decision(False, role, "input is not float32")
+            if weight_index(node) is None:
+                # A MatMul of two activations (attention scores and context) stays float:
+                # measured on MiniLM, quantizing it takes the sentence-embedding cosine from
+                # 0.83 to 0.75.
+                return Int8Decision(False, role, "weight is not a float32 constant")
+            return Int8Decision(True, role, f"{node.op_type}: integer kernel")
+        fed = [
+            v
+            for v in node.inputs
+            if _float(v) and (p := v.producer()) is not None and _is_int8(p)  # type: ignore[union-attr]
+        ]
+        if not fed:
+            return Int8Decision(False, role, "not fed by an INT8 node: stays float")
+        return Int8Decision(True, role, f"{role}: stays in the integer domain")
+
+
+def _is_int8(node: ir.Node) -> bool:
+    decision = int8_decision(node)
+    return decision is not None and decision.int8

@@ -1,0 +1,3 @@
+"""Reading and writing models safely: load/save, external data, input checks and repairs,
+protobuf helpers, feeds.
+"""

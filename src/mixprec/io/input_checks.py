@@ -1,0 +1,402 @@
+"""Structural checks of the input model: one :class:`MixprecError` naming the node or
+tensor for each fault mixprec's passes could not survive (see :mod:`mixprec.io.sanitize`
+for the repairs that run beside them).
+
+* :class:`CheckInputPass`: no graph outputs, a tensor read but never defined, an
+  attribute of the wrong type or of type UNDEFINED, ``Cast(to=999)``, an UNDEFINED element
+  type, ``raw_data`` that does not match its dims, If/Loop bodies with the wrong number of
+  outputs, an unsupported opset or IR version.
+* :class:`CheckAxesPass`: an ``axis``/``axes`` attribute outside its input's rank, once
+  shape inference has given the ranks.
+* :func:`check_proto`: the checks that must run before ``onnx_ir`` parses a proto.
+"""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+import onnx.defs
+import onnx.helper
+import onnx_ir as ir
+
+from mixprec.core.errors import MixprecError
+from mixprec.io.sanitize import (
+    _DEFAULT_DOMAINS,
+    _DTYPE_ATTRS,
+    _MIN_OPSET,
+    _PACKED_4BIT,
+    SanitizeResult,
+    _bodies,
+    _node_label,
+    _opsets,
+)
+
+__all__ = ["CheckAxesPass", "CheckInputPass", "check_proto", "tensor_fault"]
+
+
+# --- structural checks ------------------------------------------------------------------------
+
+
+def _defined(value: ir.Value) -> bool:
+    return (
+        value.producer() is not None
+        or value.is_graph_input()
+        or value.is_initializer()
+        or value.const_value is not None
+    )
+
+
+def _typed_count(dtype: ir.DataType, numel: int) -> int:
+    """How many items of a typed data field (``float_data`` ...) ``numel`` elements take."""
+    if dtype.name in _PACKED_4BIT:
+        return (numel + 1) // 2
+    if dtype in (ir.DataType.COMPLEX64, ir.DataType.COMPLEX128):
+        return 2 * numel
+    return numel
+
+
+def tensor_fault(tensor: ir.TensorProtocol) -> str | None:
+    """Why ``tensor`` cannot be read (no element type, data that does not fit its dims)."""
+    try:
+        dtype = ir.DataType(tensor.dtype)
+    except ValueError:
+        return f"has the unknown element type {int(tensor.dtype)}"
+    if dtype == ir.DataType.UNDEFINED:
+        return "has no element type (UNDEFINED)"
+    dims = [d if isinstance(d, int) else -1 for d in tensor.shape.dims]
+    if any(d < 0 for d in dims):
+        return f"has invalid dims {list(tensor.shape.dims)}"
+    numel = math.prod(dims)
+    proto = getattr(tensor, "raw", None)
+    if not isinstance(proto, onnx.TensorProto):
+        return None  # in memory (numpy): consistent by construction
+    if proto.data_location == onnx.TensorProto.EXTERNAL:
+        return None  # checked where the file is read
+    if proto.HasField("raw_data"):
+        need = (numel * dtype.bitwidth + 7) // 8
+        have = len(proto.raw_data)
+        if have != need:
+            return (
+                f"holds {have} bytes of raw_data, but its dims {dims} of "
+                f"{dtype.name.lower()} need {need}"
+            )
+        return None
+    if dtype == ir.DataType.STRING:
+        have = len(proto.string_data)
+        need = numel
+    else:
+        field = onnx.helper.tensor_dtype_to_field(int(dtype))
+        have = len(getattr(proto, field))
+        need = _typed_count(dtype, numel)
+    if have != need:
+        return f"holds {have} values, but its dims {dims} need {need}"
+    return None
+
+
+def _attr_tensors(attr: ir.Attr) -> list[ir.TensorProtocol]:
+    # ``attr.value``, not ``as_tensor()``: the latter's runtime Protocol check costs more
+    # than the whole check of a model with many Constant nodes.
+    if attr.type == ir.AttributeType.TENSOR:
+        return [attr.value]
+    if attr.type == ir.AttributeType.TENSORS:
+        return list(attr.value)
+    return []
+
+
+class CheckInputPass(ir.passes.InPlacePass):
+    """Refuse a malformed model with one error naming the node or tensor. Changes nothing.
+
+    Odd but legal input (an output that is a graph input, zero nodes, NaN weights,
+    unknown domains that the model imports) passes.
+    """
+
+    def call(self, model: ir.Model) -> SanitizeResult:
+        self._check_versions(model)
+        graph = model.graph
+        if not graph.outputs:
+            raise MixprecError("the model has no graph outputs: there is nothing to compute")
+        for value in graph.inputs:
+            if isinstance(value.type, ir.TensorType) and value.dtype == ir.DataType.UNDEFINED:
+                raise MixprecError(f"graph input {value.name!r} has no element type (UNDEFINED)")
+        for value in graph.outputs:
+            if isinstance(value.type, ir.TensorType) and value.dtype == ir.DataType.UNDEFINED:
+                raise MixprecError(f"graph output {value.name!r} has no element type (UNDEFINED)")
+        for body, where in _bodies(model):
+            opsets = _opsets(body, model)
+            if isinstance(body, ir.Graph):
+                for value in body.initializers.values():
+                    if value.const_value is not None:
+                        fault = tensor_fault(value.const_value)
+                        if fault:
+                            raise MixprecError(f"initializer {value.name!r} {fault}")
+            for node in body:
+                self._check_node(node, opsets, model)
+            for value in body.outputs:
+                if not _defined(value):
+                    raise MixprecError(
+                        f"output {value.name!r} of {where} is not computed by any node "
+                        "and is no input or initializer"
+                    )
+        return SanitizeResult(model, modified=False)
+
+    def _check_versions(self, model: ir.Model) -> None:
+        if model.ir_version > onnx.IR_VERSION:
+            raise MixprecError(
+                f"ir_version {model.ir_version} is newer than this onnx package knows "
+                f"({onnx.IR_VERSION}); upgrade onnx"
+            )
+        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+        latest = onnx.defs.onnx_opset_version()
+        if opset is None:
+            raise MixprecError("the model imports no ai.onnx opset")
+        if not _MIN_OPSET <= opset <= latest:
+            raise MixprecError(
+                f"ai.onnx opset {opset} is not supported (mixprec supports "
+                f"{_MIN_OPSET}..{latest}, the versions this onnx package knows)"
+            )
+
+    def _check_node(self, node: ir.Node, opsets: dict[str, int], model: ir.Model) -> None:
+        label = _node_label(node)
+        for i, value in enumerate(node.inputs):
+            if value is not None and not _defined(value):
+                raise MixprecError(
+                    f"{label} reads {value.name!r} (input {i}), which no node, graph input "
+                    "or initializer defines"
+                )
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        is_function = (node.domain, node.op_type, node.overload) in model.functions
+        if domain not in opsets and node.domain not in opsets and not is_function:
+            raise MixprecError(
+                f"{label} is in domain {node.domain!r}, which the model does not import "
+                "(no opset_import entry)"
+            )
+        schema = None
+        if not is_function and domain in ("", "ai.onnx.ml", "ai.onnx.preview.training"):
+            version = opsets.get(domain, opsets.get("ai.onnx", 0))
+            try:
+                schema = onnx.defs.get_schema(node.op_type, version, domain)
+            except onnx.defs.SchemaError:
+                if domain == "":
+                    raise MixprecError(
+                        f"{label}: ai.onnx has no operator {node.op_type!r} at opset {version}"
+                    ) from None
+        for name, attr in node.attributes.items():
+            self._check_attr(label, node, name, attr, schema)
+        self._check_bodies(label, node)
+
+    def _check_attr(
+        self,
+        label: str,
+        node: ir.Node,
+        name: str,
+        attr: ir.Attr,
+        schema: onnx.defs.OpSchema | None,
+    ) -> None:
+        if attr.is_ref():
+            return  # a function's attribute parameter: typed where the function is called
+        if attr.type == ir.AttributeType.UNDEFINED:
+            raise MixprecError(f"{label}: attribute {name!r} has no type (UNDEFINED)")
+        if schema is not None:
+            if name not in schema.attributes:
+                raise MixprecError(
+                    f"{label}: {node.op_type}-{schema.since_version} has no attribute {name!r}"
+                )
+            want = ir.AttributeType(int(schema.attributes[name].type))  # type: ignore[call-overload]
+            if attr.type != want:
+                raise MixprecError(
+                    f"{label}: attribute {name!r} must be {want.name}, not {attr.type.name}"
+                )
+            if name in _DTYPE_ATTRS and attr.type == ir.AttributeType.INT:
+                code = attr.as_int()
+                valid = code in {int(t) for t in ir.DataType} and code != 0
+                if not valid:
+                    raise MixprecError(
+                        f"{label}: attribute {name!r} = {code} is not an ONNX element type"
+                    )
+        for tensor in _attr_tensors(attr):
+            fault = tensor_fault(tensor)
+            if fault:
+                raise MixprecError(f"{label}: tensor of attribute {name!r} {fault}")
+
+    def _check_bodies(self, label: str, node: ir.Node) -> None:
+        if node.domain not in _DEFAULT_DOMAINS:
+            return
+        if node.op_type == "If":
+            for branch in ("then_branch", "else_branch"):
+                attr = node.attributes.get(branch)
+                if attr is not None and not attr.is_ref() and attr.type == ir.AttributeType.GRAPH:
+                    got = len(attr.as_graph().outputs)
+                    if got != len(node.outputs):
+                        raise MixprecError(
+                            f"{label}: {branch} has {got} output(s), the node has "
+                            f"{len(node.outputs)}"
+                        )
+        elif node.op_type == "Loop":
+            attr = node.attributes.get("body")
+            if attr is not None and not attr.is_ref() and attr.type == ir.AttributeType.GRAPH:
+                body = attr.as_graph()
+                if len(body.inputs) != len(node.inputs) or len(body.outputs) != 1 + len(
+                    node.outputs
+                ):
+                    raise MixprecError(
+                        f"{label}: body has {len(body.inputs)} input(s) and "
+                        f"{len(body.outputs)} output(s); the node's {len(node.inputs)} "
+                        f"input(s) and {len(node.outputs)} output(s) need "
+                        f"{len(node.inputs)} and {1 + len(node.outputs)}"
+                    )
+
+
+# --- IR version ------------------------------------------------------------------------------
+
+
+def check_proto(proto: onnx.ModelProto, where: str = "model") -> None:
+    """Faults that stop ``onnx_ir`` from parsing ``proto`` or crash code before the stages.
+
+    Call it at the boundary, before ``ir.from_proto``: a value defined twice in one graph
+    (two nodes writing the same name, an input that a node also writes), and initializers
+    or tensor attributes without an element type or with data that does not fit their
+    dims.
+
+    Raises:
+        MixprecError: naming the graph, node or tensor.
+    """
+    from mixprec.io.protos import iter_model_graphs
+
+    if not proto.HasField("graph"):
+        raise MixprecError(f"{where}: no graph")
+    versions: dict[str, list[int]] = {}
+    for opset in proto.opset_import:
+        versions.setdefault("" if opset.domain == "ai.onnx" else opset.domain, []).append(
+            opset.version
+        )
+    for domain, found in versions.items():
+        if len(set(found)) > 1:  # which one holds is up to each reader: refuse, do not guess
+            raise MixprecError(
+                f"{where}: opset of domain {domain or 'ai.onnx'!r} imported {len(found)} "
+                f"times ({', '.join(map(str, found))})"
+            )
+    graphs = list(iter_model_graphs(proto))
+    for graph in graphs:
+        defined: dict[str, str] = {}
+        for vi in graph.input:
+            defined.setdefault(vi.name, f"graph input {vi.name!r}")
+        for node in graph.node:
+            for out in node.output:
+                if not out:
+                    continue
+                if out in defined:
+                    raise MixprecError(
+                        f"{where}: {_proto_label(node)} writes {out!r}, which "
+                        f"{defined[out]} already defines (every value needs one producer)"
+                    )
+                defined[out] = _proto_label(node)
+        for tensor in graph.initializer:
+            _check_proto_tensor(tensor, f"{where}: initializer {tensor.name!r}")
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR:
+                    _check_proto_tensor(attr.t, f"{where}: {_proto_label(node)}: {attr.name!r}")
+
+
+def _proto_label(node: onnx.NodeProto) -> str:
+    if node.name:
+        return f"node {node.name!r} ({node.op_type})"
+    return f"an unnamed {node.op_type} node"
+
+
+def _check_proto_tensor(tensor: onnx.TensorProto, what: str) -> None:
+    if tensor.data_type == 0 or tensor.data_type not in {int(t) for t in ir.DataType}:
+        raise MixprecError(f"{what} has no valid element type ({tensor.data_type})")
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:
+        return
+    fault = tensor_fault(ir.serde.TensorProtoTensor(tensor))
+    if fault:
+        raise MixprecError(f"{what} {fault}")
+
+
+# --- axis attributes against known ranks ------------------------------------------------------
+
+#: Default-domain ops whose ``axis``/``axes`` attribute indexes input 0's dimensions:
+#: op type -> (attribute, how far past the last dimension it may point). Flatten's axis may
+#: equal the rank; the others must name an existing dimension.
+_AXIS_ATTRS: dict[str, tuple[str, int]] = {
+    **{
+        op: ("axis", 0)
+        for op in (
+            "Softmax",
+            "LogSoftmax",
+            "Hardmax",
+            "Concat",
+            "Gather",
+            "GatherElements",
+            "Split",
+            "ArgMax",
+            "ArgMin",
+            "LpNormalization",
+            "LayerNormalization",
+            "Compress",
+            "QuantizeLinear",
+            "DequantizeLinear",
+            "OneHot",
+            "ScatterElements",
+        )
+    },
+    "Flatten": ("axis", 1),
+    **{
+        op: ("axes", 0)
+        for op in (
+            "Squeeze",
+            "ReduceMax",
+            "ReduceMin",
+            "ReduceMean",
+            "ReduceSum",
+            "ReduceProd",
+            "ReduceL1",
+            "ReduceL2",
+            "ReduceLogSum",
+            "ReduceLogSumExp",
+            "ReduceSumSquare",
+        )
+    },
+}
+
+
+class CheckAxesPass(ir.passes.InPlacePass):
+    """Refuse an ``axis``/``axes`` attribute outside its input's known rank. Changes nothing.
+
+    Runs after shape inference, where ranks are known. Some runtimes tolerate such an axis
+    at one opset and reject it at another (ORT expands a bf16 Softmax into ReduceMax, which
+    checks it), so a model that only ran by accident would come out broken.
+    """
+
+    def call(self, model: ir.Model) -> SanitizeResult:
+        for graph in model.graphs():
+            for node in graph:
+                self._check(node)
+        return SanitizeResult(model, modified=False)
+
+    @staticmethod
+    def _check(node: ir.Node) -> None:
+        spec = _AXIS_ATTRS.get(node.op_type)
+        if spec is None or node.domain not in _DEFAULT_DOMAINS or not node.inputs:
+            return
+        name, extra = spec
+        attr = node.attributes.get(name)
+        first = node.inputs[0]
+        if attr is None or attr.is_ref() or first is None or first.shape is None:
+            return
+        if attr.type == ir.AttributeType.INT:
+            values = [attr.as_int()]
+        elif attr.type == ir.AttributeType.INTS:
+            values = list(attr.as_ints())
+        else:
+            return
+        rank = len(first.shape)
+        low, high = -rank, rank - 1 + extra
+        for value in values:
+            if not low <= value <= high:
+                raise MixprecError(
+                    f"{_node_label(node)}: {name} {value} is out of range for an input of "
+                    f"rank {rank} (must be in [{low}, {high}])"
+                )

@@ -1,0 +1,1 @@
+"""Generic onnx_ir passes: opset upgrade, folding, cleanup, shape inference, MAC counting."""

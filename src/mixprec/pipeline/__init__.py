@@ -1,0 +1,1 @@
+"""The stages composed for each target, and the conversion report (data)."""

@@ -1,0 +1,241 @@
+"""The conversion report: per-node decisions, casts, bytes, low-precision shares."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import onnx
+
+__all__ = ["NodeReport", "Report", "count_macs"]
+
+
+#: Node precisions that count as reduced: fp16/bf16 ("low") and INT8.
+_LOW = frozenset({"low", "int8"})
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    name: str
+    op_type: str
+    precision: str  # "low" | "int8" | "fp32"
+    op_class: str
+    step: str
+    reason: str
+    macs: int = 0
+
+
+@dataclass
+class Report:
+    """What a conversion did. ``to_dict()`` is the ``--json`` output."""
+
+    target: str
+    nodes: list[NodeReport] = field(default_factory=list)
+    casts_before: int = 0
+    casts_after: int = 0
+    casts_inserted: int = 0
+    casts_removed: int = 0
+    param_bytes_before: int = 0
+    param_bytes_after: int = 0
+    weights: dict[str, int] = field(default_factory=dict)
+    batchnorm_folded: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    calibrated: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+    policy: dict[str, object] = field(default_factory=dict)
+    validation: dict[str, object] | None = None
+    quantization: dict[str, object] | None = None
+
+    @property
+    def low_nodes(self) -> int:
+        return sum(1 for n in self.nodes if n.precision in _LOW)
+
+    @property
+    def low_node_share(self) -> float:
+        return self.low_nodes / len(self.nodes) if self.nodes else 0.0
+
+    @property
+    def total_macs(self) -> int:
+        return sum(n.macs for n in self.nodes)
+
+    @property
+    def low_mac_share(self) -> float:
+        total = self.total_macs
+        return sum(n.macs for n in self.nodes if n.precision in _LOW) / total if total else 0.0
+
+    def fp32_nodes(self) -> list[NodeReport]:
+        return [n for n in self.nodes if n.precision == "fp32"]
+
+    def to_dict(self) -> dict[str, object]:
+        data = dataclasses.asdict(self)
+        data["summary"] = {
+            "nodes": len(self.nodes),
+            "low_nodes": self.low_nodes,
+            "low_node_share": round(self.low_node_share, 4),
+            "macs": self.total_macs,
+            "low_mac_share": round(self.low_mac_share, 4),
+            "casts_inserted": self.casts_inserted,
+            "casts_after": self.casts_after,
+            "param_bytes_before": self.param_bytes_before,
+            "param_bytes_after": self.param_bytes_after,
+        }
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def format_summary(self, *, max_fp32: int = 25) -> str:
+        """A readable summary: counts, shares, casts, bytes, and nodes kept in FP32."""
+        lines = [f"mixprec: {self.target} mixed precision"]
+        counts = Counter(n.precision for n in self.nodes)
+        rows = [
+            ("float nodes painted", f"{len(self.nodes)}"),
+            (
+                "  low precision" if self.target != "int8" else "  INT8",
+                f"{self.low_nodes} ({self.low_node_share:.1%})",
+            ),
+            ("  kept fp32", f"{counts['fp32']}"),
+            (
+                "multiply-accumulates in low precision",
+                f"{self.low_mac_share:.1%} of {self.total_macs / 1e6:.1f} M"
+                if self.total_macs
+                else "n/a (no Conv/MatMul/Gemm with known shapes)",
+            ),
+            ("casts inserted", f"{self.casts_inserted}"),
+            ("casts in model (before -> after)", f"{self.casts_before} -> {self.casts_after}"),
+            (
+                "parameter bytes",
+                f"{_mb(self.param_bytes_before)} -> {_mb(self.param_bytes_after)}",
+            ),
+            ("BatchNormalization folded", f"{len(self.batchnorm_folded)}"),
+            ("range calibration", "yes" if self.calibrated else "no (--no-calibrate)"),
+        ]
+        if self.quantization is not None:
+            share = self.quantization.get("integer_kernel_mac_share")
+            rows.append(
+                (
+                    "MACs in ORT integer kernels",
+                    f"{share:.1%} of the Conv/MatMul/Gemm MACs"
+                    if isinstance(share, float)
+                    else "n/a",
+                )
+            )
+        if self.weights.get("flushed_to_zero"):
+            rows.append(("weight values flushed to zero", str(self.weights["flushed_to_zero"])))
+        if self.weights.get("overflowed"):
+            rows.append(("weight values overflowed to inf", str(self.weights["overflowed"])))
+        if self.timings:
+            rows.append(("time", f"{sum(self.timings.values()):.2f} s"))
+        width = max(len(k) for k, _ in rows)
+        lines += [f"  {k.ljust(width)}  {v}" for k, v in rows]
+        fp32 = [n for n in self.fp32_nodes() if n.step not in ("rest",) or n.op_class != "none"]
+        if fp32:
+            by_reason = Counter((n.step, n.reason) for n in fp32)
+            names: dict[tuple[str, str], list[str]] = {}
+            for n in fp32:
+                names.setdefault((n.step, n.reason), []).append(n.name or n.op_type)
+            lines.append(f"kept in fp32 ({len(fp32)} nodes), by reason:")
+            for (step, reason), k in by_reason.most_common(max_fp32):
+                shown = names[(step, reason)]
+                more = f", +{len(shown) - 3}" if len(shown) > 3 else ""
+                lines.append(f"  {k:4d}  [{step}] {reason}: {', '.join(shown[:3])}{more}")
+            if len(by_reason) > max_fp32:
+                lines.append(f"  ... {len(by_reason) - max_fp32} more reasons (see --json)")
+        for note in self.notes:
+            lines.append(f"note: {note}")
+        if self.validation is not None:
+            lines.append(str(self.validation.get("table", "")))
+        return "\n".join(lines)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def _shape_map(graph: onnx.GraphProto, out: dict[str, list[int | None]]) -> None:
+    for vi in [*graph.input, *graph.output, *graph.value_info]:
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+            out[vi.name] = [
+                d.dim_value if d.HasField("dim_value") else None
+                for d in vi.type.tensor_type.shape.dim
+            ]
+    for init in graph.initializer:
+        out[init.name] = list(init.dims)
+    for node in graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    out[node.output[0]] = list(attr.t.dims)
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                _shape_map(attr.g, out)
+            for g in attr.graphs:
+                _shape_map(g, out)
+
+
+def _known(shape: Sequence[int | None] | None) -> list[int] | None:
+    """``shape`` as plain ints when every dim is known and positive, else None."""
+    if shape is None or not all(isinstance(d, int) and d > 0 for d in shape):
+        return None
+    return [int(d) for d in shape if d is not None]
+
+
+def concrete_shapes(
+    proto: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]]
+) -> tuple[onnx.ModelProto, dict[str, list[int | None]]]:
+    """Shapes of every value, by name, with the inputs fixed to ``input_shapes``.
+
+    Shapes come from onnx shape inference on a copy; returns that copy and the map.
+    """
+    from mixprec.io.protos import _light_copy
+
+    m = _light_copy(proto)  # no weight payloads: shapes only need dims
+    for graph_input in m.graph.input:
+        dims = input_shapes.get(graph_input.name)
+        if dims is None or not graph_input.type.HasField("tensor_type"):
+            continue
+        shape = graph_input.type.tensor_type.shape
+        del shape.dim[:]
+        for d in dims:
+            shape.dim.add().dim_value = int(d)
+    # Stale or wrong declarations (Paddle writes -1 dims) would pin shapes: infer afresh.
+    del m.graph.value_info[:]
+    for graph_output in m.graph.output:
+        if graph_output.type.HasField("tensor_type"):
+            graph_output.type.tensor_type.ClearField("shape")
+    with contextlib.suppress(Exception):  # shape inference is best effort here
+        m = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    shapes: dict[str, list[int | None]] = {}
+    _shape_map(m.graph, shapes)
+    return m, shapes
+
+
+def count_macs(
+    proto: onnx.ModelProto, shapes: Mapping[str, Sequence[int | None]]
+) -> dict[str, int]:
+    """Multiply-accumulates of each node whose op has a MAC formula in the op registry
+    (Conv, ConvTranspose, MatMul, Gemm), by node name.
+
+    ``shapes`` comes from :func:`concrete_shapes`; nodes with unknown shapes count 0.
+    """
+    from mixprec.core.registry import MacArgs, op_info
+    from mixprec.io.protos import iter_proto_graphs
+
+    macs: dict[str, int] = {}
+    for graph in iter_proto_graphs(proto.graph):
+        for node in graph.node:
+            formula = op_info(node.op_type, node.domain).macs
+            if formula is None:
+                continue
+            args = MacArgs(
+                inputs=[_known(shapes.get(name)) for name in node.input],
+                outputs=[_known(shapes.get(name)) for name in node.output],
+                ints={a.name: int(a.i) for a in node.attribute if a.type == a.INT},
+            )
+            macs[node.name] = formula(args)
+    return macs

@@ -1,0 +1,1 @@
+"""FP16/BF16: the painter (annotate) and the apply pass."""

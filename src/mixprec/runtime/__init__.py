@@ -1,0 +1,1 @@
+"""ONNX Runtime: sessions, probes, low-precision emulation, validation, kernel reading."""

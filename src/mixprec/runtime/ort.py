@@ -1,0 +1,322 @@
+"""ONNX Runtime sessions: CPU sessions, the >2 GB path, bfloat16 arrays, :func:`run_model`.
+
+ONNX Runtime's CPU provider has float16 kernels for most ops but almost no bfloat16
+kernels (Cast is supported, MatMul/Add/Mul/Relu are not), and its numpy bridge has no
+bfloat16: :func:`run_model` routes bfloat16 arrays through ``OrtValue`` buffers.
+
+Models larger than 2 GB cannot be serialized as one protobuf message. Functions that
+take a :class:`onnx.ModelProto` handle that by writing the model's initializers to a
+temporary external-data file; :func:`run_model` also accepts a path, which is the
+cheaper way to run such a model. Protobuf is used here only because ONNX Runtime reads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, numpy_helper
+
+from mixprec.core.errors import MixprecError
+from mixprec.io.protos import _IN_MEMORY, _copy_fields, _numel
+
+__all__ = [
+    "PROTO_LIMIT",
+    "OrtLoadError",
+    "OrtRunError",
+    "check_external",
+    "external_skeleton",
+    "make_session",
+    "ort_first_line",
+    "run_model",
+    "run_session",
+]
+
+logger = logging.getLogger(__name__)
+
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+# Largest serialized protobuf message; larger models go through external data.
+PROTO_LIMIT = 2_000_000_000
+# Packed sub-byte types: numpy holds them one element per byte, so raw bytes differ.
+_PACKED_TYPES = frozenset(
+    getattr(TensorProto, n)
+    for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
+    if hasattr(TensorProto, n)
+)
+
+
+class OrtLoadError(MixprecError):
+    """ONNX Runtime could not create a session for a model."""
+
+
+class OrtRunError(MixprecError):
+    """ONNX Runtime created a session but could not run it."""
+
+
+# ORT prefixes messages with a C++ source location and function signature; drop them.
+_ORT_SOURCE_NOISE = re.compile(r"\s*/onnxruntime_src/\S+:\d+\s+[^\s(]+\([^()]*\)\s*")
+
+
+def ort_first_line(error: BaseException) -> str:
+    """The first line of an ORT error, without its C++ source location noise."""
+    for line in str(error).splitlines():
+        if line.strip():
+            text = _ORT_SOURCE_NOISE.sub(" ", line).strip()
+            return text if len(text) <= 400 else text[:397] + "..."
+    return type(error).__name__
+
+
+def external_skeleton(model: onnx.ModelProto, directory: Path) -> onnx.ModelProto:
+    """Writes the main graph's initializers to ``directory/model.onnx.data``.
+
+    Returns a copy of ``model`` whose initializers refer to that file. ``model`` itself
+    is left untouched, and only one tensor's bytes are duplicated at a time.
+    """
+    data_name = "model.onnx.data"
+    skeleton = onnx.ModelProto()
+    _copy_fields(model, skeleton, frozenset({"graph"}))
+    _copy_fields(model.graph, skeleton.graph, frozenset({"initializer"}))
+    data_fields = frozenset(
+        {
+            "raw_data",
+            "float_data",
+            "int32_data",
+            "string_data",
+            "int64_data",
+            "double_data",
+            "uint64_data",
+            "external_data",
+            "data_location",
+        }
+    )
+    offset = 0
+    with open(directory / data_name, "wb") as f:
+        for t in model.graph.initializer:
+            keep_inline = (
+                t.data_location == TensorProto.EXTERNAL
+                or t.data_type in (TensorProto.STRING, *_PACKED_TYPES)
+                or _numel(t.dims) < 1024
+            )
+            if keep_inline:
+                skeleton.graph.initializer.add().CopyFrom(t)
+                continue
+            raw = t.raw_data if t.raw_data else numpy_helper.to_array(t).tobytes()
+            nt = skeleton.graph.initializer.add()
+            _copy_fields(t, nt, data_fields)
+            for key, value in (("location", data_name), ("offset", offset), ("length", len(raw))):
+                entry = nt.external_data.add()
+                entry.key = key
+                entry.value = str(value)
+            nt.data_location = TensorProto.EXTERNAL
+            f.write(raw)
+            offset += len(raw)
+    if skeleton.ByteSize() > PROTO_LIMIT:
+        raise MixprecError(
+            "the model is over 2 GB even without its initializers (large Constant nodes?); "
+            "save it with external data and pass its path"
+        )
+    return skeleton
+
+
+def _is_in_memory(t: TensorProto) -> bool:
+    return any(e.key == "location" and e.value == _IN_MEMORY for e in t.external_data)
+
+
+def check_external(model: onnx.ModelProto) -> None:
+    for t in model.graph.initializer:
+        if t.data_location == TensorProto.EXTERNAL and not _is_in_memory(t):
+            raise MixprecError(
+                f"initializer {t.name!r} has external data that is not loaded; load the model "
+                "with onnx.load(path) or pass its path"
+            )
+
+
+_IR_VERSION_ERROR = re.compile(
+    r"Unsupported model IR version: (\d+), max supported IR version: (\d+)"
+)
+
+
+def make_session(
+    source: str | bytes,
+    threads: int,
+    *,
+    owned: bool = False,
+    optimize: bool = True,
+    in_order: bool = False,
+    external: Mapping[str, np.ndarray] | None = None,
+    prepack: bool = True,
+    data_folder: str | None = None,
+    arena: bool = True,
+) -> ort.InferenceSession:
+    """Creates a CPU session.
+
+    ``external`` initializers are used in place (no copy). With ``prepack=False`` ORT
+    keeps no repacked copy of the weights either (MatMul/Conv run a little slower): the
+    session then holds no second copy of a large model's weights. ``data_folder`` is where
+    ORT resolves the external-data references of a model given as bytes (it maps those
+    files itself). Without the ``arena`` a session frees its activations after each run
+    (for sessions kept side by side).
+
+    When ORT rejects only the model's IR version (models written by a newer onnx than
+    this ORT knows), the session is retried with the IR version ORT names; that rewrites
+    in-memory bytes, or a file when ``owned`` (mixprec's own temporary files), never a
+    user's file.
+    """
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    # Emulated models run unoptimized: ORT's fusions (e.g. LayerNormFusion) would
+    # swallow the Cast round trips that carry the emulation.
+    so.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        if optimize
+        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
+    if in_order:
+        # Run nodes in the given order: range probes placed after each producer then
+        # free every activation right away (the default order keeps them all alive).
+        so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    if not prepack:
+        so.add_session_config_entry("session.disable_prepacking", "1")
+    if not arena:
+        so.enable_cpu_mem_arena = False
+    if data_folder is not None:
+        so.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", data_folder
+        )
+    if external:
+        names = list(external)
+        so.add_external_initializers(
+            names, [ort.OrtValue.ortvalue_from_numpy(external[n]) for n in names]
+        )
+    so.log_severity_level = 4  # errors come back as exceptions; ORT's own log stays quiet
+    providers = ["CPUExecutionProvider"]
+    try:
+        return ort.InferenceSession(source, sess_options=so, providers=providers)
+    except Exception as e:
+        match = _IR_VERSION_ERROR.search(str(e))
+        if match is None or not (isinstance(source, bytes) or owned):
+            raise OrtLoadError(f"onnxruntime cannot load the model: {ort_first_line(e)}") from e
+    supported = int(match.group(2))
+    logger.info(
+        "model IR version %s > %d, which onnxruntime supports: lowered it for the run",
+        match.group(1),
+        supported,
+    )
+    if isinstance(source, bytes):
+        proto = onnx.ModelProto.FromString(source)
+        proto.ir_version = supported
+        source = proto.SerializeToString()
+    else:
+        proto = onnx.load_model(source, load_external_data=False)
+        proto.ir_version = supported
+        onnx.save_model(proto, source)
+    try:
+        return ort.InferenceSession(source, sess_options=so, providers=providers)
+    except Exception as e:
+        raise OrtLoadError(f"onnxruntime cannot load the model: {ort_first_line(e)}") from e
+
+
+@contextlib.contextmanager
+def _session_for(
+    model: onnx.ModelProto, threads: int, optimize: bool = True
+) -> Iterator[ort.InferenceSession]:
+    """A session for an in-memory model; models over 2 GB go through a temporary dir."""
+    if model.ByteSize() <= PROTO_LIMIT:
+        check_external(model)
+        yield make_session(model.SerializeToString(), threads, optimize=optimize)
+        return
+    with tempfile.TemporaryDirectory(prefix="mixprec-") as tmp:
+        skeleton = external_skeleton(model, Path(tmp))
+        path = Path(tmp) / "model.onnx"
+        onnx.save_model(skeleton, path)
+        yield make_session(str(path), threads, owned=True, optimize=optimize)
+
+
+def _bf16_from_ortvalue(value: ort.OrtValue) -> np.ndarray:
+    """Copies a CPU bfloat16 OrtValue into a numpy array (``.numpy()`` cannot)."""
+    nbytes = value.tensor_size_in_bytes()
+    buffer = (ctypes.c_uint8 * nbytes).from_address(value.data_ptr())
+    raw = np.frombuffer(bytes(buffer), dtype=np.uint16)
+    return raw.view(_BF16).reshape(value.shape())
+
+
+def run_session(
+    session: ort.InferenceSession,
+    feeds: Mapping[str, np.ndarray],
+    output_names: Sequence[str] | None,
+) -> dict[str, np.ndarray]:
+    names = list(output_names) if output_names else [o.name for o in session.get_outputs()]
+    out_types = {o.name: o.type for o in session.get_outputs()}
+    arrays = {k: np.asarray(v) for k, v in feeds.items()}
+    # ORT's numpy bridge has no bfloat16: route through OrtValues when one is involved.
+    use_values = any(a.dtype == _BF16 for a in arrays.values()) or any(
+        out_types.get(n) == "tensor(bfloat16)" for n in names
+    )
+    try:
+        if not use_values:
+            results = session.run(names, arrays)
+            return dict(zip(names, results, strict=True))
+        values = {
+            k: (
+                ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                    np.ascontiguousarray(a).view(np.uint16), TensorProto.BFLOAT16
+                )
+                if a.dtype == _BF16
+                else ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
+            )
+            for k, a in arrays.items()
+        }
+        outs = session.run_with_ort_values(names, values)
+        return {
+            n: _bf16_from_ortvalue(v) if v.element_type() == TensorProto.BFLOAT16 else v.numpy()
+            for n, v in zip(names, outs, strict=True)
+        }
+    except Exception as e:
+        raise OrtRunError(f"onnxruntime failed to run the model: {ort_first_line(e)}") from e
+
+
+def run_model(
+    model: onnx.ModelProto | bytes | str | os.PathLike[str],
+    feeds: Mapping[str, np.ndarray],
+    *,
+    output_names: Sequence[str] | None = None,
+    threads: int = 2,
+    optimize: bool = True,
+) -> dict[str, np.ndarray]:
+    """Runs a model once on ONNX Runtime's CPU execution provider.
+
+    bfloat16 inputs (``ml_dtypes.bfloat16`` arrays) and outputs are supported even though
+    ORT's numpy bridge is not. A model over 2 GB is best passed as a path to a file saved
+    with external data; an in-memory :class:`onnx.ModelProto` that large is first written
+    to a temporary directory.
+
+    Args:
+        model: A model proto, serialized model bytes, or a path to an ``.onnx`` file.
+        feeds: Input arrays by name.
+        output_names: Outputs to fetch; all graph outputs when ``None``.
+        threads: ORT intra-op thread count.
+        optimize: ORT basic graph optimizations (off for emulated models).
+
+    Returns:
+        The output arrays by name.
+
+    Raises:
+        MixprecError: ORT cannot load the model, or fails to run it.
+    """
+    if isinstance(model, onnx.ModelProto):
+        with _session_for(model, threads, optimize) as session:
+            return run_session(session, feeds, output_names)
+    source = bytes(model) if isinstance(model, bytes | bytearray) else os.fspath(model)
+    session = make_session(source, threads, optimize=optimize)
+    return run_session(session, feeds, output_names)

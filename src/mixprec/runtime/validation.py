@@ -1,0 +1,208 @@
+"""Validation: run a converted model and its FP32 original on the same inputs, compare."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from mixprec.core.errors import MixprecError
+from mixprec.core.graphs import all_graphs, iter_nodes
+from mixprec.core.metrics import DEFAULT_RTOL, OutputComparison, compare_outputs
+from mixprec.core.registry import node_info
+from mixprec.io.feeds import feeds_for
+from mixprec.runtime.emulate import emulate_low_precision
+
+__all__ = ["ValidationReport", "detect_low_dtype", "validate_models"]
+
+logger = logging.getLogger(__name__)
+
+# Relative tolerance used when the converted model has no low-precision tensor at all.
+_NO_LOW_RTOL = 1e-4
+# Integer attributes that name an output element type.
+_DTYPE_ATTRS = ("to", "dtype", "output_dtype")
+
+
+def _elem_types_of(tp: ir.TypeProtocol | None) -> set[ir.DataType]:
+    if isinstance(tp, ir.TensorType):
+        return {tp.dtype}
+    if isinstance(tp, ir.SequenceType | ir.OptionalType):
+        return _elem_types_of(tp.elem_type)
+    return set()
+
+
+def detect_low_dtype(model: onnx.ModelProto | ir.Model) -> str:
+    """``"int8"`` if the model quantizes (QuantizeLinear/DequantizeLinear, integer ops),
+    else ``"bfloat16"`` if it has any bfloat16 tensor, else ``"float16"`` if it has any
+    float16 tensor, else ``"none"``."""
+    m = model if isinstance(model, ir.Model) else ir.from_proto(model)
+    if any(node_info(n).quantized for n in iter_nodes(m.graph)):
+        return "int8"
+    found: set[int] = set()
+    for graph in all_graphs(m.graph):
+        values = [*graph.inputs, *graph.outputs, *graph.initializers.values()]
+        values += [v for node in graph for v in node.outputs]
+        for value in values:
+            found.update(_elem_types_of(value.type))
+        for node in graph:
+            for attr in node.attributes.values():
+                if attr.type == ir.AttributeType.TENSOR:
+                    found.add(attr.as_tensor().dtype)
+                elif attr.type == ir.AttributeType.INT and attr.name in _DTYPE_ATTRS:
+                    found.add(attr.as_int())
+    if ir.DataType.BFLOAT16 in found:
+        return "bfloat16"
+    if ir.DataType.FLOAT16 in found:
+        return "float16"
+    return "none"
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """Result of :func:`validate_models`.
+
+    Attributes:
+        kind: ``"onnxruntime"`` (the converted model ran as is) or ``"emulated"`` (its
+            FP32 emulation from :class:`EmulateLowPrecisionPass` ran).
+        low_dtype: ``"float16"``, ``"bfloat16"`` or ``"none"``.
+        rtol: Relative L2 tolerance used.
+        atol: Absolute tolerance used.
+        outputs: One comparison per reference output.
+        fallback_reason: Why ``auto`` mode fell back to emulation, or empty.
+        input_shapes: The shape of every input array the models were run with.
+        notes: How the inputs were made (symbolic dims resolved, value heuristics).
+    """
+
+    kind: str
+    low_dtype: str
+    rtol: float
+    atol: float
+    outputs: tuple[OutputComparison, ...]
+    fallback_reason: str = ""
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        """Whether every output passed."""
+        return all(o.passed for o in self.outputs)
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready dict of the report."""
+        return {
+            "kind": self.kind,
+            "low_dtype": self.low_dtype,
+            "rtol": self.rtol,
+            "atol": self.atol,
+            "passed": self.passed,
+            "fallback_reason": self.fallback_reason,
+            "outputs": [o.to_dict() for o in self.outputs],
+            "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
+            "notes": list(self.notes),
+        }
+
+    def format_table(self) -> str:
+        """A readable, aligned text table of the comparisons and the verdict."""
+        header = ("output", "max abs err", "rel L2", "top-1", "ok")
+        rows = [header]
+        for o in self.outputs:
+            top1 = "-" if o.top1_agreement is None else f"{100.0 * o.top1_agreement:.1f}%"
+            ok = "yes" if o.passed else "NO"
+            rows.append((o.name, f"{o.max_abs_error:.3g}", f"{o.rel_l2_error:.3g}", top1, ok))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        lines = [
+            "  ".join(
+                cell.ljust(w) if i == 0 else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+            ).rstrip()
+            for row in rows
+        ]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        for o in self.outputs:
+            if o.note:
+                lines.append(f"note: {o.name}: {o.note}")
+        how = "ONNX Runtime" if self.kind == "onnxruntime" else "FP32 emulation"
+        verdict = "PASSED" if self.passed else "FAILED"
+        lines.append(
+            f"{verdict}: {self.low_dtype} model checked with {how}, "
+            f"rtol {self.rtol:g}, atol {self.atol:g}"
+        )
+        if self.input_shapes:
+            shown = ", ".join(f"{k} {list(v)}" for k, v in self.input_shapes.items())
+            lines.append(f"inputs: {shown}")
+        lines.extend(f"note: {n}" for n in self.notes)
+        if self.fallback_reason:
+            lines.append(f"fallback: {self.fallback_reason}")
+        return "\n".join(lines)
+
+
+def validate_models(
+    original: onnx.ModelProto,
+    converted: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    *,
+    rtol: float | None = None,
+    atol: float = 1e-3,
+    mode: str = "auto",
+    threads: int = 2,
+    notes: Sequence[str] = (),
+) -> ValidationReport:
+    """Runs both models on the same inputs and compares their outputs.
+
+    Modes: ``"ort"`` runs the converted model on ONNX Runtime as is; ``"emulated"``
+    runs :func:`emulate_low_precision` of it; ``"auto"`` tries ``"ort"`` and falls back
+    to ``"emulated"`` when ORT cannot load or run the converted model (typically a
+    bfloat16 model: ORT's CPU provider has no bfloat16 MatMul/Add kernels). Feeds are
+    cast to each model's declared input dtypes.
+
+    Args:
+        original: The FP32 reference model.
+        converted: The mixed-precision model.
+        feeds: Input arrays by name (for the original model).
+        rtol: Relative L2 tolerance; default :data:`DEFAULT_RTOL` for the detected low
+            dtype (1e-4 when the converted model has none).
+        atol: Absolute tolerance, for outputs near zero.
+        mode: ``"auto"``, ``"ort"`` or ``"emulated"``.
+        threads: ORT intra-op thread count.
+        notes: How ``feeds`` were made, carried into the report.
+
+    Returns:
+        The report; ``report.passed`` tells whether every output is within tolerance.
+
+    Raises:
+        MixprecError: An unknown mode, the original model cannot run, or (mode ``"ort"``
+            or after emulation) the converted model cannot run.
+    """
+    # onnxruntime is imported on first use: ``import mixprec`` stays light.
+    from mixprec.runtime.ort import OrtLoadError, OrtRunError, run_model
+
+    if mode not in ("auto", "ort", "emulated"):
+        raise MixprecError(f"unknown validation mode {mode!r}; use auto, ort or emulated")
+    low_dtype = detect_low_dtype(converted)
+    tol = rtol if rtol is not None else DEFAULT_RTOL.get(low_dtype, _NO_LOW_RTOL)
+    reference = run_model(original, feeds_for(original, feeds), threads=threads)
+
+    result: dict[str, np.ndarray] | None = None
+    kind = "onnxruntime"
+    fallback = ""
+    if mode in ("auto", "ort"):
+        try:
+            result = run_model(converted, feeds_for(converted, feeds), threads=threads)
+        except (OrtLoadError, OrtRunError) as e:
+            if mode == "ort":
+                raise
+            fallback = f"{e}; emulated the {low_dtype} model in float32 instead"
+            logger.info("validation falls back to emulation: %s", e)
+    if result is None:
+        kind = "emulated"
+        emulated = emulate_low_precision(converted)
+        result = run_model(emulated, feeds_for(emulated, feeds), threads=threads, optimize=False)
+    comparisons = compare_outputs(reference, result, rtol=tol, atol=atol)
+    shapes = {k: [int(d) for d in np.shape(v)] for k, v in feeds_for(original, feeds).items()}
+    return ValidationReport(
+        kind, low_dtype, tol, atol, tuple(comparisons), fallback, shapes, tuple(notes)
+    )

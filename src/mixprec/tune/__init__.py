@@ -1,0 +1,1 @@
+"""Accuracy-aware tuning: sensitivity, search, targets, metrics, result."""

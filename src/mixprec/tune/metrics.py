@@ -1,0 +1,262 @@
+"""What :func:`mixprec.tune` holds a candidate model to: metrics, budgets, candidates.
+
+Built-in metrics compare a candidate's outputs with the FP32 model's on the same samples:
+
+* ``rel-l2``: the worst output's relative L2 error, pooled over the samples (lower is
+  better; the budget is the largest accepted value);
+* ``max-abs``: the largest absolute difference (lower is better);
+* ``top1``: the lowest agreement of the argmax over the last axis, over the outputs
+  that look like class scores (higher is better; the budget is the smallest accepted);
+* ``cosine``: the lowest cosine similarity of an output's flattened values (higher is
+  better).
+
+A callable metric gets a :class:`Candidate` (its outputs on the tuning data, and a way to
+run it on any other input, e.g. labelled data the caller holds) and returns a score,
+higher is better (accuracy, BLEU, a negated loss). Its budget is the accepted drop from
+the FP32 model's score: a number (absolute drop) or a string ``"N%"`` (relative drop).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from mixprec.core.errors import MixprecError
+
+__all__ = ["BUILTIN_METRICS", "Budget", "Candidate", "Metric", "resolve_metric"]
+
+Outputs = Mapping[str, np.ndarray]
+_NUMPY_FLOATS: dict[str, np.dtype[Any]] = {
+    "tensor(float)": np.dtype(np.float32),
+    "tensor(float16)": np.dtype(np.float16),
+    "tensor(double)": np.dtype(np.float64),
+}
+#: name -> (higher is better, default budget by target or None).
+BUILTIN_METRICS: dict[str, tuple[bool, Mapping[str, float]]] = {
+    "rel-l2": (False, {"float16": 1e-2, "bfloat16": 8e-2, "int8": 1e-1}),
+    "max-abs": (False, {}),
+    "top1": (True, {"float16": 0.99, "bfloat16": 0.99, "int8": 0.99}),
+    "cosine": (True, {"float16": 0.9999, "bfloat16": 0.999, "int8": 0.99}),
+}
+
+
+class Candidate:
+    """A candidate model as a callable metric sees it.
+
+    Attributes:
+        model: the candidate as an ``onnx.ModelProto`` (bfloat16 candidates emulated in
+            float32, since ONNX Runtime's CPU provider lacks bfloat16 kernels).
+        session: an ``onnxruntime.InferenceSession`` of ``model``.
+    """
+
+    def __init__(self, model: Any, session: Any, samples: Sequence[Mapping[str, np.ndarray]]):
+        self.model = model
+        self.session = session
+        self._samples = samples
+        self._outputs: list[dict[str, np.ndarray]] | None = None
+
+    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The candidate's outputs, by name, for one feed dict (float arrays are cast to
+        the dtypes the session takes)."""
+        from mixprec.runtime.ort import run_session
+
+        wanted = {i.name: _NUMPY_FLOATS.get(i.type) for i in self.session.get_inputs()}
+        missing = sorted(set(wanted) - set(feeds))
+        if missing:
+            raise MixprecError(f"no input data for model input(s) {', '.join(missing)}")
+        cast: dict[str, np.ndarray] = {}
+        for name, dtype in wanted.items():
+            array = np.asarray(feeds[name])
+            if dtype is not None and array.dtype.kind == "f" and array.dtype != dtype:
+                array = array.astype(dtype)
+            cast[name] = array
+        return run_session(self.session, cast, None)
+
+    @property
+    def outputs(self) -> list[dict[str, np.ndarray]]:
+        """Its outputs on each sample of the data being evaluated, in order."""
+        if self._outputs is None:
+            self._outputs = [self.run(s) for s in self._samples]
+        return self._outputs
+
+
+def _pooled(ref: Sequence[Outputs], out: Sequence[Outputs]) -> dict[str, tuple[np.ndarray, ...]]:
+    """Per output name: (reference, candidate) values of every sample, flattened."""
+    pooled: dict[str, tuple[np.ndarray, ...]] = {}
+    for name in ref[0]:
+        a = np.concatenate([np.asarray(r[name], np.float64).ravel() for r in ref])
+        b = np.concatenate([np.asarray(o[name]).astype(np.float64).ravel() for o in out])
+        pooled[name] = (a, b)
+    return pooled
+
+
+def _float_outputs(ref: Outputs) -> list[str]:
+    return [k for k, v in ref.items() if np.asarray(v).dtype.kind == "f"]
+
+
+def rel_l2(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
+    worst = 0.0
+    for a, b in _pooled(ref, out).values():
+        fin = np.isfinite(a)
+        if np.any(fin & ~np.isfinite(b)):
+            return math.inf
+        d = b[fin] - a[fin]
+        worst = max(worst, float(np.linalg.norm(d)) / max(float(np.linalg.norm(a[fin])), 1e-30))
+    return worst
+
+
+def max_abs(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
+    worst = 0.0
+    for a, b in _pooled(ref, out).values():
+        fin = np.isfinite(a)
+        if np.any(fin & ~np.isfinite(b)):
+            return math.inf
+        worst = max(worst, float(np.max(np.abs(b[fin] - a[fin]), initial=0.0)))
+    return worst
+
+
+def top1(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
+    agreements = []
+    for name in ref[0]:
+        shape = np.shape(ref[0][name])
+        if np.asarray(ref[0][name]).dtype.kind != "f" or len(shape) < 2 or shape[-1] < 2:
+            continue
+        same = [
+            np.argmax(np.asarray(r[name]), -1) == np.argmax(np.asarray(o[name]), -1)
+            for r, o in zip(ref, out, strict=True)
+        ]
+        agreements.append(float(np.mean(np.concatenate([s.ravel() for s in same]))))
+    if not agreements:
+        raise MixprecError(
+            "metric top1 needs an output of class scores (float, rank >= 2, last axis >= 2)"
+        )
+    return min(agreements)
+
+
+def cosine(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
+    worst = 1.0
+    for a, b in _pooled(ref, out).values():
+        if not np.all(np.isfinite(b)):
+            return -1.0
+        fin = np.isfinite(a)
+        a, b = a[fin], b[fin]
+        na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+        sim = 1.0 if na == nb == 0.0 else float(a @ b) / max(na * nb, 1e-300)
+        worst = min(worst, sim)
+    return worst
+
+
+_FUNCTIONS: dict[str, Callable[[Sequence[Outputs], Sequence[Outputs]], float]] = {
+    "rel-l2": rel_l2,
+    "max-abs": max_abs,
+    "top1": top1,
+    "cosine": cosine,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """The accepted value of the metric: ``limit``, and which side of it passes.
+
+    Attributes:
+        limit: the bound the candidate's metric is held to.
+        higher_is_better: True when the metric must be >= ``limit``, else <= ``limit``.
+        text: how the budget was given, for reports.
+    """
+
+    limit: float
+    higher_is_better: bool
+    text: str
+
+    def met(self, value: float) -> bool:
+        if math.isnan(value):
+            return False
+        return value >= self.limit if self.higher_is_better else value <= self.limit
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    """A resolved metric: its name, direction and how to score a candidate."""
+
+    name: str
+    higher_is_better: bool
+    compare: Callable[[Sequence[Outputs], Sequence[Outputs]], float] | None = None
+    user: Callable[[Candidate], float] | None = None
+
+    @property
+    def builtin(self) -> bool:
+        return self.compare is not None
+
+
+def resolve_metric(metric: str | Callable[[Candidate], float]) -> Metric:
+    if callable(metric):
+        name = getattr(metric, "__name__", type(metric).__name__)
+        return Metric(str(name), True, user=metric)
+    if not isinstance(metric, str) or metric not in _FUNCTIONS:
+        raise MixprecError(
+            f"unknown metric {metric!r}; use one of {', '.join(_FUNCTIONS)} or a callable"
+        )
+    return Metric(metric, BUILTIN_METRICS[metric][0], compare=_FUNCTIONS[metric])
+
+
+def resolve_budget(
+    metric: Metric, budget: float | str | None, target: str, reference_score: float | None
+) -> Budget:
+    """The budget as a bound on the metric.
+
+    Built-in metrics take a number (default per target; ``max-abs`` has none). A callable
+    takes the accepted drop from ``reference_score`` (the FP32 model's score): a number,
+    or ``"N%"`` of the FP32 score.
+    """
+    if metric.builtin:
+        if budget is None:
+            default = BUILTIN_METRICS[metric.name][1].get(target)
+            if default is None:
+                raise MixprecError(f"metric {metric.name} needs a budget (--budget X)")
+            budget = default
+        value = _number(budget, "budget")
+        if metric.name in ("top1", "cosine") and not -1.0 <= value <= 1.0:
+            raise MixprecError(f"budget for {metric.name} must lie in [-1, 1], got {value}")
+        if not metric.higher_is_better and value < 0:
+            raise MixprecError(f"budget for {metric.name} must be >= 0, got {value}")
+        side = ">=" if metric.higher_is_better else "<="
+        return Budget(value, metric.higher_is_better, f"{metric.name} {side} {value:g}")
+    if reference_score is None:
+        raise MixprecError("a callable metric needs the FP32 score first")  # internal order
+    if budget is None:
+        raise MixprecError(
+            "a callable metric needs a budget: the accepted drop from the FP32 score, "
+            "a number (absolute) or a string such as '1%' (relative)"
+        )
+    if isinstance(budget, str) and budget.strip().endswith("%"):
+        share = _number(budget.strip()[:-1], "budget") / 100.0
+        drop = abs(reference_score) * share
+        text = f"{metric.name} >= FP32 score {reference_score:.6g} - {budget.strip()}"
+    else:
+        drop = _number(budget, "budget")
+        text = f"{metric.name} >= FP32 score {reference_score:.6g} - {drop:g}"
+    if drop < 0:
+        raise MixprecError(f"budget (an accepted drop) must be >= 0, got {budget!r}")
+    return Budget(reference_score - drop, True, text)
+
+
+def _number(value: object, what: str) -> float:
+    if isinstance(value, bool):
+        raise MixprecError(f"{what} must be a number, not {value!r}")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise MixprecError(f"{what} must be a number, not {value!r}") from None
+    if not math.isfinite(number):
+        raise MixprecError(f"{what} must be finite, got {value!r}")
+    return number
+
+
+def per_sample(metric: Metric, ref: Sequence[Outputs], out: Sequence[Outputs]) -> list[float]:
+    """The built-in metric of each sample alone (to pick the worst samples)."""
+    assert metric.compare is not None
+    return [metric.compare([r], [o]) for r, o in zip(ref, out, strict=True)]

@@ -1,0 +1,528 @@
+"""``mixprec.tune``: the most low-precision (or INT8) model that meets an accuracy budget.
+
+1. Prepare and calibrate once (:class:`~mixprec.pipeline.stages.Pipeline`), annotate with the
+   default policy: the nodes it puts in low precision (INT8: the Conv/MatMul/Gemm it
+   quantizes) are the N candidates.
+2. Score the all-low model on every sample; if it meets the budget, that is the answer.
+   Otherwise rank the candidates from one instrumented run (:mod:`mixprec.tune.sensitivity`).
+3. Search over the ranked list: moving the first ``k`` back to float (the policy's node
+   exclusions; only ``annotate`` and ``apply`` re-run on copies of the calibrated model).
+   The all-low model (k = 0) is scored on every sample; if it misses the budget, ``k`` is
+   bisected on the worst quarter of the samples (halving the MACs at stake, then the
+   error energy at stake: :meth:`_Search.next_subset_step`), the subset's answer is
+   confirmed on the full set, and if that fails the bisection goes on, on the full set,
+   above it (halving the node count, until the bracket holds < 1% of the MACs). At
+   most ceil(log2 N) + 3 full-set evaluations; each evaluation is counted.
+4. Give-back: the heaviest float nodes are handed back to low precision one at a time,
+   each kept if the budget still holds (on the worst samples, confirmed on all); the
+   refinements (this and the error-energy steps) stop at 6x an estimated plain
+   conversion's time.
+5. The passing model with the largest low-precision MAC share is finished (cleanup,
+   check) and returned with the nodes kept float, their sensitivity, and the search path.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from mixprec.calibrate.measure import CALIBRATION, MACS, SHAPES, CountMacsPass
+from mixprec.core.errors import MixprecError
+from mixprec.core.graphs import iter_nodes
+from mixprec.pipeline.stages import Stage
+from mixprec.tune.metrics import Budget, Candidate, Metric, per_sample, resolve_budget
+from mixprec.tune.metrics import resolve_metric as _resolve_metric
+from mixprec.tune.result import Step, TuneResult
+from mixprec.tune.sensitivity import NodeSensitivity, measure_sensitivity, rank
+from mixprec.tune.targets import make_target
+
+__all__ = ["Step", "TuneResult", "tune"]
+
+logger = logging.getLogger(__name__)
+
+#: Samples the instrumented run uses (errors are pooled over them).
+SENSITIVITY_SAMPLES = 2
+#: The bisection stops once the bracket's MACs differ by less than this share of the
+#: model's MACs: nodes without MACs cost no MAC share, so finer steps gain nothing.
+MAC_SHARE_RESOLUTION = 0.01
+#: It first tries every node that costs no MACs, at once, when they hold at least this
+#: share of the candidates' error energy.
+FREE_ENERGY = 0.25
+#: The give-back refinement (heavy float nodes handed back one at a time) stops once the
+#: tuning has taken this many times an estimated plain conversion.
+REFINE_TIME_FACTOR = 6.0
+#: ... but they always get this many seconds.
+REFINE_MIN_SECONDS = 5.0
+#: Then, among nodes holding fewer MACs than that, it stops once the bracket holds less
+#: than this share of the candidates' error energy (squared sensitivity scores).
+ENERGY_RESOLUTION = 0.01
+
+
+def _samples(data: Any, model: ir.Model, shapes: Any) -> list[dict[str, np.ndarray]]:
+    """The tuning data as a list of feed dicts (it is run many times); None generates
+    one sample from the signature, with a warning."""
+    from mixprec.io.feeds import calibration_feeds, iter_calibration_npz, make_inputs
+
+    if data is None:
+        logger.warning(
+            "tune: no data given: one generated sample; budgets measured on it say little "
+            "about real inputs"
+        )
+        return [make_inputs(model, shapes=shapes, seed=0)[0]]
+    if isinstance(data, str | os.PathLike):
+        return list(iter_calibration_npz(data, model))
+    found = calibration_feeds(data)
+    samples = list(found) if found is not None else []
+    if not samples:
+        raise MixprecError("tune needs data: at least one sample (a dict of input arrays)")
+    return samples
+
+
+class _Search:
+    """Builds, runs and scores candidates; keeps the counts and the path."""
+
+    def __init__(
+        self,
+        target: Any,
+        base: ir.Model,
+        candidates: Sequence[str],
+        measure: Callable[[], list[NodeSensitivity]],
+        metric: Metric,
+        samples: list[dict[str, np.ndarray]],
+        reference: list[dict[str, np.ndarray]],
+        budget: Budget | None,
+        max_evaluations: int | None,
+        threads: int,
+    ) -> None:
+        self.target = target
+        # Bytes, parsed afresh per candidate: the apply stage may take over weight buffers.
+        self.base_bytes = ir.to_proto(base).SerializeToString()
+        self.base_meta = {k: base.meta[k] for k in (CALIBRATION, SHAPES) if k in base.meta}
+        self.macs = {n.name or "": int(n.meta.get(MACS, 0)) for n in iter_nodes(base.graph)}
+        self.order = list(candidates)  # ranked once measured
+        self.measure = measure
+        self.ranked: list[NodeSensitivity] = []
+        self.metric = metric
+        self.samples = samples
+        self.reference = reference
+        self.budget = budget
+        self.max_evaluations = max_evaluations
+        self.threads = threads
+        self.counts = {"subset": 0, "full": 0, "reference": 1}
+        self.path: list[Step] = []
+        self.full: dict[int, Step] = {}  # by k, the ranked prefix moved to float
+        self.passing: list[tuple[tuple[str, ...], Step]] = []  # full-set passes
+        self.deadline = math.inf  # the give-back refinement stops here (perf_counter)
+        self.moved_share: list[float] = []
+        self.energy: list[float] = []
+
+    def rank(self) -> None:
+        """Measure the sensitivities (only once the all-low model misses the budget)."""
+        ranked = self.measure()
+        self.ranked = ranked
+        self.order = [s.name for s in ranked]
+        cumulative = np.cumsum([0] + [s.macs for s in ranked])
+        total = float(sum(self.macs.values())) or 1.0
+        self.moved_share = [float(c) / total for c in cumulative]
+        squares = [min(s.score, 1e6) ** 2 if s.measured else 0.0 for s in ranked]
+        energy = np.cumsum([0.0, *squares])
+        self.energy = [float(e) / max(float(energy[-1]), 1e-300) for e in energy]
+
+    @staticmethod
+    def midpoint(axis: Sequence[float], lo: int, hi: int) -> int:
+        """The ``k`` strictly inside (lo, hi) where ``axis`` (cumulative, rising) is
+        halfway between its values at ``lo`` and ``hi``."""
+        half = (axis[lo] + axis[hi]) / 2
+        k = int(np.searchsorted(np.asarray(axis), half, side="left"))
+        return min(max(k, lo + 1), hi - 1)
+
+    def next_subset_step(self, lo: int, hi: int) -> int | None:
+        """Where the subset bisection looks next, or None when it is done.
+
+        While the bracket holds >= 1% of the model's MACs it first tries every node that
+        costs no MACs beyond ``lo`` at once (when they hold >= 25% of the error energy),
+        then halves the MACs at stake; then,
+        among the rest, it halves the error energy (squared scores) at stake while that
+        is >= 1% of the candidates' total, so fewer nodes go float (fewer casts) for the
+        same MAC share.
+        """
+        if hi - lo <= 1 or self.exhausted():
+            return None
+        if self.moved_share[-1] < MAC_SHARE_RESOLUTION:
+            return (lo + hi) // 2
+        if self.moved_share[hi] - self.moved_share[lo] >= MAC_SHARE_RESOLUTION:
+            # First every node that costs no more MACs than ``lo`` does, all at once.
+            free = int(np.searchsorted(np.asarray(self.moved_share), self.moved_share[lo], "right"))
+            free -= 1
+            if lo < free < hi and self.energy[free] - self.energy[lo] >= FREE_ENERGY:
+                return free
+            return self.midpoint(self.moved_share, lo, hi)
+        if self.energy[hi] - self.energy[lo] >= ENERGY_RESOLUTION:
+            if time.perf_counter() > self.deadline:
+                return None  # a refinement, like the give-back: within the time budget
+            return self.midpoint(self.energy, lo, hi)
+        return None
+
+    def open_bracket(self, lo: int, hi: int) -> bool:
+        """Whether bisection between ``lo`` (fails) and ``hi`` (passes) goes on."""
+        if hi - lo <= 1 or self.exhausted():
+            return False
+        gap = self.moved_share[hi] - self.moved_share[lo]
+        return gap >= MAC_SHARE_RESOLUTION or self.moved_share[-1] < MAC_SHARE_RESOLUTION
+
+    def exhausted(self) -> bool:
+        used = self.counts["subset"] + self.counts["full"]
+        return self.max_evaluations is not None and used >= self.max_evaluations
+
+    def names(self, k: int | Sequence[str]) -> list[str]:
+        return self.order[:k] if isinstance(k, int) else list(k)
+
+    def build(self, k: int | Sequence[str], *, finish: bool) -> tuple[ir.Model, float]:
+        """Candidate ``k``: the first ``k`` ranked nodes (or the nodes named) moved to
+        float. Annotate re-runs without counting MACs again (they and the shapes are the
+        base model's)."""
+        model = ir.from_proto(onnx.ModelProto.FromString(self.base_bytes))
+        model.meta.update(self.base_meta)
+        for node in iter_nodes(model.graph):
+            node.meta[MACS] = self.macs.get(node.name or "", 0)
+        pipeline = self.target.pipeline(self.names(k), check=finish)
+        annotate = pipeline.build("annotate", model)
+        passes = [p for p in annotate.passes if not isinstance(p, CountMacsPass)]
+        stage = Stage("annotate", *passes)
+        model = stage(model).model
+        share = self.target.low_mac_share(model)
+        self.last_low = set(self.target.candidates(model))
+        model = pipeline.run(model, start="apply", until="check" if finish else "apply")
+        pipeline.stages = {"annotate": stage, **pipeline.stages}
+        self.last_pipeline = pipeline
+        return model, share
+
+    def session(self, model: ir.Model) -> tuple[onnx.ModelProto, Any]:
+        from mixprec.runtime.ort import OrtLoadError, make_session
+
+        proto, optimize = self.target.runnable(model)
+        try:
+            return proto, make_session(proto.SerializeToString(), self.threads, optimize=optimize)
+        except OrtLoadError:
+            if self.target.int8 or not optimize:
+                raise
+            from mixprec.runtime.emulate import emulate_low_precision
+
+            proto = emulate_low_precision(proto)
+            return proto, make_session(proto.SerializeToString(), self.threads, optimize=False)
+
+    def score(
+        self, k: int | Sequence[str], subset: Sequence[int] | None
+    ) -> tuple[float, list[float]]:
+        """The metric of candidate ``k`` on ``subset`` (indices) or every sample, and the
+        per-sample values (built-in metrics on the full set only)."""
+        t = time.perf_counter()
+        model, share = self.build(k, finish=False)
+        proto, session = self.session(model)
+        idx = list(range(len(self.samples))) if subset is None else list(subset)
+        samples = [self.samples[i] for i in idx]
+        each: list[float] = []
+        if self.metric.builtin:
+            cand = Candidate(proto, session, samples)
+            ref = [self.reference[i] for i in idx]
+            assert self.metric.compare is not None
+            value = self.metric.compare(ref, cand.outputs)
+            if subset is None:
+                each = per_sample(self.metric, ref, cand.outputs)
+        else:
+            assert self.metric.user is not None
+            value = float(self.metric.user(Candidate(proto, session, samples)))
+        self.counts["subset" if subset is not None else "full"] += 1
+        passed = self.budget.met(value) if self.budget is not None else False
+        moved = self.names(k)
+        step = Step(len(moved), subset is not None, value, passed, share, time.perf_counter() - t)
+        self.path.append(step)
+        if subset is None:
+            if isinstance(k, int):
+                self.full[k] = step
+            if passed:
+                self.passing.append((tuple(moved), step))
+        logger.info(
+            "tune: %d kept float, %s: %s %.6g (%s)",
+            len(moved),
+            "subset" if subset is not None else "full",
+            self.metric.name,
+            value,
+            "pass" if passed else "fail",
+        )
+        return value, each
+
+    def run(self, subset_size: int) -> tuple[str, ...] | None:
+        """The nodes to move to float: the passing candidate with the largest MAC share
+        found on the full set, or None."""
+        n = len(self.order)
+        _, each = self.score(0, None)
+        if self.full[0].passed or n == 0:
+            return () if self.full[0].passed else None
+        if self.exhausted():
+            return None
+        self.rank()
+        lo = 0
+        worst: list[int] | None = None
+        if self.metric.builtin and 0 < subset_size < len(self.samples):
+            worst = self._worst(each, subset_size)
+            found = self._bisect_subset(worst)
+            if found is not None:
+                return self._give_back(found, worst)
+            lo = next((k for k, s in self.full.items() if k > 0 and not s.passed), 0)
+        hi = n
+        while self.open_bracket(lo, hi):
+            mid = (lo + hi) // 2
+            self.score(mid, None)
+            if self.full[mid].passed:
+                hi = mid
+            else:
+                lo = mid
+        if hi not in self.full and not self.exhausted():
+            self.score(hi, None)
+        if not self.passing:
+            return None
+        best = max(self.passing, key=lambda p: (p[1].low_mac_share, -len(p[0])))[0]
+        return self._give_back(best, worst)
+
+    def _bisect_subset(self, worst: list[int]) -> tuple[str, ...] | None:
+        """Bisect on the worst samples, confirm on all: the prefix if confirmed."""
+        n = len(self.order)
+        lo, hi = 0, n
+        cap = math.ceil(math.log2(n)) if n > 1 else 1
+        while self.counts["subset"] < cap and (mid := self.next_subset_step(lo, hi)):
+            self.score(mid, worst)
+            if self.path[-1].passed:
+                hi = mid
+            else:
+                lo = mid
+        if hi < n and not self.exhausted():
+            self.score(hi, None)
+            if self.full[hi].passed:
+                return tuple(self.order[:hi])
+        return None
+
+    def _give_back(self, moved: tuple[str, ...], worst: list[int] | None) -> tuple[str, ...]:
+        """Greedy refinement: hand the heaviest float nodes back to low precision one at a
+        time, keeping each whose return still meets the budget (on the worst samples,
+        then confirmed on all). Tries: what the subset allowance (ceil(log2 N)) left, at
+        least 2; never past the full-set bound or the time budget."""
+        n = len(self.order)
+        bound = math.ceil(math.log2(n)) + 3 if n > 1 else 4
+        if worst is None:
+            tries = bound - self.counts["full"]
+        else:
+            tries = max(2, math.ceil(math.log2(max(n, 2))) - self.counts["subset"])
+        heavy = [m for m in sorted(moved, key=lambda m: -self.macs.get(m, 0)) if self.macs.get(m)]
+        kept = list(moved)
+        changed = False
+        for name in heavy[:tries]:
+            if self.exhausted() or time.perf_counter() > self.deadline:
+                break
+            if worst is None and self.counts["full"] >= bound:
+                break
+            trial = [m for m in kept if m != name]
+            self.score(trial, worst)
+            if self.path[-1].passed:
+                kept, changed = trial, True
+        if not changed:
+            return moved
+        if worst is None:
+            return tuple(kept)  # scored on every sample already
+        if self.counts["full"] < bound and not self.exhausted():
+            self.score(kept, None)
+            if self.path[-1].passed:
+                return tuple(kept)
+        return moved
+
+    def _worst(self, each: list[float], size: int) -> list[int]:
+        order = sorted(
+            range(len(each)), key=lambda i: each[i], reverse=not self.metric.higher_is_better
+        )
+        return sorted(order[:size])
+
+
+def tune(
+    model: Any,
+    target: str | None = "fp16",
+    data: Any = None,
+    *,
+    metric: str | Callable[[Candidate], float] = "rel-l2",
+    budget: float | str | None = None,
+    calibration_data: Mapping[str, Any] | Iterable[Mapping[str, Any]] | None = None,
+    max_evaluations: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    threads: int = 2,
+    mode: str = "emulated",
+    **options: Any,
+) -> TuneResult:
+    """Find the model that keeps the most MACs in low precision (or INT8) within a budget.
+
+    Args:
+        model: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``; never mutated.
+        target: "fp16", "bf16" or "int8".
+        data: the samples the metric is measured on: a feed dict, a list or iterable of
+            them, or a path (an ``.npz`` with a leading sample axis, or a folder of
+            ``.npz``). They are also the calibration data unless ``calibration_data``.
+        metric: "rel-l2" (default), "max-abs", "top1", "cosine" (against the FP32
+            model's outputs), or a callable taking a :class:`Candidate` and returning a
+            score, higher is better.
+        budget: the bound on a built-in metric (default per target: rel-l2 1e-2 fp16,
+            8e-2 bf16, 1e-1 int8; top1 0.99; cosine 0.9999/0.999/0.99); for a callable,
+            the accepted drop from the FP32 score: a number, or "N%" (relative).
+        calibration_data: samples for calibration, when they differ from ``data``.
+        max_evaluations: the most model evaluations (subset and full together).
+        progress: called with a short message at each phase.
+        threads: ONNX Runtime intra-op threads.
+        mode: how fp16/bf16 candidates run: "emulated" (default: float32 with every
+            low tensor rounded, as a runtime that computes in the low dtype sees it) or
+            "ort" (fp16 as is on ONNX Runtime's CPU provider, which computes ops lacking
+            fp16 kernels in float32 and so hides some errors). INT8 always runs as is.
+        **options: :func:`mixprec.convert`'s options for fp16/bf16, or
+            :func:`mixprec.quantize`'s for int8 (``speed`` defaults to "off").
+
+    Returns:
+        A :class:`TuneResult` (a :class:`~mixprec.ConversionResult` with ``.save()``).
+
+    Example:
+        >>> r = mixprec.tune("m.onnx", "fp16", "samples.npz", budget=1e-3)  # doctest: +SKIP
+        >>> r.passed, r.low_mac_share, [s.name for s in r.kept_float]     # doctest: +SKIP
+    """
+    from mixprec.io.feeds import feeds_for
+    from mixprec.pipeline.convert import _report_stages, load_input
+    from mixprec.pipeline.report import Report
+    from mixprec.runtime.ort import _session_for, run_session
+
+    if max_evaluations is not None and (
+        isinstance(max_evaluations, bool)
+        or not isinstance(max_evaluations, int)
+        or max_evaluations < 1
+    ):
+        raise MixprecError(f"max_evaluations must be an int >= 1, got {max_evaluations!r}")
+    say = progress or (lambda _msg: None)
+    log_dir = options.pop("log_dir", None)
+    t0 = time.perf_counter()
+    kind = make_target(target, options, mode)
+    resolved = _resolve_metric(metric)
+    work, input_kind = load_input(model)
+    samples = _samples(data, work, options.get("shapes"))
+    say(f"preparing and calibrating on {len(samples)} sample(s)")
+    pipeline = kind.pipeline(
+        (), calibration_data if calibration_data is not None else samples, check=False
+    )
+    calibrated = pipeline.run(work, until="calibrate")
+    plain = sum(pipeline.timings.values())
+    fp32 = ir.to_proto(calibrated)
+    samples = [feeds_for(calibrated, s) for s in samples]  # cast once to the input dtypes
+    with _session_for(fp32, threads) as session:
+        reference = [run_session(session, s, None) for s in samples]
+    base = ir.from_proto(fp32)
+    base.meta[CALIBRATION] = calibrated.meta[CALIBRATION]
+    base = kind.pipeline((), check=False).run(base, start="annotate", until="annotate")
+    candidates = kind.candidates(base)
+
+    def measure() -> list[NodeSensitivity]:
+        say(f"measuring the sensitivity of {len(candidates)} candidate node(s)")
+        # The annotated model still computes in FP32 (bf16: at the raised opset, where
+        # Cast takes bfloat16).
+        found = measure_sensitivity(
+            base, candidates, kind.rounder(base), samples[:SENSITIVITY_SAMPLES], threads=threads
+        )
+        return rank(found)
+
+    reference_score = None
+    search = _Search(
+        kind,
+        base,
+        list(candidates),
+        measure,
+        resolved,
+        samples,
+        reference,
+        None,
+        max_evaluations,
+        threads,
+    )
+    if not resolved.builtin:
+        assert resolved.user is not None
+        with _session_for(fp32, threads) as session:
+            reference_score = float(resolved.user(Candidate(fp32, session, samples)))
+    search.budget = resolve_budget(resolved, budget, kind.name, reference_score)
+    say(f"searching over {len(candidates)} candidate(s)")
+    subset = max(1, len(samples) // 4) if len(samples) >= 4 else 0
+    # The give-back refinement stops once tuning has taken REFINE_TIME_FACTOR times a
+    # plain conversion (estimated: prepare + calibrate, plus 30% for the other stages).
+    # Never under REFINE_MIN_SECONDS: on a tiny model the estimate is a few hundredths of
+    # a second, and the result would then depend on the machine's load.
+    elapsed = time.perf_counter() - t0
+    search.deadline = t0 + max(REFINE_MIN_SECONDS, REFINE_TIME_FACTOR * 1.3 * elapsed)
+    best = search.run(subset)
+    n = len(candidates)
+    moved = best if best is not None else tuple(search.order)
+    say("finishing the chosen model")
+    t = time.perf_counter()
+    final, share = search.build(moved, finish=True)
+    plain += time.perf_counter() - t
+    report = Report(target=kind.name)
+    if kind.int8:
+        from mixprec.pipeline.quantize import _fill_report
+
+        _fill_report(report, search.last_pipeline, final)
+    else:
+        _report_stages(report, search.last_pipeline.stages, final)
+    step = next((st for names, st in search.passing if names == best), None)
+    if best is None:
+        step = search.full.get(n)
+    result = TuneResult(
+        final,
+        report,
+        input_kind,
+        target=kind.name,
+        metric=resolved.name,
+        budget=search.budget,
+        achieved=step.value if step is not None else None,
+        passed=best is not None,
+        kept_float=[s for s in search.ranked if s.name not in search.last_low],
+        ranking=search.ranked,
+        candidates=n,
+        evaluations=dict(search.counts),
+        path=list(search.path),
+        low_mac_share=share,
+        plain_seconds=plain,
+    )
+    result.message = _message(result, n, best, search)
+    result.seconds = time.perf_counter() - t0
+    report.notes.append(f"tune: {result.message}")
+    if log_dir is not None:
+        from mixprec.report.tune_plot import write_tune_log
+
+        write_tune_log(log_dir, result)
+    return result
+
+
+def _message(result: TuneResult, n: int, best: tuple[str, ...] | None, search: _Search) -> str:
+    text = result.budget.text if result.budget else "the budget"
+    if best == ():
+        return f"every candidate stays {result.target}: the all-low model meets {text}"
+    if best is not None:
+        followed = len(result.kept_float) - len(best)
+        more = f" (+{followed} that painting then kept float)" if followed > 0 else ""
+        return f"{len(best)} of {n} candidate node(s) moved back to float{more} to meet {text}"
+    all_float = search.full.get(n)
+    if all_float is not None and not all_float.passed:
+        return (
+            f"not met: even the all-float model misses {text} "
+            f"({result.metric} {all_float.value:.6g}); returned the all-float model"
+        )
+    return (
+        f"not met: stopped after max_evaluations={search.max_evaluations} evaluations "
+        f"without a model shown to meet {text}; returned the all-float model, not evaluated"
+    )

@@ -1,0 +1,207 @@
+"""The two kinds of target :func:`mixprec.tune` searches: FP16/BF16 and INT8.
+
+Each builds the pipeline for a set of nodes moved back to float (the policy's node
+exclusions), names the candidate nodes of an annotated model with their MACs, measures
+a model's low-precision MAC share, and rounds tensors for the sensitivity run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from mixprec.calibrate.measure import MACS, calibration_of
+from mixprec.core.config import ConvertConfig
+from mixprec.core.errors import MixprecError
+from mixprec.core.graphs import UniqueNames, iter_nodes
+from mixprec.pipeline.stages import Pipeline
+from mixprec.precision.paint import Precision, painted
+from mixprec.tune.sensitivity import CastRounder, Rounder
+
+__all__ = ["FloatTarget", "Int8Target", "QdqRounder", "make_target"]
+
+
+def _escaped(names: Sequence[str]) -> tuple[str, ...]:
+    return tuple(re.escape(n) for n in names)
+
+
+class FloatTarget:
+    """FP16/BF16: candidates are the nodes painted low precision."""
+
+    int8 = False
+
+    def __init__(self, target: str | None, options: Mapping[str, Any], mode: str) -> None:
+        self.config = ConvertConfig.resolve(target, **dict(options))
+        self.name = self.config.target
+        self.mode = mode
+
+    def pipeline(self, excluded: Sequence[str], data: Any = None, *, check: bool) -> Pipeline:
+        policy = self.config.policy.with_changes(exclude_nodes=_escaped(excluded))
+        config = self.config.replace(policy=policy, check=check and self.config.check)
+        return Pipeline(config, calibration_data=data)
+
+    @staticmethod
+    def candidates(model: ir.Model) -> dict[str, tuple[str, int]]:
+        return {
+            node.name or "": (node.op_type, int(node.meta.get(MACS, 0)))
+            for node, d in painted(model)
+            if d.precision is Precision.LOW
+        }
+
+    @staticmethod
+    def low_mac_share(model: ir.Model) -> float:
+        total = low = 0
+        for node, d in painted(model):
+            macs = int(node.meta.get(MACS, 0))
+            total += macs
+            low += macs if d.precision is Precision.LOW else 0
+        return low / total if total else 0.0
+
+    def rounder(self, model: ir.Model):
+        low = self.config.policy.target_type
+        return lambda graph, names: CastRounder(graph, names, low)
+
+    def runnable(self, model: ir.Model) -> tuple[onnx.ModelProto, bool]:
+        """The model (a disposable candidate, changed in place) to run in ONNX Runtime,
+        and whether to optimize it.
+
+        Emulated in float32 (every low tensor rounded through the low dtype) unless
+        ``mode="ort"`` and the target is float16: ONNX Runtime's CPU provider lacks
+        bfloat16 kernels, and for float16 ops it lacks it computes in float32 and drops
+        the rounding between them, hiding errors a GPU would show.
+        """
+        if self.name != "bfloat16" and self.mode == "ort":
+            return ir.to_proto(model), True
+        from mixprec.runtime.emulate import EmulateLowPrecisionPass
+
+        return ir.to_proto(EmulateLowPrecisionPass()(model).model), False
+
+
+class Int8Target:
+    """INT8 QDQ: candidates are the Conv/MatMul/Gemm nodes planned INT8 (the other INT8
+    ops follow them: they stay in the integer domain only when an INT8 node feeds them)."""
+
+    int8 = True
+    name = "int8"
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        from mixprec.pipeline.quantize import QuantizeConfig
+
+        opts = dict(options)
+        opts.setdefault("speed", "off")  # placement by accuracy here, not by timing
+        try:
+            self.qconfig = QuantizeConfig(**opts)
+        except TypeError as exc:
+            raise MixprecError(f"tune: {exc}") from None
+
+    def pipeline(self, excluded: Sequence[str], data: Any = None, *, check: bool) -> Pipeline:
+        from mixprec.pipeline.quantize import QuantizePipeline
+
+        q = dataclasses.replace(
+            self.qconfig,
+            exclude_nodes=self.qconfig.exclude_nodes + _escaped(excluded),
+            check=check and self.qconfig.check,
+        )
+        return QuantizePipeline(q, calibration_data=data)
+
+    @staticmethod
+    def candidates(model: ir.Model) -> dict[str, tuple[str, int]]:
+        from mixprec.int8.plan import int8_decision
+
+        return {
+            node.name or "": (node.op_type, int(node.meta.get(MACS, 0)))
+            for node in model.graph
+            if (d := int8_decision(node)) is not None and d.int8 and d.role == "weighted"
+        }
+
+    @staticmethod
+    def low_mac_share(model: ir.Model) -> float:
+        from mixprec.int8.plan import int8_decision
+
+        total = low = 0
+        for node in iter_nodes(model.graph):
+            macs = int(node.meta.get(MACS, 0))
+            d = int8_decision(node)
+            total += macs
+            low += macs if d is not None and d.int8 else 0
+        return low / total if total else 0.0
+
+    def rounder(self, model: ir.Model):
+        stats = calibration_of(model).stats
+        q = self.qconfig
+        return lambda graph, names: QdqRounder(graph, names, stats, q)
+
+    @staticmethod
+    def runnable(model: ir.Model) -> tuple[onnx.ModelProto, bool]:
+        return ir.to_proto(model), True
+
+
+class QdqRounder(Rounder):
+    """INT8 emulation: activations through QuantizeLinear -> DequantizeLinear at their
+    calibrated scale; weights replaced by their (per-channel) fake-quantized values."""
+
+    def __init__(self, graph: ir.Graph, names: UniqueNames, stats: Mapping[str, Any], q: Any):
+        super().__init__(graph, names)
+        self.stats = stats
+        self.q = q
+
+    def _const(self, base: str, array: np.ndarray) -> ir.Value:
+        value = ir.Value(name=self.fresh(base), const_value=ir.tensor(array))
+        value.type = ir.TensorType(ir.DataType.from_numpy(array.dtype))
+        value.shape = ir.Shape(array.shape)
+        self.graph.register_initializer(value)
+        return value
+
+    def _round(self, value: ir.Value, weight_of: ir.Node | None) -> ir.Value:
+        from mixprec.int8.params import activation_qparams, quantize_weight
+        from mixprec.int8.plan import weight_index
+        from mixprec.int8.qdq import _weight_axis
+
+        base = f"{value.name}__tune_q"
+        if weight_of is not None:
+            index = weight_index(weight_of)
+            tensor = value.const_value
+            if index is None or weight_of.inputs[index] is not value or tensor is None:
+                return value  # biases and other constants stay float
+            w = tensor.numpy().astype(np.float32)
+            axis = _weight_axis(weight_of, w.ndim) if self.q.per_channel else None
+            found = quantize_weight(w, axis, qmax=63 if self.q.reduce_range else 127)
+            if isinstance(found, str):
+                return value
+            qw, wparams = found
+            factor = (
+                wparams.scale
+                if axis is None
+                else np.expand_dims(wparams.scale, [d for d in range(w.ndim) if d != axis])
+            )
+            return self._const(base, (qw.astype(np.float32) * factor).astype(np.float32))
+        stats = self.stats.get(value.name or "")
+        if stats is None:
+            return value
+        qparams = activation_qparams(stats, self.q.method, self.q.unsigned)
+        if isinstance(qparams, str):
+            return value
+        scale = self._const(f"{base}_scale", np.asarray(qparams.scale, np.float32))
+        zero = self._const(f"{base}_zp", np.asarray(qparams.zero_point))
+        quantized = self._append("QuantizeLinear", [value, scale, zero], base)
+        return self._append("DequantizeLinear", [quantized, scale, zero], base)
+
+
+def make_target(
+    target: str | None, options: Mapping[str, Any], mode: str = "emulated"
+) -> FloatTarget | Int8Target:
+    if mode not in ("emulated", "ort"):
+        raise MixprecError(f"mode must be 'emulated' or 'ort', not {mode!r}")
+    if target is None:  # MIXPREC_DTYPE, else float16, as convert() resolves it
+        return FloatTarget(None, options, mode)
+    if not isinstance(target, str):
+        raise TypeError(f"target must be 'fp16', 'bf16' or 'int8', not {type(target).__name__}")
+    if target.strip().lower() in ("int8", "i8", "qdq"):
+        return Int8Target(options)
+    return FloatTarget(target, options, mode)
