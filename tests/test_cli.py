@@ -612,9 +612,9 @@ def test_library_records_and_warnings_are_one_line(
     import logging
     import warnings
 
-    import mixprec.pipeline.convert
+    import mixprec.api.convert
 
-    real = mixprec.pipeline.convert.convert
+    real = mixprec.api.convert.convert
 
     def noisy(*args, **kwargs):
         try:
@@ -625,7 +625,7 @@ def test_library_records_and_warnings_are_one_line(
         warnings.warn("a library warning\nwith two lines", UserWarning, stacklevel=1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(mixprec.pipeline.convert, "convert", noisy)
+    monkeypatch.setattr(mixprec.api.convert, "convert", noisy)
     res = cli(["convert", models.small, "-o", tmp_path / "o.onnx"], monkeypatch=monkeypatch)
     assert res.rc == 0, res.err
     lines = _lines(res.err)
@@ -671,12 +671,12 @@ def test_quiet_bad_input_one_line_exit_2(
 
 
 def _raise_in_convert(monkeypatch: pytest.MonkeyPatch, exc: Exception) -> None:
-    import mixprec.pipeline.convert
+    import mixprec.api.convert
 
     def broken(*args, **kwargs):
         raise exc
 
-    monkeypatch.setattr(mixprec.pipeline.convert, "convert", broken)
+    monkeypatch.setattr(mixprec.api.convert, "convert", broken)
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from mixprec.int8.params import activation_qparams, entropy_threshold, quantize_
 from mixprec.int8.plan import AnnotateInt8Pass, int8_decision
 from mixprec.passes.fold import FoldBatchNormPass
 from mixprec.passes.shapes import InferShapesPass
-from mixprec.pipeline.quantize import integer_kernel_share
+from mixprec.runtime.kernels import integer_kernel_share
 
 RNG = np.random.default_rng(0)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from mixprec.pipeline.convert import _run
+from mixprec.api.convert import annotate
 from mixprec.report.html import write_report_html
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,7 +198,7 @@ def test_demo_page_renders_and_answers(browser: Any, demo_page: Path) -> None:
 def test_subgraph_bodies_open_from_the_detail_panel(browser: Any, tmp_path: Path) -> None:
     from test_report_page import if_model
 
-    result = _run(if_model(), "fp16", None, None, None, {"calibrate": False}, "annotate")
+    result = annotate(if_model(), "fp16", calibrate=False)
     path = tmp_path / "if.html"
     write_report_html(result, path, converted=False)
     page, _ = _open(browser, path)

@@ -14,8 +14,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from mixprec.api.convert import annotate
 from mixprec.cli.report import model_explorer_data
-from mixprec.pipeline.convert import _run
 from mixprec.report.html import render_page
 from mixprec.report.layout import layout_graph
 
@@ -125,7 +125,7 @@ _EXPECTED = {"low": {"p-fp16", "p-bf16"}, "fp32": {"p-fp32", "p-int"}, "int8": {
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 def test_page_has_one_node_element_per_node_with_colour_and_reason(dtype: str) -> None:
     options = {"exclude_nodes": ["exp"]}  # one node surely kept FP32
-    result = _run(tiny_model(), dtype, None, None, None, options, "annotate")
+    result = annotate(tiny_model(), dtype, **options)
     page = _parse(render_page(result.model, result.report))
     graph_nodes = list(result.model.graph)
     io = len(result.model.graph.inputs) + len(result.model.graph.outputs)
@@ -154,7 +154,7 @@ def test_page_has_one_node_element_per_node_with_colour_and_reason(dtype: str) -
 
 
 def test_page_is_self_contained() -> None:
-    result = _run(tiny_model(), "fp16", None, None, None, {}, "annotate")
+    result = annotate(tiny_model(), "fp16")
     page = render_page(result.model, result.report)
     for marker in ("http://", "https://", "<link", "src="):
         assert marker not in page, marker
@@ -165,7 +165,7 @@ def test_page_is_self_contained() -> None:
 
 
 def test_if_bodies_are_drawn_as_their_own_graphs() -> None:
-    result = _run(if_model(), "fp16", None, None, None, {"calibrate": False}, "annotate")
+    result = annotate(if_model(), "fp16", calibrate=False)
     page_text = render_page(result.model, result.report)
     page = _parse(page_text)
     assert len(page.graphs) == 3, page.graphs
@@ -271,14 +271,14 @@ def test_cli_report_bad_input_is_one_line(tmp_path: Path) -> None:
 
 
 def test_model_explorer_keys_are_output_names() -> None:
-    result = _run(tiny_model(), "fp16", None, None, None, {}, "annotate")
+    result = annotate(tiny_model(), "fp16")
     data = model_explorer_data(result.model, result.report)
     results = data["tiny"]["results"]
     assert results["h"]["value"] == 16 and results["s"]["value"] == 0, results
 
 
 def test_page_without_graphviz_uses_the_layered_layout() -> None:
-    result = _run(tiny_model(), "fp16", None, None, None, {}, "annotate")
+    result = annotate(tiny_model(), "fp16")
     with_dot = _parse(render_page(result.model, result.report))
     text = render_page(result.model, result.report, engine="layered")
     assert "layered (graphviz not installed)" in text
@@ -297,7 +297,7 @@ def test_cli_report_path_checked_before_any_work(demo: Path) -> None:
 def test_names_cannot_break_out_of_the_page() -> None:
     model = tiny_model()
     model.graph.node[0].name = "</script><!--mm"
-    result = _run(model, "fp16", None, None, None, {}, "annotate")
+    result = annotate(model, "fp16")
     page = render_page(result.model, result.report)
     assert page.count("</script>") == 2, page.count("</script>")  # the data and the code
     assert "<!--" not in page
@@ -307,7 +307,7 @@ def test_names_cannot_break_out_of_the_page() -> None:
 def test_tuner_extras_and_search_curve(tmp_path: Path) -> None:
     from mixprec.report.html import write_report_html
 
-    result = _run(tiny_model(), "fp16", None, None, None, {}, "annotate")
+    result = annotate(tiny_model(), "fp16")
     path = tmp_path / "tuned.html"
     curve = [(0.2, 0.001), (0.5, 0.004), (0.9, 0.02)]
     write_report_html(

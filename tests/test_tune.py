@@ -338,10 +338,10 @@ def test_give_back_returns_heavy_nodes_the_budget_does_not_need():
     """The refinement after the bisection, on a stand-in scorer: the error is the sum of
     the low nodes' errors; the heavy node 'big' was moved but costs nothing."""
     from mixprec.tune.metrics import Budget
-    from mixprec.tune.search import Step, _Search
+    from mixprec.tune.search import Search, Step
 
     errors = {"hot": 1.0, "big": 0.0, "mid": 0.004, "small": 0.003}
-    search = object.__new__(_Search)
+    search = object.__new__(Search)
     search.order = ["hot", "big", "mid", "small"]
     search.macs = {"hot": 0, "big": 1000, "mid": 100, "small": 10}
     search.counts = {"subset": 1, "full": 2, "reference": 1}

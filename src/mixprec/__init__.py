@@ -9,6 +9,9 @@ Example:
 
 from __future__ import annotations
 
+from mixprec.api.convert import convert, inspect
+from mixprec.api.quantize import quantize
+from mixprec.api.tune import tune
 from mixprec.api.validate import validate
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import InternalError, MixprecError
@@ -22,14 +25,13 @@ from mixprec.core.policy import (
     register_rule,
 )
 from mixprec.core.version import __version__ as __version__
-from mixprec.pipeline.convert import ConversionResult, convert, inspect
-from mixprec.pipeline.quantize import QuantizeConfig, quantize
+from mixprec.int8.config import QuantizeConfig
+from mixprec.pipeline.convert import ConversionResult
 from mixprec.pipeline.report import NodeReport, Report
 from mixprec.pipeline.stages import STAGES, Pipeline
 from mixprec.runtime.emulate import EmulateLowPrecisionPass, EmulateLowPrecisionResult
 from mixprec.runtime.validation import ValidationReport
 from mixprec.tune.result import TuneResult
-from mixprec.tune.search import tune
 
 __all__ = [
     "DEFAULT_LISTS",

@@ -5,27 +5,21 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
-from mixprec.io.models import load_model
-
-if TYPE_CHECKING:
-    from mixprec.runtime.validation import ValidationReport
+from mixprec.io.feeds import make_inputs
+from mixprec.io.models import ModelLike, load_input, load_model
+from mixprec.runtime.validation import ValidationReport, validate_models
 
 __all__ = ["validate"]
-
-ModelLike = str | os.PathLike[str] | onnx.ModelProto | ir.Model
 
 
 def _proto(model: ModelLike, base_dir: str | os.PathLike[str] | None) -> onnx.ModelProto:
     """The model as a proto with every external tensor read from its own folder (checked)."""
-    from mixprec.pipeline.convert import load_input
-
     if isinstance(model, str | os.PathLike):
         return ir.to_proto(load_model(model))  # read from the file's own folder
     if not isinstance(model, str | os.PathLike | onnx.ModelProto | ir.Model):
@@ -71,9 +65,6 @@ def validate(
         >>> report.passed                                            # doctest: +SKIP
         True
     """
-    from mixprec.io.feeds import make_inputs  # onnxruntime is imported only when validating
-    from mixprec.runtime.validation import validate_models
-
     if mode not in ("auto", "ort", "emulated"):
         raise MixprecError(f"unknown validation mode {mode!r}: use auto, ort or emulated")
     if inputs is not None and not isinstance(inputs, Mapping):

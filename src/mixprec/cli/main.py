@@ -330,7 +330,7 @@ def _checked_output(args: argparse.Namespace) -> Path:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from mixprec.pipeline.convert import convert
+    from mixprec.api.convert import convert
 
     out = _checked_output(args)
     feeds = _load_feeds(args.inputs, args.model)
@@ -430,12 +430,12 @@ def _worst(validation: Any) -> str:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from mixprec.pipeline.convert import inspect
+    from mixprec.api.convert import inspect
 
     feeds = _load_feeds(args.inputs, args.model)
     dtype = (args.dtype or os.environ.get("MIXPREC_DTYPE") or "").strip().lower()
     if dtype == "int8":
-        from mixprec.pipeline.quantize import plan_int8
+        from mixprec.api.quantize import plan_int8
 
         for name in _LISTS:
             for kind in ("add", "remove"):

@@ -83,7 +83,7 @@ def add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from mixprec.pipeline.quantize import quantize
+    from mixprec.api.quantize import quantize
 
     out = _checked_output(args)
     feeds = _load_feeds(args.inputs, args.model)

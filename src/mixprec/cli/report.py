@@ -177,7 +177,7 @@ def write_outputs(
 
 def _int8_plan(args: argparse.Namespace, calibration_data: Any, say: Any) -> tuple[Any, Report]:
     """The FP32 model annotated with the INT8 plan (every node the plan allows)."""
-    from mixprec.pipeline.quantize import plan_int8
+    from mixprec.api.quantize import plan_int8
 
     return plan_int8(
         args.model,
@@ -193,20 +193,20 @@ def run_report(
     args: argparse.Namespace, options: dict[str, Any], calibration_data: Any, say: Any
 ) -> int:
     """``mixprec report``: paint or plan, draw, print where the page went."""
+    from mixprec.api.convert import annotate
     from mixprec.io.models import check_output_path
-    from mixprec.pipeline.convert import _count_casts, _param_bytes, _run
 
     check_output_path(args.output)
     check_output_args(args)
     dtype = (args.dtype or os.environ.get("MIXPREC_DTYPE") or "fp16").strip().lower()
     if dtype == "int8":
         model, report = _int8_plan(args, calibration_data, say)
-        report.casts_before = _count_casts(model)
-        report.param_bytes_before = _param_bytes(model)
     elif dtype in ("uint8", "i8", "s8", "u8"):
         raise MixprecError(f"--dtype {dtype}: use --dtype int8")
     else:
-        result = _run(args.model, args.dtype, None, calibration_data, say, options, "annotate")
+        result = annotate(
+            args.model, args.dtype, calibration_data=calibration_data, progress=say, **options
+        )
         model, report = result.model, result.report
     written = write_outputs(args, model, report, converted=False)
     if args.json:

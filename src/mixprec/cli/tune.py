@@ -81,9 +81,9 @@ def add_tune_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from mixprec.api.tune import tune
     from mixprec.io.feeds import iter_calibration_npz
     from mixprec.io.models import load_model
-    from mixprec.tune.search import tune
 
     out = _checked_output(args)
     original = load_model(args.model)

@@ -30,10 +30,27 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from mixprec.core.errors import MixprecError
-from mixprec.io.external import MissingDataFile, add_input_files, input_files, model_from_proto
+from mixprec.io.external import (
+    MissingDataFile,
+    add_input_files,
+    folder_of,
+    input_files,
+    model_from_proto,
+    real_folder,
+)
 from mixprec.io.protos import iter_proto_tensors
 
-__all__ = ["check_output_path", "load_model", "save_model", "write_text"]
+__all__ = [
+    "ModelLike",
+    "check_output_path",
+    "load_input",
+    "load_model",
+    "save_model",
+    "write_text",
+]
+
+#: What every entry point accepts as a model.
+ModelLike = str | os.PathLike[str] | onnx.ModelProto | ir.Model
 
 _MAX_PROTO = 2**31 - 1
 #: An existing output model is parsed (to find the data files it refers to) up to this size.
@@ -413,3 +430,35 @@ def _write_streaming(model: ir.Model, path: str, min_bytes: int = 1 << 16) -> No
             fh.write(init_tag)
             fh.write(_varint(size))
             fh.write(data)
+
+
+def load_input(
+    model: ModelLike, base_dir: str | os.PathLike[str] | None = None
+) -> tuple[ir.Model, str]:
+    """A private copy of ``model`` and the form it came in ("ir", "proto" or "path").
+
+    External data is read (and checked) here, through :mod:`mixprec.io.external`: from the
+    real folder of a model file; for an in-memory model from ``base_dir``, or the folder
+    its ``onnx_ir`` tensors were loaded from. The copy holds no external tensor.
+    """
+    if isinstance(model, ir.Model):
+        folder = folder_of(model, base_dir)
+        return model_from_proto(ir.to_proto(model), where="model", folder=folder), "ir"
+    if isinstance(model, onnx.ModelProto):
+        check_opset(model)
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        return model_from_proto(copy, where="model", folder=base_dir), "proto"
+    if isinstance(model, str | os.PathLike):
+        loaded = load_model(model)
+        if base_dir is not None:
+            own = os.path.dirname(os.path.realpath(model))
+            if real_folder(base_dir) != own:
+                raise MixprecError(
+                    f"{os.fspath(model)}: base_dir={os.fspath(base_dir)} is not the folder of "
+                    f"the model file ({own}), where its external data is read from"
+                )
+        return loaded, "path"
+    raise MixprecError(
+        f"model must be a path, onnx.ModelProto or onnx_ir.Model, not {type(model).__name__}"
+    )

@@ -23,9 +23,8 @@ from mixprec.passes.shapes import InferShapesPass
 from mixprec.pipeline.stages import Pipeline
 from mixprec.precision.paint import Precision, painted
 
-__all__ = ["FALLBACKS", "paint_fallback"]
+__all__ = ["paint_fallback"]
 
-FALLBACKS = ("fp32", "fp16", "bf16")
 
 
 def paint_fallback(

@@ -9,10 +9,11 @@ from typing import Any
 
 import torch
 
+from mixprec.api.convert import convert
+from mixprec.api.quantize import quantize
+from mixprec.api.tune import tune
 from mixprec.core.errors import MixprecError
 from mixprec.core.policy import normalize_dtype
-from mixprec.pipeline.convert import convert
-from mixprec.pipeline.quantize import quantize
 from mixprec.torch._check import (
     CHECK_ATOL,
     Sample,
@@ -24,7 +25,6 @@ from mixprec.torch._check import (
 from mixprec.torch._export import export_module
 from mixprec.torch._module import ConvertedModule, ModuleSpec
 from mixprec.torch._tree import bind_inputs, flatten_outputs, register_dataclasses
-from mixprec.tune.search import tune
 
 __all__ = ["convert_module"]
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from mixprec.core.errors import MixprecError
+from mixprec.runtime.ort import run_session
 
 __all__ = ["BUILTIN_METRICS", "Budget", "Candidate", "Metric", "resolve_metric"]
 
@@ -62,8 +63,6 @@ class Candidate:
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The candidate's outputs, by name, for one feed dict (float arrays are cast to
         the dtypes the session takes)."""
-        from mixprec.runtime.ort import run_session
-
         wanted = {i.name: _NUMPY_FLOATS.get(i.type) for i in self.session.get_inputs()}
         missing = sorted(set(wanted) - set(feeds))
         if missing:

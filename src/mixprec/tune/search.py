@@ -1,4 +1,6 @@
-"""``mixprec.tune``: the most low-precision (or INT8) model that meets an accuracy budget.
+"""The search of :func:`mixprec.tune`: which candidate nodes go back to float.
+
+The steps (:mod:`mixprec.tune.run` drives them):
 
 1. Prepare and calibrate once (:class:`~mixprec.pipeline.stages.Pipeline`), annotate with the
    default policy: the nodes it puts in low precision (INT8: the Conv/MatMul/Gemm it
@@ -9,7 +11,7 @@
    exclusions; only ``annotate`` and ``apply`` re-run on copies of the calibrated model).
    The all-low model (k = 0) is scored on every sample; if it misses the budget, ``k`` is
    bisected on the worst quarter of the samples (halving the MACs at stake, then the
-   error energy at stake: :meth:`_Search.next_subset_step`), the subset's answer is
+   error energy at stake: :meth:`Search.next_subset_step`), the subset's answer is
    confirmed on the full set, and if that fails the bisection goes on, on the full set,
    above it (halving the node count, until the bracket holds < 1% of the MACs). At
    most ceil(log2 N) + 3 full-set evaluations; each evaluation is counted.
@@ -25,9 +27,8 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,16 +36,15 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.calibrate.measure import CALIBRATION, MACS, SHAPES, CountMacsPass
-from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import iter_nodes
 from mixprec.pipeline.stages import Stage
-from mixprec.tune.metrics import Budget, Candidate, Metric, per_sample, resolve_budget
-from mixprec.tune.metrics import resolve_metric as _resolve_metric
-from mixprec.tune.result import Step, TuneResult
-from mixprec.tune.sensitivity import NodeSensitivity, measure_sensitivity, rank
-from mixprec.tune.targets import make_target
+from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.runtime.ort import OrtLoadError, make_session
+from mixprec.tune.metrics import Budget, Candidate, Metric, per_sample
+from mixprec.tune.result import Step
+from mixprec.tune.sensitivity import NodeSensitivity
 
-__all__ = ["Step", "TuneResult", "tune"]
+__all__ = ["Search"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,27 +66,7 @@ REFINE_MIN_SECONDS = 5.0
 ENERGY_RESOLUTION = 0.01
 
 
-def _samples(data: Any, model: ir.Model, shapes: Any) -> list[dict[str, np.ndarray]]:
-    """The tuning data as a list of feed dicts (it is run many times); None generates
-    one sample from the signature, with a warning."""
-    from mixprec.io.feeds import calibration_feeds, iter_calibration_npz, make_inputs
-
-    if data is None:
-        logger.warning(
-            "tune: no data given: one generated sample; budgets measured on it say little "
-            "about real inputs"
-        )
-        return [make_inputs(model, shapes=shapes, seed=0)[0]]
-    if isinstance(data, str | os.PathLike):
-        return list(iter_calibration_npz(data, model))
-    found = calibration_feeds(data)
-    samples = list(found) if found is not None else []
-    if not samples:
-        raise MixprecError("tune needs data: at least one sample (a dict of input arrays)")
-    return samples
-
-
-class _Search:
+class Search:
     """Builds, runs and scores candidates; keeps the counts and the path."""
 
     def __init__(
@@ -206,16 +186,12 @@ class _Search:
         return model, share
 
     def session(self, model: ir.Model) -> tuple[onnx.ModelProto, Any]:
-        from mixprec.runtime.ort import OrtLoadError, make_session
-
         proto, optimize = self.target.runnable(model)
         try:
             return proto, make_session(proto.SerializeToString(), self.threads, optimize=optimize)
         except OrtLoadError:
             if self.target.int8 or not optimize:
                 raise
-            from mixprec.runtime.emulate import emulate_low_precision
-
             proto = emulate_low_precision(proto)
             return proto, make_session(proto.SerializeToString(), self.threads, optimize=False)
 
@@ -348,181 +324,3 @@ class _Search:
             range(len(each)), key=lambda i: each[i], reverse=not self.metric.higher_is_better
         )
         return sorted(order[:size])
-
-
-def tune(
-    model: Any,
-    target: str | None = "fp16",
-    data: Any = None,
-    *,
-    metric: str | Callable[[Candidate], float] = "rel-l2",
-    budget: float | str | None = None,
-    calibration_data: Mapping[str, Any] | Iterable[Mapping[str, Any]] | None = None,
-    max_evaluations: int | None = None,
-    progress: Callable[[str], None] | None = None,
-    threads: int = 2,
-    mode: str = "emulated",
-    **options: Any,
-) -> TuneResult:
-    """Find the model that keeps the most MACs in low precision (or INT8) within a budget.
-
-    Args:
-        model: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``; never mutated.
-        target: "fp16", "bf16" or "int8".
-        data: the samples the metric is measured on: a feed dict, a list or iterable of
-            them, or a path (an ``.npz`` with a leading sample axis, or a folder of
-            ``.npz``). They are also the calibration data unless ``calibration_data``.
-        metric: "rel-l2" (default), "max-abs", "top1", "cosine" (against the FP32
-            model's outputs), or a callable taking a :class:`Candidate` and returning a
-            score, higher is better.
-        budget: the bound on a built-in metric (default per target: rel-l2 1e-2 fp16,
-            8e-2 bf16, 1e-1 int8; top1 0.99; cosine 0.9999/0.999/0.99); for a callable,
-            the accepted drop from the FP32 score: a number, or "N%" (relative).
-        calibration_data: samples for calibration, when they differ from ``data``.
-        max_evaluations: the most model evaluations (subset and full together).
-        progress: called with a short message at each phase.
-        threads: ONNX Runtime intra-op threads.
-        mode: how fp16/bf16 candidates run: "emulated" (default: float32 with every
-            low tensor rounded, as a runtime that computes in the low dtype sees it) or
-            "ort" (fp16 as is on ONNX Runtime's CPU provider, which computes ops lacking
-            fp16 kernels in float32 and so hides some errors). INT8 always runs as is.
-        **options: :func:`mixprec.convert`'s options for fp16/bf16, or
-            :func:`mixprec.quantize`'s for int8 (``speed`` defaults to "off").
-
-    Returns:
-        A :class:`TuneResult` (a :class:`~mixprec.ConversionResult` with ``.save()``).
-
-    Example:
-        >>> r = mixprec.tune("m.onnx", "fp16", "samples.npz", budget=1e-3)  # doctest: +SKIP
-        >>> r.passed, r.low_mac_share, [s.name for s in r.kept_float]     # doctest: +SKIP
-    """
-    from mixprec.io.feeds import feeds_for
-    from mixprec.pipeline.convert import _report_stages, load_input
-    from mixprec.pipeline.report import Report
-    from mixprec.runtime.ort import _session_for, run_session
-
-    if max_evaluations is not None and (
-        isinstance(max_evaluations, bool)
-        or not isinstance(max_evaluations, int)
-        or max_evaluations < 1
-    ):
-        raise MixprecError(f"max_evaluations must be an int >= 1, got {max_evaluations!r}")
-    say = progress or (lambda _msg: None)
-    log_dir = options.pop("log_dir", None)
-    t0 = time.perf_counter()
-    kind = make_target(target, options, mode)
-    resolved = _resolve_metric(metric)
-    work, input_kind = load_input(model)
-    samples = _samples(data, work, options.get("shapes"))
-    say(f"preparing and calibrating on {len(samples)} sample(s)")
-    pipeline = kind.pipeline(
-        (), calibration_data if calibration_data is not None else samples, check=False
-    )
-    calibrated = pipeline.run(work, until="calibrate")
-    plain = sum(pipeline.timings.values())
-    fp32 = ir.to_proto(calibrated)
-    samples = [feeds_for(calibrated, s) for s in samples]  # cast once to the input dtypes
-    with _session_for(fp32, threads) as session:
-        reference = [run_session(session, s, None) for s in samples]
-    base = ir.from_proto(fp32)
-    base.meta[CALIBRATION] = calibrated.meta[CALIBRATION]
-    base = kind.pipeline((), check=False).run(base, start="annotate", until="annotate")
-    candidates = kind.candidates(base)
-
-    def measure() -> list[NodeSensitivity]:
-        say(f"measuring the sensitivity of {len(candidates)} candidate node(s)")
-        # The annotated model still computes in FP32 (bf16: at the raised opset, where
-        # Cast takes bfloat16).
-        found = measure_sensitivity(
-            base, candidates, kind.rounder(base), samples[:SENSITIVITY_SAMPLES], threads=threads
-        )
-        return rank(found)
-
-    reference_score = None
-    search = _Search(
-        kind,
-        base,
-        list(candidates),
-        measure,
-        resolved,
-        samples,
-        reference,
-        None,
-        max_evaluations,
-        threads,
-    )
-    if not resolved.builtin:
-        assert resolved.user is not None
-        with _session_for(fp32, threads) as session:
-            reference_score = float(resolved.user(Candidate(fp32, session, samples)))
-    search.budget = resolve_budget(resolved, budget, kind.name, reference_score)
-    say(f"searching over {len(candidates)} candidate(s)")
-    subset = max(1, len(samples) // 4) if len(samples) >= 4 else 0
-    # The give-back refinement stops once tuning has taken REFINE_TIME_FACTOR times a
-    # plain conversion (estimated: prepare + calibrate, plus 30% for the other stages).
-    # Never under REFINE_MIN_SECONDS: on a tiny model the estimate is a few hundredths of
-    # a second, and the result would then depend on the machine's load.
-    elapsed = time.perf_counter() - t0
-    search.deadline = t0 + max(REFINE_MIN_SECONDS, REFINE_TIME_FACTOR * 1.3 * elapsed)
-    best = search.run(subset)
-    n = len(candidates)
-    moved = best if best is not None else tuple(search.order)
-    say("finishing the chosen model")
-    t = time.perf_counter()
-    final, share = search.build(moved, finish=True)
-    plain += time.perf_counter() - t
-    report = Report(target=kind.name)
-    if kind.int8:
-        from mixprec.pipeline.quantize import _fill_report
-
-        _fill_report(report, search.last_pipeline, final)
-    else:
-        _report_stages(report, search.last_pipeline.stages, final)
-    step = next((st for names, st in search.passing if names == best), None)
-    if best is None:
-        step = search.full.get(n)
-    result = TuneResult(
-        final,
-        report,
-        input_kind,
-        target=kind.name,
-        metric=resolved.name,
-        budget=search.budget,
-        achieved=step.value if step is not None else None,
-        passed=best is not None,
-        kept_float=[s for s in search.ranked if s.name not in search.last_low],
-        ranking=search.ranked,
-        candidates=n,
-        evaluations=dict(search.counts),
-        path=list(search.path),
-        low_mac_share=share,
-        plain_seconds=plain,
-    )
-    result.message = _message(result, n, best, search)
-    result.seconds = time.perf_counter() - t0
-    report.notes.append(f"tune: {result.message}")
-    if log_dir is not None:
-        from mixprec.report.tune_plot import write_tune_log
-
-        write_tune_log(log_dir, result)
-    return result
-
-
-def _message(result: TuneResult, n: int, best: tuple[str, ...] | None, search: _Search) -> str:
-    text = result.budget.text if result.budget else "the budget"
-    if best == ():
-        return f"every candidate stays {result.target}: the all-low model meets {text}"
-    if best is not None:
-        followed = len(result.kept_float) - len(best)
-        more = f" (+{followed} that painting then kept float)" if followed > 0 else ""
-        return f"{len(best)} of {n} candidate node(s) moved back to float{more} to meet {text}"
-    all_float = search.full.get(n)
-    if all_float is not None and not all_float.passed:
-        return (
-            f"not met: even the all-float model misses {text} "
-            f"({result.metric} {all_float.value:.6g}); returned the all-float model"
-        )
-    return (
-        f"not met: stopped after max_evaluations={search.max_evaluations} evaluations "
-        f"without a model shown to meet {text}; returned the all-float model, not evaluated"
-    )

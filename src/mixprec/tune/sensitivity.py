@@ -31,6 +31,8 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec.core.graphs import UniqueNames
+from mixprec.io.feeds import feeds_for
+from mixprec.runtime.ort import _session_for, run_session
 
 __all__ = ["NodeSensitivity", "Rounder", "measure_sensitivity", "rank"]
 
@@ -308,9 +310,6 @@ def measure_sensitivity(
     Returns:
         One :class:`NodeSensitivity` per candidate, in ``candidates`` order.
     """
-    from mixprec.io.feeds import feeds_for
-    from mixprec.runtime.ort import _session_for, run_session
-
     instrumented, comparisons, measured = instrument(
         model, candidates, make_rounder, accumulated=accumulated
     )

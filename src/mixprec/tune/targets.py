@@ -20,8 +20,14 @@ from mixprec.calibrate.measure import MACS, calibration_of
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import UniqueNames, iter_nodes
+from mixprec.int8.config import MODES, QuantizeConfig
+from mixprec.int8.params import activation_qparams, quantize_weight
+from mixprec.int8.plan import int8_decision, weight_index
+from mixprec.int8.qdq import _weight_axis  # moves to core.ops on merge
+from mixprec.pipeline.quantize import QuantizePipeline
 from mixprec.pipeline.stages import Pipeline
 from mixprec.precision.paint import Precision, painted
+from mixprec.runtime.emulate import EmulateLowPrecisionPass
 from mixprec.tune.sensitivity import CastRounder, Rounder
 
 __all__ = ["FloatTarget", "Int8Target", "QdqRounder", "make_target"]
@@ -78,8 +84,6 @@ class FloatTarget:
         """
         if self.name != "bfloat16" and self.mode == "ort":
             return ir.to_proto(model), True
-        from mixprec.runtime.emulate import EmulateLowPrecisionPass
-
         return ir.to_proto(EmulateLowPrecisionPass()(model).model), False
 
 
@@ -91,8 +95,6 @@ class Int8Target:
     name = "int8"
 
     def __init__(self, options: Mapping[str, Any]) -> None:
-        from mixprec.pipeline.quantize import QuantizeConfig
-
         opts = dict(options)
         opts.setdefault("speed", "off")  # placement by accuracy here, not by timing
         try:
@@ -101,8 +103,6 @@ class Int8Target:
             raise MixprecError(f"tune: {exc}") from None
 
     def pipeline(self, excluded: Sequence[str], data: Any = None, *, check: bool) -> Pipeline:
-        from mixprec.pipeline.quantize import QuantizePipeline
-
         q = dataclasses.replace(
             self.qconfig,
             exclude_nodes=self.qconfig.exclude_nodes + _escaped(excluded),
@@ -112,8 +112,6 @@ class Int8Target:
 
     @staticmethod
     def candidates(model: ir.Model) -> dict[str, tuple[str, int]]:
-        from mixprec.int8.plan import int8_decision
-
         return {
             node.name or "": (node.op_type, int(node.meta.get(MACS, 0)))
             for node in model.graph
@@ -122,8 +120,6 @@ class Int8Target:
 
     @staticmethod
     def low_mac_share(model: ir.Model) -> float:
-        from mixprec.int8.plan import int8_decision
-
         total = low = 0
         for node in iter_nodes(model.graph):
             macs = int(node.meta.get(MACS, 0))
@@ -159,10 +155,6 @@ class QdqRounder(Rounder):
         return value
 
     def _round(self, value: ir.Value, weight_of: ir.Node | None) -> ir.Value:
-        from mixprec.int8.params import activation_qparams, quantize_weight
-        from mixprec.int8.plan import weight_index
-        from mixprec.int8.qdq import _weight_axis
-
         base = f"{value.name}__tune_q"
         if weight_of is not None:
             index = weight_index(weight_of)
@@ -196,12 +188,18 @@ class QdqRounder(Rounder):
 def make_target(
     target: str | None, options: Mapping[str, Any], mode: str = "emulated"
 ) -> FloatTarget | Int8Target:
-    if mode not in ("emulated", "ort"):
-        raise MixprecError(f"mode must be 'emulated' or 'ort', not {mode!r}")
-    if target is None:  # MIXPREC_DTYPE, else float16, as convert() resolves it
-        return FloatTarget(None, options, mode)
-    if not isinstance(target, str):
+    """The target of a tuning run. ``mode`` is how fp16/bf16 candidates run ("emulated" or
+    "ort"); for int8, whose candidates always run as is, it may name the INT8 mode."""
+    if target is not None and not isinstance(target, str):
         raise TypeError(f"target must be 'fp16', 'bf16' or 'int8', not {type(target).__name__}")
-    if target.strip().lower() in ("int8", "i8", "qdq"):
+    int8 = target is not None and target.strip().lower() in ("int8", "i8", "qdq")
+    if int8 and mode in MODES:
+        return Int8Target({**options, "mode": mode})
+    if mode not in ("emulated", "ort"):
+        allowed = "'emulated' or 'ort'"
+        if int8:
+            allowed += f" (or an INT8 mode: {', '.join(MODES)})"
+        raise MixprecError(f"mode must be {allowed}, not {mode!r}")
+    if int8:
         return Int8Target(options)
-    return FloatTarget(target, options, mode)
+    return FloatTarget(target, options, mode)  # None: MIXPREC_DTYPE, else float16

@@ -1,0 +1,116 @@
+"""``mixprec.quantize`` and ``mixprec.plan_int8``: load -> the INT8 stages -> log dir.
+
+A short composition like :mod:`mixprec.api.convert`: the input is loaded into a private
+copy, :func:`~mixprec.pipeline.quantize.run_quantize` calibrates, plans, times the
+placements and applies, and the log dir gets the graphs and the report. ``max_drop=``
+hands the call to :func:`mixprec.tune` (target int8).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import onnx_ir as ir
+
+from mixprec.api.tune import tune_with_options
+from mixprec.core.errors import MixprecError
+from mixprec.int8.config import QuantizeConfig
+from mixprec.io.models import ModelLike, load_input
+from mixprec.pipeline.convert import CalibrationData, ConversionResult
+from mixprec.pipeline.quantize import plan_model, resolve_qconfig, run_quantize
+from mixprec.pipeline.report import Report
+from mixprec.report.logdir import write_log_dir
+
+__all__ = ["plan_int8", "quantize"]
+
+
+def quantize(
+    model: ModelLike,
+    calibration_data: CalibrationData | None = None,
+    *,
+    config: QuantizeConfig | None = None,
+    progress: Callable[[str], None] | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> Any:
+    """Post-training INT8 quantization: static (calibrated Q/DQ pairs) or dynamic (MatMul
+    weights INT8, activations quantized at run time), chosen by ``mode``.
+
+    Args:
+        model: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``; never mutated.
+        calibration_data: a feed dict, a list of them, or any iterable/generator
+            (streamed). None generates one synthetic sample and warns: scales from
+            synthetic data say nothing about real accuracy.
+        config: a ready :class:`QuantizeConfig`; ``options`` then replace its fields.
+        progress: called with a short message at each stage.
+        base_dir: the folder an in-memory model's external data is read from (as for
+            :func:`~mixprec.convert`); a path's own folder otherwise.
+        **options: the fields of :class:`QuantizeConfig` (``method``, ``mode``,
+            ``activations``, ``per_channel``, ``fallback``, ``bias_correction``, ``speed``,
+            ``exclude_nodes``, ``shapes``, ``fold_batchnorm``, ``check``, ``log_dir``).
+            ``max_drop=X`` tunes instead (:func:`mixprec.tune`, target int8,
+            ``calibration_data`` as its data): the accepted drop of ``metric`` (default
+            "rel-l2": rel L2 <= X; "top1"/"cosine": >= 1 - X; a callable: its FP32 score
+            - X); it returns the ``TuneResult``. ``mode`` then still picks the INT8 mode.
+
+    Returns:
+        A :class:`~mixprec.ConversionResult` (``.model``, ``.report``, ``.save()``).
+
+    Example:
+        >>> result = mixprec.quantize("model.onnx", batches, method="entropy")  # doctest: +SKIP
+        >>> result.save("model_int8.onnx")                                      # doctest: +SKIP
+    """
+    if options.get("max_drop") is not None:
+        if config is not None or base_dir is not None:
+            raise MixprecError("max_drop= takes keyword options, not config= or base_dir=")
+        return _tune_for_drop(model, calibration_data, progress, options)
+    options.pop("max_drop", None)
+    config = resolve_qconfig(config, options)
+    t0 = time.perf_counter()
+    if progress is not None:
+        progress("loading")
+    work, kind = load_input(model, base_dir)
+    before = ir.to_proto(work) if config.log_dir is not None else None
+    load_s = time.perf_counter() - t0
+    work, report = run_quantize(
+        work, config, calibration_data=calibration_data, progress=progress
+    )
+    report.timings = {"load": load_s, **report.timings}
+    if before is not None and config.log_dir is not None:
+        write_log_dir(config.log_dir, before, work, report)
+    return ConversionResult(work, report, kind)
+
+
+def _tune_for_drop(
+    model: ModelLike,
+    data: CalibrationData | None,
+    progress: Callable[[str], None] | None,
+    options: dict[str, Any],
+) -> Any:
+    """``quantize(max_drop=X)``: the tuner with budget X (1 - X for top1/cosine). Every
+    other option, ``mode`` included, is a quantize option."""
+    drop = options.pop("max_drop")
+    metric = options.pop("metric", "rel-l2")
+    budget = 1.0 - drop if metric in ("top1", "cosine") else drop
+    return tune_with_options(
+        model, "int8", data, metric=metric, budget=budget, progress=progress, options=options
+    )
+
+
+def plan_int8(
+    model: ModelLike,
+    calibration_data: CalibrationData | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> tuple[ir.Model, Report]:
+    """The INT8 plan without converting: the calibrated model annotated up to ``annotate``
+    (every node the plan allows: no speed search) and its report rows, each node INT8 or
+    float with the reason. ``options`` are :class:`QuantizeConfig` fields."""
+    config = resolve_qconfig(None, {"speed": "off", **options})
+    work, _ = load_input(model, base_dir)
+    return plan_model(work, config, calibration_data=calibration_data, progress=progress)

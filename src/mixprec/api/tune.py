@@ -1,0 +1,126 @@
+"""``mixprec.tune``: load -> :func:`~mixprec.tune.run.tune_model` -> log dir.
+
+Also the hand-over that ``convert(max_error=)`` and ``quantize(max_drop=)`` use
+(:func:`tune_with_options`): their options are the target's options, never the tuner's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from mixprec.core.errors import MixprecError
+from mixprec.io.models import ModelLike, load_input
+from mixprec.report.tune_plot import write_tune_log
+from mixprec.tune.metrics import Candidate
+from mixprec.tune.result import TuneResult
+from mixprec.tune.run import TuneRequest, tune_model
+from mixprec.tune.targets import make_target
+
+__all__ = ["tune", "tune_with_options"]
+
+
+def tune(
+    model: ModelLike,
+    target: str | None = "fp16",
+    data: Any = None,
+    *,
+    metric: str | Callable[[Candidate], float] = "rel-l2",
+    budget: float | str | None = None,
+    calibration_data: Mapping[str, Any] | Iterable[Mapping[str, Any]] | None = None,
+    max_evaluations: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    threads: int = 2,
+    mode: str = "emulated",
+    **options: Any,
+) -> TuneResult:
+    """Find the model that keeps the most MACs in low precision (or INT8) within a budget.
+
+    Args:
+        model: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``; never mutated.
+        target: "fp16", "bf16" or "int8".
+        data: the samples the metric is measured on: a feed dict, a list or iterable of
+            them, or a path (an ``.npz`` with a leading sample axis, or a folder of
+            ``.npz``). They are also the calibration data unless ``calibration_data``.
+        metric: "rel-l2" (default), "max-abs", "top1", "cosine" (against the FP32
+            model's outputs), or a callable taking a :class:`Candidate` and returning a
+            score, higher is better.
+        budget: the bound on a built-in metric (default per target: rel-l2 1e-2 fp16,
+            8e-2 bf16, 1e-1 int8; top1 0.99; cosine 0.9999/0.999/0.99); for a callable,
+            the accepted drop from the FP32 score: a number, or "N%" (relative).
+        calibration_data: samples for calibration, when they differ from ``data``.
+        max_evaluations: the most model evaluations (subset and full together).
+        progress: called with a short message at each phase.
+        threads: ONNX Runtime intra-op threads.
+        mode: how fp16/bf16 candidates run: "emulated" (default: float32 with every
+            low tensor rounded, as a runtime that computes in the low dtype sees it) or
+            "ort" (fp16 as is on ONNX Runtime's CPU provider, which computes ops lacking
+            fp16 kernels in float32 and so hides some errors). INT8 always runs as is:
+            for target "int8", ``mode`` may name the quantize mode instead ("auto",
+            "static" or "dynamic", as :func:`mixprec.quantize`).
+        **options: :func:`mixprec.convert`'s options for fp16/bf16, or
+            :func:`mixprec.quantize`'s for int8 (``speed`` defaults to "off").
+
+    Returns:
+        A :class:`TuneResult` (a :class:`~mixprec.ConversionResult` with ``.save()``).
+
+    Example:
+        >>> r = mixprec.tune("m.onnx", "fp16", "samples.npz", budget=1e-3)  # doctest: +SKIP
+        >>> r.passed, r.low_mac_share, [s.name for s in r.kept_float]     # doctest: +SKIP
+    """
+    return tune_with_options(
+        model,
+        target,
+        data,
+        metric=metric,
+        budget=budget,
+        calibration_data=calibration_data,
+        max_evaluations=max_evaluations,
+        progress=progress,
+        threads=threads,
+        mode=mode,
+        options=options,
+    )
+
+
+def tune_with_options(
+    model: ModelLike,
+    target: str | None,
+    data: Any,
+    *,
+    options: dict[str, Any],
+    metric: str | Callable[[Candidate], float] = "rel-l2",
+    budget: float | str | None = None,
+    calibration_data: Mapping[str, Any] | Iterable[Mapping[str, Any]] | None = None,
+    max_evaluations: int | None = None,
+    progress: Callable[[str], None] | None = None,
+    threads: int = 2,
+    mode: str = "emulated",
+) -> TuneResult:
+    """:func:`tune` with the target's options as a dict (``convert``'s or ``quantize``'s:
+    a ``mode`` there is quantize's INT8 mode, apart from the tuner's own ``mode``)."""
+    if max_evaluations is not None and (
+        isinstance(max_evaluations, bool)
+        or not isinstance(max_evaluations, int)
+        or max_evaluations < 1
+    ):
+        raise MixprecError(f"max_evaluations must be an int >= 1, got {max_evaluations!r}")
+    t0 = time.perf_counter()
+    options = dict(options)
+    log_dir = options.pop("log_dir", None)
+    request = TuneRequest(
+        target=make_target(target, options, mode),
+        data=data,
+        metric=metric,
+        budget=budget,
+        calibration_data=calibration_data,
+        max_evaluations=max_evaluations,
+        threads=threads,
+        shapes=options.get("shapes"),
+    )
+    work, input_kind = load_input(model)
+    result = tune_model(work, input_kind, request, progress, started=t0)
+    if log_dir is not None:
+        write_tune_log(log_dir, result)
+    return result

@@ -1,0 +1,119 @@
+"""The INT8 options (:class:`QuantizeConfig`), validated once, and the CPU facts they read."""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+from collections.abc import Mapping
+from pathlib import Path
+
+from mixprec.core.config import ConvertConfig
+from mixprec.core.errors import MixprecError
+from mixprec.core.policy import default_policy
+from mixprec.int8.params import METHODS
+
+__all__ = ["DYNAMIC_MAC_SHARE", "FALLBACKS", "MODES", "PER_CHANNEL_OPSET", "QuantizeConfig"]
+
+#: Precisions of the nodes left out of INT8 (the fallback).
+FALLBACKS = ("fp32", "fp16", "bf16")
+_ACTIVATIONS = ("auto", "u8", "s8")
+#: Per-channel DequantizeLinear (``axis``) needs this ai.onnx opset.
+PER_CHANNEL_OPSET = 13
+MODES = ("static", "dynamic", "auto")
+#: mode="auto" goes dynamic when weighted MatMul/Gemm hold at least this MAC share.
+DYNAMIC_MAC_SHARE = 0.8
+def cpu_has_vnni() -> bool | None:
+    """Whether this x86 CPU has VNNI (avx512_vnni or avx_vnni); None when unknown."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizeConfig:
+    """The INT8 options, validated.
+
+    Attributes:
+        method: activation ranges: "minmax", "entropy" (KL threshold over a histogram) or
+            "percentile" (99.999% of |x|).
+        activations: "u8" (asymmetric uint8), "s8" (symmetric int8) or "auto": u8, with
+            7-bit weights (reduce_range) on x86 CPUs without VNNI, where u8 x s8 products
+            saturate in int16.
+        per_channel: per-output-channel weight scales (raises the opset to 13 if needed).
+        exclude_nodes: node names or regular expressions kept float.
+        shapes: concrete shapes for symbolic input dims.
+        fold_batchnorm: fold BatchNormalization into Conv/Gemm first.
+        check: hold the result to the full ONNX checker.
+        log_dir: folder for the graphs and the report.
+        speed: "auto" times candidate placements on this machine (all INT8 nodes; without
+            depthwise convolutions; only the large Conv/MatMul/Gemm) against the FP32 model
+            and keeps the fastest, never one slower than FP32; "off" quantizes all.
+        mode: "static" (calibrated Q/DQ pairs), "dynamic" (MatMul/Gemm weights INT8
+            offline, activations quantized per call at run time; no calibration) or
+            "auto": dynamic when MatMul/Gemm with constant weights hold >= 80% of the
+            Conv/MatMul/Gemm MACs (transformers, whose activation outlier channels one
+            static scale cannot hold), else static.
+        bias_correction: fold the mean output shift of weight rounding into Conv/Gemm
+            biases (static mode; the calibration also averages their inputs' channel means).
+        fallback: precision of the nodes left out of INT8: "fp32", or "fp16"/"bf16" painted
+            by the FP16/BF16 painter around the integer kernels (:mod:`mixprec.pipeline.fallback`).
+    """
+
+    method: str = "minmax"
+    activations: str = "auto"
+    per_channel: bool = True
+    exclude_nodes: tuple[str, ...] = ()
+    shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    fold_batchnorm: bool = True
+    check: bool = True
+    log_dir: Path | None = None
+    speed: str = "auto"
+    mode: str = "auto"
+    fallback: str = "fp32"
+    bias_correction: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fallback not in FALLBACKS:
+            raise MixprecError(
+                f"fallback must be one of {', '.join(FALLBACKS)}, not {self.fallback!r}"
+            )
+        if self.mode not in MODES:
+            raise MixprecError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.speed not in ("auto", "off"):
+            raise MixprecError(f"speed must be 'auto' or 'off', not {self.speed!r}")
+        if self.method not in METHODS:
+            raise MixprecError(f"method must be one of {', '.join(METHODS)}, not {self.method!r}")
+        if self.activations not in _ACTIVATIONS:
+            raise MixprecError(
+                f"activations must be one of {', '.join(_ACTIVATIONS)}, not {self.activations!r}"
+            )
+        if isinstance(self.exclude_nodes, str):
+            raise MixprecError("exclude_nodes must be a list of names or patterns")
+        object.__setattr__(self, "exclude_nodes", tuple(self.exclude_nodes))
+
+    @property
+    def unsigned(self) -> bool:
+        return self.activations != "s8"
+
+    @property
+    def reduce_range(self) -> bool:
+        if self.activations != "auto":
+            return False
+        machine = platform.machine().lower()
+        return machine in ("x86_64", "amd64") and cpu_has_vnni() is False
+
+    def base(self) -> ConvertConfig:
+        """The shared stages' configuration (prepare, calibrate, check)."""
+        return ConvertConfig(
+            policy=default_policy("fp16"),
+            observer="minmax" if self.method == "minmax" else "histogram",
+            shapes=self.shapes,
+            fold_batchnorm=self.fold_batchnorm,
+            check=self.check,
+            upgrade_opset=False,
+            log_dir=self.log_dir,
+        )
+
+
