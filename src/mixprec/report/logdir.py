@@ -102,8 +102,8 @@ def write_log_dir(folder: Path, before: onnx.ModelProto, after: ir.Model, report
             "low": defaultdict(list),
             "fp32": defaultdict(list),
         }
-        for n in report.nodes:
-            buckets[n.precision][n.op_type].append(n.name)
+        for n in report.nodes:  # INT8 reports add "int8"
+            buckets.setdefault(n.precision, defaultdict(list))[n.op_type].append(n.name)
         data = {
             "final_lists": report.policy,
             "buckets": {

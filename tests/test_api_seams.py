@@ -1,0 +1,94 @@
+"""The api layer's hand-overs (issue 16's seam bugs): quantize -> tune with an INT8 mode,
+quantize's log dir, and the speed plan's and the fallback's time in the timings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+import mixprec
+from helpers import run_ort
+
+
+def _mlp() -> onnx.ModelProto:
+    """MatMul+Add -> Relu -> Gemm on [batch, 16]: two weighted MatMul-like nodes."""
+    rng = np.random.default_rng(2)
+    w1 = numpy_helper.from_array((0.3 * rng.standard_normal((16, 24))).astype(np.float32), "w1")
+    b1 = numpy_helper.from_array((0.1 * rng.standard_normal(24)).astype(np.float32), "b1")
+    w2 = numpy_helper.from_array((0.3 * rng.standard_normal((24, 8))).astype(np.float32), "w2")
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h"], name="proj"),
+        helper.make_node("Add", ["h", "b1"], ["hb"], name="bias"),
+        helper.make_node("Relu", ["hb"], ["r"], name="relu"),
+        helper.make_node("Gemm", ["r", "w2"], ["y"], name="fc"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 8])],
+        [w1, b1, w2],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _data(n: int = 4) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(7)
+    return [{"x": rng.standard_normal((2, 16)).astype(np.float32)} for _ in range(n)]
+
+
+def test_quantize_max_drop_takes_the_int8_mode_as_a_quantize_option():
+    """Before: ``mode must be 'emulated' or 'ort', not 'dynamic'`` (tune's keyword)."""
+    model = _mlp()
+    result = mixprec.quantize(model, _data(), max_drop=0.5, mode="dynamic")
+    assert isinstance(result, mixprec.TuneResult) and result.passed, result.message
+    ops = [n.op_type for n in result.model_proto.graph.node]
+    assert "DynamicQuantizeLinear" in ops and "QuantizeLinear" not in ops, ops
+    assert result.report.quantization["mode"] == "dynamic", result.report.quantization
+    x = _data(1)[0]
+    ref, got = run_ort(model, x)["y"], run_ort(result.model_proto, x)["y"]
+    rel = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    assert rel <= 0.5 and rel > 0, rel  # quantized, within the budget it was given
+    static = mixprec.tune(model, "int8", _data(), budget=0.5, mode="static")
+    ops = [n.op_type for n in static.model_proto.graph.node]
+    assert "QuantizeLinear" in ops and "DynamicQuantizeLinear" not in ops, ops
+
+
+def test_tune_refuses_an_unknown_mode_naming_both_kinds():
+    try:
+        mixprec.tune(_mlp(), "int8", _data(), budget=0.5, mode="fast")
+    except mixprec.MixprecError as exc:
+        assert "'emulated' or 'ort'" in str(exc) and "dynamic" in str(exc), exc
+    else:
+        raise AssertionError("mode='fast' was accepted")
+
+
+def test_quantize_log_dir_holds_the_graphs_and_the_report(tmp_path: Path):
+    """Before: quantize(log_dir=...) wrote nothing (only convert wrote its log dir)."""
+    log = tmp_path / "log"
+    result = mixprec.quantize(_mlp(), _data(), mode="static", speed="off", log_dir=log)
+    names = sorted(p.name for p in log.iterdir())
+    for name in ("before.onnx", "after.onnx", "report.json", "paint_buckets.json"):
+        assert name in names, names
+    after = onnx.load(log / "after.onnx")
+    assert [n.op_type for n in after.graph.node] == [
+        n.op_type for n in result.model_proto.graph.node
+    ]
+    report = json.loads((log / "report.json").read_text())
+    assert report["target"] == "int8" and report["quantization"]["mode"] == "static", report
+
+
+def test_speed_plan_and_fallback_time_are_in_the_timings():
+    """Before: the timings stopped at the pipeline's stages; the fallback's time was lost."""
+    result = mixprec.quantize(_mlp(), _data(), mode="static", fallback="fp16")
+    timings = result.report.timings
+    for stage in ("load", "prepare", "calibrate", "annotate", "apply", "speed", "fallback"):
+        assert stage in timings and timings[stage] >= 0, (stage, timings)
+    plain = mixprec.quantize(_mlp(), _data(), mode="static", speed="off")
+    assert "speed" not in plain.report.timings and "fallback" not in plain.report.timings
