@@ -75,9 +75,7 @@ def quantize(
     work, kind = load_input(model, base_dir)
     before = ir.to_proto(work) if config.log_dir is not None else None
     load_s = time.perf_counter() - t0
-    work, report = run_quantize(
-        work, config, calibration_data=calibration_data, progress=progress
-    )
+    work, report = run_quantize(work, config, calibration_data=calibration_data, progress=progress)
     report.timings = {"load": load_s, **report.timings}
     if before is not None and config.log_dir is not None:
         write_log_dir(config.log_dir, before, work, report)

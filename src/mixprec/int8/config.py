@@ -22,6 +22,8 @@ PER_CHANNEL_OPSET = 13
 MODES = ("static", "dynamic", "auto")
 #: mode="auto" goes dynamic when weighted MatMul/Gemm hold at least this MAC share.
 DYNAMIC_MAC_SHARE = 0.8
+
+
 def cpu_has_vnni() -> bool | None:
     """Whether this x86 CPU has VNNI (avx512_vnni or avx_vnni); None when unknown."""
     try:
@@ -115,5 +117,3 @@ class QuantizeConfig:
             upgrade_opset=False,
             log_dir=self.log_dir,
         )
-
-

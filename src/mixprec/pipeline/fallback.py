@@ -26,7 +26,6 @@ from mixprec.precision.paint import Precision, painted
 __all__ = ["paint_fallback"]
 
 
-
 def paint_fallback(
     model: ir.Model, target: str, planned: Collection[ir.Node], *, check: bool = True
 ) -> tuple[ir.Model, dict[str, str]]:

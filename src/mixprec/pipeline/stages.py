@@ -116,71 +116,80 @@ class Pipeline:
 
     def build(self, name: str, model: ir.Model) -> Stage:
         """The stage ``name`` for ``model`` as it stands now (stages read earlier results)."""
-        config = self.config
-        if name == "prepare":
-            # Checks and repairs of the input first: later passes assume a sound model.
-            passes: list[ir.passes.PassBase] = [
-                # A model handed to the stages directly may still refer to files: read
-                # them from its own folder only (convert's loading has done it already).
-                ResolveExternalDataPass(),
-                CheckOptionsPass(
-                    config.keep_io_types,
-                    calibrate=config.calibrate,
-                    has_calibration_data=self.calibration_data is not None,
-                ),
-                RepairNamesPass(),
-                CheckInputPass(),
-                SetIrVersionPass(),
-            ]
-            if model.functions:
-                passes.append(InlineFunctionsPass())
-            passes += [SortNodesPass(), common.NameFixPass()]
-            if config.fold_batchnorm:
-                passes += [FoldBatchNormPass(), common.RemoveUnusedNodesPass()]
-            # Casts of constants are folded before inference: a Reshape whose shape input
-            # becomes a constant may reveal a declared shape the graph contradicts.
-            passes += [
-                FoldCastsPass(),
-                InferShapesPass(),
-                CheckAxesPass(),
-                FoldCastsPass(),  # identity casts, now that every dtype is known
-                common.RemoveUnusedNodesPass(),
-            ]
-            return Stage(name, *passes)
-        if name == "calibrate":
-            data = self.calibration_data if config.calibrate else None
-            calibrate = CalibratePass(
-                config.shapes, data, observer=config.observer, run=config.calibrate
-            )
-            return Stage(name, calibrate)
-        if name == "annotate":
-            passes = []
-            if config.upgrade_opset and ops_needing_upgrade(model, config.policy):
-                # Types survive the upgrade by name; only nodes it adds need inference.
-                passes += [UpgradeOpsetPass(config.policy), InferShapesPass(only_untyped=True)]
-            # The painter reads the calibration and the shapes from the model's meta.
-            paint = PaintPass(
-                config.policy,
-                range_threshold=config.range_threshold,
-                keep_io_types=config.keep_io_types,
-            )
-            return Stage(name, *passes, CountMacsPass(), paint)
-        if name == "apply":
-            return Stage(
-                name,
-                ApplyPrecisionPass(
-                    config.policy,
-                    keep_io_types=config.keep_io_types,
-                    clip_weights=config.clip_weights,
-                ),
-                RemoveRedundantCastsPass(),
-                common.RemoveUnusedNodesPass(),
-            )
+        builders = {
+            "prepare": self._prepare,
+            "calibrate": self._calibrate,
+            "annotate": self._annotate,
+            "apply": self._apply,
+        }
+        if name in builders:
+            return Stage(name, *builders[name](model))
         if name == "cleanup":
             return Stage(name, DropAddedAnnotationsPass(self.keep_annotations))
         if name == "check":
             return Stage(name, CheckModelPass())
         raise MixprecError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
+
+    def _prepare(self, model: ir.Model) -> list[ir.passes.PassBase]:
+        """Checks and repairs of the input first: later passes assume a sound model."""
+        config = self.config
+        passes: list[ir.passes.PassBase] = [
+            # A model handed to the stages directly may still refer to files: read
+            # them from its own folder only (convert's loading has done it already).
+            ResolveExternalDataPass(),
+            CheckOptionsPass(
+                config.keep_io_types,
+                calibrate=config.calibrate,
+                has_calibration_data=self.calibration_data is not None,
+            ),
+            RepairNamesPass(),
+            CheckInputPass(),
+            SetIrVersionPass(),
+        ]
+        if model.functions:
+            passes.append(InlineFunctionsPass())
+        passes += [SortNodesPass(), common.NameFixPass()]
+        if config.fold_batchnorm:
+            passes += [FoldBatchNormPass(), common.RemoveUnusedNodesPass()]
+        # Casts of constants are folded before inference: a Reshape whose shape input
+        # becomes a constant may reveal a declared shape the graph contradicts.
+        return [
+            *passes,
+            FoldCastsPass(),
+            InferShapesPass(),
+            CheckAxesPass(),
+            FoldCastsPass(),  # identity casts, now that every dtype is known
+            common.RemoveUnusedNodesPass(),
+        ]
+
+    def _calibrate(self, model: ir.Model) -> list[ir.passes.PassBase]:
+        config = self.config
+        data = self.calibration_data if config.calibrate else None
+        return [CalibratePass(config.shapes, data, observer=config.observer, run=config.calibrate)]
+
+    def _annotate(self, model: ir.Model) -> list[ir.passes.PassBase]:
+        config = self.config
+        passes: list[ir.passes.PassBase] = []
+        if config.upgrade_opset and ops_needing_upgrade(model, config.policy):
+            # Types survive the upgrade by name; only nodes it adds need inference.
+            passes += [UpgradeOpsetPass(config.policy), InferShapesPass(only_untyped=True)]
+        # The painter reads the calibration and the shapes from the model's meta.
+        paint = PaintPass(
+            config.policy,
+            range_threshold=config.range_threshold,
+            keep_io_types=config.keep_io_types,
+        )
+        return [*passes, CountMacsPass(), paint]
+
+    def _apply(self, model: ir.Model) -> list[ir.passes.PassBase]:
+        config = self.config
+        return [
+            ApplyPrecisionPass(
+                config.policy, keep_io_types=config.keep_io_types, clip_weights=config.clip_weights
+            ),
+            RemoveRedundantCastsPass(),
+            common.RemoveUnusedNodesPass(),
+        ]
 
     def run(self, model: ir.Model, *, start: str = "prepare", until: str = "check") -> ir.Model:
         """Run the stages from ``start`` through ``until`` (inclusive) on ``model``.

@@ -39,7 +39,6 @@ FLOAT_KERNELS = frozenset(
 )
 
 
-
 def integer_kernel_share(
     proto: onnx.ModelProto, macs: Mapping[str, int], outputs: Mapping[str, str] | None = None
 ) -> tuple[float | None, dict[str, int]]:
@@ -88,5 +87,3 @@ def integer_kernel_share(
     )
     total = sum(macs.values())
     return (integer / total if total else None), dict(kinds)  # None: no counted MACs
-
-
