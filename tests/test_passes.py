@@ -105,7 +105,9 @@ def test_policy_add_moves_op_and_errors_are_clear():
         default_policy("fp16").with_changes(remove={OpClass.ALLOW: ["Relu"]})
     with pytest.raises(mixprec.MixprecError, match="unknown op type 'Convv'"):
         default_policy("fp16").with_changes({OpClass.ALLOW: ["Convv"]})
-    with pytest.raises(mixprec.MixprecError, match="unknown target dtype"):
+    with pytest.raises(mixprec.MixprecError, match="unknown target dtype 'fp8'"):
+        default_policy("fp8")
+    with pytest.raises(mixprec.MixprecError, match=r"'int8' is not accepted here.*quantize"):
         default_policy("int8")
 
 

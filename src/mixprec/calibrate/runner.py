@@ -42,6 +42,7 @@ from mixprec.calibrate.observers import (
 )
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import all_graphs, is_constant_node
+from mixprec.core.ops import FLOAT_TYPES, trans_b
 from mixprec.io.external import DATA_FOLDER, RELEASE_EVERY, release_mapped_pages
 from mixprec.io.feeds import Feeds, calibration_feeds, feeds_for
 from mixprec.io.protos import weightless_proto
@@ -52,9 +53,6 @@ __all__ = ["CalibrationResult", "calibrate", "collect_absmax"]
 
 logger = logging.getLogger(__name__)
 
-_FLOAT = frozenset(
-    {ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
-)
 # Bisection depth when a fetched chunk fails in ONNX Runtime.
 _MAX_BISECT_DEPTH = 12
 #: Bytes of fetched tensors per ONNX Runtime run (each fetched tensor stays alive until
@@ -91,8 +89,7 @@ class CalibrationResult:
 def _channel_axis(value: ir.Value) -> int:
     for user, index in value.uses():
         if user.op_type == "Gemm" and index == 1:
-            trans = user.attributes.get("transB")
-            return 0 if trans is not None and trans.as_int() else -1
+            return 0 if trans_b(user) else -1
         axis = _CHANNEL_AXIS.get((user.op_type, index))
         if axis is not None:
             return axis
@@ -165,7 +162,7 @@ def _candidates(model: ir.Model, skip: set[str]) -> list[tuple[str, ir.DataType]
             dtype = dtypes.get(value)
             if dtype is None:
                 unknown += 1
-            elif dtype in _FLOAT:
+            elif dtype in FLOAT_TYPES:
                 found.append((value.name, dtype))
     if unknown:
         logger.debug("range analysis: %d value(s) of unknown type skipped", unknown)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from mixprec.core.ops import is_onnx_domain
+
 __all__ = ["const_tensor"]
 
 
@@ -19,7 +21,7 @@ def const_tensor(value: ir.Value | None) -> ir.TensorProtocol | None:
     if value.const_value is not None:
         return value.const_value
     producer = value.producer()
-    if producer is None or producer.op_type != "Constant" or producer.domain not in ("", "ai.onnx"):
+    if producer is None or producer.op_type != "Constant" or not is_onnx_domain(producer.domain):
         return None
     attr = producer.attributes.get("value")
     if attr is not None and attr.type == ir.AttributeType.TENSOR:

@@ -8,6 +8,8 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import onnx_ir as ir
 
+from mixprec.core.ops import is_onnx_domain, onnx_domain, onnx_opset
+
 __all__ = [
     "NodeExclusions",
     "UniqueNames",
@@ -40,7 +42,7 @@ def if_branch_owners(graph: ir.Graph) -> dict[ir.Graph, ir.Node]:
     """Every If branch graph (recursively) mapped to its If node."""
     owners: dict[ir.Graph, ir.Node] = {}
     for node in iter_nodes(graph):
-        if node.op_type == "If" and node.domain in ("", "ai.onnx"):
+        if node.op_type == "If" and is_onnx_domain(node.domain):
             for branch in subgraphs_of(node):
                 owners[branch] = node
     return owners
@@ -52,14 +54,12 @@ def iter_nodes(graph: ir.Graph) -> Iterator[ir.Node]:
 
 
 def is_constant_node(node: ir.Node) -> bool:
-    return node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+    return node.op_type == "Constant" and is_onnx_domain(node.domain)
 
 
 def opset_of(model: ir.Model, domain: str) -> int:
-    key = "" if domain == "ai.onnx" else domain
-    version = model.opset_imports.get(key)
-    if version is None and key == "":
-        version = model.opset_imports.get("ai.onnx")
+    key = onnx_domain(domain)
+    version = onnx_opset(model.opset_imports) if key == "" else model.opset_imports.get(key)
     return int(version) if version is not None else 1
 
 

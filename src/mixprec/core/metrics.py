@@ -11,13 +11,13 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from mixprec.core.ops import TOLERANCES
+
 __all__ = ["DEFAULT_RTOL", "OutputComparison", "compare_outputs"]
 
-#: Default relative L2 tolerance of a converted model's outputs, by low dtype.
-# bf16 keeps 8 mantissa bits against fp16's 11: its unit roundoff is 8x larger, so its
-# tolerance is fp16's scaled by 8.
-# INT8 (8-bit activations and weights, ~2 decimal digits) is held to 10% relative L2.
-DEFAULT_RTOL = {"float16": 1e-2, "bfloat16": 8e-2, "int8": 1e-1}
+#: Default relative L2 tolerance of a converted model's outputs, by target (the rel-l2
+#: row of :data:`mixprec.core.ops.TOLERANCES`).
+DEFAULT_RTOL = TOLERANCES["rel-l2"][1]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 

@@ -25,6 +25,7 @@ import onnx_ir as ir
 
 from mixprec.core.constants import const_tensor
 from mixprec.core.errors import MixprecError
+from mixprec.core.ops import TARGET_TYPES, parse_dtype
 from mixprec.core.registry import (
     DEFAULT_RULE,
     OpClass,
@@ -49,38 +50,18 @@ __all__ = [
 ]
 
 
-TARGET_DTYPES: Mapping[str, ir.DataType] = {
-    "float16": ir.DataType.FLOAT16,
-    "bfloat16": ir.DataType.BFLOAT16,
-}
-
-_DTYPE_ALIASES = {
-    "float16": "float16",
-    "fp16": "float16",
-    "half": "float16",
-    "f16": "float16",
-    "bfloat16": "bfloat16",
-    "bf16": "bfloat16",
-}
+#: The fp16/bf16 targets by canonical name (one home: :mod:`mixprec.core.ops`).
+TARGET_DTYPES = TARGET_TYPES
 
 
 def normalize_dtype(name: str) -> str:
-    """Return the canonical target dtype name ("float16" or "bfloat16").
+    """Return the canonical target dtype name ("float16" or "bfloat16"): the fp16/bf16
+    spellings of :func:`~mixprec.core.ops.parse_dtype`.
 
     Raises:
         MixprecError: ``name`` is not a supported low-precision dtype.
     """
-    if not isinstance(name, str):
-        raise TypeError(
-            f"target_dtype must be a str such as 'fp16' or 'bf16', not {type(name).__name__} "
-            f"{name!r}"
-        )
-    key = name.strip().lower()
-    if key not in _DTYPE_ALIASES:
-        raise MixprecError(
-            f"unknown target dtype {name!r}; use one of: fp16, float16, bf16, bfloat16"
-        )
-    return _DTYPE_ALIASES[key]
+    return parse_dtype(name, allowed=TARGET_TYPES, what="target dtype")
 
 
 # --- Default lists ------------------------------------------------------------------------

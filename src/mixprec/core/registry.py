@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from mixprec.core.ops import onnx_domain
+
 __all__ = [
     "INT8_ROLES",
     "MacArgs",
@@ -157,7 +159,7 @@ _REGISTRY: dict[tuple[str, str], OpInfo] = {}
 
 
 def _key(op_type: str, domain: str) -> tuple[str, str]:
-    return ("" if domain == "ai.onnx" else domain, op_type)
+    return (onnx_domain(domain), op_type)
 
 
 _FACTS = frozenset(f.name for f in dataclasses.fields(OpInfo))

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import onnx.defs
 import onnx_ir as ir
 
+from mixprec.core.ops import onnx_domain
+
 __all__ = ["SlotInfo", "slot_info"]
 
 _TYPE_STR = {
@@ -79,7 +81,7 @@ def slot_info(
     empty: frozenset[int] = frozenset()
     if not f32_in and not f32_out:
         return SlotInfo(empty, empty, empty, empty, "no float32 tensors")
-    domain = "" if node.domain == "ai.onnx" else node.domain
+    domain = onnx_domain(node.domain)
     if node.op_type == "Cast" and domain == "":
         # Cast's output type is its `to` attribute, which the rewriter retargets.
         return SlotInfo(frozenset(f32_in), frozenset(f32_out), empty, empty)

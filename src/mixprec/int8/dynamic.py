@@ -22,6 +22,7 @@ import onnx_ir as ir
 
 from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import UniqueNames, add_initializer
+from mixprec.core.ops import is_onnx_domain, trans_b
 from mixprec.int8.params import quantize_weight
 from mixprec.int8.plan import INT8, Int8Decision, int8_decision
 
@@ -40,7 +41,7 @@ class QuantizeDynamicResult(ir.passes.PassResult):
 
 def dynamic_candidate(node: ir.Node) -> str | None:
     """None when ``node`` can run as a dynamic INT8 MatMul, else why not."""
-    if node.op_type not in ("MatMul", "Gemm") or node.domain not in ("", "ai.onnx"):
+    if node.op_type not in ("MatMul", "Gemm") or not is_onnx_domain(node.domain):
         return f"{node.op_type}: dynamic mode quantizes MatMul/Gemm weights only"
     x = node.inputs[0]
     w = node.inputs[1] if len(node.inputs) > 1 else None
@@ -95,8 +96,7 @@ class QuantizeDynamicPass(ir.passes.InPlacePass):
         tensor = const_tensor(w_value)
         assert tensor is not None
         weight = tensor.numpy()
-        trans_b = node.attributes.get("transB")
-        if node.op_type == "Gemm" and trans_b is not None and trans_b.as_int():
+        if node.op_type == "Gemm" and trans_b(node):
             weight = weight.T
         quantized = quantize_weight(weight, 1 if self.per_channel else None, qmax=self.qmax)
         if isinstance(quantized, str):

@@ -20,6 +20,7 @@ import onnx_ir as ir
 
 from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import NodeExclusions, iter_nodes
+from mixprec.core.ops import is_onnx_domain
 from mixprec.core.registry import node_info
 
 __all__ = ["INT8", "AnnotateInt8Pass", "Int8Decision", "int8_decision"]
@@ -96,7 +97,7 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
         info = node_info(node)
         role = info.int8
         if role is None:
-            why = "custom domain" if node.domain not in ("", "ai.onnx") else "no INT8 kernel"
+            why = "custom domain" if not is_onnx_domain(node.domain) else "no INT8 kernel"
             return Int8Decision(False, None, f"{node.op_type}: {why}; stays float")
         excluded = self._excluded(node)
         if excluded:

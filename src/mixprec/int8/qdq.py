@@ -27,6 +27,7 @@ from mixprec.calibrate.measure import calibration_of
 from mixprec.calibrate.observers import TensorStats
 from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import UniqueNames, add_initializer
+from mixprec.core.ops import trans_b, weight_out_axis
 from mixprec.int8.bias import output_shift
 from mixprec.int8.params import QParams, activation_qparams, quantize_bias, quantize_weight
 from mixprec.int8.plan import INT8, Int8Decision, int8_decision, weight_index
@@ -254,7 +255,7 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
         tensor = const_tensor(weight)
         assert tensor is not None
         array = tensor.numpy()
-        axis = _weight_axis(node, array.ndim) if self.per_channel else None
+        axis = weight_out_axis(node, array.ndim) if self.per_channel else None
         quantized = quantize_weight(array, axis, qmax=self.qmax)
         if isinstance(quantized, str):
             node.meta[INT8] = Int8Decision(False, "weighted", quantized)
@@ -291,7 +292,6 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
             attrs.get(k) is not None and attrs[k].as_float() != 1.0 for k in ("alpha", "beta")
         ):
             return
-        trans_b = attrs.get("transB")
         group = attrs.get("group")
         shift = output_shift(
             node.op_type,
@@ -299,7 +299,7 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
             dequantized,
             mean,
             group=group.as_int() if group is not None else 1,
-            trans_b=trans_b is not None and bool(trans_b.as_int()),
+            trans_b=trans_b(node),
         )
         if shift is None or not np.all(np.isfinite(shift)):
             return
@@ -409,15 +409,3 @@ def _absorbed_by_next(value: ir.Value) -> bool:
         return False
     reader = uses[0].node
     return node_role(reader) == "absorbed" and _is_int8(reader) and uses[0].idx == 0
-
-
-def _weight_axis(node: ir.Node, ndim: int) -> int | None:
-    """The output-channel axis of a weight (per-channel scales run along it)."""
-    if node.op_type == "Conv":
-        return 0
-    if node.op_type == "Gemm":
-        trans_b = node.attributes.get("transB")
-        return 0 if trans_b is not None and trans_b.as_int() else 1
-    if node.op_type == "MatMul":
-        return ndim - 1 if ndim >= 2 else None
-    return None

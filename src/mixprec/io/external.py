@@ -45,7 +45,8 @@ import onnx.numpy_helper
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
-from mixprec.io.protos import _IN_MEMORY, FILE_SPAN, iter_model_graphs
+from mixprec.core.ops import is_onnx_domain, onnx_domain
+from mixprec.io.protos import FILE_SPAN, IN_MEMORY, iter_model_graphs
 
 __all__ = [
     "DATA_FOLDER",
@@ -386,7 +387,7 @@ def prepare_proto(
             graph.initializer.extend(dense)
             del graph.sparse_initializer[:]
     for node in _proto_nodes(model):
-        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx"):
+        if node.op_type != "Constant" or not is_onnx_domain(node.domain):
             continue
         for attr in node.attribute:
             if attr.name == "sparse_value" and attr.HasField("sparse_tensor"):
@@ -410,7 +411,7 @@ def _ir_graphs(model: ir.Model) -> Iterator[ir.Graph]:
 def _external_tensors(model: ir.Model) -> Iterator[ir.ExternalTensor]:
     """Every external tensor of ``model`` (mixprec's in-memory placeholders excepted)."""
     for tensor in _all_tensors(model):
-        if isinstance(tensor, ir.ExternalTensor) and tensor.location != _IN_MEMORY:
+        if isinstance(tensor, ir.ExternalTensor) and tensor.location != IN_MEMORY:
             yield tensor
 
 
@@ -515,7 +516,7 @@ class ResolveExternalDataPass(ir.passes.InPlacePass):
         replaced: dict[int, ir.TensorProtocol] = {}
 
         def swap(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
-            if not isinstance(tensor, ir.ExternalTensor) or tensor.location == _IN_MEMORY:
+            if not isinstance(tensor, ir.ExternalTensor) or tensor.location == IN_MEMORY:
                 return tensor
             if id(tensor) not in replaced:
                 new = reader.tensor(
@@ -623,7 +624,7 @@ def _drop_repeated_opsets(proto: onnx.ModelProto) -> None:
     seen: set[tuple[str, int]] = set()
     kept = []
     for opset in proto.opset_import:
-        key = ("" if opset.domain == "ai.onnx" else opset.domain, opset.version)
+        key = (onnx_domain(opset.domain), opset.version)
         if key not in seen:
             seen.add(key)
             kept.append(opset)

@@ -25,6 +25,7 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.ops import FLOAT_TYPES
 
 __all__ = [
     "DEFAULT_SYMBOLIC_DIM",
@@ -42,9 +43,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_SYMBOLIC_DIM = 64
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
-_FLOAT_DTYPES = frozenset(
-    {ir.DataType.FLOAT, ir.DataType.DOUBLE, ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
-)
 _INDEX_PASSTHROUGH = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity"})
 
 ModelArg = onnx.ModelProto | ir.Model
@@ -247,7 +245,7 @@ def _generate(
     index_bound: int | None = None,
 ) -> np.ndarray:
     lname = name.lower()
-    if dtype in _FLOAT_DTYPES:
+    if dtype in FLOAT_TYPES:
         if len(shape) == 2 and shape[-1] >= 256:
             notes.append(f"input {name!r}: audio-like, used a seeded sine mixture in [-1, 1]")
             data: np.ndarray = _audio_like(shape, rng)

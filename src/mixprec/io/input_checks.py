@@ -21,18 +21,21 @@ import onnx.helper
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.ops import DTYPE_ATTRS, is_onnx_domain, onnx_domain, onnx_opset
 from mixprec.io.sanitize import (
-    _DEFAULT_DOMAINS,
-    _DTYPE_ATTRS,
-    _MIN_OPSET,
-    _PACKED_4BIT,
+    MIN_OPSET,
+    PACKED_4BIT,
     SanitizeResult,
-    _bodies,
-    _node_label,
-    _opsets,
+    declared_opsets,
+    node_label,
+    subgraph_bodies,
 )
 
 __all__ = ["CheckAxesPass", "CheckInputPass", "check_proto", "tensor_fault"]
+
+#: The attributes of :data:`~mixprec.core.ops.DTYPE_ATTRS` whose int value must name an
+#: element type (QuantizeLinear's ``output_dtype`` may be 0: "from the zero point").
+_NAMED_DTYPE_ATTRS = frozenset(DTYPE_ATTRS) - {"output_dtype"}
 
 
 # --- structural checks ------------------------------------------------------------------------
@@ -49,7 +52,7 @@ def _defined(value: ir.Value) -> bool:
 
 def _typed_count(dtype: ir.DataType, numel: int) -> int:
     """How many items of a typed data field (``float_data`` ...) ``numel`` elements take."""
-    if dtype.name in _PACKED_4BIT:
+    if dtype.name in PACKED_4BIT:
         return (numel + 1) // 2
     if dtype in (ir.DataType.COMPLEX64, ir.DataType.COMPLEX128):
         return 2 * numel
@@ -122,8 +125,8 @@ class CheckInputPass(ir.passes.InPlacePass):
         for value in graph.outputs:
             if isinstance(value.type, ir.TensorType) and value.dtype == ir.DataType.UNDEFINED:
                 raise MixprecError(f"graph output {value.name!r} has no element type (UNDEFINED)")
-        for body, where in _bodies(model):
-            opsets = _opsets(body, model)
+        for body, where in subgraph_bodies(model):
+            opsets = declared_opsets(body, model)
             if isinstance(body, ir.Graph):
                 for value in body.initializers.values():
                     if value.const_value is not None:
@@ -146,25 +149,25 @@ class CheckInputPass(ir.passes.InPlacePass):
                 f"ir_version {model.ir_version} is newer than this onnx package knows "
                 f"({onnx.IR_VERSION}); upgrade onnx"
             )
-        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+        opset = onnx_opset(model.opset_imports)
         latest = onnx.defs.onnx_opset_version()
         if opset is None:
             raise MixprecError("the model imports no ai.onnx opset")
-        if not _MIN_OPSET <= opset <= latest:
+        if not MIN_OPSET <= opset <= latest:
             raise MixprecError(
                 f"ai.onnx opset {opset} is not supported (mixprec supports "
-                f"{_MIN_OPSET}..{latest}, the versions this onnx package knows)"
+                f"{MIN_OPSET}..{latest}, the versions this onnx package knows)"
             )
 
     def _check_node(self, node: ir.Node, opsets: dict[str, int], model: ir.Model) -> None:
-        label = _node_label(node)
+        label = node_label(node)
         for i, value in enumerate(node.inputs):
             if value is not None and not _defined(value):
                 raise MixprecError(
                     f"{label} reads {value.name!r} (input {i}), which no node, graph input "
                     "or initializer defines"
                 )
-        domain = "" if node.domain == "ai.onnx" else node.domain
+        domain = onnx_domain(node.domain)
         is_function = (node.domain, node.op_type, node.overload) in model.functions
         if domain not in opsets and node.domain not in opsets and not is_function:
             raise MixprecError(
@@ -207,7 +210,7 @@ class CheckInputPass(ir.passes.InPlacePass):
                 raise MixprecError(
                     f"{label}: attribute {name!r} must be {want.name}, not {attr.type.name}"
                 )
-            if name in _DTYPE_ATTRS and attr.type == ir.AttributeType.INT:
+            if name in _NAMED_DTYPE_ATTRS and attr.type == ir.AttributeType.INT:
                 code = attr.as_int()
                 valid = code in {int(t) for t in ir.DataType} and code != 0
                 if not valid:
@@ -220,7 +223,7 @@ class CheckInputPass(ir.passes.InPlacePass):
                 raise MixprecError(f"{label}: tensor of attribute {name!r} {fault}")
 
     def _check_bodies(self, label: str, node: ir.Node) -> None:
-        if node.domain not in _DEFAULT_DOMAINS:
+        if not is_onnx_domain(node.domain):
             return
         if node.op_type == "If":
             for branch in ("then_branch", "else_branch"):
@@ -267,9 +270,7 @@ def check_proto(proto: onnx.ModelProto, where: str = "model") -> None:
         raise MixprecError(f"{where}: no graph")
     versions: dict[str, list[int]] = {}
     for opset in proto.opset_import:
-        versions.setdefault("" if opset.domain == "ai.onnx" else opset.domain, []).append(
-            opset.version
-        )
+        versions.setdefault(onnx_domain(opset.domain), []).append(opset.version)
     for domain, found in versions.items():
         if len(set(found)) > 1:  # which one holds is up to each reader: refuse, do not guess
             raise MixprecError(
@@ -379,7 +380,7 @@ class CheckAxesPass(ir.passes.InPlacePass):
     @staticmethod
     def _check(node: ir.Node) -> None:
         spec = _AXIS_ATTRS.get(node.op_type)
-        if spec is None or node.domain not in _DEFAULT_DOMAINS or not node.inputs:
+        if spec is None or not is_onnx_domain(node.domain) or not node.inputs:
             return
         name, extra = spec
         attr = node.attributes.get(name)
@@ -397,6 +398,6 @@ class CheckAxesPass(ir.passes.InPlacePass):
         for value in values:
             if not low <= value <= high:
                 raise MixprecError(
-                    f"{_node_label(node)}: {name} {value} is out of range for an input of "
+                    f"{node_label(node)}: {name} {value} is out of range for an input of "
                     f"rank {rank} (must be in [{low}, {high}])"
                 )

@@ -30,6 +30,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.ops import is_onnx_domain
 from mixprec.io.external import (
     MissingDataFile,
     add_input_files,
@@ -112,7 +113,7 @@ def load_model(path: str | os.PathLike[str]) -> ir.Model:
 def check_opset(proto: onnx.ModelProto, where: str = "model") -> None:
     latest = onnx.defs.onnx_opset_version()
     for opset in proto.opset_import:
-        if opset.domain in ("", "ai.onnx"):
+        if is_onnx_domain(opset.domain):
             if opset.version < 7:
                 raise MixprecError(
                     f"{where}: opset {opset.version} is too old (mixprec supports 7..{latest})"
@@ -122,7 +123,7 @@ def check_opset(proto: onnx.ModelProto, where: str = "model") -> None:
                     f"{where}: opset {opset.version} is newer than this onnx package knows "
                     f"({latest}); upgrade onnx"
                 )
-    if not any(o.domain in ("", "ai.onnx") for o in proto.opset_import):
+    if not any(is_onnx_domain(o.domain) for o in proto.opset_import):
         raise MixprecError(f"{where}: no ai.onnx opset import")
 
 

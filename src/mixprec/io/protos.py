@@ -26,7 +26,7 @@ __all__ = [
 # Initializers up to this many elements stay in light copies (shape inference may read them).
 _LIGHT_MAX_ELEMS = 1024
 # Location of external-data placeholders whose arrays are handed to ONNX Runtime in memory.
-_IN_MEMORY = "__mixprec_in_memory__"
+IN_MEMORY = "__mixprec_in_memory__"
 #: ``tensor.meta`` key of a tensor whose bytes are a span of a checked data file:
 #: ``(real path, offset)`` (set by :mod:`mixprec.io.external`).
 FILE_SPAN = "mixprec.file_span"
@@ -39,7 +39,7 @@ def _is_repeated(fd: Any) -> bool:
     return bool(fd.label == fd.LABEL_REPEATED)
 
 
-def _copy_fields(src: Any, dst: Any, skip: frozenset[str]) -> None:
+def copy_fields(src: Any, dst: Any, skip: frozenset[str]) -> None:
     """Copies every set field of protobuf message ``src`` into ``dst`` except ``skip``."""
     for fd, value in src.ListFields():
         if fd.name in skip:
@@ -52,22 +52,22 @@ def _copy_fields(src: Any, dst: Any, skip: frozenset[str]) -> None:
             setattr(dst, fd.name, value)
 
 
-def _numel(dims: Sequence[int]) -> int:
+def element_count(dims: Sequence[int]) -> int:
     return math.prod(int(d) for d in dims)
 
 
-def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+def light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy for shape inference: large main-graph initializers become typed graph inputs.
 
     Shape inference only needs their types and shapes, so this keeps it cheap and
     below the 2 GB protobuf limit.
     """
     light = onnx.ModelProto()
-    _copy_fields(model, light, frozenset({"graph"}))
-    _copy_fields(model.graph, light.graph, frozenset({"initializer"}))
+    copy_fields(model, light, frozenset({"graph"}))
+    copy_fields(model.graph, light.graph, frozenset({"initializer"}))
     input_names = {vi.name for vi in model.graph.input}
     for t in model.graph.initializer:
-        if _numel(t.dims) <= _LIGHT_MAX_ELEMS and t.data_location != TensorProto.EXTERNAL:
+        if element_count(t.dims) <= _LIGHT_MAX_ELEMS and t.data_location != TensorProto.EXTERNAL:
             light.graph.initializer.add().CopyFrom(t)
         elif t.name not in input_names:
             light.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, t.dims))
@@ -142,7 +142,7 @@ def weightless_proto(
             tensor = value.const_value
             if tensor is None or value.is_graph_input():
                 continue
-            if isinstance(tensor, ir.ExternalTensor) and tensor.location == _IN_MEMORY:
+            if isinstance(tensor, ir.ExternalTensor) and tensor.location == IN_MEMORY:
                 in_memory.add(name)  # already a placeholder: its array is the caller's
                 continue
             if isinstance(tensor, ir.ExternalTensor) and not _external_ok(tensor, name):
@@ -174,7 +174,7 @@ def weightless_proto(
             if with_arrays:
                 arrays[name] = tensor.numpy()
             value.const_value = ir.ExternalTensor(
-                _IN_MEMORY,
+                IN_MEMORY,
                 0,
                 tensor.nbytes,
                 tensor.dtype,
@@ -191,7 +191,7 @@ def weightless_proto(
         if t.name in placeholders:
             del t.external_data[:]
             entry = t.external_data.add()
-            entry.key, entry.value = "location", _IN_MEMORY
+            entry.key, entry.value = "location", IN_MEMORY
     return proto, arrays
 
 

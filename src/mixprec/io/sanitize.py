@@ -38,6 +38,7 @@ import onnx_ir.passes.common as common
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import all_graphs, subgraphs_of
+from mixprec.core.ops import is_onnx_domain, onnx_opset
 
 __all__ = [
     "CheckOptionsPass",
@@ -50,12 +51,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_DEFAULT_DOMAINS = ("", "ai.onnx")
-#: Attributes whose int value is an element type: it must name one.
-_DTYPE_ATTRS = frozenset({"to", "dtype"})
 #: Element types stored two per byte.
-_PACKED_4BIT = frozenset({"INT4", "UINT4", "FLOAT4E2M1"})
-_MIN_OPSET = 7
+PACKED_4BIT = frozenset({"INT4", "UINT4", "FLOAT4E2M1"})
+MIN_OPSET = 7
 
 
 @dataclasses.dataclass
@@ -65,12 +63,12 @@ class SanitizeResult(ir.passes.PassResult):
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def _node_label(node: ir.Node) -> str:
+def node_label(node: ir.Node) -> str:
     name = node.name if isinstance(node.name, str) else repr(node.name)
     return f"node {name!r} ({node.op_type})" if name else f"an unnamed {node.op_type} node"
 
 
-def _bodies(model: ir.Model) -> Iterator[tuple[ir.Graph | ir.Function, str]]:
+def subgraph_bodies(model: ir.Model) -> Iterator[tuple[ir.Graph | ir.Function, str]]:
     """Every graph (main, subgraphs) and function body, with what to call it in messages."""
     for graph in all_graphs(model.graph):
         yield graph, "the graph" if graph is model.graph else f"subgraph {graph.name!r}"
@@ -82,7 +80,7 @@ def _bodies(model: ir.Model) -> Iterator[tuple[ir.Graph | ir.Function, str]]:
                     yield graph, f"subgraph {graph.name!r} of function {function.name}"
 
 
-def _opsets(body: ir.Graph | ir.Function, model: ir.Model) -> dict[str, int]:
+def declared_opsets(body: ir.Graph | ir.Function, model: ir.Model) -> dict[str, int]:
     opsets = dict(model.opset_imports)
     if isinstance(body, ir.Function):
         opsets.update(body.opset_imports)
@@ -158,7 +156,7 @@ class RepairNamesPass(ir.passes.InPlacePass):
         result = SanitizeResult(model, modified=False)
         taken = {
             v.name
-            for body, _ in _bodies(model)
+            for body, _ in subgraph_bodies(model)
             for v in _values_of(body)
             if isinstance(v.name, str)
         }
@@ -170,7 +168,7 @@ class RepairNamesPass(ir.passes.InPlacePass):
                     "output names, and cannot write this one; rename it first"
                 )
         nodes = values = 0
-        for body, _ in _bodies(model):
+        for body, _ in subgraph_bodies(model):
             if isinstance(body, ir.Graph) and isinstance(body.name, bytes):
                 body.name = _utf8(body.name)
             for node in body:
@@ -214,7 +212,7 @@ class SetIrVersionPass(ir.passes.InPlacePass):
         old = model.ir_version
         new = old
         if old == 0:
-            opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", _MIN_OPSET))
+            opset = onnx_opset(model.opset_imports, MIN_OPSET)
             new = max(4, _implied_ir_version(opset))
             note = f"ir_version 0 (unset) taken as {new}, the version opset {opset} implies"
         elif old < 4:
@@ -288,7 +286,7 @@ def _convert_function(function: ir.Function, opset: int) -> ir.Function:
     del proto.node[:]
     proto.node.extend(converted.graph.node)
     for entry in proto.opset_import:
-        if entry.domain in _DEFAULT_DOMAINS:
+        if is_onnx_domain(entry.domain):
             entry.version = opset
     return ir.serde.deserialize_function(proto)
 
@@ -311,9 +309,9 @@ class InlineFunctionsPass(ir.passes.InPlacePass):
                 f"model-local functions call themselves recursively ({' -> '.join(cycle)}): "
                 "ONNX functions cannot recurse"
             )
-        opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx"))
+        opset = onnx_opset(model.opset_imports)
         for key, function in list(model.functions.items()):
-            own = function.opset_imports.get("", function.opset_imports.get("ai.onnx"))
+            own = onnx_opset(function.opset_imports)
             if opset is None or own is None or own == opset:
                 continue
             try:
@@ -382,7 +380,7 @@ def _cycle_message(graph: ir.Graph) -> str:
             while stack:
                 current = stack.pop()
                 if current is node:
-                    return f"the graph has a cycle through {_node_label(node)}"
+                    return f"the graph has a cycle through {node_label(node)}"
                 if current not in seen:
                     seen.add(current)
                     stack.extend(_producers(current, nodes))

@@ -8,7 +8,7 @@ import onnx_ir as ir
 
 from mixprec.core.errors import InternalError
 from mixprec.core.graphs import all_graphs, iter_nodes
-from mixprec.io.protos import _light_copy, weightless_proto
+from mixprec.io.protos import light_copy, weightless_proto
 from mixprec.passes.shapes import ReconcileDeclaredShapesPass, ReconcileDeclaredShapesResult
 
 __all__ = ["CheckModelPass", "DropAddedAnnotationsPass", "annotated_values"]
@@ -83,7 +83,7 @@ class CheckModelPass(ir.passes.InPlacePass):
 
 
 def _check(model: ir.Model) -> str | None:
-    light = _light_copy(weightless_proto(model, with_arrays=False)[0])
+    light = light_copy(weightless_proto(model, with_arrays=False)[0])
     try:
         onnx.checker.check_model(light, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:

@@ -13,6 +13,7 @@ import onnx_ir as ir
 
 from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import UniqueNames, iter_nodes
+from mixprec.core.ops import is_onnx_domain, weight_out_axis
 
 __all__ = ["FoldBatchNormPass", "FoldBatchNormResult"]
 
@@ -47,10 +48,6 @@ def _attr_number(node: ir.Node, name: str, default: float) -> float | None:
     return None
 
 
-#: Weight axis of the output channels (Gemm: 0 with transB, else 1).
-_OUT_CHANNEL_AXIS = {"Conv": 0, "ConvTranspose": 1, "Gemm": 0}
-
-
 class FoldBatchNormPass(ir.passes.InPlacePass):
     """``Conv -> BatchNormalization`` becomes one Conv with scaled weights and a bias.
 
@@ -64,7 +61,7 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
         result = FoldBatchNormResult(model, modified=False)
         self._names = UniqueNames(model)
         for bn in list(iter_nodes(model.graph)):
-            if bn.op_type != "BatchNormalization" or bn.domain not in ("", "ai.onnx"):
+            if bn.op_type != "BatchNormalization" or not is_onnx_domain(bn.domain):
                 continue
             why = self._try_fold(bn)
             if why is None:
@@ -111,21 +108,23 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
         channels = factor.shape[0]
         if producer.op_type == "ConvTranspose" and _attr_number(producer, "group", 1) != 1:
             return "ConvTranspose with group > 1"
-        gemm = producer.op_type == "Gemm"
-        trans_b = _attr_number(producer, "transB", 0)
-        # The weight axis that holds the output channels the BatchNormalization scales.
-        axis = _OUT_CHANNEL_AXIS[producer.op_type]
-        if gemm and trans_b is None:
+        transposed = producer.attributes.get("transB")
+        if producer.op_type == "Gemm" and transposed and transposed.type != ir.AttributeType.INT:
             return "Gemm transB is not an int"
-        if gemm and not trans_b:
-            axis = 1
-        if factor.ndim != 1 or weight.ndim <= axis or weight.shape[axis] != channels:
+        # The weight axis that holds the output channels the BatchNormalization scales.
+        axis = weight_out_axis(producer, weight.ndim)
+        if (
+            axis is None
+            or factor.ndim != 1
+            or weight.ndim <= axis
+            or weight.shape[axis] != channels
+        ):
             return "channel count mismatch"
         per_axis = [1] * weight.ndim
         per_axis[axis] = -1
         if old_bias is None:
             b = np.zeros(channels)
-        elif gemm:
+        elif producer.op_type == "Gemm":
             if old_bias.ndim > 1:
                 return "Gemm bias is not per-column"
             beta = _attr_number(producer, "beta", 1.0)
@@ -198,7 +197,7 @@ class FoldCastsPass(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> FoldCastsResult:
         result = FoldCastsResult(model, modified=False)
         for node in list(iter_nodes(model.graph)):
-            if node.op_type != "Cast" or node.domain not in ("", "ai.onnx"):
+            if node.op_type != "Cast" or not is_onnx_domain(node.domain):
                 continue
             src, out = node.inputs[0], node.outputs[0]
             to = node.attributes.get("to")

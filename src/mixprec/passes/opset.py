@@ -10,6 +10,7 @@ import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import iter_nodes, opset_of
+from mixprec.core.ops import is_onnx_domain
 from mixprec.core.policy import OpClass, Policy
 from mixprec.io.protos import weightless_proto
 
@@ -39,7 +40,7 @@ def ops_needing_upgrade(model: ir.Model, policy: Policy) -> list[str]:
     wanted = set().union(*(policy.lists[c] for c in (OpClass.ALLOW, OpClass.INFER, OpClass.CLEAR)))
     needed = set()
     for node in iter_nodes(model.graph):
-        if node.domain not in ("", "ai.onnx") or node.op_type not in wanted:
+        if not is_onnx_domain(node.domain) or node.op_type not in wanted:
             continue
         try:
             old = onnx.defs.get_schema(node.op_type, opset)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import onnx
 import onnx_ir as ir
 
+from mixprec.core.ops import is_onnx_domain
 from mixprec.io.protos import weightless_proto
 
 __all__ = [
@@ -168,7 +169,7 @@ def _type_locally(values: list[ir.Value]) -> bool:
 
     for value in values:
         node = value.producer()
-        if node is None or node.domain not in ("", "ai.onnx"):
+        if node is None or not is_onnx_domain(node.domain):
             return False
         if node.op_type in ("Shape", "Size"):
             value.dtype = ir.DataType.INT64

@@ -18,6 +18,7 @@ from mixprec.core.config import ConvertConfig
 from mixprec.core.constants import const_tensor
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import all_graphs, iter_nodes
+from mixprec.core.ops import LOW_TYPES, is_onnx_domain
 from mixprec.core.policy import normalize_dtype
 from mixprec.core.registry import node_info
 from mixprec.io.models import save_model
@@ -99,9 +100,8 @@ def param_bytes(model: ir.Model) -> int:
 def notes_about_input(model: ir.Model) -> list[str]:
     """What the report says about the input as given (parts left alone and why)."""
     notes = []
-    low = {ir.DataType.FLOAT16, ir.DataType.BFLOAT16}
     has_low = any(
-        v is not None and v.dtype in low
+        v is not None and v.dtype in LOW_TYPES
         for n in iter_nodes(model.graph)
         for v in [*n.inputs, *n.outputs]
     )
@@ -114,7 +114,7 @@ def notes_about_input(model: ir.Model) -> list[str]:
         {
             f"{n.domain}::{n.op_type}"
             for n in iter_nodes(model.graph)
-            if n.domain not in ("", "ai.onnx")
+            if not is_onnx_domain(n.domain)
         }
     )
     if custom:

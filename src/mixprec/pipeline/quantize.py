@@ -23,6 +23,7 @@ import onnx_ir.passes.common as common
 
 from mixprec.calibrate.measure import MACS, CalibratePass, CountMacsPass, calibration_of, node_macs
 from mixprec.core.errors import MixprecError
+from mixprec.core.ops import QDQ_OPS
 from mixprec.int8.config import DYNAMIC_MAC_SHARE, PER_CHANNEL_OPSET, QuantizeConfig
 from mixprec.int8.dynamic import QuantizeDynamicPass, QuantizeDynamicResult, dynamic_candidate
 from mixprec.int8.plan import AnnotateInt8Pass, int8_decision
@@ -284,7 +285,7 @@ def int8_node_reports(model: ir.Model) -> list[NodeReport]:
             macs=int(node.meta.get(MACS, 0)),
         )
         for node in model.graph
-        if (d := int8_decision(node)) is not None and node.op_type not in _QDQ_OPS
+        if (d := int8_decision(node)) is not None and node.op_type not in QDQ_OPS
     ]
 
 
@@ -325,6 +326,3 @@ def fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) -> 
     if report.quantization is not None:
         report.quantization["integer_kernel_mac_share"] = share
         report.quantization["ort_kernels"] = kinds
-
-
-_QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})

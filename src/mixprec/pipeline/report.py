@@ -192,9 +192,9 @@ def concrete_shapes(
 
     Shapes come from onnx shape inference on a copy; returns that copy and the map.
     """
-    from mixprec.io.protos import _light_copy
+    from mixprec.io.protos import light_copy
 
-    m = _light_copy(proto)  # no weight payloads: shapes only need dims
+    m = light_copy(proto)  # no weight payloads: shapes only need dims
     for graph_input in m.graph.input:
         dims = input_shapes.get(graph_input.name)
         if dims is None or not graph_input.type.HasField("tensor_type"):

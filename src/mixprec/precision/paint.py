@@ -45,6 +45,7 @@ from mixprec.core.graphs import (
     keeps_io_dtype,
     opset_of,
 )
+from mixprec.core.ops import is_onnx_domain
 from mixprec.core.policy import SHAPE_ONLY_OPS, OpClass, OpRule, Policy, RuleContext, rule_for
 from mixprec.core.registry import node_info
 from mixprec.core.schema import SlotInfo, slot_info
@@ -277,7 +278,7 @@ class _Painter:
         """Fix what cannot change; collect DENY seeds; find the paintable nodes."""
         for node in iter_nodes(self.model.graph):
             if is_constant_node(node) or (
-                node.op_type in SHAPE_ONLY_OPS and node.domain in ("", "ai.onnx")
+                node.op_type in SHAPE_ONLY_OPS and is_onnx_domain(node.domain)
             ):
                 continue
             self._prepare_node(node)
@@ -289,7 +290,7 @@ class _Painter:
         rule = rule_for(node)
         domain_opset = opset_of(self.model, node.domain)
         info = slot_info(node, domain_opset, policy.target_type, rule.keep_fp32_inputs)
-        standard = node.domain in ("", "ai.onnx")
+        standard = is_onnx_domain(node.domain)
         cls = policy.op_class(node.op_type) if standard else OpClass.NONE
         self.classes[node] = cls
         if not info.convertible:
@@ -500,7 +501,7 @@ class _Painter:
                 OpClass.CLEAR: "CLEAR list, neighbours in float32",
                 OpClass.NONE: (
                     f"{node.op_type} is in no list"
-                    if node.domain in ("", "ai.onnx")
+                    if is_onnx_domain(node.domain)
                     else f"custom-domain op {node.domain}::{node.op_type}"
                 ),
                 OpClass.ALLOW: "ALLOW list",

@@ -22,6 +22,7 @@ from mixprec.core.graphs import (
     iter_nodes,
     keeps_io_dtype,
 )
+from mixprec.core.ops import FLOAT_TYPES, is_onnx_domain
 from mixprec.core.policy import SHAPE_ONLY_OPS, Policy, rule_for
 from mixprec.core.schema import SlotInfo
 from mixprec.io.external import RELEASE_EVERY, release_mapped_pages
@@ -38,9 +39,6 @@ _NUMPY_DTYPE = {
     ir.DataType.FLOAT16: np.dtype(np.float16),
     ir.DataType.BFLOAT16: np.dtype(ml_dtypes.bfloat16),
 }
-_FLOATS = frozenset(
-    {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
-)
 
 
 #: Converted weight bytes after which the pages of memory-mapped external data are
@@ -182,7 +180,7 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
             if not self._is_low(node):
                 continue
             result.modified = True
-            if node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
+            if node.op_type == "Cast" and is_onnx_domain(node.domain):
                 to = node.attributes.get("to")
                 if to is not None and to.as_int() == ir.DataType.FLOAT:
                     node.attributes["to"] = ir.AttrInt64("to", int(target))
@@ -458,17 +456,17 @@ class RemoveRedundantCastsPass(ir.passes.InPlacePass):
     def call(self, model: ir.Model) -> RemoveRedundantCastsResult:
         rewired = 0
         for node in list(iter_nodes(model.graph)):
-            if node.op_type != "Cast" or node.domain not in ("", "ai.onnx"):
+            if node.op_type != "Cast" or not is_onnx_domain(node.domain):
                 continue
             out = node.outputs[0]
             src = node.inputs[0]
             first = src.producer() if src is not None else None
-            if first is None or first.op_type != "Cast" or first.domain not in ("", "ai.onnx"):
+            if first is None or first.op_type != "Cast" or not is_onnx_domain(first.domain):
                 continue
             origin = first.inputs[0]
             if origin is None or src is None:
                 continue
-            if not {origin.dtype, src.dtype, out.dtype} <= _FLOATS:
+            if not {origin.dtype, src.dtype, out.dtype} <= FLOAT_TYPES:
                 continue
             if origin.dtype != out.dtype or out.is_graph_output():
                 continue
@@ -481,7 +479,7 @@ class RemoveRedundantCastsPass(ir.passes.InPlacePass):
             for node in list(iter_nodes(model.graph)):
                 if (
                     node.op_type == "Cast"
-                    and node.domain in ("", "ai.onnx")
+                    and is_onnx_domain(node.domain)
                     and not node.outputs[0].uses()
                     and not node.outputs[0].is_graph_output()
                     and node.graph is not None

@@ -19,6 +19,7 @@ import onnx_ir as ir
 from mixprec.calibrate.measure import CALIBRATION, MACS, Calibration
 from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import subgraphs_of
+from mixprec.core.ops import FLOAT_TYPES, QDQ_OPS, is_onnx_domain
 from mixprec.core.policy import SHAPE_ONLY_OPS
 from mixprec.int8.plan import int8_decision
 from mixprec.pipeline.report import NodeReport, Report
@@ -26,10 +27,6 @@ from mixprec.precision.paint import decision_of
 
 __all__ = ["GraphView", "NodeView", "build_views", "node_precision"]
 
-_FLOATS = frozenset(
-    {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
-)
-_QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
 #: Edge colour classes by dtype.
 _EDGE_KIND = {
     ir.DataType.FLOAT: "f32",
@@ -91,7 +88,7 @@ def _dtype(value: ir.Value, dtypes: Dtypes | None) -> ir.DataType | None:
 
 
 def _is_float(value: ir.Value | None, dtypes: Dtypes | None) -> bool:
-    return value is not None and _dtype(value, dtypes) in _FLOATS
+    return value is not None and _dtype(value, dtypes) in FLOAT_TYPES
 
 
 def _edge_kind(value: ir.Value, dtypes: Dtypes) -> str:
@@ -154,11 +151,11 @@ def node_precision(
     node: ir.Node, row: NodeReport | None, target: str, dtypes: Dtypes | None = None
 ) -> str:
     """The precision class a drawn node is coloured by."""
-    if node.op_type == "Cast" and node.domain in ("", "ai.onnx"):
+    if node.op_type == "Cast" and is_onnx_domain(node.domain):
         return "cast"
-    if node.op_type in _QDQ:
+    if node.op_type in QDQ_OPS:
         return "qdq"
-    if node.op_type in SHAPE_ONLY_OPS and node.domain in ("", "ai.onnx"):
+    if node.op_type in SHAPE_ONLY_OPS and is_onnx_domain(node.domain):
         return "int"
     if not any(_is_float(v, dtypes) for v in [*node.inputs, *node.outputs]):
         return "int"
@@ -315,7 +312,7 @@ def _node_view(node: ir.Node, nid: str, ctx: _Context) -> NodeView:
     row = ctx.rows.get(node.name or "")
     calib = ctx.calib
     precision = node_precision(node, row, ctx.target, ctx.dtypes)
-    op = node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}::{node.op_type}"
+    op = node.op_type if is_onnx_domain(node.domain) else f"{node.domain}::{node.op_type}"
     detail: dict[str, Any] = {
         "op": op,
         "name": node.name or "",
@@ -353,7 +350,7 @@ def _node_view(node: ir.Node, nid: str, ctx: _Context) -> NodeView:
     if bodies:
         detail["bodies"] = [entry for sub in bodies for entry in ctx.body_ids.get(id(sub), [])]
     name = node.name or ""
-    small = node.op_type == "Constant" and node.domain in ("", "ai.onnx")
+    small = node.op_type == "Constant" and is_onnx_domain(node.domain)
     return NodeView(nid, op, name, precision, detail, macs, node.op_type, small)
 
 
@@ -376,7 +373,7 @@ def _planned_qparams(node: ir.Node, calib: Calibration) -> list[str]:
 def _node_qparams(node: ir.Node) -> list[str]:
     """Scale and zero point of the node's own Q/DQ, or of the DQ feeding it and the Q
     after it (an INT8 node of a QDQ model)."""
-    if node.op_type in _QDQ:
+    if node.op_type in QDQ_OPS:
         text = _qparams_text(node)
         return [text] if text else []
     found = []

@@ -23,8 +23,9 @@ from onnx import shape_inference
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import UniqueNames, all_graphs, iter_nodes
+from mixprec.core.ops import DTYPE_ATTRS, LOW_TYPES, is_onnx_domain
 from mixprec.core.registry import node_info
-from mixprec.io.protos import _light_copy, weightless_proto
+from mixprec.io.protos import light_copy, weightless_proto
 
 __all__ = [
     "EmulateLowPrecisionPass",
@@ -34,10 +35,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_LOW = frozenset({ir.DataType.FLOAT16, ir.DataType.BFLOAT16})
-_STANDARD_DOMAINS = ("", "ai.onnx")
 # Integer attributes that name an output element type.
-_DTYPE_ATTRS = ("to", "dtype", "output_dtype")
 
 
 @dataclasses.dataclass
@@ -63,7 +61,7 @@ def _inferred_dtypes(model: ir.Model) -> dict[str, ir.DataType]:
     try:
         proto, _ = weightless_proto(model, with_arrays=False)
         inferred = shape_inference.infer_shapes(
-            _light_copy(proto), check_type=False, strict_mode=False, data_prop=False
+            light_copy(proto), check_type=False, strict_mode=False, data_prop=False
         )
     except Exception as e:
         logger.warning("shape inference failed, using declared types only: %s", e)
@@ -84,7 +82,7 @@ def _inferred_dtypes(model: ir.Model) -> dict[str, ir.DataType]:
 
 def _guess_dtype(node: ir.Node, dtypes: dict[ir.Value, ir.DataType]) -> ir.DataType | None:
     """Element type of ``node``'s first output from its op alone (Cast, Constant, ...)."""
-    if node.domain not in _STANDARD_DOMAINS:
+    if not is_onnx_domain(node.domain):
         return None
     if node.op_type == "Cast" and "to" in node.attributes:
         return ir.DataType(node.attributes["to"].as_int())
@@ -128,7 +126,7 @@ def element_types(model: ir.Model) -> dict[ir.Value, ir.DataType]:
 
 def _float_type(tp: ir.TypeProtocol | None) -> ir.TypeProtocol | None:
     """``tp`` with every float16/bfloat16 element type made float32; None if unchanged."""
-    if isinstance(tp, ir.TensorType) and tp.dtype in _LOW:
+    if isinstance(tp, ir.TensorType) and tp.dtype in LOW_TYPES:
         return ir.TensorType(ir.DataType.FLOAT)
     if isinstance(tp, ir.SequenceType | ir.OptionalType):
         inner = _float_type(tp.elem_type)
@@ -185,12 +183,12 @@ class EmulateLowPrecisionPass(ir.passes.InPlacePass):
                 self._upcast_attributes(node, result)
                 for value in node.outputs:
                     low = dtypes.get(value)
-                    if low in _LOW and value.name:
+                    if low in LOW_TYPES and value.name:
                         self._round_after(graph, node, value, low, names)
                         result.round_trips += 1
         for value in list(model.graph.inputs):
             low = dtypes.get(value)
-            if low in _LOW and value.uses():
+            if low in LOW_TYPES and value.uses():
                 self._round_inputs(model.graph, value, low, names)
                 result.round_trips += 1
         result.retyped_values = self._retype_values(model, self._mids)
@@ -203,22 +201,24 @@ class EmulateLowPrecisionPass(ir.passes.InPlacePass):
     def _upcast_initializers(graph: ir.Graph, result: EmulateLowPrecisionResult) -> None:
         for name, value in graph.initializers.items():
             tensor = value.const_value
-            if tensor is not None and tensor.dtype in _LOW:
+            if tensor is not None and tensor.dtype in LOW_TYPES:
                 value.const_value = _upcast(tensor, name)
                 value.dtype = ir.DataType.FLOAT
                 result.upcast_tensors += 1
 
     @staticmethod
     def _upcast_attributes(node: ir.Node, result: EmulateLowPrecisionResult) -> None:
-        standard = node.domain in _STANDARD_DOMAINS
+        standard = is_onnx_domain(node.domain)
         for key, attr in list(node.attributes.items()):
             new: ir.Attr | None = None
-            if attr.type == ir.AttributeType.TENSOR and attr.as_tensor().dtype in _LOW:
+            if attr.type == ir.AttributeType.TENSOR and attr.as_tensor().dtype in LOW_TYPES:
                 new = ir.AttrTensor(key, _upcast(attr.as_tensor(), attr.as_tensor().name))
             elif attr.type == ir.AttributeType.TENSORS and any(
-                t.dtype in _LOW for t in attr.as_tensors()
+                t.dtype in LOW_TYPES for t in attr.as_tensors()
             ):
-                tensors = [_upcast(t, t.name) if t.dtype in _LOW else t for t in attr.as_tensors()]
+                tensors = [
+                    _upcast(t, t.name) if t.dtype in LOW_TYPES else t for t in attr.as_tensors()
+                ]
                 new = ir.AttrTensors(key, tensors)
             elif attr.type == ir.AttributeType.TYPE_PROTO:
                 floated = _float_type(attr.value.type)
@@ -227,8 +227,8 @@ class EmulateLowPrecisionPass(ir.passes.InPlacePass):
             elif (
                 attr.type == ir.AttributeType.INT
                 and standard
-                and key in _DTYPE_ATTRS
-                and attr.as_int() in _LOW
+                and key in DTYPE_ATTRS
+                and attr.as_int() in LOW_TYPES
             ):
                 new = ir.AttrInt64(key, ir.DataType.FLOAT)
             if new is not None:

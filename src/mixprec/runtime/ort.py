@@ -28,7 +28,7 @@ import onnxruntime as ort
 from onnx import TensorProto, numpy_helper
 
 from mixprec.core.errors import MixprecError
-from mixprec.io.protos import _IN_MEMORY, _copy_fields, _numel
+from mixprec.io.protos import IN_MEMORY, copy_fields, element_count
 
 __all__ = [
     "PROTO_LIMIT",
@@ -84,8 +84,8 @@ def external_skeleton(model: onnx.ModelProto, directory: Path) -> onnx.ModelProt
     """
     data_name = "model.onnx.data"
     skeleton = onnx.ModelProto()
-    _copy_fields(model, skeleton, frozenset({"graph"}))
-    _copy_fields(model.graph, skeleton.graph, frozenset({"initializer"}))
+    copy_fields(model, skeleton, frozenset({"graph"}))
+    copy_fields(model.graph, skeleton.graph, frozenset({"initializer"}))
     data_fields = frozenset(
         {
             "raw_data",
@@ -105,14 +105,14 @@ def external_skeleton(model: onnx.ModelProto, directory: Path) -> onnx.ModelProt
             keep_inline = (
                 t.data_location == TensorProto.EXTERNAL
                 or t.data_type in (TensorProto.STRING, *_PACKED_TYPES)
-                or _numel(t.dims) < 1024
+                or element_count(t.dims) < 1024
             )
             if keep_inline:
                 skeleton.graph.initializer.add().CopyFrom(t)
                 continue
             raw = t.raw_data if t.raw_data else numpy_helper.to_array(t).tobytes()
             nt = skeleton.graph.initializer.add()
-            _copy_fields(t, nt, data_fields)
+            copy_fields(t, nt, data_fields)
             for key, value in (("location", data_name), ("offset", offset), ("length", len(raw))):
                 entry = nt.external_data.add()
                 entry.key = key
@@ -129,7 +129,7 @@ def external_skeleton(model: onnx.ModelProto, directory: Path) -> onnx.ModelProt
 
 
 def _is_in_memory(t: TensorProto) -> bool:
-    return any(e.key == "location" and e.value == _IN_MEMORY for e in t.external_data)
+    return any(e.key == "location" and e.value == IN_MEMORY for e in t.external_data)
 
 
 def check_external(model: onnx.ModelProto) -> None:
@@ -228,7 +228,7 @@ def make_session(
 
 
 @contextlib.contextmanager
-def _session_for(
+def session_for(
     model: onnx.ModelProto, threads: int, optimize: bool = True
 ) -> Iterator[ort.InferenceSession]:
     """A session for an in-memory model; models over 2 GB go through a temporary dir."""
@@ -315,7 +315,7 @@ def run_model(
         MixprecError: ORT cannot load the model, or fails to run it.
     """
     if isinstance(model, onnx.ModelProto):
-        with _session_for(model, threads, optimize) as session:
+        with session_for(model, threads, optimize) as session:
             return run_session(session, feeds, output_names)
     source = bytes(model) if isinstance(model, bytes | bytearray) else os.fspath(model)
     session = make_session(source, threads, optimize=optimize)

@@ -20,6 +20,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.ops import onnx_opset
 from mixprec.io.external import DATA_FOLDER
 from mixprec.io.protos import weightless_proto
 from mixprec.runtime.ort import (
@@ -91,7 +92,7 @@ class ProbeSession:
                 model.graph.outputs.extend(n.outputs[0] for n in nodes)
                 probes.append((name, *(n.outputs[0].name or "" for n in nodes)))  # type: ignore[arg-type]
                 if means and name in means and value.shape is not None:
-                    opset = model.opset_imports.get("", model.opset_imports.get("ai.onnx", 13))
+                    opset = onnx_opset(model.opset_imports, 13)
                     mean = _mean_node(value, means[name], len(value.shape), k, opset)
                     model.graph.insert_after(nodes[-1], mean)
                     added.extend(mean)

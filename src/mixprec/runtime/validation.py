@@ -13,6 +13,7 @@ import onnx_ir as ir
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import all_graphs, iter_nodes
 from mixprec.core.metrics import DEFAULT_RTOL, OutputComparison, compare_outputs
+from mixprec.core.ops import DTYPE_ATTRS
 from mixprec.core.registry import node_info
 from mixprec.io.feeds import feeds_for
 from mixprec.runtime.emulate import emulate_low_precision
@@ -24,7 +25,6 @@ logger = logging.getLogger(__name__)
 # Relative tolerance used when the converted model has no low-precision tensor at all.
 _NO_LOW_RTOL = 1e-4
 # Integer attributes that name an output element type.
-_DTYPE_ATTRS = ("to", "dtype", "output_dtype")
 
 
 def _elem_types_of(tp: ir.TypeProtocol | None) -> set[ir.DataType]:
@@ -52,7 +52,7 @@ def detect_low_dtype(model: onnx.ModelProto | ir.Model) -> str:
             for attr in node.attributes.values():
                 if attr.type == ir.AttributeType.TENSOR:
                     found.add(attr.as_tensor().dtype)
-                elif attr.type == ir.AttributeType.INT and attr.name in _DTYPE_ATTRS:
+                elif attr.type == ir.AttributeType.INT and attr.name in DTYPE_ATTRS:
                     found.add(attr.as_int())
     if ir.DataType.BFLOAT16 in found:
         return "bfloat16"

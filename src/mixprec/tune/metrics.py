@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.ops import TOLERANCES
 from mixprec.runtime.ort import run_session
 
 __all__ = ["BUILTIN_METRICS", "Budget", "Candidate", "Metric", "resolve_metric"]
@@ -37,12 +38,7 @@ _NUMPY_FLOATS: dict[str, np.dtype[Any]] = {
     "tensor(double)": np.dtype(np.float64),
 }
 #: name -> (higher is better, default budget by target or None).
-BUILTIN_METRICS: dict[str, tuple[bool, Mapping[str, float]]] = {
-    "rel-l2": (False, {"float16": 1e-2, "bfloat16": 8e-2, "int8": 1e-1}),
-    "max-abs": (False, {}),
-    "top1": (True, {"float16": 0.99, "bfloat16": 0.99, "int8": 0.99}),
-    "cosine": (True, {"float16": 0.9999, "bfloat16": 0.999, "int8": 0.99}),
-}
+BUILTIN_METRICS = TOLERANCES
 
 
 class Candidate:

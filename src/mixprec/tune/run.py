@@ -27,8 +27,7 @@ from mixprec.io.feeds import calibration_feeds, feeds_for, iter_calibration_npz,
 from mixprec.pipeline.convert import report_stages
 from mixprec.pipeline.quantize import fill_report
 from mixprec.pipeline.report import Report
-from mixprec.runtime.ort import _session_for as session_for  # renamed on merge
-from mixprec.runtime.ort import run_session
+from mixprec.runtime.ort import run_session, session_for
 from mixprec.tune.metrics import Candidate, Metric, resolve_budget, resolve_metric
 from mixprec.tune.result import TuneResult
 from mixprec.tune.search import Search

@@ -32,7 +32,7 @@ import onnx_ir as ir
 
 from mixprec.core.graphs import UniqueNames
 from mixprec.io.feeds import feeds_for
-from mixprec.runtime.ort import _session_for, run_session
+from mixprec.runtime.ort import run_session, session_for
 
 __all__ = ["NodeSensitivity", "Rounder", "measure_sensitivity", "rank"]
 
@@ -315,7 +315,7 @@ def measure_sensitivity(
     )
     sums: dict[str, float] = {}
     if comparisons:  # none when every candidate sits in a subgraph
-        with _session_for(ir.to_proto(instrumented), threads, optimize=False) as session:
+        with session_for(ir.to_proto(instrumented), threads, optimize=False) as session:
             for feeds in samples:
                 out = run_session(session, feeds_for(instrumented, feeds), None)
                 for name, array in out.items():

@@ -20,10 +20,10 @@ from mixprec.calibrate.measure import MACS, calibration_of
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import UniqueNames, iter_nodes
+from mixprec.core.ops import parse_dtype, weight_out_axis
 from mixprec.int8.config import MODES, QuantizeConfig
 from mixprec.int8.params import activation_qparams, quantize_weight
 from mixprec.int8.plan import int8_decision, weight_index
-from mixprec.int8.qdq import _weight_axis  # moves to core.ops on merge
 from mixprec.pipeline.quantize import QuantizePipeline
 from mixprec.pipeline.stages import Pipeline
 from mixprec.precision.paint import Precision, painted
@@ -162,7 +162,7 @@ class QdqRounder(Rounder):
             if index is None or weight_of.inputs[index] is not value or tensor is None:
                 return value  # biases and other constants stay float
             w = tensor.numpy().astype(np.float32)
-            axis = _weight_axis(weight_of, w.ndim) if self.q.per_channel else None
+            axis = weight_out_axis(weight_of, w.ndim) if self.q.per_channel else None
             found = quantize_weight(w, axis, qmax=63 if self.q.reduce_range else 127)
             if isinstance(found, str):
                 return value
@@ -192,7 +192,7 @@ def make_target(
     "ort"); for int8, whose candidates always run as is, it may name the INT8 mode."""
     if target is not None and not isinstance(target, str):
         raise TypeError(f"target must be 'fp16', 'bf16' or 'int8', not {type(target).__name__}")
-    int8 = target is not None and target.strip().lower() in ("int8", "i8", "qdq")
+    int8 = target is not None and parse_dtype(target, what="target") == "int8"
     if int8 and mode in MODES:
         return Int8Target({**options, "mode": mode})
     if mode not in ("emulated", "ort"):
