@@ -612,9 +612,9 @@ def test_library_records_and_warnings_are_one_line(
     import logging
     import warnings
 
-    import mixprec.api.convert
+    import mixprec.cli.convert
 
-    real = mixprec.api.convert.convert
+    real = mixprec.cli.convert.convert
 
     def noisy(*args, **kwargs):
         try:
@@ -625,7 +625,7 @@ def test_library_records_and_warnings_are_one_line(
         warnings.warn("a library warning\nwith two lines", UserWarning, stacklevel=1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(mixprec.api.convert, "convert", noisy)
+    monkeypatch.setattr(mixprec.cli.convert, "convert", noisy)
     res = cli(["convert", models.small, "-o", tmp_path / "o.onnx"], monkeypatch=monkeypatch)
     assert res.rc == 0, res.err
     lines = _lines(res.err)
@@ -671,12 +671,12 @@ def test_quiet_bad_input_one_line_exit_2(
 
 
 def _raise_in_convert(monkeypatch: pytest.MonkeyPatch, exc: Exception) -> None:
-    import mixprec.api.convert
+    import mixprec.cli.convert
 
     def broken(*args, **kwargs):
         raise exc
 
-    monkeypatch.setattr(mixprec.api.convert, "convert", broken)
+    monkeypatch.setattr(mixprec.cli.convert, "convert", broken)  # what the command calls
 
 
 @pytest.mark.parametrize(
@@ -882,3 +882,53 @@ def test_validate_and_convert_use_the_same_shapes_for_symbolic_dims(
     assert any("dim 0 (N) is symbolic: used 1" in n for n in report["notes"]), report
     table = cli(["validate", models.sym, out], monkeypatch=monkeypatch)
     assert "inputs: x [1, 3, 8, 8]" in table.out, table.out
+
+
+# --------------------------------------------------------------------------- seams (issue 16)
+
+
+@pytest.mark.parametrize("command", ["convert", "quantize"])
+def test_output_with_a_trailing_slash_is_an_error_and_writes_nothing(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """``-o new.onnx/`` used to write a file ``new.onnx``."""
+    target = tmp_path / "new.onnx"
+    res = cli([command, models.small, "-o", f"{target}/"], monkeypatch=monkeypatch)
+    assert res.rc == 2, (res.rc, res.err)
+    assert res.err.strip().splitlines() == [
+        f"mixprec: error: {target}/: names a folder (trailing slash), not a file"
+    ], res.err
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_quiet_prints_only_what_was_written(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-q`` used to print the whole summary table."""
+    out = tmp_path / "q.onnx"
+    loud = cli(["convert", models.small, "-o", out], monkeypatch=monkeypatch)
+    assert loud.rc == 0 and len(loud.out.splitlines()) > 2, loud.out
+    quiet = cli(["convert", models.small, "-o", out, "-q"], monkeypatch=monkeypatch)
+    assert quiet.rc == 0, quiet.err
+    assert quiet.out.splitlines() == [f"wrote {out}"], quiet.out
+    page = tmp_path / "r.html"
+    report = cli(["report", models.small, "-o", page, "-q"], monkeypatch=monkeypatch)
+    assert report.rc == 0 and report.out.splitlines()[0].startswith(f"wrote {page} "), report.out
+    assert len(report.out.splitlines()) == 1, report.out
+
+
+@pytest.mark.parametrize("spelling", ["int8", "I8"])
+def test_every_command_takes_the_same_int8_spellings(
+    models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spelling: str
+) -> None:
+    """``report --dtype i8`` used to be refused while ``tune --dtype i8`` was accepted."""
+    page = tmp_path / "r.html"
+    report = cli(["report", models.small, "-o", page, "--dtype", spelling], monkeypatch=monkeypatch)
+    assert report.rc == 0, report.err
+    assert "INT8" in page.read_text()
+    inspect = cli(["inspect", models.small, "--dtype", spelling, "--json"], monkeypatch=monkeypatch)
+    assert inspect.rc == 0 and json.loads(inspect.out)["target"] == "int8", inspect.err
+    for bad in ("u8", "fp8"):
+        res = cli(["report", models.small, "-o", page, "--dtype", bad], monkeypatch=monkeypatch)
+        assert res.rc == 2 and len(res.err.strip().splitlines()) == 1, res.err
+        assert f"unknown --dtype '{bad}'" in res.err and "i8" in res.err, res.err

@@ -180,16 +180,16 @@ def test_inspect_stops_after_annotate_with_decisions_on_the_graph():
 
 
 def test_annotate_and_apply_rerun_on_a_calibrated_model_without_recalibrating(monkeypatch):
-    from mixprec.calibrate import runner as _calibrate
+    from mixprec.calibrate import measure
 
     calls = []
-    real = _calibrate.calibrate
+    real = measure.calibrate
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(_calibrate, "calibrate", counting)
+    monkeypatch.setattr(measure, "calibrate", counting)  # what CalibratePass calls
     base = ConvertConfig.resolve("fp16")
     calibrated = Pipeline(base).run(ir.from_proto(make_model(_TEXT)), until="calibrate")
     assert len(calls) == 1

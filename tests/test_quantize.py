@@ -310,7 +310,7 @@ def test_cli_quantize_with_a_folder_of_samples_and_validate(tmp_path: Path, caps
         np.savez(folder / f"{k}.npz", **sample)
     out = tmp_path / "cnn_int8.onnx"
     rc = main(["quantize", str(src), "-o", str(out), "--calibration-data", str(folder),
-               "--method", "percentile", "--speed", "off", "--validate", "-q"])  # fmt: skip
+               "--method", "percentile", "--speed", "off", "--validate"])  # fmt: skip
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert out.is_file() and "wrote" in captured.out.splitlines()[-1]

@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mixprec.api.convert import annotate
-from mixprec.cli.report import model_explorer_data
+from mixprec.cli.outputs import model_explorer_data
 from mixprec.report.html import render_page
 from mixprec.report.layout import layout_graph
 

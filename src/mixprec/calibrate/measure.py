@@ -13,9 +13,12 @@ from typing import Any
 
 import onnx_ir as ir
 
+from mixprec.calibrate.runner import calibrate
+from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import iter_nodes
+from mixprec.io.feeds import make_inputs, resolve_input_shapes
 from mixprec.io.protos import weightless_proto
-from mixprec.pipeline.report import concrete_shapes, count_macs
+from mixprec.passes.macs import concrete_shapes, count_macs
 
 __all__ = [
     "CALIBRATION",
@@ -62,8 +65,6 @@ class Calibration:
 def _weighted_inputs(model: ir.Model) -> dict[str, int]:
     """Activation input -> channel axis of the main graph's Conv/Gemm with a constant
     weight (what bias correction needs the per-channel mean of)."""
-    from mixprec.core.constants import const_tensor
-
     found: dict[str, int] = {}
     for node in model.graph:
         if node.op_type not in ("Conv", "Gemm") or len(node.inputs) < 2:
@@ -111,18 +112,12 @@ class CalibratePass(ir.passes.InPlacePass):
         self.run = run
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
-        from mixprec.io.feeds import resolve_input_shapes
-
         concrete, notes = resolve_input_shapes(model, self.shapes)
         result = Calibration(input_shapes=concrete, observer=self.observer)
         if not self.run:
             result.notes.extend(notes)
             model.meta[CALIBRATION] = result
             return ir.passes.PassResult(model, modified=False)
-
-        # onnxruntime is imported only when calibrating
-        from mixprec.calibrate.runner import calibrate
-        from mixprec.io.feeds import make_inputs
 
         data = self.data
         if data is None:

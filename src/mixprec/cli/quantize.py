@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mixprec.cli.main import (
-    _add_input_args,
-    _add_quiet_arg,
-    _calibration_data,
-    _checked_output,
-    _load_feeds,
-    _progress,
-    _validate_and_write,
+from mixprec.api.quantize import quantize
+from mixprec.cli.options import (
+    add_input_args,
+    add_quiet_arg,
+    calibration_data,
+    load_feeds,
+    progress,
 )
-from mixprec.cli.report import add_output_args
+from mixprec.cli.outputs import add_output_args, checked_output, validate_and_write
 
 __all__ = ["add_quantize_parser", "cmd_quantize"]
 
@@ -68,7 +67,7 @@ def add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
         "--exclude", action="append", default=[], metavar="REGEX", help="node kept float"
     )
     q.add_argument("--no-fold-batchnorm", action="store_true")
-    _add_input_args(q)
+    add_input_args(q)
     q.add_argument("--log-dir", help="write graphs and the report here")
     q.add_argument("--validate", action="store_true", help="compare with FP32 before writing")
     q.add_argument("--rtol", type=float, default=None, help="validation tolerance (rel. L2)")
@@ -77,19 +76,17 @@ def add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
     )
     q.add_argument("--external-data", action="store_true", help="write weights to OUTPUT.data")
     q.add_argument("--json", action="store_true", help="machine-readable report on stdout")
-    _add_quiet_arg(q)
+    add_quiet_arg(q)
     add_output_args(q)
     return q
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from mixprec.api.quantize import quantize
-
-    out = _checked_output(args)
-    feeds = _load_feeds(args.inputs, args.model)
+    out = checked_output(args)
+    feeds = load_feeds(args.inputs, args.model)
     result = quantize(
         args.model,
-        _calibration_data(args, feeds),
+        calibration_data(args, feeds),
         method=args.method,
         activations=args.activation_type,
         per_channel=not args.per_tensor,
@@ -101,6 +98,6 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         mode="dynamic" if args.dynamic else args.mode,
         fallback=args.fallback,
         bias_correction=args.bias_correction,
-        progress=_progress(args.quiet or args.json),
+        progress=progress(args.quiet or args.json),
     )
-    return _validate_and_write(args, result, feeds, out)
+    return validate_and_write(args, result, feeds, out)

@@ -13,6 +13,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from mixprec.report.logdir import LOG_FILE
+
 __all__ = ["OneLineFormatter", "Terminal", "terminal_logging"]
 
 
@@ -142,8 +144,6 @@ def terminal_logging(*, quiet: bool, debug: bool, log_dir: str | None) -> Iterat
     if log_dir is not None:
         try:
             Path(log_dir).mkdir(parents=True, exist_ok=True)
-            from mixprec.report.logdir import LOG_FILE
-
             file = _QuietFileHandler(Path(log_dir) / LOG_FILE, mode="w", encoding="utf-8")
         except OSError:
             pass  # the command reports the folder as unusable in its own words

@@ -12,13 +12,11 @@ import json
 import sys
 from typing import Any
 
-from mixprec.cli.main import (
-    EXIT_VALIDATION_FAILED,
-    _add_quiet_arg,
-    _add_shape_arg,
-    _checked_output,
-    _progress,
-)
+from mixprec.api.tune import tune
+from mixprec.cli.options import EXIT_VALIDATION_FAILED, add_quiet_arg, add_shape_arg, progress
+from mixprec.cli.outputs import checked_output
+from mixprec.io.feeds import iter_calibration_npz
+from mixprec.io.models import load_model
 
 __all__ = ["add_tune_parser", "cmd_tune"]
 
@@ -71,21 +69,17 @@ def add_tune_parser(sub: Any) -> argparse.ArgumentParser:
         help="emulated (default): fp16/bf16 candidates run in float32 with every low "
         "tensor rounded; ort: fp16 as is on ONNX Runtime's CPU provider",
     )
-    _add_shape_arg(t)
+    add_shape_arg(t)
     t.add_argument("--log-dir", help="write tune.json and tune.png (metric vs MAC share) here")
     t.add_argument("--external-data", action="store_true", help="write weights to OUTPUT.data")
     t.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    _add_quiet_arg(t)
+    add_quiet_arg(t)
     t.set_defaults(validate=False, keep_failed=False)
     return t
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from mixprec.api.tune import tune
-    from mixprec.io.feeds import iter_calibration_npz
-    from mixprec.io.models import load_model
-
-    out = _checked_output(args)
+    out = checked_output(args)
     original = load_model(args.model)
     samples = list(iter_calibration_npz(args.inputs, original))
     calibration = (
@@ -103,7 +97,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         calibration_data=calibration,
         max_evaluations=args.max_evaluations,
         mode=args.mode,
-        progress=_progress(args.quiet or args.json),
+        progress=progress(args.quiet or args.json),
         log_dir=args.log_dir,
         **options,
     )
@@ -114,7 +108,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         data["output"] = str(out) if result.passed else None
         print(json.dumps(data, indent=2, default=str))
     else:
-        print(result.format_summary())
+        if not args.quiet:
+            print(result.format_summary())
         if result.passed:
             print(f"wrote {out}")
     if result.passed:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from mixprec.core.errors import MixprecError
 from mixprec.core.ops import onnx_domain
 
 __all__ = [
@@ -169,8 +170,6 @@ _BOOL_FACTS = frozenset({"shape_only", "control_flow", "quantized", "same_type"}
 
 def _check_registration(op_type: object, domain: object, facts: Mapping[str, object]) -> None:
     """Type- and value-check :func:`register_op`'s arguments (names the bad one)."""
-    from mixprec.core.errors import MixprecError
-
     for name, given in (("op_type", op_type), ("domain", domain)):
         if not isinstance(given, str):
             raise TypeError(f"{name} must be a str, not {type(given).__name__} {given!r}")

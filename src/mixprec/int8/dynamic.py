@@ -22,11 +22,11 @@ import onnx_ir as ir
 
 from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import UniqueNames, add_initializer
-from mixprec.core.ops import is_onnx_domain, trans_b
+from mixprec.core.ops import trans_b
 from mixprec.int8.params import quantize_weight
-from mixprec.int8.plan import INT8, Int8Decision, int8_decision
+from mixprec.int8.plan import INT8, Int8Decision, dynamic_candidate, int8_decision
 
-__all__ = ["QuantizeDynamicPass", "QuantizeDynamicResult", "dynamic_candidate"]
+__all__ = ["QuantizeDynamicPass", "QuantizeDynamicResult"]
 
 
 @dataclasses.dataclass
@@ -37,27 +37,6 @@ class QuantizeDynamicResult(ir.passes.PassResult):
     weights: int = 0
     left_float: dict[str, str] = dataclasses.field(default_factory=dict)
     outputs: dict[str, str] = dataclasses.field(default_factory=dict)  # output -> node name
-
-
-def dynamic_candidate(node: ir.Node) -> str | None:
-    """None when ``node`` can run as a dynamic INT8 MatMul, else why not."""
-    if node.op_type not in ("MatMul", "Gemm") or not is_onnx_domain(node.domain):
-        return f"{node.op_type}: dynamic mode quantizes MatMul/Gemm weights only"
-    x = node.inputs[0]
-    w = node.inputs[1] if len(node.inputs) > 1 else None
-    if x is None or x.dtype != ir.DataType.FLOAT:
-        return "input is not float32"
-    tensor = const_tensor(w) if w is not None else None
-    if tensor is None or tensor.dtype != ir.DataType.FLOAT or len(tensor.shape) != 2:
-        return "weight is not a 2-D float32 constant"
-    if node.op_type == "Gemm":
-        attrs = node.attributes
-        if attrs.get("transA") is not None and attrs["transA"].as_int():
-            return "Gemm with transA"
-        for key in ("alpha", "beta"):
-            if attrs.get(key) is not None and attrs[key].as_float() != 1.0:
-                return f"Gemm with {key} != 1"
-    return None
 
 
 class QuantizeDynamicPass(ir.passes.InPlacePass):

@@ -23,7 +23,7 @@ from mixprec.core.graphs import NodeExclusions, iter_nodes
 from mixprec.core.ops import is_onnx_domain
 from mixprec.core.registry import node_info
 
-__all__ = ["INT8", "AnnotateInt8Pass", "Int8Decision", "int8_decision"]
+__all__ = ["INT8", "AnnotateInt8Pass", "Int8Decision", "dynamic_candidate", "int8_decision"]
 
 #: ``node.meta`` key of the INT8 decision.
 INT8 = "mixprec.int8"
@@ -85,8 +85,6 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, modified=False)
 
     def _decide_dynamic(self, node: ir.Node) -> Int8Decision:
-        from mixprec.int8.dynamic import dynamic_candidate
-
         role = node_info(node).int8
         why = dynamic_candidate(node) or self._excluded(node)
         if why is not None:
@@ -126,3 +124,24 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
 def _is_int8(node: ir.Node) -> bool:
     decision = int8_decision(node)
     return decision is not None and decision.int8
+
+
+def dynamic_candidate(node: ir.Node) -> str | None:
+    """None when ``node`` can run as a dynamic INT8 MatMul, else why not."""
+    if node.op_type not in ("MatMul", "Gemm") or not is_onnx_domain(node.domain):
+        return f"{node.op_type}: dynamic mode quantizes MatMul/Gemm weights only"
+    x = node.inputs[0]
+    w = node.inputs[1] if len(node.inputs) > 1 else None
+    if x is None or x.dtype != ir.DataType.FLOAT:
+        return "input is not float32"
+    tensor = const_tensor(w) if w is not None else None
+    if tensor is None or tensor.dtype != ir.DataType.FLOAT or len(tensor.shape) != 2:
+        return "weight is not a 2-D float32 constant"
+    if node.op_type == "Gemm":
+        attrs = node.attributes
+        if attrs.get("transA") is not None and attrs["transA"].as_int():
+            return "Gemm with transA"
+        for key in ("alpha", "beta"):
+            if attrs.get(key) is not None and attrs[key].as_float() != 1.0:
+                return f"Gemm with {key} != 1"
+    return None

@@ -46,6 +46,7 @@ import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.ops import is_onnx_domain, onnx_domain
+from mixprec.io.input_checks import check_proto
 from mixprec.io.protos import FILE_SPAN, IN_MEMORY, iter_model_graphs
 
 __all__ = [
@@ -605,9 +606,7 @@ def model_from_proto(
             external data and no ``folder``; a proto ``onnx_ir`` cannot represent.
     """
     files = prepare_proto(proto, where, folder)
-    from mixprec.io.input_checks import check_proto  # what onnx_ir cannot parse sanely
-
-    check_proto(proto, where)
+    check_proto(proto, where)  # what onnx_ir cannot parse sanely
     _drop_repeated_opsets(proto)
     try:
         model = ir.from_proto(proto)

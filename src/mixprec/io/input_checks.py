@@ -22,6 +22,7 @@ import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.ops import DTYPE_ATTRS, is_onnx_domain, onnx_domain, onnx_opset
+from mixprec.io.protos import iter_model_graphs
 from mixprec.io.sanitize import (
     MIN_OPSET,
     PACKED_4BIT,
@@ -264,8 +265,6 @@ def check_proto(proto: onnx.ModelProto, where: str = "model") -> None:
     Raises:
         MixprecError: naming the graph, node or tensor.
     """
-    from mixprec.io.protos import iter_model_graphs
-
     if not proto.HasField("graph"):
         raise MixprecError(f"{where}: no graph")
     versions: dict[str, list[int]] = {}

@@ -131,6 +131,8 @@ def check_output_path(path: str | os.PathLike[str]) -> Path:
     """Fail early, before any work, if ``path`` cannot be written."""
     _refuse_nul(path)
     p = Path(path)
+    if os.fspath(path).endswith(("/", os.sep)):  # Path() drops the slash: "new.onnx/"
+        raise MixprecError(f"{os.fspath(path)}: names a folder (trailing slash), not a file")
     folder = p.resolve().parent
     if not folder.is_dir():
         raise MixprecError(f"{p}: folder {folder} does not exist")

@@ -20,6 +20,7 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.core.ops import is_onnx_domain
+from mixprec.core.registry import node_info
 from mixprec.io.protos import weightless_proto
 
 __all__ = [
@@ -165,8 +166,6 @@ def _infer(model: ir.Model) -> ir.Model | str:
 def _type_locally(values: list[ir.Value]) -> bool:
     """Give each value the dtype its producer implies (Shape/Size: int64; type-preserving
     ops: their input's), in topological order; False when one cannot be typed so."""
-    from mixprec.core.registry import node_info
-
     for value in values:
         node = value.producer()
         if node is None or not is_onnx_domain(node.domain):

@@ -25,8 +25,8 @@ from mixprec.calibrate.measure import MACS, CalibratePass, CountMacsPass, calibr
 from mixprec.core.errors import MixprecError
 from mixprec.core.ops import QDQ_OPS
 from mixprec.int8.config import DYNAMIC_MAC_SHARE, PER_CHANNEL_OPSET, QuantizeConfig
-from mixprec.int8.dynamic import QuantizeDynamicPass, QuantizeDynamicResult, dynamic_candidate
-from mixprec.int8.plan import AnnotateInt8Pass, int8_decision
+from mixprec.int8.dynamic import QuantizeDynamicPass, QuantizeDynamicResult
+from mixprec.int8.plan import AnnotateInt8Pass, dynamic_candidate, int8_decision
 from mixprec.int8.qdq import QuantizeQDQPass, QuantizeQDQResult
 from mixprec.int8.speed import candidate_placements, choose_placement
 from mixprec.io.feeds import feeds_for, make_inputs

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import onnx
 import onnx_ir as ir
 
 from mixprec.calibrate.measure import CALIBRATION, MACS, Calibration
@@ -21,7 +22,9 @@ from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import subgraphs_of
 from mixprec.core.ops import FLOAT_TYPES, QDQ_OPS, is_onnx_domain
 from mixprec.core.policy import SHAPE_ONLY_OPS
+from mixprec.int8.params import activation_qparams
 from mixprec.int8.plan import int8_decision
+from mixprec.io.protos import iter_proto_graphs, weightless_proto
 from mixprec.pipeline.report import NodeReport, Report
 from mixprec.precision.paint import decision_of
 
@@ -99,10 +102,6 @@ def _edge_kind(value: ir.Value, dtypes: Dtypes) -> str:
 def inferred_dtypes(model: ir.Model) -> Dtypes:
     """Element types of every value by name, from onnx type inference on a weightless
     copy (empty when inference fails: the page then shows unknown types as "other")."""
-    import onnx
-
-    from mixprec.io.protos import iter_proto_graphs, weightless_proto
-
     found: Dtypes = {}
     try:
         proto, _ = weightless_proto(model, with_arrays=False)
@@ -357,8 +356,6 @@ def _node_view(node: ir.Node, nid: str, ctx: _Context) -> NodeView:
 def _planned_qparams(node: ir.Node, calib: Calibration) -> list[str]:
     """For an INT8 plan (no Q/DQ yet): the output scale and zero point ``quantize``'s
     defaults (MinMax, uint8 activations) would give from the calibrated range."""
-    from mixprec.int8.params import activation_qparams
-
     found = []
     for value in node.outputs:
         stats = calib.stats.get(value.name or "")

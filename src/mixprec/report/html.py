@@ -18,6 +18,7 @@ from typing import Any
 
 import onnx_ir as ir
 
+from mixprec.io.models import write_text
 from mixprec.pipeline.report import Report
 from mixprec.report.graph_view import PRECISION_LABELS, GraphView, NodeView, build_views
 from mixprec.report.html_parts import (
@@ -203,8 +204,6 @@ def write_report_html(
         >>> result = mixprec.convert("model.onnx", "fp16")           # doctest: +SKIP
         >>> write_report_html(result, "report.html")                 # doctest: +SKIP
     """
-    from mixprec.io.models import write_text
-
     model = getattr(result_or_model, "model", result_or_model)
     if not isinstance(model, ir.Model):
         raise TypeError(f"expected a ConversionResult or onnx_ir.Model, not {type(model)}")

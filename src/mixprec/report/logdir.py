@@ -20,6 +20,7 @@ import onnx.printer
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.version import __version__
 from mixprec.io.external import input_files
 from mixprec.io.protos import iter_proto_tensors
 from mixprec.pipeline.report import Report
@@ -139,8 +140,6 @@ def write_error_file(
     any problem it returns ``None`` instead of the file's path.
     """
     try:
-        from mixprec.core.version import __version__
-
         path = Path(folder) / ERROR_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         lines = [

@@ -16,6 +16,8 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mixprec.report.html import write_report_html
+
 if TYPE_CHECKING:
     from mixprec.tune.result import TuneResult
 
@@ -69,8 +71,6 @@ def _plot(result: TuneResult, path: Path) -> str | None:
 
 
 def _page(result: TuneResult, path: Path) -> None:
-    from mixprec.report.html import write_report_html
-
     ev = result.evaluations
     extra: dict[str, object] = {
         "tuner budget": result.budget.text if result.budget else "",

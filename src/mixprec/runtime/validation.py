@@ -17,6 +17,7 @@ from mixprec.core.ops import DTYPE_ATTRS
 from mixprec.core.registry import node_info
 from mixprec.io.feeds import feeds_for
 from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.runtime.ort import OrtLoadError, OrtRunError, run_model
 
 __all__ = ["ValidationReport", "detect_low_dtype", "validate_models"]
 
@@ -177,9 +178,6 @@ def validate_models(
         MixprecError: An unknown mode, the original model cannot run, or (mode ``"ort"``
             or after emulation) the converted model cannot run.
     """
-    # onnxruntime is imported on first use: ``import mixprec`` stays light.
-    from mixprec.runtime.ort import OrtLoadError, OrtRunError, run_model
-
     if mode not in ("auto", "ort", "emulated"):
         raise MixprecError(f"unknown validation mode {mode!r}; use auto, ort or emulated")
     low_dtype = detect_low_dtype(converted)

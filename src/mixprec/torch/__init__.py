@@ -23,8 +23,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from mixprec.torch._check import CheckReport, TorchCheckError
 from mixprec.torch._convert import convert_module
 from mixprec.torch._export import DYNAMO, TORCHSCRIPT
-from mixprec.torch._io import load
-from mixprec.torch._module import ConvertedModule, ModuleSpec
+from mixprec.torch._module import ConvertedModule, ModuleSpec, load
 
 __all__ = [
     "DYNAMO",

@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.io.models import load_model, save_model
@@ -22,7 +24,7 @@ from mixprec.pipeline.report import NodeReport, Report
 if TYPE_CHECKING:
     from mixprec.torch._module import ConvertedModule
 
-__all__ = ["load", "save_converted"]
+__all__ = ["read_saved", "save_converted"]
 
 MODEL_FILE = "model.onnx"
 SPEC_FILE = "mixprec_torch.json"
@@ -48,24 +50,13 @@ def report_from_dict(data: Mapping[str, Any]) -> Report:
     return Report(nodes=nodes, **fields)
 
 
-def load(
-    path: str | os.PathLike[str], *, providers: Sequence[str] | None = None
-) -> ConvertedModule:
-    """Load a module saved by :meth:`ConvertedModule.save`.
-
-    Args:
-        path: the folder.
-        providers: ONNX Runtime execution providers (default: CUDA when available, CPU).
+def read_saved(path: str | os.PathLike[str]) -> tuple[ir.Model, Report, dict[str, Any]]:
+    """The model, the report and the spec's JSON data of a folder written by
+    :func:`save_converted` (:func:`mixprec.torch.load` builds the module from them).
 
     Raises:
         MixprecError: the folder or one of its files is missing or malformed.
-
-    Example:
-        >>> module = mixprec.torch.load("resnet_fp16")               # doctest: +SKIP
-        >>> logits = module(images)                                 # doctest: +SKIP
     """
-    from mixprec.torch._module import ConvertedModule, ModuleSpec
-
     folder = Path(path)
     if not folder.is_dir():
         raise MixprecError(f"{folder}: not a folder written by ConvertedModule.save()")
@@ -80,5 +71,4 @@ def load(
         report = report_from_dict(report_data)
     except TypeError as exc:
         raise MixprecError(f"{folder / REPORT_FILE}: malformed report ({exc})") from None
-    model = load_model(folder / MODEL_FILE)
-    return ConvertedModule(model, report, ModuleSpec.from_dict(spec_data), providers=providers)
+    return load_model(folder / MODEL_FILE), report, spec_data

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,10 +14,11 @@ import torch
 from mixprec.core.errors import MixprecError
 from mixprec.pipeline.report import Report
 from mixprec.torch._check import CheckReport
+from mixprec.torch._io import read_saved, save_converted
 from mixprec.torch._runtime import OrtRunner
 from mixprec.torch._tree import Tree, leaf_paths, unflatten_outputs
 
-__all__ = ["ConvertedModule", "ModuleSpec"]
+__all__ = ["ConvertedModule", "ModuleSpec", "load"]
 
 SPEC_VERSION = 1
 
@@ -178,8 +180,6 @@ class ConvertedModule(torch.nn.Module):
 
         :func:`mixprec.torch.load` reads it back without the original module's class.
         """
-        from mixprec.torch._io import save_converted
-
         save_converted(self, path)
 
     def extra_repr(self) -> str:
@@ -189,3 +189,23 @@ class ConvertedModule(torch.nn.Module):
             f"({r.low_nodes}/{len(r.nodes)}), weights {self.parameter_bytes / 1e6:.2f} MB, "
             f"runtime={self.runtime} on {self.providers[0]}"
         )
+
+
+def load(
+    path: str | os.PathLike[str], *, providers: Sequence[str] | None = None
+) -> ConvertedModule:
+    """Load a module saved by :meth:`ConvertedModule.save`.
+
+    Args:
+        path: the folder.
+        providers: ONNX Runtime execution providers (default: CUDA when available, CPU).
+
+    Raises:
+        MixprecError: the folder or one of its files is missing or malformed.
+
+    Example:
+        >>> module = mixprec.torch.load("resnet_fp16")               # doctest: +SKIP
+        >>> logits = module(images)                                 # doctest: +SKIP
+    """
+    model, report, spec_data = read_saved(path)
+    return ConvertedModule(model, report, ModuleSpec.from_dict(spec_data), providers=providers)

@@ -1,0 +1,99 @@
+"""``mixprec inspect`` (the painting or the INT8 plan, nothing written) and ``mixprec lists``
+(the default op lists and rules)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from mixprec.api.convert import inspect
+from mixprec.api.quantize import plan_int8
+from mixprec.cli.options import (
+    LISTS,
+    add_policy_args,
+    calibration_data,
+    convert_kwargs,
+    dtype_of,
+    load_feeds,
+    progress,
+)
+from mixprec.core.errors import MixprecError
+from mixprec.core.policy import RULES, OpClass, default_policy
+
+__all__ = ["add_inspect_parser", "add_lists_parser", "cmd_inspect", "cmd_lists"]
+
+
+def add_inspect_parser(sub: Any) -> argparse.ArgumentParser:
+    i = sub.add_parser(
+        "inspect",
+        help="show the painting (or, with --dtype int8, the INT8 plan) without writing a model",
+    )
+    i.add_argument("model")
+    add_policy_args(i)
+    i.add_argument("--all-nodes", action="store_true", help="list every node's decision")
+    i.add_argument(
+        "--dynamic", action="store_true", help="with --dtype int8: the dynamic INT8 plan"
+    )
+    return i
+
+
+def add_lists_parser(sub: Any) -> argparse.ArgumentParser:
+    lists = sub.add_parser("lists", help="print the default op lists and rules")
+    lists.add_argument("--dtype", default="fp16")
+    lists.add_argument("--markdown", action="store_true")
+    return lists
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    feeds = load_feeds(args.inputs, args.model)
+    if dtype_of(args) == "int8":
+        for name in LISTS:
+            for kind in ("add", "remove"):
+                if getattr(args, f"{name}_{kind}", None):
+                    raise MixprecError(
+                        f"--{name}-{kind} is an fp16/bf16 list; int8 takes --exclude"
+                    )
+        _, report = plan_int8(
+            args.model,
+            calibration_data(args, feeds),
+            progress=progress(args.quiet or args.json),
+            exclude_nodes=tuple(args.exclude or ()),
+            shapes=dict(args.shape),
+            fold_batchnorm=not args.no_fold_batchnorm,
+            mode="dynamic" if args.dynamic else "static",
+        )
+    else:
+        if args.dynamic:
+            raise MixprecError("--dynamic goes with --dtype int8")
+        report = inspect(
+            args.model,
+            args.dtype,
+            calibration_data=calibration_data(args, feeds),
+            progress=progress(args.quiet or args.json),
+            **convert_kwargs(args),
+        )
+    if args.json:
+        print(report.to_json())
+        return 0
+    print(report.format_summary())
+    if args.all_nodes:
+        for n in report.nodes:
+            print(f"  {n.precision:4s}  {n.op_type:22s} {n.name:40s} [{n.step}] {n.reason}")
+    return 0
+
+
+def cmd_lists(args: argparse.Namespace) -> int:
+    policy = default_policy(args.dtype)
+    if args.markdown:
+        print(f"| list | {policy.target} ops |\n|---|---|")
+        for cls in (OpClass.ALLOW, OpClass.DENY, OpClass.INFER, OpClass.CLEAR):
+            print(f"| {cls.value.upper()} | {', '.join(sorted(policy.lists[cls]))} |")
+        print("\n| rule (domain, op) | behaviour |\n|---|---|")
+        for (domain, op), rule in sorted(RULES.items()):
+            print(f"| {domain or 'ai.onnx'}::{op} | {rule.note} |")
+        return 0
+    for cls in (OpClass.ALLOW, OpClass.DENY, OpClass.INFER, OpClass.CLEAR):
+        print(f"{cls.value.upper():6s} {', '.join(sorted(policy.lists[cls]))}")
+    for (domain, op), rule in sorted(RULES.items()):
+        print(f"RULE   {domain or 'ai.onnx'}::{op}: {rule.note}")
+    return 0

@@ -1,0 +1,251 @@
+"""What the commands share: exit statuses, argument groups, the dtype rule, progress and
+input loading. Every command module imports this one; it imports no command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from mixprec.core.ops import parse_dtype
+from mixprec.io.feeds import iter_calibration_npz, load_inputs_npz
+from mixprec.io.models import load_model
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_INTERNAL_ERROR",
+    "EXIT_INTERRUPTED",
+    "EXIT_VALIDATION_FAILED",
+    "LISTS",
+    "add_debug_arg",
+    "add_input_args",
+    "add_policy_args",
+    "add_quiet_arg",
+    "add_shape_arg",
+    "calibration_data",
+    "convert_kwargs",
+    "dtype_of",
+    "load_feeds",
+    "progress",
+]
+
+EXIT_VALIDATION_FAILED = 1
+EXIT_ERROR = 2
+EXIT_INTERNAL_ERROR = 3
+EXIT_INTERRUPTED = 130
+
+#: The four op lists, as the ``--LIST-add`` / ``--LIST-remove`` options name them.
+LISTS = ("allow", "deny", "infer", "clear")
+
+QUIET_HELP = (
+    "print only what was written (no summary table, no progress, no warnings from other "
+    "libraries such as onnx or onnxruntime)"
+)
+
+
+def _shape(text: str) -> tuple[str, list[int]]:
+    name, sep, dims = text.rpartition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=D0,D1,..., got {text!r}")
+    try:
+        values = [int(d) for d in dims.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"dims must be integers in {text!r}") from None
+    if any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"dims must be positive in {text!r}")
+    return name, values
+
+
+def _ops(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def dtype_of(args: argparse.Namespace) -> str | None:
+    """``--dtype`` (else ``MIXPREC_DTYPE``) as its canonical name, parsed by the one rule
+    every command follows (:func:`mixprec.core.ops.parse_dtype`); None when neither."""
+    name = getattr(args, "dtype", None) or os.environ.get("MIXPREC_DTYPE")
+    return None if not name else parse_dtype(name, what="--dtype")
+
+
+def add_input_args(p: argparse.ArgumentParser, calibration: bool = True) -> None:
+    """``--inputs`` (and ``--calibration-data``), ``--shape``."""
+    data = p.add_mutually_exclusive_group()
+    data.add_argument(
+        "--inputs", metavar="FILE.npz", help="inputs for calibration/validation (one sample)"
+    )
+    if calibration:
+        data.add_argument(
+            "--calibration-data",
+            metavar="PATH",
+            help="calibration samples: an .npz whose arrays have a leading sample axis, or "
+            "a folder of .npz files (one sample each), read one sample at a time",
+        )
+    add_shape_arg(p)
+
+
+def add_shape_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--shape",
+        action="append",
+        type=_shape,
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="concrete shape for an input with symbolic dims (repeatable)",
+    )
+
+
+def _add_list_args(p: argparse.ArgumentParser) -> None:
+    for name in LISTS:
+        for kind in ("add", "remove"):
+            p.add_argument(
+                f"--{name}-{kind}",
+                type=_ops,
+                action="extend",
+                default=None,
+                metavar="OPS",
+                help=f"comma-separated op types to {kind} {'to' if kind == 'add' else 'from'} "
+                f"the {name.upper()} list",
+            )
+
+
+def _add_painter_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--exclude",
+        action="append",
+        default=None,
+        metavar="REGEX",
+        help="keep nodes whose name matches (exact or regex) in FP32 (repeatable)",
+    )
+    p.add_argument(
+        "--force-all",
+        action="store_true",
+        default=None,
+        help="convert everything the schema allows (unsafe)",
+    )
+    p.add_argument(
+        "--output-fp32",
+        type=_ops,
+        action="extend",
+        default=[],
+        metavar="OPS",
+        help="op types that compute in low precision but hand FP32 on",
+    )
+    io = p.add_mutually_exclusive_group()
+    io.add_argument(
+        "--keep-io-types",
+        dest="keep_io_types",
+        action="store_true",
+        default=True,
+        help="keep model inputs/outputs float32 (default)",
+    )
+    io.add_argument(
+        "--no-keep-io-types",
+        dest="keep_io_types",
+        action="store_false",
+        help="let model inputs/outputs become low precision",
+    )
+
+
+def _add_stage_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-calibrate",
+        action="store_true",
+        help="skip the onnxruntime range run (lists and rules only)",
+    )
+    p.add_argument(
+        "--range-threshold",
+        type=float,
+        default=None,
+        help="activation |x| limit (default: a quarter of the dtype's max)",
+    )
+    p.add_argument(
+        "--no-fold-batchnorm",
+        action="store_true",
+        help="do not fold BatchNormalization into Conv/Gemm",
+    )
+    p.add_argument(
+        "--no-upgrade-opset", action="store_true", help="bf16: never raise the opset to 22"
+    )
+    p.add_argument(
+        "--clip-weights",
+        action="store_true",
+        help="clip out-of-range weights instead of keeping consumers FP32",
+    )
+
+
+def add_policy_args(p: argparse.ArgumentParser) -> None:
+    """The FP16/BF16 policy and stage options of convert, inspect and report."""
+    p.add_argument(
+        "--dtype", help="fp16 (default), bf16 (inspect, report: also int8); env MIXPREC_DTYPE"
+    )
+    _add_list_args(p)
+    _add_painter_args(p)
+    _add_stage_args(p)
+    add_input_args(p)
+    p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+    add_quiet_arg(p)
+
+
+def add_quiet_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
+
+
+def add_debug_arg(p: argparse.ArgumentParser, *, top: bool) -> None:
+    # The subcommands' copy must not overwrite `mixprec --debug CMD` with its default.
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        default=False if top else argparse.SUPPRESS,
+        help="show tracebacks (of warnings and of the error that ends the command) and "
+        "debug messages",
+    )
+
+
+def convert_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The :func:`mixprec.convert` options the policy arguments give."""
+    kwargs: dict[str, Any] = {}
+    for name in LISTS:
+        for kind in ("add", "remove"):
+            kwargs[f"{name}_{kind}"] = getattr(args, f"{name}_{kind}")
+    kwargs.update(
+        exclude_nodes=args.exclude,
+        force_all=args.force_all,
+        output_fp32_ops=args.output_fp32,
+        keep_io_types=args.keep_io_types,
+        calibrate=not args.no_calibrate,
+        range_threshold=args.range_threshold,
+        fold_batchnorm=not args.no_fold_batchnorm,
+        upgrade_opset=not args.no_upgrade_opset,
+        clip_weights=args.clip_weights,
+        shapes=dict(args.shape) or None,
+    )
+    return kwargs
+
+
+def progress(quiet: bool) -> Callable[[str], None]:
+    """Progress lines on stderr (a terminal, or a command past its first second)."""
+    start = time.perf_counter()
+
+    def say(message: str) -> None:
+        if (not quiet and sys.stderr.isatty()) or (not quiet and time.perf_counter() - start > 1.0):
+            print(f"[{time.perf_counter() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def load_feeds(path: str | None, model_path: str) -> Any:
+    """``--inputs FILE.npz`` checked against the model's inputs (None without it)."""
+    if path is None:
+        return None
+    return load_inputs_npz(path, load_model(model_path))
+
+
+def calibration_data(args: argparse.Namespace, feeds: Any) -> Any:
+    """``--calibration-data`` as a lazy stream of samples, else the ``--inputs`` sample."""
+    path = getattr(args, "calibration_data", None)
+    if path is None:
+        return feeds
+    return iter_calibration_npz(path, load_model(args.model))

@@ -1,0 +1,54 @@
+"""``mixprec validate``: compare a converted model with its FP32 original (exit 1 when out
+of tolerance; see :func:`mixprec.validate`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from mixprec.api.validate import validate
+from mixprec.cli.options import EXIT_VALIDATION_FAILED, add_input_args, add_quiet_arg, load_feeds
+
+__all__ = ["add_validate_parser", "cmd_validate"]
+
+
+def add_validate_parser(sub: Any) -> argparse.ArgumentParser:
+    v = sub.add_parser("validate", help="compare a converted model with the original")
+    v.add_argument("original")
+    v.add_argument("converted")
+    add_input_args(v, calibration=False)
+    v.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        help="max relative L2 error per output (default per dtype)",
+    )
+    v.add_argument(
+        "--atol",
+        type=float,
+        default=1e-3,
+        help="max abs error accepted where the reference is near zero",
+    )
+    v.add_argument("--mode", choices=("auto", "ort", "emulated"), default="auto")
+    v.add_argument("--json", action="store_true")
+    add_quiet_arg(v)
+    return v
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    feeds = load_feeds(args.inputs, args.original)
+    report = validate(
+        args.original,
+        args.converted,
+        inputs=feeds,
+        shapes=dict(args.shape) or None,
+        rtol=args.rtol,
+        atol=args.atol,
+        mode=args.mode,
+    )
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+    else:
+        print(report.format_table())
+    return 0 if report.passed else EXIT_VALIDATION_FAILED
