@@ -34,10 +34,7 @@ import math
 import mmap
 import os
 import re
-import stat
-import sys
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import PurePosixPath, PureWindowsPath
 
 import numpy as np
 import onnx
@@ -46,15 +43,15 @@ import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.ops import is_onnx_domain, onnx_domain
+from mixprec.io.data_files import DataReader, real_folder
 from mixprec.io.input_checks import check_proto
-from mixprec.io.protos import FILE_SPAN, IN_MEMORY, iter_model_graphs
+from mixprec.io.protos import IN_MEMORY, iter_model_graphs
 
 __all__ = [
     "DATA_FOLDER",
     "INPUT_FILES",
     "MAPPINGS",
     "RELEASE_EVERY",
-    "MissingDataFile",
     "ResolveExternalDataPass",
     "ResolveExternalDataResult",
     "add_input_files",
@@ -62,7 +59,6 @@ __all__ = [
     "input_files",
     "model_from_proto",
     "prepare_proto",
-    "real_folder",
     "release_mapped_pages",
 ]
 
@@ -82,185 +78,6 @@ def input_files(model: ir.Model) -> frozenset[str]:
 def add_input_files(model: ir.Model, paths: Iterable[str]) -> None:
     """Record real ``paths`` as files ``model`` was read from."""
     model.meta[INPUT_FILES] = sorted(input_files(model) | set(paths))
-
-
-# --------------------------------------------------------------------------- reading
-
-
-@dataclasses.dataclass
-class _DataFile:
-    path: str  # real path
-    size: int
-    buffer: mmap.mmap | None  # None for an empty file
-
-
-class MissingDataFile(MixprecError):
-    """An external data file that is not in the model's folder."""
-
-
-class _Reader:
-    """Opens and checks data files inside one folder; one read-only map per file."""
-
-    def __init__(self, folder: str, where: str) -> None:
-        self.folder = folder  # a real path
-        self.where = where
-        self.files: dict[str, _DataFile] = {}
-
-    def fail(self, name: str, message: str) -> MixprecError:
-        return MixprecError(f"{self.where}: tensor {name!r}: {message}")
-
-    def open(self, name: str, location: object) -> _DataFile:
-        if not isinstance(location, str) or location == "":
-            raise self.fail(name, "external data location is empty")
-        if location in self.files:
-            return self.files[location]
-        if "\x00" in location:
-            raise self.fail(name, f"external data location {location!r} contains a NUL byte")
-        if (
-            os.path.isabs(location)
-            or location.startswith(("/", "\\"))
-            or PureWindowsPath(location).drive
-        ):
-            raise self.fail(
-                name,
-                f"external data location {location!r} is an absolute path; it must be "
-                "relative to the model's folder",
-            )
-        if ".." in PurePosixPath(location.replace(os.sep, "/")).parts:
-            raise self.fail(
-                name,
-                f"external data location {location!r} points outside the model's folder "
-                f"{self.folder}",
-            )
-        real = os.path.realpath(os.path.join(self.folder, location))
-        if real == self.folder:
-            raise self.fail(name, f"external data location {location!r} is a folder, not a file")
-        if os.path.commonpath([real, self.folder]) != self.folder:
-            raise self.fail(
-                name,
-                f"external data location {location!r} points outside the model's folder "
-                f"{self.folder} (through a symbolic link, to {real})",
-            )
-        self.files[location] = self._open_real(name, location, real)
-        return self.files[location]
-
-    def _open_real(self, name: str, location: str, real: str) -> _DataFile:
-        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-        flags |= getattr(os, "O_NOFOLLOW", 0)  # ``real`` has no link left to follow
-        try:
-            fd = os.open(real, flags)
-        except FileNotFoundError:
-            raise MissingDataFile(
-                f"{self.where}: tensor {name!r}: external data file {location!r} is missing "
-                f"(looked in {self.folder})"
-            ) from None
-        except OSError as exc:
-            raise self.fail(
-                name, f"cannot read external data file {location!r} ({exc.strerror or exc})"
-            ) from None
-        try:
-            st = os.fstat(fd)
-            if stat.S_ISDIR(st.st_mode):
-                raise self.fail(
-                    name, f"external data location {location!r} is a folder, not a file"
-                )
-            if not stat.S_ISREG(st.st_mode):
-                raise self.fail(
-                    name,
-                    f"external data file {location!r} is not a regular file (a FIFO, socket "
-                    "or device)",
-                )
-            try:
-                buffer = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if st.st_size > 0 else None
-            except (OSError, ValueError) as exc:
-                raise self.fail(
-                    name, f"cannot read external data file {location!r} ({exc})"
-                ) from None
-            return _DataFile(real, st.st_size, buffer)
-        finally:
-            os.close(fd)
-
-    def bytes_of(
-        self,
-        name: str,
-        location: object,
-        offset: int | None,
-        length: int | None,
-        nbytes: int,
-    ) -> tuple[_DataFile, int]:
-        """The checked file and offset of a tensor of ``nbytes`` bytes."""
-        data = self.open(name, location)
-        offset = 0 if offset is None else offset
-        if offset < 0:
-            raise self.fail(name, f"external data offset {offset} is negative")
-        if length is not None and length != nbytes:
-            raise self.fail(
-                name,
-                f"external data length {length} does not match the tensor's size ({nbytes} bytes)",
-            )
-        if offset + nbytes > data.size:
-            raise self.fail(
-                name,
-                f"external data at offset {offset} with length {nbytes} runs past the end "
-                f"of {location!r} ({data.size} bytes)",
-            )
-        return data, offset
-
-    def tensor(
-        self,
-        name: str,
-        location: object,
-        offset: int | None,
-        length: int | None,
-        dtype: ir.DataType,
-        dims: tuple[int, ...],
-        doc_string: str | None = None,
-        metadata_props: dict[str, str] | None = None,
-    ) -> ir.TensorProtocol:
-        """The tensor's bytes as an in-memory tensor over the file's read-only map."""
-        if dtype in (ir.DataType.STRING, ir.DataType.UNDEFINED):
-            raise self.fail(name, f"a {dtype.name} tensor cannot be stored as external data")
-        if any(d < 0 for d in dims):
-            raise self.fail(name, f"negative dimension in shape {list(dims)}")
-        numel = math.prod(dims)
-        nbytes = (numel * dtype.bitwidth + 7) // 8
-        data, offset = self.bytes_of(name, location, offset, length, nbytes)
-        if dtype.bitwidth % 8:  # packed 2/4/6-bit types: onnx_ir unpacks a raw_data proto
-            proto = onnx.TensorProto(name=name, data_type=dtype.value, dims=list(dims))
-            proto.raw_data = data.buffer[offset : offset + nbytes] if data.buffer else b""
-            if doc_string:
-                proto.doc_string = doc_string
-            for key, value in (metadata_props or {}).items():
-                proto.metadata_props.add(key=key, value=value)
-            return ir.serde.deserialize_tensor(proto)
-        np_dtype = np.dtype(dtype.numpy()).newbyteorder("<")
-        if numel == 0 or data.buffer is None:
-            array = np.empty(dims, dtype=np_dtype.newbyteorder("="))
-        else:
-            array = np.frombuffer(data.buffer, dtype=np_dtype, count=numel, offset=offset)
-            array = array.reshape(dims)
-            if sys.byteorder != "little":  # pragma: no cover - no big-endian CI
-                array = array.astype(np_dtype.newbyteorder("="))
-        tensor = ir.Tensor(
-            array,
-            dtype=dtype,
-            name=name,
-            doc_string=doc_string,
-            metadata_props=dict(metadata_props) if metadata_props else None,
-        )
-        if numel and data.buffer is not None and sys.byteorder == "little":
-            tensor.meta[FILE_SPAN] = (data.path, offset)  # ORT may map the file itself
-        return tensor
-
-
-def real_folder(base_dir: str | os.PathLike[str], what: str = "base_dir") -> str:
-    """The real path of folder ``base_dir``; ``what`` names it in errors."""
-    if not isinstance(base_dir, str | os.PathLike) or "\x00" in os.fspath(base_dir):
-        raise MixprecError(f"{what} must be a path to a folder, not {base_dir!r}")
-    real = os.path.realpath(os.fspath(base_dir))
-    if not os.path.isdir(real):
-        raise MixprecError(f"{what} {os.fspath(base_dir)}: not a folder")
-    return real
 
 
 # --------------------------------------------------------------------------- protos
@@ -316,7 +133,7 @@ def _no_folder(where: str, tensor_name: str, location: object) -> MixprecError:
     )
 
 
-def _proto_array(tensor: onnx.TensorProto, reader: _Reader | None, where: str) -> np.ndarray:
+def _proto_array(tensor: onnx.TensorProto, reader: DataReader | None, where: str) -> np.ndarray:
     if not _is_external(tensor):
         return onnx.numpy_helper.to_array(tensor)
     entries = _entries(tensor)
@@ -334,7 +151,7 @@ def _proto_array(tensor: onnx.TensorProto, reader: _Reader | None, where: str) -
 
 
 def _densify(
-    sparse: onnx.SparseTensorProto, name: str, reader: _Reader | None, where: str
+    sparse: onnx.SparseTensorProto, name: str, reader: DataReader | None, where: str
 ) -> onnx.TensorProto:
     """A dense tensor holding ``sparse``'s values (ONNX: linear or per-axis indices)."""
     dims = [int(d) for d in sparse.dims]
@@ -381,7 +198,7 @@ def prepare_proto(
     for tensor in _proto_tensors(model):
         if _is_external(tensor):
             _check_entries(tensor, where)
-    reader = None if folder is None else _Reader(real_folder(folder, "base_dir"), where)
+    reader = None if folder is None else DataReader(real_folder(folder, "base_dir"), where)
     for graph in iter_model_graphs(model):
         if graph.sparse_initializer:
             dense = [_densify(s, s.values.name, reader, where) for s in graph.sparse_initializer]
@@ -513,7 +330,7 @@ class ResolveExternalDataPass(ir.passes.InPlacePass):
         folder = folder_of(model, self.base_dir)
         if folder is None:  # pragma: no cover - folder_of raises when a tensor has none
             raise MixprecError(f"{self.where}: no folder to read external data from")
-        reader = _Reader(folder, self.where)
+        reader = DataReader(folder, self.where)
         replaced: dict[int, ir.TensorProtocol] = {}
 
         def swap(tensor: ir.TensorProtocol) -> ir.TensorProtocol:

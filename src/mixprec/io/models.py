@@ -31,14 +31,8 @@ from google.protobuf.message import DecodeError
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.ops import is_onnx_domain
-from mixprec.io.external import (
-    MissingDataFile,
-    add_input_files,
-    folder_of,
-    input_files,
-    model_from_proto,
-    real_folder,
-)
+from mixprec.io.data_files import MissingDataFile, real_folder
+from mixprec.io.external import add_input_files, folder_of, input_files, model_from_proto
 from mixprec.io.protos import iter_proto_tensors
 
 __all__ = [
