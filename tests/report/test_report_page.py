@@ -19,7 +19,7 @@ from mixprec.cli.outputs import model_explorer_data
 from mixprec.report.html import render_page
 from mixprec.report.layout import layout_graph
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Page(HTMLParser):

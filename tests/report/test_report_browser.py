@@ -23,7 +23,7 @@ import pytest
 from mixprec.api.convert import annotate
 from mixprec.report.html import write_report_html
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = os.environ.get("MIXPREC_CHROMIUM", "/usr/bin/chromium")
 LAUNCH_ARGS = [
     "--no-sandbox",
