@@ -30,13 +30,13 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import pytest
+from test_external import X, assert_differs, conv_model, reference, save_external
 
 import mixprec
 import mixprec.io.models
 from helpers import assert_close, run_ort, sha256_of
 from mixprec.cli.main import main
 from mixprec.io.models import save_model
-from test_external import X, assert_differs, conv_model, reference, save_external
 
 
 @dataclass(frozen=True)
