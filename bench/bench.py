@@ -25,15 +25,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import int8
 import numpy as np
 import onnx
-import report
 import report_int8
 from common import BENCH_DIR, REPO_ROOT, RESULTS_DIR, cache_dir, result_row, run_measured
 from emulate import emulator
 from evaluate import Baseline, evaluate, first_line, make_baseline
 from metrics import macs_by_name, runtime_shapes
+
+import int8
+import report
 from models import MODELS, ModelSpec
 
 JOBS: list[tuple[str, str]] = [

@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from metrics import ModelStats, Shape, model_stats
+
 from models import Feeds, ModelSpec
 
 THREADS = 2

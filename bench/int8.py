@@ -27,8 +27,9 @@ from evaluate import (
     session,
 )
 from metrics import ValueInfo, node_macs, runtime_shapes, subgraphs, value_infos
-from models import ModelSpec, int8_calibration
 from quantize_one import TOOLS as TOOLS  # the one list of quantizers, for bench.py
+
+from models import ModelSpec, int8_calibration
 
 #: ONNX Runtime CPU kernels that run a Conv/MatMul/Gemm in integers, and in float.
 INTEGER_KERNELS = {

@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 from common import corpus_dir, derived_dir, sha256_of
+
+import torch
 
 SEED = 0
 EPOCHS = 8

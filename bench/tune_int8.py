@@ -43,7 +43,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 from evaluate import interleaved_latency, run, session
+
+import mixprec
 from int8 import integer_kernel_share
+from mixprec.pipeline.report import concrete_shapes, count_macs
 from models import (
     Feeds,
     int8_calibration,
@@ -52,9 +55,6 @@ from models import (
     model_by_name,
     text_images,
 )
-
-import mixprec
-from mixprec.pipeline.report import concrete_shapes, count_macs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 COMPUTE = ("Conv", "MatMul", "Gemm")
