@@ -10,6 +10,7 @@ import dataclasses
 import math
 import numbers
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -104,8 +105,6 @@ def resolve_policy(
         exclude_nodes = _split(raw, "MIXPREC_EXCLUDE_NODES") if raw else []
     if force_all is None:
         force_all = _env_bool("MIXPREC_FORCE_ALL", env) or False
-    import re
-
     for pattern in exclude_nodes:
         try:
             re.compile(pattern)

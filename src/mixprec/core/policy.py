@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx.defs
 import onnx_ir as ir
 
 from mixprec.core.constants import const_tensor
@@ -561,8 +562,6 @@ def _check_names(what: str, names: object, kind: type) -> None:
 
 
 def _check_op_name(op: str) -> None:
-    import onnx.defs
-
     if not isinstance(op, str):
         raise TypeError(f"op types must be str, got {op!r}")
     if not op or not op.replace("_", "").isalnum() or not op[0].isalpha():

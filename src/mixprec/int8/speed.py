@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import onnx
 import onnx_ir as ir
+import onnxruntime as ort
 
 from mixprec.calibrate.measure import node_macs
 
@@ -68,8 +69,6 @@ def candidate_placements(
 
 
 def _session(proto: onnx.ModelProto):  # -> ort.InferenceSession
-    import onnxruntime as ort
-
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
     options.inter_op_num_threads = 1

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 import onnx
 import onnx.defs
 import onnx.helper
+import onnx.version_converter
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
@@ -267,8 +268,6 @@ def _find_cycle(model: ir.Model) -> list[str] | None:
 
 def _convert_function(function: ir.Function, opset: int) -> ir.Function:
     """``function`` with its ai.onnx nodes converted to ``opset`` (onnx.version_converter)."""
-    import onnx.version_converter
-
     proto = ir.serde.serialize_function(function)
     graph = onnx.helper.make_graph(
         list(proto.node),

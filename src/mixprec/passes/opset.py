@@ -7,6 +7,7 @@ import dataclasses
 import onnx
 import onnx.defs
 import onnx_ir as ir
+from onnx import version_converter
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import iter_nodes, opset_of
@@ -75,8 +76,6 @@ class UpgradeOpsetPass(ir.passes.FunctionalPass):
         self.policy = policy
 
     def call(self, model: ir.Model) -> UpgradeOpsetResult:
-        from onnx import version_converter
-
         ops = ops_needing_upgrade(model, self.policy)
         opset = opset_of(model, "")
         # Large weights travel as placeholders and are put back by name afterwards: no
@@ -115,8 +114,6 @@ class ConvertOpsetPass(ir.passes.FunctionalPass):
         self.opset = opset
 
     def call(self, model: ir.Model) -> UpgradeOpsetResult:
-        from onnx import version_converter
-
         old = opset_of(model, "")
         light, _ = weightless_proto(model, with_arrays=False)
         if old >= self.opset:
