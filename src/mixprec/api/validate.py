@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -11,8 +12,9 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
-from mixprec.io.feeds import make_inputs
+from mixprec.io.feeds import guessed_dims, make_inputs, resolve_input_shapes
 from mixprec.io.models import ModelLike, load_input, load_model
+from mixprec.runtime.fit import fit_shapes
 from mixprec.runtime.validation import ValidationReport, validate_models
 
 __all__ = ["validate"]
@@ -82,10 +84,19 @@ def validate(
         raise MixprecError(f"seed must be an int, not {type(seed).__name__}")
     ref_model = _proto(original, base_dir)
     new_model = _proto(converted, base_dir)
-    if inputs is None:
-        feeds, notes = make_inputs(ref_model, shapes=shapes, seed=seed)
-    else:
-        feeds, notes = dict(inputs), ["validated on the given inputs"]
-    return validate_models(
-        ref_model, new_model, feeds, rtol=rtol, atol=atol, mode=mode, notes=notes
-    )
+    if inputs is not None:
+        notes = ["validated on the given inputs"]
+        return validate_models(
+            ref_model, new_model, dict(inputs), rtol=rtol, atol=atol, mode=mode, notes=notes
+        )
+
+    def attempt(tried: dict[str, list[int]]) -> ValidationReport:
+        feeds, notes = make_inputs(ref_model, shapes=tried, seed=seed)
+        return validate_models(
+            ref_model, new_model, feeds, rtol=rtol, atol=atol, mode=mode, notes=notes
+        )
+
+    # The same first guess as calibration, learning from ONNX Runtime's refusals.
+    first, _ = resolve_input_shapes(ref_model, shapes)
+    report, _, fit_notes = fit_shapes(first, guessed_dims(ref_model, shapes), attempt)
+    return dataclasses.replace(report, notes=(*report.notes, *fit_notes)) if fit_notes else report

@@ -8,17 +8,18 @@ multiply-accumulates to ``node.meta[MACS]``. Painting, reports and tuning read t
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import onnx_ir as ir
 
-from mixprec.calibrate.runner import calibrate
+from mixprec.calibrate.runner import CalibrationResult, calibrate
 from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import iter_nodes
-from mixprec.io.feeds import make_inputs, resolve_input_shapes
+from mixprec.io.feeds import guessed_dims, make_inputs, resolve_input_shapes
 from mixprec.io.protos import weightless_proto
 from mixprec.passes.macs import concrete_shapes, count_macs
+from mixprec.runtime.fit import fit_shapes
 
 __all__ = [
     "CALIBRATION",
@@ -119,19 +120,22 @@ class CalibratePass(ir.passes.InPlacePass):
             model.meta[CALIBRATION] = result
             return ir.passes.PassResult(model, modified=False)
 
-        data = self.data
-        if data is None:
-            feeds, more = make_inputs(model, shapes=concrete, seed=0)
-            result.notes.extend(notes + more)
-            data = feeds
-            source = "generated inputs (images-like floats in [0,1))"
-        else:
-            source = "the given inputs"
         # The model itself is read (weights are handed to ORT in memory), not copied.
         means = _weighted_inputs(model) if self.channel_means else None
-        run = calibrate(
-            model, data, observer=self.observer, shapes_out=result.shapes, channel_means=means
-        )
+
+        def run_on(data: Any, shapes_out: dict[str, Any]) -> CalibrationResult:
+            return calibrate(
+                model, data, observer=self.observer, shapes_out=shapes_out, channel_means=means
+            )
+
+        if self.data is None:
+            run, fitted, more = self._run_generated(model, concrete, run_on, result.shapes)
+            result.input_shapes = fitted
+            result.notes.extend(notes + more)
+            source = "generated inputs (images-like floats in [0,1))"
+        else:
+            run = run_on(self.data, result.shapes)
+            source = "the given inputs"
         given = [v.name for v in model.graph.inputs if v.name in run.shapes]
         if self.data is not None:
             result.input_shapes = {k: list(run.shapes[k]) for k in given}
@@ -143,6 +147,27 @@ class CalibratePass(ir.passes.InPlacePass):
         result.channel_means = run.channel_means
         model.meta[CALIBRATION] = result
         return ir.passes.PassResult(model, modified=False)
+
+    def _run_generated(
+        self,
+        model: ir.Model,
+        shapes: dict[str, list[int]],
+        run_on: Callable[[Any, dict[str, Any]], CalibrationResult],
+        observed: dict[str, Any],
+    ) -> tuple[CalibrationResult, dict[str, list[int]], list[str]]:
+        """Calibrate on generated inputs, learning from ONNX Runtime's refusals
+        (:func:`~mixprec.runtime.fit.fit_shapes`): the run, the shapes used, the notes;
+        ``observed`` gets the shapes the accepted run saw."""
+
+        def attempt(tried: dict[str, list[int]]) -> tuple[CalibrationResult, list[str]]:
+            feeds, more = make_inputs(model, shapes=tried, seed=0)
+            observed.clear()
+            return run_on(feeds, observed), more
+
+        (run, more), fitted, fit_notes = fit_shapes(
+            shapes, guessed_dims(model, self.shapes), attempt
+        )
+        return run, fitted, more + fit_notes
 
 
 def calibration_of(model: ir.Model) -> Calibration:

@@ -31,6 +31,7 @@ __all__ = [
     "DEFAULT_SYMBOLIC_DIM",
     "calibration_feeds",
     "feeds_for",
+    "guessed_dims",
     "iter_calibration_npz",
     "load_inputs_npz",
     "make_inputs",
@@ -153,31 +154,68 @@ def resolve_input_shapes(
             )
     out: dict[str, list[int]] = {}
     notes: list[str] = []
+    symbols: dict[str, int] = {}  # a named dim takes one value in every input
     for value in inputs:
         name = value.name or ""
         declared = _declared_dims(value)
         if name in given:
             _check_override(name, declared, given[name])
             out[name] = given[name]
+            symbols.update(_symbols(declared, given[name]))
             continue
         if not isinstance(value.type, ir.TensorType):
             continue
         if declared is None:
             notes.append(f"input {name!r} has unknown rank: give --shape {name}=D0,D1,...")
             continue
-        concrete: list[int] = []
-        for k, d in enumerate(declared):
-            if isinstance(d, int):
-                concrete.append(d)
-                continue
-            used = 1 if k == 0 else DEFAULT_SYMBOLIC_DIM
-            notes.append(
-                f"input {name!r} dim {k} ({d or '?'}) is symbolic: used {used} "
-                "(give --shape to choose)"
-            )
-            concrete.append(used)
-        out[name] = concrete
+        out[name] = _guess(name, declared, symbols, notes)
     return out, notes
+
+
+def _symbols(declared: list[int | str | None] | None, dims: list[int]) -> dict[str, int]:
+    return {d: v for d, v in zip(declared or [], dims, strict=False) if isinstance(d, str) and d}
+
+
+def _guess(
+    name: str, declared: list[int | str | None], symbols: dict[str, int], notes: list[str]
+) -> list[int]:
+    """Concrete dims for one input: a symbol already decided keeps its value; otherwise a
+    batch-like dim is 1 (dim 0, or the one symbolic dim between fixed ones, as the batch
+    of a recurrent state ``[2, B, 128]``) and any other :data:`DEFAULT_SYMBOLIC_DIM`."""
+    concrete: list[int] = []
+    symbolic = [k for k, d in enumerate(declared) if not isinstance(d, int)]
+    inner = len(symbolic) == 1 and 0 < symbolic[0] < len(declared) - 1
+    for k, d in enumerate(declared):
+        if isinstance(d, int):
+            concrete.append(d)
+            continue
+        if d and d in symbols:
+            used, why = symbols[d], f"as {d!r} elsewhere"
+        else:
+            batch = k == 0 or inner
+            used, why = (1 if batch else DEFAULT_SYMBOLIC_DIM), "give --shape to choose"
+            if d:
+                symbols[d] = used
+        notes.append(f"input {name!r} dim {k} ({d or '?'}) is symbolic: used {used} ({why})")
+        concrete.append(used)
+    return concrete
+
+
+def guessed_dims(
+    model: ModelArg, shapes: Mapping[str, Sequence[int]] | None = None
+) -> dict[tuple[str, int], str]:
+    """``{(input, axis): label}`` of the dims :func:`resolve_input_shapes` guesses: the
+    symbolic dims of the inputs not given in ``shapes``."""
+    found = {}
+    for value in graph_inputs(as_ir(model)):
+        name = value.name or ""
+        declared = _declared_dims(value)
+        if name in (shapes or {}) or declared is None:
+            continue
+        for k, d in enumerate(declared):
+            if not isinstance(d, int):
+                found[(name, k)] = d or "?"
+    return found
 
 
 def _audio_like(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
