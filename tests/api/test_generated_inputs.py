@@ -94,3 +94,9 @@ def test_the_cli_names_the_dim_and_a_shape_when_nothing_runs(tmp_path: Path, cap
     assert not (tmp_path / "out.onnx").exists()
     rc = main(["convert", str(src), "-o", str(tmp_path / "out.onnx"), "--shape", "audio=1,100"])
     assert rc == 0 and (tmp_path / "out.onnx").is_file()
+
+
+def test_tune_without_data_generates_a_sample_the_model_runs_on() -> None:
+    result = mixprec.tune(_stft_like(), "fp16", None, budget=1e-2)
+    assert result.passed and result.report.target == "float16", result.message
+    assert result.evaluations["full"] >= 1

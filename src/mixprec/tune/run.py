@@ -23,11 +23,19 @@ import onnx_ir as ir
 
 from mixprec.calibrate.measure import CALIBRATION
 from mixprec.core.errors import MixprecError
-from mixprec.io.feeds import calibration_feeds, feeds_for, iter_calibration_npz, make_inputs
+from mixprec.io.feeds import (
+    calibration_feeds,
+    feeds_for,
+    guessed_dims,
+    iter_calibration_npz,
+    make_inputs,
+    resolve_input_shapes,
+)
 from mixprec.pipeline.convert import report_stages
 from mixprec.pipeline.quantize import fill_report
 from mixprec.pipeline.report import Report
-from mixprec.runtime.ort import run_session, session_for
+from mixprec.runtime.fit import fit_shapes
+from mixprec.runtime.ort import run_model, run_session, session_for
 from mixprec.tune.metrics import Candidate, Metric, resolve_budget, resolve_metric
 from mixprec.tune.result import TuneResult
 from mixprec.tune.search import Search
@@ -71,7 +79,7 @@ def load_samples(data: Data, model: ir.Model, shapes: Any) -> list[dict[str, np.
             "tune: no data given: one generated sample; budgets measured on it say little "
             "about real inputs"
         )
-        return [make_inputs(model, shapes=shapes, seed=0)[0]]
+        return [_generated_sample(model, shapes)]
     if isinstance(data, str | os.PathLike):
         return list(iter_calibration_npz(data, model))
     found = calibration_feeds(data)
@@ -79,6 +87,23 @@ def load_samples(data: Data, model: ir.Model, shapes: Any) -> list[dict[str, np.
     if not samples:
         raise MixprecError("tune needs data: at least one sample (a dict of input arrays)")
     return samples
+
+
+def _generated_sample(model: ir.Model, shapes: Any) -> dict[str, np.ndarray]:
+    """One generated sample the model runs on (the calibration's rule: the first guess,
+    then what ONNX Runtime's refusals teach, :func:`~mixprec.runtime.fit.fit_shapes`)."""
+    first, _ = resolve_input_shapes(model, shapes)
+    proto = ir.to_proto(model)
+
+    def attempt(tried: dict[str, list[int]]) -> dict[str, np.ndarray]:
+        feeds, _ = make_inputs(model, shapes=tried, seed=0)
+        run_model(proto, feeds)  # raises OrtRunError when refused
+        return feeds
+
+    feeds, _, notes = fit_shapes(first, guessed_dims(model, shapes), attempt)
+    for note in notes:
+        logger.info("tune: %s", note)
+    return feeds
 
 
 def _reference(
