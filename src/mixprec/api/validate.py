@@ -97,6 +97,6 @@ def validate(
         )
 
     # The same first guess as calibration, learning from ONNX Runtime's refusals.
-    first, _ = resolve_input_shapes(ref_model, shapes)
+    first, guess_notes = resolve_input_shapes(ref_model, shapes)
     report, _, fit_notes = fit_shapes(first, guessed_dims(ref_model, shapes), attempt)
-    return dataclasses.replace(report, notes=(*report.notes, *fit_notes)) if fit_notes else report
+    return dataclasses.replace(report, notes=(*guess_notes, *report.notes, *fit_notes))
