@@ -21,10 +21,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np
+import torch
 from common import derived_dir, minilm_dir, sha256_of
 from sentences import CALIBRATION_SENTENCES, EVAL_SENTENCES
-
-import torch
 
 OPSET = 17
 INPUT_NAMES = ["input_ids", "attention_mask", "token_type_ids"]

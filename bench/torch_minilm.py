@@ -23,11 +23,11 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import torch
 from export_minilm import SentenceEncoder as TupleEncoder
 from sentences import CALIBRATION_SENTENCES, EVAL_SENTENCES
 
 import mixprec.torch as mt
-import torch
 from mixprec.core.metrics import compare_outputs
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")

@@ -18,9 +18,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import corpus_dir, derived_dir, sha256_of
-
 import torch
+from common import corpus_dir, derived_dir, sha256_of
 
 SEED = 0
 EPOCHS = 8

@@ -44,10 +44,9 @@ def _runner(model: onnx.ModelProto):
 
 def test_a_refused_length_grows_until_the_reflect_pad_fits() -> None:
     model = _reflect_pad(100)
-    first, _ = resolve_input_shapes(model)
-    assert first == {"x": [1, 64]}
     runs, attempt = _runner(model)
-    outputs, used, notes = fit_shapes(first, guessed_dims(model), attempt)
+    # the default guess (the graph-read first guess would already be long enough)
+    outputs, used, notes = fit_shapes({"x": [1, 64]}, guessed_dims(model), attempt)
     assert runs == [{"x": [1, 64]}, {"x": [1, 256]}]
     assert used == {"x": [1, 256]} and outputs["y"].shape == (1, 456)
     assert "input 'x' dim 1 (T): 256 (64 was refused: Pad reflect" in notes[0], notes
@@ -71,6 +70,12 @@ def test_the_dims_onnxruntime_names_are_taken_from_its_message() -> None:
     assert runs == [{"x": [2, 64]}, {"x": [2, 3]}]
     assert used == {"x": [2, 3]}
     assert notes[0] == "input 'x' dim 1: 3 (onnxruntime expected it)", notes
+
+
+def test_the_first_guess_reads_the_reflect_pad_the_input_reaches() -> None:
+    first, notes = resolve_input_shapes(_reflect_pad(100))
+    assert first == {"x": [1, 256]}
+    assert "used 256 (at least 101: the reflect Pad" in notes[-1], notes
 
 
 def test_a_model_that_refuses_every_guess_gets_one_line_naming_the_dim() -> None:

@@ -26,6 +26,7 @@ import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.ops import FLOAT_TYPES
+from mixprec.io.bounds import LENGTH_STEPS, length_bounds, next_step
 
 __all__ = [
     "DEFAULT_SYMBOLIC_DIM",
@@ -40,8 +41,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Symbolic dims without a user shape: the first dim (batch) gets 1, others this value.
-DEFAULT_SYMBOLIC_DIM = 64
+#: Symbolic dims without a user shape: a batch-like dim gets 1, others this value (or
+#: the first of :data:`~mixprec.io.bounds.LENGTH_STEPS` above what the ops need).
+DEFAULT_SYMBOLIC_DIM = LENGTH_STEPS[0]
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _INDEX_PASSTHROUGH = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity"})
@@ -155,6 +157,7 @@ def resolve_input_shapes(
     out: dict[str, list[int]] = {}
     notes: list[str] = []
     symbols: dict[str, int] = {}  # a named dim takes one value in every input
+    bounds = length_bounds(m)
     for value in inputs:
         name = value.name or ""
         declared = _declared_dims(value)
@@ -168,7 +171,7 @@ def resolve_input_shapes(
         if declared is None:
             notes.append(f"input {name!r} has unknown rank: give --shape {name}=D0,D1,...")
             continue
-        out[name] = _guess(name, declared, symbols, notes)
+        out[name] = _guess(name, declared, symbols, notes, bounds)
     return out, notes
 
 
@@ -177,7 +180,11 @@ def _symbols(declared: list[int | str | None] | None, dims: list[int]) -> dict[s
 
 
 def _guess(
-    name: str, declared: list[int | str | None], symbols: dict[str, int], notes: list[str]
+    name: str,
+    declared: list[int | str | None],
+    symbols: dict[str, int],
+    notes: list[str],
+    bounds: Mapping[tuple[str, int], tuple[int, str]],
 ) -> list[int]:
     """Concrete dims for one input: a symbol already decided keeps its value; otherwise a
     batch-like dim is 1 (dim 0, or the one symbolic dim between fixed ones, as the batch
@@ -194,6 +201,10 @@ def _guess(
         else:
             batch = k == 0 or inner
             used, why = (1 if batch else DEFAULT_SYMBOLIC_DIM), "give --shape to choose"
+            least, reason = bounds.get((name, k), (0, ""))
+            if not batch and least > used:
+                used = next_step(least)
+                why = f"at least {least}: {reason}; give --shape to choose"
             if d:
                 symbols[d] = used
         notes.append(f"input {name!r} dim {k} ({d or '?'}) is symbolic: used {used} ({why})")

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from mixprec.core.errors import MixprecError
+from mixprec.io.bounds import LENGTH_STEPS
 from mixprec.io.feeds import DEFAULT_SYMBOLIC_DIM
 from mixprec.runtime.ort import OrtRunError
 
@@ -25,7 +26,7 @@ __all__ = ["GROWTH", "MAX_RUNS", "fit_shapes"]
 T = TypeVar("T")
 
 #: The lengths a guessed dim grows through, one step per refusal.
-GROWTH = (256, 512, 1024, 4096)
+GROWTH = LENGTH_STEPS[1:]
 #: The most runs of the model (the first guess included).
 MAX_RUNS = 5
 
