@@ -92,3 +92,55 @@ def test_speed_plan_and_fallback_time_are_in_the_timings():
         assert stage in timings and timings[stage] >= 0, (stage, timings)
     plain = mixprec.quantize(_mlp(), _data(), mode="static", speed="off")
     assert "speed" not in plain.report.timings and "fallback" not in plain.report.timings
+
+
+def _padded_conv() -> onnx.ModelProto:
+    """An int64 -> int64 Cast of the pads (what exporters write) before Pad -> Conv:
+    prepare removes such identity Casts, which can move ORT off a faster path."""
+    rng = np.random.default_rng(4)
+    w = numpy_helper.from_array((0.2 * rng.standard_normal((4, 3, 3, 3))).astype(np.float32), "w")
+    pads = numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")
+    nodes = [
+        helper.make_node("Cast", ["pads"], ["pads64"], to=TensorProto.INT64, name="cast"),
+        helper.make_node("Pad", ["x", "pads64"], ["p"], name="pad"),
+        helper.make_node("Conv", ["p", "w"], ["y"], name="conv"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "padded",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [w, pads],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _same_computation(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
+    """Same nodes, initializers, inputs, outputs and opsets (value_info annotations of the
+    initializers, which every onnx_ir round trip writes, aside)."""
+    return (
+        list(a.graph.node) == list(b.graph.node)
+        and list(a.graph.initializer) == list(b.graph.initializer)
+        and list(a.graph.input) == list(b.graph.input)
+        and list(a.graph.output) == list(b.graph.output)
+        and list(a.opset_import) == list(b.opset_import)
+    )
+
+
+def test_a_model_kept_float_is_the_input_unchanged(tmp_path: Path) -> None:
+    """Issue 17: when no node ends up INT8 the input is written as given (before: the
+    prepared copy, without the identity Cast)."""
+    model = _padded_conv()
+    data = [{"x": np.random.default_rng(k).random((1, 3, 8, 8), np.float32)} for k in range(2)]
+    result = mixprec.quantize(model, data, exclude_nodes=(".*",), speed="off")
+    assert [n.op_type for n in result.model_proto.graph.node] == ["Cast", "Pad", "Conv"]
+    assert _same_computation(result.model_proto, model)
+    assert any("written unchanged" in n for n in result.report.notes), result.report.notes
+    out = tmp_path / "kept.onnx"
+    result.save(out)
+    assert _same_computation(onnx.load(out), model)
+    quantized = mixprec.quantize(model, data, speed="off")
+    ops = [n.op_type for n in quantized.model_proto.graph.node]
+    assert "QuantizeLinear" in ops and "Cast" not in ops, ops  # the INT8 path still prepares

@@ -366,3 +366,34 @@ def test_give_back_returns_heavy_nodes_the_budget_does_not_need():
     assert kept == ("hot", "small"), (kept, search.path)
     assert [s.subset for s in search.path] == [True, True, False]  # confirmed on all
     assert search.counts["full"] == 3
+
+
+def test_a_candidate_whose_output_length_changes_is_a_measured_miss() -> None:
+    """Issue 17: a length predicted from values (VITS' durations) that fp16 moves by one
+    used to crash the search (operands could not be broadcast); it is a miss."""
+    w = onnx.numpy_helper.from_array(np.array([[9.999]], np.float32), "w")
+    zero = onnx.numpy_helper.from_array(np.array(0.0, np.float32), "zero")
+    one = onnx.numpy_helper.from_array(np.array(1.0, np.float32), "one")
+    scalar = onnx.numpy_helper.from_array(np.array([], np.int64), "scalar")
+    nodes = [
+        onnx.helper.make_node("MatMul", ["x", "w"], ["s"], name="duration"),
+        onnx.helper.make_node("Reshape", ["s", "scalar"], ["s0"], name="squeeze"),
+        onnx.helper.make_node("Floor", ["s0"], ["n"], name="floor"),
+        onnx.helper.make_node("Range", ["zero", "n", "one"], ["frames"], name="frames"),
+    ]
+    graph = onnx.helper.make_graph(
+        nodes,
+        "lengths",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 1])],
+        [onnx.helper.make_tensor_value_info("frames", onnx.TensorProto.FLOAT, [None])],
+        [w, zero, one, scalar],
+    )
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = [{"x": np.ones((1, 1), np.float32)}]
+    assert run_ort(model, data[0])["frames"].shape == (9,)  # floor(9.999): 9 frames
+    result = mixprec.tune(model, "fp16", data, budget=1e-3)
+    assert result.passed, result.message
+    assert result.path[0].value == math.inf and not result.path[0].passed, result.path
+    assert "duration" in {s.name for s in result.kept_float}, result.kept_float
+    assert run_ort(result.model_proto, data[0])["frames"].shape == (9,)

@@ -77,9 +77,19 @@ def quantize(
     load_s = time.perf_counter() - t0
     work, report = run_quantize(work, config, calibration_data=calibration_data, progress=progress)
     report.timings = {"load": load_s, **report.timings}
+    if _kept_float(report, config):
+        # Nothing runs in INT8: the input as given, never the prepared copy (prepare's
+        # rewrites may move ORT off a faster path, e.g. Casts before a Pad).
+        work, _ = load_input(model, base_dir)
+        report.notes.append("no node runs in INT8: the input model is written unchanged")
     if before is not None and config.log_dir is not None:
         write_log_dir(config.log_dir, before, work, report)
     return ConversionResult(work, report, kind)
+
+
+def _kept_float(report: Report, config: QuantizeConfig) -> bool:
+    """Whether the result holds no INT8 node and no fallback painting."""
+    return config.fallback == "fp32" and not any(n.precision == "int8" for n in report.nodes)
 
 
 def _tune_for_drop(

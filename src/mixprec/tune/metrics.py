@@ -19,6 +19,7 @@ the FP32 model's score: a number (absolute drop) or a string ``"N%"`` (relative 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ from mixprec.runtime.ort import run_session
 __all__ = ["BUILTIN_METRICS", "Budget", "Candidate", "Metric", "resolve_metric"]
 
 Outputs = Mapping[str, np.ndarray]
+logger = logging.getLogger(__name__)
 _NUMPY_FLOATS: dict[str, np.dtype[Any]] = {
     "tensor(float)": np.dtype(np.float32),
     "tensor(float16)": np.dtype(np.float16),
@@ -79,8 +81,21 @@ class Candidate:
         return self._outputs
 
 
+def shape_miss(ref: Sequence[Outputs], out: Sequence[Outputs]) -> str | None:
+    """Why the candidate's outputs cannot be compared with FP32's, or None: an output whose
+    shape depends on values (a predicted length) came out another shape. A measured miss,
+    never an error."""
+    for k, (r, o) in enumerate(zip(ref, out, strict=True)):
+        for name, value in r.items():
+            got = np.shape(o[name]) if name in o else None
+            if got != np.shape(value):
+                return f"output {name!r} of sample {k} has shape {got}, FP32 {np.shape(value)}"
+    return None
+
+
 def _pooled(ref: Sequence[Outputs], out: Sequence[Outputs]) -> dict[str, tuple[np.ndarray, ...]]:
-    """Per output name: (reference, candidate) values of every sample, flattened."""
+    """Per output name: (reference, candidate) values of every sample, flattened (outputs
+    of the same shapes: :func:`shape_miss` first)."""
     pooled: dict[str, tuple[np.ndarray, ...]] = {}
     for name in ref[0]:
         a = np.concatenate([np.asarray(r[name], np.float64).ravel() for r in ref])
@@ -145,11 +160,28 @@ def cosine(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
     return worst
 
 
-_FUNCTIONS: dict[str, Callable[[Sequence[Outputs], Sequence[Outputs]], float]] = {
-    "rel-l2": rel_l2,
-    "max-abs": max_abs,
-    "top1": top1,
-    "cosine": cosine,
+Compare = Callable[[Sequence[Outputs], Sequence[Outputs]], float]
+
+
+def _guarded(compare: Compare, miss: float) -> Compare:
+    """``compare``, scoring ``miss`` (its worst value) when an output's shape differs."""
+
+    def guarded(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
+        why = shape_miss(ref, out)
+        if why is not None:
+            logger.info("tune: %s: scored as a miss", why)
+            return miss
+        return compare(ref, out)
+
+    guarded.__name__ = compare.__name__
+    return guarded
+
+
+_FUNCTIONS: dict[str, Compare] = {
+    "rel-l2": _guarded(rel_l2, math.inf),
+    "max-abs": _guarded(max_abs, math.inf),
+    "top1": _guarded(top1, 0.0),
+    "cosine": _guarded(cosine, -1.0),
 }
 
 
