@@ -15,9 +15,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import onnx_ir as ir  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
+
 import mixprec.torch as mt  # noqa: E402
 from helpers import assert_close  # noqa: E402
+from mixprec.core.errors import MixprecError  # noqa: E402
 from mixprec.core.metrics import compare_outputs  # noqa: E402
+from mixprec.torch._export import kept_static  # noqa: E402
 from mixprec.torch._tree import flatten_outputs  # noqa: E402
 from torch_models import (  # noqa: E402
     MLP,
@@ -170,3 +175,41 @@ def test_int8(case: Case) -> None:
     assert cmp.passed, f"int8 vs eager: {cmp}"
     assert cmp.top1_agreement is not None and cmp.top1_agreement >= 0.5, cmp
     _assert_same_state(before, module)
+
+
+def test_every_dim_is_dynamic_by_default() -> None:
+    """Issue 19: exported at one batch and sequence length (no dynamic_shapes given), the
+    transformer runs at others, and the CNN at other batch and image sizes; a size the
+    model cannot take is one error that shows the shapes."""
+    torch.manual_seed(0)
+    encoder = Encoder().eval()
+    converted = mt.convert_module(encoder, _encoder_inputs(2, 1, seq=8), dtype="fp16")
+    for batch, seq in ((3, 14), (1, 5)):
+        other = _encoder_inputs(batch, 7, seq=seq)
+        with torch.no_grad():
+            ref = encoder(*other)
+        _assert_outputs_close(ref, converted(*other), "fp16")
+    cnn = _cnn().eval()
+    converted = mt.convert_module(cnn, (_randn(1, 2, 3, 16, 16),), dtype="fp16")
+    other = (_randn(5, 1, 3, 24, 20),)
+    with torch.no_grad():
+        ref = cnn(*other)
+    _assert_outputs_close(ref, converted(*other), "fp16")
+    with pytest.raises(MixprecError) as info:
+        converted(_randn(5, 1, 4, 24, 20))
+    assert "'x': [1, 4, 24, 20]" in str(info.value) and "takes" in str(info.value), info.value
+
+
+def test_dims_the_export_fixes_are_named_in_one_note() -> None:
+    model = ir.from_proto(
+        helper.make_model(
+            helper.make_graph(
+                [helper.make_node("Relu", ["x"], ["y"])],
+                "g",
+                [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["s0", 6, "s1"])],
+                [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["s0", 6, "s1"])],
+            )
+        )
+    )
+    notes = kept_static(model)
+    assert len(notes) == 1 and "x dim 1 = 6" in notes[0] and "s0" not in notes[0], notes

@@ -100,9 +100,11 @@ def _quiet() -> Iterator[None]:
 
 
 def default_dynamic_shapes(inputs: Sequence[tuple[str, torch.Tensor]]) -> dict[str, Any]:
-    """Dim 0 of every input of rank >= 1 left to torch.export to make dynamic (Dim.AUTO)."""
+    """Every dim of every input left to torch.export to make dynamic (``Dim.AUTO``): the
+    converted module takes what the original took (another batch, sequence length or
+    image size); dims the model itself fixes stay static, and the notes say which."""
     auto = torch.export.Dim.AUTO
-    return {name: ({0: auto} if tensor.dim() else {}) for name, tensor in inputs}
+    return {name: dict.fromkeys(range(tensor.dim()), auto) for name, tensor in inputs}
 
 
 def _axis_name(dim: object, input_name: str, axis: int) -> str:
@@ -185,6 +187,27 @@ def _specialized(model: ir.Model, asked: Mapping[str, Mapping[int, str]]) -> lis
     return notes
 
 
+def kept_static(model: ir.Model) -> list[str]:
+    """One note (and warning) naming the input dims the export fixed although every dim
+    was offered as dynamic: the model's own computation pins them (a channel count that
+    must match a weight, a length a reshape needs)."""
+    fixed = [
+        f"{value.name} dim {axis} = {dim}"
+        for value in model.graph.inputs
+        if value.shape is not None
+        for axis, dim in enumerate(value.shape)
+        if isinstance(dim, int)
+    ]
+    if not fixed:
+        return []
+    note = (
+        "every input dim was exported as dynamic except those the model fixes: "
+        f"{', '.join(fixed)} (calls with other sizes there are refused, naming the dim)"
+    )
+    logger.warning("%s", note)
+    return [note]
+
+
 def export_module(
     module: torch.nn.Module,
     args: tuple[Any, ...],
@@ -199,8 +222,8 @@ def export_module(
         args: positional example inputs.
         kwargs: keyword example inputs.
         inputs: ``(name, tensor)`` per input from :func:`~mixprec.torch._tree.bind_inputs`.
-        dynamic_shapes: torch.export's spec; None makes dim 0 of every input dynamic
-            where torch.export finds it can be.
+        dynamic_shapes: torch.export's spec; None makes every dim of every input dynamic
+            where torch.export finds it can be (``Dim.AUTO``).
 
     Raises:
         MixprecError: both exporters failed (stage "export"); the message names the op.
@@ -238,6 +261,8 @@ def export_module(
             value.name = name
     if dynamic_shapes is not None:
         notes.extend(_specialized(model, dynamic_axes_of(dynamic_shapes, names)))
+    else:
+        notes.extend(kept_static(model))
     unused = [n for n in names if n not in graph_names]
     if unused:
         notes.append(f"inputs not used by the exported graph (ignored when given): {unused}")
