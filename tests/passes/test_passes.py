@@ -499,3 +499,19 @@ def test_apply_reports_not_modified_when_nothing_goes_low():
     assert applied.modified is False and applied.casts_inserted == 0
     assert op_list(work) == ["Add", "Exp"]
     assert decisions(work)["Exp"][0] == "fp32", decisions(work)
+
+
+def test_apply_rerun_on_its_own_output_is_not_modified():
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,8] x) => (float[2,8] y) <float[8,8] w> {
+        m = MatMul (x, w)
+        y = Relu (m)
+    }
+    """
+    work, applied = paint_apply(filled_model(text))
+    assert applied.modified is True
+    before = op_list(work)
+    again = ApplyPrecisionPass(default_policy("fp16"))(work)
+    assert again.modified is False and again.casts_inserted == 0
+    assert op_list(work) == before

@@ -179,16 +179,18 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
         for node, info in self.slots.items():
             if not self._is_low(node):
                 continue
-            result.modified = True
             if node.op_type == "Cast" and is_onnx_domain(node.domain):
                 to = node.attributes.get("to")
                 if to is not None and to.as_int() == ir.DataType.FLOAT:
                     node.attributes["to"] = ir.AttrInt64("to", int(target))
                     result.retargeted_casts.append(node.name or "")
+                    result.modified = True
                 else:
                     continue
             for j in info.outputs:
                 value = node.outputs[j]
+                # exact ``modified``: a rerun on its own output retypes nothing
+                result.modified = result.modified or value.dtype != target
                 value.dtype = target
                 self._produced_low.add(value)
             if rule_for(node).output_fp32 or node.op_type in self.policy.output_fp32_ops:
