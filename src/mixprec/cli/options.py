@@ -30,6 +30,7 @@ __all__ = [
     "dtype_of",
     "load_feeds",
     "progress",
+    "shape_arg",
 ]
 
 EXIT_VALIDATION_FAILED = 1
@@ -46,7 +47,7 @@ QUIET_HELP = (
 )
 
 
-def _shape(text: str) -> tuple[str, list[int]]:
+def shape_arg(text: str) -> tuple[str, list[int]]:
     name, sep, dims = text.rpartition("=")
     if not sep or not name:
         raise argparse.ArgumentTypeError(f"expected NAME=D0,D1,..., got {text!r}")
@@ -90,7 +91,7 @@ def add_shape_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--shape",
         action="append",
-        type=_shape,
+        type=shape_arg,
         default=[],
         metavar="NAME=D0,D1,...",
         help="concrete shape for an input with symbolic dims (repeatable)",

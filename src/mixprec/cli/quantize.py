@@ -12,6 +12,7 @@ from mixprec.cli.options import (
     calibration_data,
     load_feeds,
     progress,
+    shape_arg,
 )
 from mixprec.cli.outputs import add_output_args, checked_output, validate_and_write
 
@@ -60,8 +61,18 @@ def add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
         "--speed",
         choices=("auto", "off"),
         default="auto",
-        help="auto: time candidate INT8 placements here and keep the fastest (never slower "
-        "than FP32); off: quantize every node the plan allows",
+        help="auto: time candidate INT8 placements here against the input model and keep "
+        "the fastest (the model stays as given unless one is clearly faster); off: quantize "
+        "every node the plan allows",
+    )
+    q.add_argument(
+        "--latency-shape",
+        action="append",
+        type=shape_arg,
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="input shape the speed plan times at, e.g. your serving batch (repeatable; "
+        "default: --shape, else the calibration sample's shape)",
     )
     q.add_argument(
         "--exclude", action="append", default=[], metavar="REGEX", help="node kept float"
@@ -95,6 +106,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         fold_batchnorm=not args.no_fold_batchnorm,
         log_dir=args.log_dir,
         speed=args.speed,
+        latency_shapes=dict(args.latency_shape),
         mode="dynamic" if args.dynamic else args.mode,
         fallback=args.fallback,
         bias_correction=args.bias_correction,

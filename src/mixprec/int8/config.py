@@ -12,7 +12,14 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.policy import default_policy
 from mixprec.int8.params import METHODS
 
-__all__ = ["DYNAMIC_MAC_SHARE", "FALLBACKS", "MODES", "PER_CHANNEL_OPSET", "QuantizeConfig"]
+__all__ = [
+    "DYNAMIC_MAC_SHARE",
+    "FALLBACKS",
+    "MODES",
+    "PER_CHANNEL_OPSET",
+    "PLACEMENTS",
+    "QuantizeConfig",
+]
 
 #: Precisions of the nodes left out of INT8 (the fallback).
 FALLBACKS = ("fp32", "fp16", "bf16")
@@ -20,6 +27,8 @@ _ACTIVATIONS = ("auto", "u8", "s8")
 #: Per-channel DequantizeLinear (``axis``) needs this ai.onnx opset.
 PER_CHANNEL_OPSET = 13
 MODES = ("static", "dynamic", "auto")
+#: How ops without weights join INT8 (:class:`~mixprec.int8.plan.AnnotateInt8Pass`).
+PLACEMENTS = ("chains", "every")
 #: mode="auto" goes dynamic when weighted MatMul/Gemm hold at least this MAC share.
 DYNAMIC_MAC_SHARE = 0.8
 
@@ -49,9 +58,15 @@ class QuantizeConfig:
         fold_batchnorm: fold BatchNormalization into Conv/Gemm first.
         check: hold the result to the full ONNX checker.
         log_dir: folder for the graphs and the report.
-        speed: "auto" times candidate placements on this machine (all INT8 nodes; without
-            depthwise convolutions; only the large Conv/MatMul/Gemm) against the FP32 model
-            and keeps the fastest, never one slower than FP32; "off" quantizes all.
+        speed: "auto" times candidate placements on this machine (all INT8 nodes; every
+            op with an INT8 kernel, as ONNX Runtime's quantize_static places them; without
+            depthwise convolutions; only the large Conv/MatMul/Gemm) against the user's
+            FP32 model and keeps the fastest, never one slower than FP32 (the model then
+            stays float); "off" quantizes all.
+        latency_shapes: input shapes the speed plan times at (the deployment's, e.g. a
+            serving batch); by default ``shapes``, else the calibration sample's.
+        placement: "chains" (ops without weights join INT8 when an INT8 node feeds them)
+            or "every" (wherever they have a float input); the speed plan may choose.
         mode: "static" (calibrated Q/DQ pairs), "dynamic" (MatMul/Gemm weights INT8
             offline, activations quantized per call at run time; no calibration) or
             "auto": dynamic when MatMul/Gemm with constant weights hold >= 80% of the
@@ -72,6 +87,8 @@ class QuantizeConfig:
     check: bool = True
     log_dir: Path | None = None
     speed: str = "auto"
+    latency_shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    placement: str = "chains"
     mode: str = "auto"
     fallback: str = "fp32"
     bias_correction: bool = False
@@ -83,6 +100,10 @@ class QuantizeConfig:
             )
         if self.mode not in MODES:
             raise MixprecError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.placement not in PLACEMENTS:
+            raise MixprecError(
+                f"placement must be one of {', '.join(PLACEMENTS)}, not {self.placement!r}"
+            )
         if self.speed not in ("auto", "off"):
             raise MixprecError(f"speed must be 'auto' or 'off', not {self.speed!r}")
         if self.method not in METHODS:

@@ -8,7 +8,9 @@ Rules:
 - a "weighted" op (Conv, MatMul, Gemm) runs in INT8 when its weight is a float constant
   (a MatMul of two activations, attention's, stays float);
 - every other INT8-capable op runs in INT8 when one of its float inputs comes from an
-  INT8 node, so Q/DQ pairs sit only where ONNX Runtime can keep the integer domain;
+  INT8 node, so Q/DQ pairs sit only where ONNX Runtime can keep the integer domain
+  (placement "chains"); with placement "every", whenever it has a float input, as ONNX
+  Runtime's ``quantize_static`` places Q/DQ (the speed plan times both);
 - excluded nodes, custom domains and nodes inside subgraphs stay float.
 """
 
@@ -63,12 +65,21 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
         exclude_nodes: node names or regular expressions kept float.
         dynamic: plan dynamic INT8 (:mod:`mixprec.int8.dynamic`): only MatMul/Gemm with a
             constant 2-D weight, activations quantized at run time.
+        placement: "chains" (an op without weights runs INT8 when an INT8 node feeds it)
+            or "every" (whenever it has a float input).
     """
 
-    def __init__(self, exclude_nodes: tuple[str, ...] = (), *, dynamic: bool = False) -> None:
+    def __init__(
+        self,
+        exclude_nodes: tuple[str, ...] = (),
+        *,
+        dynamic: bool = False,
+        placement: str = "chains",
+    ) -> None:
         super().__init__()
         self._exclude = NodeExclusions(exclude_nodes)
         self._dynamic = dynamic
+        self._every = placement == "every"
 
     def _excluded(self, node: ir.Node) -> str | None:
         return self._exclude.reason(node)
@@ -116,6 +127,8 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
             for v in node.inputs
             if _float(v) and (p := v.producer()) is not None and _is_int8(p)  # type: ignore[union-attr]
         ]
+        if self._every and role != "absorbed":
+            return Int8Decision(True, role, f"{role}: INT8 wherever it has a float input")
         if not fed:
             return Int8Decision(False, role, "not fed by an INT8 node: stays float")
         return Int8Decision(True, role, f"{role}: stays in the integer domain")

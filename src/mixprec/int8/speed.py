@@ -3,19 +3,25 @@
 ONNX Runtime's integer kernels lose to its float ones on some shapes (small or depthwise
 convolutions, tiny models where the Q/DQ overhead dominates), and which ones depends on
 the CPU. So, like an autotuner, ``quantize(speed="auto")`` builds a few candidate
-placements, times each against the FP32 model and keeps the fastest only when it is
-clearly faster than FP32; otherwise the model stays float.
+placements, times each against the user's FP32 model and keeps the fastest only when it
+is clearly faster; otherwise the model stays float.
 
 Timing on shared machines is noisy: sessions take turns within each round (in rotating
-order), each round gives a ratio candidate / FP32 measured seconds apart, and the
-decision uses the median of those paired ratios with a margin (:data:`MARGIN`).
+order), and each round gives a ratio candidate / FP32 measured milliseconds apart.
+:func:`decide` reads only those paired ratios (a pure function, tested on recorded
+timings): a placement is faster when its median ratio is at most ``1 - MARGIN`` and,
+unless it is :data:`SURE` faster in the median, when at least :data:`MAJORITY` of the
+rounds found it faster. Among the faster placements, the one with the most INT8 work
+wins unless another is :data:`BAND` faster in the median, so that two runs on one
+machine make the same choice when two placements time alike.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -24,16 +30,76 @@ import onnxruntime as ort
 
 from mixprec.calibrate.measure import node_macs
 
-__all__ = ["MARGIN", "candidate_placements", "choose_placement"]
+__all__ = [
+    "BAND",
+    "MAJORITY",
+    "MARGIN",
+    "STAY_FLOAT",
+    "SURE",
+    "Placement",
+    "SpeedDecision",
+    "candidate_placements",
+    "choose_placement",
+    "decide",
+]
 
-#: A placement is kept only when its median paired ratio to FP32 is <= 1 - MARGIN and
-#: three rounds in four found it faster than FP32 (its upper quartile is below 1).
+#: A placement must be at least this much faster than FP32 in the median paired ratio.
 MARGIN = 0.05
+#: ... and faster than FP32 in at least this share of the rounds,
+MAJORITY = 0.6
+#: ... unless its median ratio is at most this (then no noise explains it: a placement
+#: twice as fast in the median is never rejected).
+SURE = 0.8
+#: A placement with less INT8 work must beat the fuller one by this much in the median.
+BAND = 0.05
 #: Each timed run repeats the model until it lasts this long (tiny models are all noise).
 _RUN_SECONDS = 0.01
 #: Timing stops after this many seconds once _MIN_ROUNDS are done.
 _BUDGET_SECONDS = 1.0
 _MIN_ROUNDS, _MAX_ROUNDS, _WARMUP = 15, 60, 2
+
+
+@dataclass(frozen=True)
+class SpeedDecision:
+    """What :func:`decide` read from the timings and why it chose."""
+
+    chosen: str
+    ms: dict[str, float]
+    ratio: dict[str, float]
+    faster_share: dict[str, float]
+    rounds: int
+    why: str
+
+
+def decide(times: Mapping[str, Sequence[float]], order: Sequence[str]) -> SpeedDecision:
+    """The placement to keep from per-round seconds (``times["fp32"]`` is the FP32
+    model's, the other labels are placements, ``order`` from most INT8 work to least).
+
+    Returns ``chosen == "fp32"`` when no placement is clearly faster.
+    """
+    base = np.asarray(times["fp32"], dtype=np.float64)
+    ms = {label: float(np.median(t)) * 1e3 for label, t in times.items()}
+    ratios = {label: np.asarray(t, dtype=np.float64) / base for label, t in times.items()}
+    ratio = {label: float(np.median(r)) for label, r in ratios.items()}
+    share = {label: float(np.mean(r < 1.0)) for label, r in ratios.items()}
+    faster = [
+        label
+        for label in order
+        if ratio[label] <= 1.0 - MARGIN and (ratio[label] <= SURE or share[label] >= MAJORITY)
+    ]
+    if not faster:
+        why = (
+            f"no INT8 placement was {MARGIN:.0%} faster than FP32 in the median and in "
+            f"{MAJORITY:.0%} of the rounds: the model stays float"
+        )
+        return SpeedDecision("fp32", ms, ratio, share, len(base), why)
+    best = min(faster, key=lambda label: ratio[label])
+    chosen = next(label for label in faster if ratio[label] <= ratio[best] + BAND)
+    why = f"{ratio[chosen]:.2f}x FP32 (median paired ratio; faster in {share[chosen]:.0%} "
+    why += "of rounds)"
+    if chosen != best:
+        why += f"; {best!r} ({ratio[best]:.2f}x) is within {BAND:.0%} and does less in INT8"
+    return SpeedDecision(chosen, ms, ratio, share, len(base), why)
 
 
 def _depthwise(model: ir.Model) -> list[str]:
@@ -49,10 +115,21 @@ def _depthwise(model: ir.Model) -> list[str]:
     return names
 
 
-def candidate_placements(
-    model: ir.Model, user_excluded: tuple[str, ...]
-) -> dict[str, tuple[str, ...]]:
-    """Placements to time, as exclusion patterns on top of the user's, by label."""
+@dataclass(frozen=True)
+class Placement:
+    """A candidate INT8 placement: node exclusions on top of the user's, and how ops
+    without weights join (:class:`~mixprec.int8.plan.AnnotateInt8Pass`'s ``placement``)."""
+
+    exclude: tuple[str, ...]
+    ops: str = "chains"
+
+
+#: The model stays float (no INT8 placement was clearly faster).
+STAY_FLOAT = Placement((".*",))
+
+
+def candidate_placements(model: ir.Model, user_excluded: tuple[str, ...]) -> dict[str, Placement]:
+    """Placements to time, by label, from most INT8 work to least."""
     macs = node_macs(model)
     total = sum(macs.values()) or 1
     depthwise = _depthwise(model)
@@ -62,10 +139,13 @@ def candidate_placements(
     unique: dict[tuple[str, ...], str] = {}
     for label, names in found.items():
         unique.setdefault(names, label)
-    return {
-        label: tuple(user_excluded) + tuple(re.escape(n) for n in names)
+    user = tuple(user_excluded)
+    placements = {
+        label: Placement(user + tuple(re.escape(n) for n in names))
         for names, label in unique.items()
     }
+    every = {"every INT8 op (ORT quantize_static's placement)": Placement(user, "every")}
+    return {"all": placements.pop("all"), **every, **placements}
 
 
 def _session(proto: onnx.ModelProto):  # -> ort.InferenceSession
@@ -83,12 +163,9 @@ def _session(proto: onnx.ModelProto):  # -> ort.InferenceSession
 
 def time_paired(
     sessions: Mapping[str, object], feeds: Mapping[str, np.ndarray]
-) -> tuple[dict[str, float], dict[str, float], int, dict[str, float]]:
-    """Median seconds per run, median paired ratio to ``"fp32"`` of each session and the
-    upper quartile of those ratios.
-
-    Returns ``(ms, ratio, rounds, upper)``.
-    """
+) -> dict[str, list[float]]:
+    """Seconds per run of each session, round by round (rotating order; ``"fp32"`` is
+    the reference the rounds pair with)."""
     runners = {label: s.run for label, s in sessions.items()}  # type: ignore[attr-defined]
     start = time.perf_counter()
     runners["fp32"](None, feeds)
@@ -109,49 +186,40 @@ def time_paired(
         done = rounds - _WARMUP
         if done >= _MIN_ROUNDS and time.perf_counter() - began >= _BUDGET_SECONDS:
             break
-    base = np.asarray(times["fp32"])
-    ms = {label: float(np.median(t)) * 1e3 for label, t in times.items()}
-    ratio = {label: float(np.median(np.asarray(t) / base)) for label, t in times.items()}
-    upper = {label: float(np.quantile(np.asarray(t) / base, 0.75)) for label, t in times.items()}
-    return ms, ratio, rounds - _WARMUP, upper
+    return times
 
 
 def choose_placement(
     fp32: onnx.ModelProto,
-    placements: Mapping[str, tuple[str, ...]],
-    build: Callable[[tuple[str, ...]], onnx.ModelProto],
+    placements: Mapping[str, Placement],
+    build: Callable[[Placement], onnx.ModelProto],
     feeds: Mapping[str, np.ndarray],
-) -> tuple[tuple[str, ...], dict[str, object]]:
-    """Times the ``fp32`` model and each placement built by ``build(exclusions)`` on
-    ``feeds``.
+) -> tuple[Placement, dict[str, object]]:
+    """Times the user's ``fp32`` model and each placement built by ``build(placement)``
+    on ``feeds`` (``placements`` from most INT8 work to least).
 
-    Returns the exclusions to use (``(".*",)``: none is clearly faster, stay float) and
-    what was measured (``ms``, ``ratio``, ``rounds``, ``chosen``, ``summary``).
+    Returns the placement to use (:data:`STAY_FLOAT` when none is clearly faster) and
+    what was measured (``ms``, ``ratio``, ``faster_share``, ``rounds``, ``chosen``,
+    ``summary``).
     """
     sessions = {"fp32": _session(fp32)}
-    for label, excluded in placements.items():
-        sessions[label] = _session(build(excluded))
-    ms, ratio, rounds, upper = time_paired(sessions, feeds)
-    best = min(placements, key=lambda label: ratio[label])
-    clearly = ratio[best] <= 1.0 - MARGIN and upper[best] < 1.0
-    chosen = best if clearly else "fp32"
-    excluded = placements[best] if chosen != "fp32" else (".*",)
+    for label, placement in placements.items():
+        sessions[label] = _session(build(placement))
+    decision = decide(time_paired(sessions, feeds), list(placements))
+    chosen = placements[decision.chosen] if decision.chosen != "fp32" else STAY_FLOAT
+    shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in feeds.items())
     summary = (
-        f"INT8 placement timed on this CPU (ms, median of {rounds} interleaved rounds): "
-        + ", ".join(f"{label} {value:.2f}" for label, value in ms.items())
-        + f"; chose {chosen!r}"
-        + (
-            f" (no INT8 placement was at least {MARGIN:.0%} faster than FP32 in the median "
-            "and faster in three rounds of four: the model stays float)"
-            if chosen == "fp32"
-            else f", {ratio[chosen]:.2f}x FP32 (median paired ratio)"
-        )
+        f"INT8 placement timed on this CPU at {shapes} (ms, median of {decision.rounds} "
+        "interleaved rounds): "
+        + ", ".join(f"{label} {value:.2f}" for label, value in decision.ms.items())
+        + f"; chose {decision.chosen!r}: {decision.why}"
     )
-    return excluded, {
-        "ms": ms,
-        "ratio": ratio,
-        "ratio_q75": upper,
-        "rounds": rounds,
-        "chosen": chosen,
+    return chosen, {
+        "ms": decision.ms,
+        "ratio": decision.ratio,
+        "faster_share": decision.faster_share,
+        "rounds": decision.rounds,
+        "chosen": decision.chosen,
+        "shapes": {k: list(np.shape(v)) for k, v in feeds.items()},
         "summary": summary,
     }

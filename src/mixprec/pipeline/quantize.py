@@ -28,7 +28,7 @@ from mixprec.int8.config import DYNAMIC_MAC_SHARE, PER_CHANNEL_OPSET, QuantizeCo
 from mixprec.int8.dynamic import QuantizeDynamicPass, QuantizeDynamicResult
 from mixprec.int8.plan import AnnotateInt8Pass, dynamic_candidate, int8_decision
 from mixprec.int8.qdq import QuantizeQDQPass, QuantizeQDQResult
-from mixprec.int8.speed import candidate_placements, choose_placement
+from mixprec.int8.speed import Placement, candidate_placements, choose_placement
 from mixprec.io.feeds import feeds_for, make_inputs
 from mixprec.passes.opset import upgrade_to
 from mixprec.pipeline.convert import (
@@ -90,7 +90,9 @@ class QuantizePipeline(Pipeline):
             opset = model.opset_imports.get("", 1)
             if q.per_channel and q.mode != "dynamic" and opset < PER_CHANNEL_OPSET:
                 passes.append(upgrade_to(PER_CHANNEL_OPSET))
-            annotate = AnnotateInt8Pass(q.exclude_nodes, dynamic=q.mode == "dynamic")
+            annotate = AnnotateInt8Pass(
+                q.exclude_nodes, dynamic=q.mode == "dynamic", placement=q.placement
+            )
             return Stage(name, *passes, CountMacsPass(), annotate)
         if name == "apply" and q.mode == "dynamic":
             dynamic_pass = QuantizeDynamicPass(
@@ -153,6 +155,7 @@ def run_quantize(
     report = Report(target="int8", policy={"quantize": config_dict(config)})
     report.notes.extend(notes_about_input(work))
     report.notes.extend(_data_notes(config, calibration_data))
+    original = ir.to_proto(work)  # the speed plan times placements against the user's model
     pipeline = QuantizePipeline(config, calibration_data=calibration_data, progress=progress)
     work = pipeline.run(work, until="calibrate")
     if config.mode == "auto":
@@ -164,9 +167,11 @@ def run_quantize(
     if config.speed == "auto":
         say("timing candidate INT8 placements")
         t = time.perf_counter()
-        excluded, speed = timed_placement(work, config)
+        chosen, speed = timed_placement(work, config, original)
         extra["speed"] = time.perf_counter() - t
-        pipeline.qconfig = dataclasses.replace(config, exclude_nodes=excluded)
+        pipeline.qconfig = dataclasses.replace(
+            config, exclude_nodes=chosen.exclude, placement=chosen.ops
+        )
     work = pipeline.run(work, start="annotate", until="annotate")
     planned = set(work.graph)
     work = pipeline.run(work, start="apply")
@@ -206,27 +211,36 @@ def choose_mode(model: ir.Model, config: QuantizeConfig) -> tuple[QuantizeConfig
 
 
 def timed_placement(
-    model: ir.Model, config: QuantizeConfig
-) -> tuple[tuple[str, ...], dict[str, object]]:
-    """The exclusions of the fastest INT8 placement on this CPU (:mod:`mixprec.int8.speed`),
-    timed at the calibration's input shapes."""
+    model: ir.Model, config: QuantizeConfig, original: onnx.ModelProto
+) -> tuple[Placement, dict[str, object]]:
+    """The fastest INT8 placement on this CPU (:mod:`mixprec.int8.speed`) against the
+    user's ``original`` model, timed at ``config.latency_shapes``, else ``config.shapes``,
+    else the calibration's input shapes."""
     base = ir.to_proto(model)
 
-    def build(excluded: tuple[str, ...]) -> onnx.ModelProto:
+    def build(placement: Placement) -> onnx.ModelProto:
         copy = ir.from_proto(base)
         copy.meta.update(model.meta)
-        trial = QuantizePipeline(dataclasses.replace(config, exclude_nodes=excluded, check=False))
-        return ir.to_proto(trial.run(copy, start="annotate", until="apply"))
+        trial = dataclasses.replace(
+            config, exclude_nodes=placement.exclude, placement=placement.ops, check=False
+        )
+        return ir.to_proto(QuantizePipeline(trial).run(copy, start="annotate", until="apply"))
 
-    feeds, _ = make_inputs(model, shapes=calibration_of(model).input_shapes, seed=0)
+    shapes = {
+        **calibration_of(model).input_shapes,
+        **{k: list(v) for k, v in config.shapes.items()},
+        **{k: list(v) for k, v in config.latency_shapes.items()},
+    }
+    feeds, _ = make_inputs(model, shapes=shapes, seed=0)
     placements = candidate_placements(model, tuple(config.exclude_nodes))
-    return choose_placement(base, placements, build, feeds_for(model, feeds))
+    return choose_placement(original, placements, build, feeds_for(model, feeds))
 
 
 def config_dict(config: QuantizeConfig) -> dict[str, object]:
     """The config as the report's policy shows it (plain JSON values)."""
     data = dataclasses.asdict(config)
     data["shapes"] = {k: list(v) for k, v in config.shapes.items()}
+    data["latency_shapes"] = {k: list(v) for k, v in config.latency_shapes.items()}
     data["log_dir"] = str(config.log_dir) if config.log_dir else None
     data["reduce_range"] = config.reduce_range
     return data
