@@ -8,6 +8,7 @@ hands the call to :func:`mixprec.tune` (target int8).
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -15,16 +16,19 @@ from typing import Any
 
 import onnx_ir as ir
 
+from mixprec.api.guard import EvalData, guarded_quantize, quantize_once
 from mixprec.api.tune import tune_with_options
 from mixprec.core.errors import MixprecError
 from mixprec.int8.config import QuantizeConfig
 from mixprec.io.models import ModelLike, load_input
 from mixprec.pipeline.convert import CalibrationData, ConversionResult
-from mixprec.pipeline.quantize import plan_model, resolve_qconfig, run_quantize
+from mixprec.pipeline.quantize import plan_model, resolve_qconfig
 from mixprec.pipeline.report import Report
 from mixprec.report.logdir import write_log_dir
 
 __all__ = ["plan_int8", "quantize"]
+
+logger = logging.getLogger(__name__)
 
 
 def quantize(
@@ -34,6 +38,7 @@ def quantize(
     config: QuantizeConfig | None = None,
     progress: Callable[[str], None] | None = None,
     base_dir: str | os.PathLike[str] | None = None,
+    eval_data: EvalData | None = None,
     **options: Any,
 ) -> Any:
     """Post-training INT8 quantization: static (calibrated Q/DQ pairs) or dynamic (MatMul
@@ -48,9 +53,17 @@ def quantize(
         progress: called with a short message at each stage.
         base_dir: the folder an in-memory model's external data is read from (as for
             :func:`~mixprec.convert`); a path's own folder otherwise.
+        eval_data: samples the accuracy guard checks the INT8 model on (same forms as
+            ``calibration_data``, or a path as ``--eval-data``); by default the last fifth
+            of the calibration samples is held out (:mod:`mixprec.api.guard`).
         **options: the fields of :class:`QuantizeConfig` (``method``, ``mode``,
             ``activations``, ``per_channel``, ``fallback``, ``bias_correction``, ``speed``,
-            ``exclude_nodes``, ``shapes``, ``fold_batchnorm``, ``check``, ``log_dir``).
+            ``exclude_nodes``, ``shapes``, ``latency_shapes``, ``placement``, ``guard``,
+            ``guard_drop``, ``guard_rel_l2``, ``fold_batchnorm``, ``check``, ``log_dir``).
+            The accuracy guard is on by default: ``report.guard["passed"]`` says whether
+            the result holds top-1 >= 0.99 / rel L2 <= 0.1 (``guard_drop`` /
+            ``guard_rel_l2``) on held-out samples, after moving the sensitive nodes back
+            to float if needed; ``guard=False`` warns.
             ``max_drop=X`` tunes instead (:func:`mixprec.tune`, target int8,
             ``calibration_data`` as its data): the accepted drop of ``metric`` (default
             "rel-l2": rel L2 <= X; "top1"/"cosine": >= 1 - X; a callable: its FP32 score
@@ -75,21 +88,29 @@ def quantize(
     work, kind = load_input(model, base_dir)
     before = ir.to_proto(work) if config.log_dir is not None else None
     load_s = time.perf_counter() - t0
-    work, report = run_quantize(work, config, calibration_data=calibration_data, progress=progress)
+    if config.guard and (calibration_data is not None or eval_data is not None):
+        work, report = guarded_quantize(
+            model, base_dir, config, calibration_data, eval_data, progress
+        )
+    else:
+        why = _unguarded(config)
+        work, report = quantize_once(model, base_dir, config, calibration_data, progress)
+        report.notes.append(why)
     report.timings = {"load": load_s, **report.timings}
-    if _kept_float(report, config):
-        # Nothing runs in INT8: the input as given, never the prepared copy (prepare's
-        # rewrites may move ORT off a faster path, e.g. Casts before a Pad).
-        work, _ = load_input(model, base_dir)
-        report.notes.append("no node runs in INT8: the input model is written unchanged")
     if before is not None and config.log_dir is not None:
         write_log_dir(config.log_dir, before, work, report)
     return ConversionResult(work, report, kind)
 
 
-def _kept_float(report: Report, config: QuantizeConfig) -> bool:
-    """Whether the result holds no INT8 node and no fallback painting."""
-    return config.fallback == "fp32" and not any(n.precision == "int8" for n in report.nodes)
+def _unguarded(config: QuantizeConfig) -> str:
+    """Why no accuracy guard runs (logged as a warning, for the report's notes)."""
+    if config.guard:
+        why = "the accuracy guard is off: no samples to check the INT8 model on (give "
+        why += "calibration_data or eval_data)"
+    else:
+        why = "accuracy guard off (guard=False / --no-guard): the INT8 model is not checked"
+    logger.warning("%s", why)
+    return why
 
 
 def _tune_for_drop(

@@ -156,8 +156,9 @@ def write_outputs(
 
 def checked_output(args: argparse.Namespace) -> Path:
     """``-o`` checked before any work: a writable folder, not the input, and
-    ``--keep-failed`` only with ``--validate``."""
-    if args.keep_failed and not args.validate:
+    ``--keep-failed`` only with a check (``--validate``, or quantize's accuracy guard)."""
+    guarded = getattr(args, "command", None) == "quantize" and not getattr(args, "no_guard", True)
+    if args.keep_failed and not (args.validate or guarded):
         raise MixprecError("--keep-failed needs --validate")
     out = check_output_path(args.output)  # the text as given: "new.onnx/" is a folder
     check_output_args(args)
@@ -179,7 +180,9 @@ def validate_and_write(args: argparse.Namespace, result: Any, feeds: Any, out: P
             rtol=args.rtol,
         )
         result.report.validation = {**validation.to_dict(), "table": validation.format_table()}
-    passed = validation is None or validation.passed
+    guard = result.report.guard
+    guard_passed = guard is None or bool(guard.get("passed"))
+    passed = (validation is None or validation.passed) and guard_passed
     if args.annotate_model:
         annotate_model(result.model, result.report)
     kept = None
@@ -203,10 +206,16 @@ def validate_and_write(args: argparse.Namespace, result: Any, feeds: Any, out: P
             print(f"wrote {out}" + ("" if validation is None else " (validated: passed)"))
         for path in written:
             print(f"wrote {path}")
-    if validation is None or passed:
+        if passed and guard is not None:
+            print(f"mixprec: {guard['summary']}")
+    if passed:
         return 0
     sys.stdout.flush()  # the verdict is the last line, also where stdout and stderr interleave
-    line = f"mixprec: validation FAILED ({_worst(validation)}): {out} not written"
+    if not guard_passed:
+        assert guard is not None
+        line = f"mixprec: {guard['summary']}: {out} not written"
+    else:
+        line = f"mixprec: validation FAILED ({_worst(validation)}): {out} not written"
     if kept is not None:
         line += f"; the failed model is in {kept}"
     print(line, file=sys.stderr, flush=True)

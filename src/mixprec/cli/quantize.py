@@ -83,7 +83,35 @@ def add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
     q.add_argument("--validate", action="store_true", help="compare with FP32 before writing")
     q.add_argument("--rtol", type=float, default=None, help="validation tolerance (rel. L2)")
     q.add_argument(
-        "--keep-failed", action="store_true", help="with --validate: keep a failed model"
+        "--keep-failed",
+        action="store_true",
+        help="keep a model that fails the accuracy guard or --validate, as OUTPUT.failed.onnx",
+    )
+    q.add_argument(
+        "--eval-data",
+        metavar="PATH",
+        help="samples the accuracy guard checks the INT8 model on (forms as "
+        "--calibration-data); default: the last fifth of the calibration samples, held out",
+    )
+    q.add_argument(
+        "--max-drop",
+        type=float,
+        default=None,
+        metavar="X",
+        help="the guard's accepted top-1 drop: agreement with FP32 >= 1-X on class scores "
+        "(default 0.01)",
+    )
+    q.add_argument(
+        "--max-rel-l2",
+        type=float,
+        default=None,
+        metavar="Y",
+        help="the guard's bound on the relative L2 error of other outputs (default 0.1)",
+    )
+    q.add_argument(
+        "--no-guard",
+        action="store_true",
+        help="skip the accuracy guard (warns: the INT8 model is not checked against FP32)",
     )
     q.add_argument("--external-data", action="store_true", help="write weights to OUTPUT.data")
     q.add_argument("--json", action="store_true", help="machine-readable report on stdout")
@@ -110,6 +138,10 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         mode="dynamic" if args.dynamic else args.mode,
         fallback=args.fallback,
         bias_correction=args.bias_correction,
+        guard=not args.no_guard,
+        guard_drop=args.max_drop,
+        guard_rel_l2=args.max_rel_l2,
+        eval_data=args.eval_data,
         progress=progress(args.quiet or args.json),
     )
     return validate_and_write(args, result, feeds, out)

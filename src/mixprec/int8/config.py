@@ -76,6 +76,12 @@ class QuantizeConfig:
             biases (static mode; the calibration also averages their inputs' channel means).
         fallback: precision of the nodes left out of INT8: "fp32", or "fp16"/"bf16" painted
             by the FP16/BF16 painter around the integer kernels (:mod:`mixprec.pipeline.fallback`).
+        guard: the accuracy guard (:func:`mixprec.quantize`): check the INT8 model against
+            FP32 on held-out samples and move the sensitive nodes back to float until it
+            holds (:mod:`mixprec.tune.guard`); False warns that nothing is checked.
+        guard_drop: the guard's accepted drop of top-1 agreement on class scores
+            (agreement >= 1 - drop; None: 0.01) and of equal elements on integer outputs.
+        guard_rel_l2: the guard's bound on other outputs' relative L2 (None: 0.1).
     """
 
     method: str = "minmax"
@@ -92,8 +98,15 @@ class QuantizeConfig:
     mode: str = "auto"
     fallback: str = "fp32"
     bias_correction: bool = False
+    guard: bool = True
+    guard_drop: float | None = None
+    guard_rel_l2: float | None = None
 
     def __post_init__(self) -> None:
+        for name in ("guard_drop", "guard_rel_l2"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not 0.0 < float(value) < 1.0):
+                raise MixprecError(f"{name} must lie in (0, 1), got {value!r}")
         if self.fallback not in FALLBACKS:
             raise MixprecError(
                 f"fallback must be one of {', '.join(FALLBACKS)}, not {self.fallback!r}"

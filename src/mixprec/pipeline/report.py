@@ -46,6 +46,8 @@ class Report:
     policy: dict[str, object] = field(default_factory=dict)
     validation: dict[str, object] | None = None
     quantization: dict[str, object] | None = None
+    #: The INT8 accuracy guard's checks and verdict (:mod:`mixprec.api.guard`).
+    guard: dict[str, object] | None = None
 
     @property
     def low_nodes(self) -> int:

@@ -1,0 +1,188 @@
+"""The INT8 accuracy guard around :func:`mixprec.quantize` (on by default).
+
+1. Hold out samples (``eval_data``, else the last fifth of the calibration samples when
+   there are at least five; fewer: every sample both calibrates and checks, with a
+   warning). Ranges never see the held-out samples.
+2. Quantize as asked (speed plan included) and hold each output to its check
+   (:mod:`mixprec.tune.guard`) against the user's FP32 model in ONNX Runtime.
+3. On a miss, the tuner's search (:func:`mixprec.tune`, target int8, the guard's checks
+   as its metric, the held-out samples as its data) names the Conv/MatMul/Gemm nodes to
+   keep float; quantize again without them and check again. If that still misses, the
+   tuner's own model is the result when it passed.
+4. ``report.guard`` says what was measured; its ``summary`` is the command's last line.
+   A result that misses has ``passed`` False: the CLI writes nothing and exits 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+import onnx_ir as ir
+
+from mixprec.api.tune import tune_with_options
+from mixprec.int8.config import QuantizeConfig
+from mixprec.io.feeds import calibration_feeds, feeds_for, iter_calibration_npz
+from mixprec.io.models import ModelLike, load_input
+from mixprec.pipeline.convert import CalibrationData
+from mixprec.pipeline.quantize import run_quantize
+from mixprec.pipeline.report import Report
+from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.runtime.ort import OrtLoadError, run_session, session_for
+from mixprec.tune.guard import (
+    GuardBudget,
+    OutputCheck,
+    check_outputs,
+    guard_metric,
+    output_kinds,
+    split_samples,
+)
+
+__all__ = ["EvalData", "guarded_quantize", "quantize_once"]
+
+logger = logging.getLogger(__name__)
+EvalData = CalibrationData | str | os.PathLike[str]
+Say = Callable[[str], None]
+
+
+def quantize_once(
+    model: ModelLike, base_dir: Any, config: QuantizeConfig, data: Any, progress: Say | None
+) -> tuple[ir.Model, Report]:
+    """One quantization of the input; a result with no INT8 node is the input unchanged."""
+    work, _ = load_input(model, base_dir)
+    work, report = run_quantize(work, config, calibration_data=data, progress=progress)
+    if config.fallback == "fp32" and not any(n.precision == "int8" for n in report.nodes):
+        # Nothing runs in INT8: the input as given, never the prepared copy (prepare's
+        # rewrites may move ORT off a faster path, e.g. Casts before a Pad).
+        work, _ = load_input(model, base_dir)
+        report.notes.append("no node runs in INT8: the input model is written unchanged")
+    return work, report
+
+
+def _outputs(model: ir.Model, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The model's outputs in ONNX Runtime; a bf16 fallback, which its CPU provider
+    cannot load, runs as its FP32 emulation (every bf16 tensor rounded)."""
+    proto = ir.to_proto(model)
+    try:
+        with session_for(proto, 2) as session:
+            return [run_session(session, feeds_for(model, s), None) for s in samples]
+    except OrtLoadError:
+        with session_for(emulate_low_precision(proto), 2) as session:
+            return [run_session(session, feeds_for(model, s), None) for s in samples]
+
+
+def _eval_samples(eval_data: EvalData, model: ir.Model) -> list[dict[str, Any]]:
+    if isinstance(eval_data, str | os.PathLike):
+        return list(iter_calibration_npz(eval_data, model))
+    return list(calibration_feeds(eval_data) or [])
+
+
+def guarded_quantize(
+    model: ModelLike,
+    base_dir: Any,
+    config: QuantizeConfig,
+    calibration_data: CalibrationData | None,
+    eval_data: EvalData | None,
+    progress: Say | None,
+) -> tuple[ir.Model, Report]:
+    """Quantize, check on held-out samples, repair with the tuner on a miss."""
+    say = progress or (lambda _msg: None)
+    original, _ = load_input(model, base_dir)
+    samples = list(calibration_feeds(calibration_data) or [])
+    calib: list[dict[str, Any]] | None
+    if eval_data is not None:
+        calib, held, in_sample = samples or None, _eval_samples(eval_data, original), False
+    else:
+        calib, held, in_sample = split_samples(samples)
+    budget = GuardBudget.of(config.guard_drop, config.guard_rel_l2)
+    kinds = output_kinds(original)
+    reference = _outputs(original, held)
+    work, report = quantize_once(model, base_dir, config, calib, progress)
+    say(f"checking the INT8 model on {len(held)} held-out sample(s)")
+    first = check_outputs(reference, _outputs(work, held), kinds, budget)
+    guard = _guard_info(len(calib or []), len(held), in_sample, eval_data is not None)
+    if all(c.passed for c in first):
+        return work, _finish(report, guard, first, (), first)
+    say(f"INT8 misses the budget ({_worst(first).text()}): searching for nodes to keep float")
+    options = {
+        f.name: getattr(config, f.name)
+        for f in dataclasses.fields(config)
+        if f.name not in ("guard", "log_dir")
+    }
+    tuned = tune_with_options(
+        model, "int8", held, calibration_data=calib, metric=guard_metric(reference, kinds, budget),
+        budget=1.0, progress=progress, options=options,
+    )  # fmt: skip
+    names = tuple(s.name for s in tuned.kept_float)
+    repaired = dataclasses.replace(
+        config, exclude_nodes=config.exclude_nodes + tuple(f"^{re.escape(n)}$" for n in names)
+    )
+    work, report = quantize_once(model, base_dir, repaired, calib, progress)
+    final = check_outputs(reference, _outputs(work, held), kinds, budget)
+    if not all(c.passed for c in final) and tuned.passed:
+        report.notes.append(
+            "the speed plan's placement without the sensitive nodes missed the budget: the "
+            "tuner's placement (every other node INT8) is kept"
+        )
+        work, report = tuned.model, tuned.report
+        final = check_outputs(reference, _outputs(work, held), kinds, budget)
+    return work, _finish(report, guard, final, names, first)
+
+
+def _guard_info(calibrated: int, held: int, in_sample: bool, given: bool) -> dict[str, Any]:
+    if in_sample:
+        logger.warning(
+            "accuracy guard: only %d sample(s), too few to hold any out: the INT8 model is "
+            "checked on the samples it was calibrated on, which says little about new "
+            "inputs; give more samples or eval_data / --eval-data",
+            held,
+        )
+    how = "eval data" if given else ("in-sample" if in_sample else "held out of calibration")
+    return {"calibration_samples": calibrated, "eval_samples": held, "eval": how}
+
+
+def _worst(checks: list[OutputCheck]) -> OutputCheck:
+    return min(checks, key=lambda c: c.slack())
+
+
+def _finish(
+    report: Report,
+    guard: dict[str, Any],
+    checks: list[OutputCheck],
+    kept: tuple[str, ...],
+    first: list[OutputCheck],
+) -> Report:
+    passed = all(c.passed for c in checks)
+    weighted = [n for n in report.nodes if n.op_class == "weighted"]
+    int8 = sum(1 for n in weighted if n.precision == "int8")
+    head = f"INT8 on {int8}/{len(weighted)} Conv/MatMul/Gemm"
+    worst = _worst(checks)
+    if not passed:
+        summary = f"{head}; accuracy guard FAILED: {worst.text()}"
+    elif kept:
+        was = _worst(first)
+        summary = (
+            f"{head}; {len(kept)} kept float to meet {was.needs()} "
+            f"(was {was.value:.3g}, now {_value_of(checks, was.output):.3g})"
+        )
+    else:
+        summary = f"{head}; accuracy guard passed: {worst.text()}"
+    report.guard = {
+        **guard,
+        "passed": passed,
+        "checks": [c.to_dict() for c in checks],
+        "first_checks": [c.to_dict() for c in first],
+        "kept_float": list(kept),
+        "summary": summary,
+    }
+    where = f"{guard['eval']}, {guard['eval_samples']} sample(s)"
+    report.notes.append(f"accuracy guard ({where}): {summary}")
+    return report
+
+
+def _value_of(checks: list[OutputCheck], output: str) -> float:
+    return next(c.value for c in checks if c.output == output)

@@ -1,0 +1,188 @@
+"""The INT8 accuracy guard's measure: which check each output gets, the held-out samples,
+and one score the checks and the tuner share.
+
+:func:`mixprec.quantize` holds out samples it never calibrates on (or takes
+``eval_data``), runs the INT8 model and the user's FP32 model on them in ONNX Runtime,
+and holds each output to the check its kind calls for:
+
+* class scores (a float output that a Softmax/LogSoftmax produces, through shape-only
+  ops): top-1 agreement over the last axis, at least ``1 - drop`` (default 0.99);
+* other float outputs: relative L2, at most ``rel_l2`` (default 0.1);
+* integer outputs (an ArgMax, a length): the share of equal elements, at least
+  ``1 - drop`` (default 0.99).
+
+The defaults are the int8 rows of :data:`mixprec.core.ops.TOLERANCES`. An output whose
+shape changed (a value-dependent length) is a miss, never an error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TypeVar
+
+import numpy as np
+import onnx_ir as ir
+
+from mixprec.core.ops import tolerance
+from mixprec.tune.metrics import Candidate, shape_miss
+
+__all__ = [
+    "GUARD_MIN_SAMPLES",
+    "GuardBudget",
+    "OutputCheck",
+    "check_outputs",
+    "guard_metric",
+    "guard_score",
+    "output_kinds",
+    "split_samples",
+]
+
+Outputs = Mapping[str, np.ndarray]
+_T = TypeVar("_T")
+#: Samples are held out of the calibration only when there are at least this many.
+GUARD_MIN_SAMPLES = 5
+#: The share held out (at least one sample).
+HELD_OUT_SHARE = 0.2
+_SHAPE_ONLY = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity"})
+_LABELS = {"top1": "top-1", "rel-l2": "rel L2", "match": "equal elements"}
+
+
+@dataclass(frozen=True)
+class GuardBudget:
+    """The bounds the INT8 model's outputs are held to."""
+
+    top1: float
+    rel_l2: float
+
+    @classmethod
+    def of(cls, drop: float | None, rel_l2: float | None) -> GuardBudget:
+        """Top-1 agreement >= 1 - ``drop`` and rel L2 <= ``rel_l2``; None: the int8
+        defaults of :data:`~mixprec.core.ops.TOLERANCES`."""
+        top1, rel = tolerance("top1", "int8"), tolerance("rel-l2", "int8")
+        assert top1 is not None and rel is not None
+        return cls(top1 if drop is None else 1.0 - drop, rel if rel_l2 is None else rel_l2)
+
+    def limit(self, kind: str) -> float:
+        return self.rel_l2 if kind == "rel-l2" else self.top1
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One output held to its check."""
+
+    output: str
+    kind: str
+    value: float
+    limit: float
+    passed: bool
+    note: str = ""
+
+    def needs(self) -> str:
+        """``top-1 >= 0.99 on 'probs'``."""
+        side = "<=" if self.kind == "rel-l2" else ">="
+        return f"{_LABELS[self.kind]} {side} {self.limit:g} on {self.output!r}"
+
+    def text(self) -> str:
+        miss = f"a miss ({self.note or 'non-finite values'})"
+        got = f"{self.value:.3g}" if math.isfinite(self.value) else miss
+        return f"{got}, needs {self.needs()}"
+
+    def slack(self) -> float:
+        """1 for an exact match, 0 at the limit, negative past it."""
+        if self.note:
+            return -math.inf
+        if self.kind == "rel-l2":
+            return 1.0 - self.value / self.limit if self.limit > 0 else -math.inf
+        span = 1.0 - self.limit
+        return (self.value - self.limit) / span if span > 0 else (0.0 if self.passed else -1.0)
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def output_kinds(model: ir.Model) -> dict[str, str]:
+    """Each graph output's check: "top1", "rel-l2" or "match"."""
+    kinds = {}
+    for value in model.graph.outputs:
+        dtype = value.dtype
+        if dtype is not None and not dtype.is_floating_point():
+            kinds[value.name or ""] = "match"
+        else:
+            kinds[value.name or ""] = "top1" if _from_softmax(value) else "rel-l2"
+    return kinds
+
+
+def _from_softmax(value: ir.Value) -> bool:
+    node = value.producer()
+    while node is not None and node.op_type in _SHAPE_ONLY and node.inputs:
+        first = node.inputs[0]
+        node = first.producer() if first is not None else None
+    return node is not None and node.op_type in ("Softmax", "LogSoftmax")
+
+
+def split_samples(samples: list[_T]) -> tuple[list[_T], list[_T], bool]:
+    """``(calibrate, held_out, in_sample)``: the last :data:`HELD_OUT_SHARE` held out when
+    there are :data:`GUARD_MIN_SAMPLES` or more; otherwise every sample both calibrates
+    and checks (``in_sample`` True)."""
+    if len(samples) < GUARD_MIN_SAMPLES:
+        return samples, samples, True
+    held = max(1, round(len(samples) * HELD_OUT_SHARE))
+    return samples[:-held], samples[-held:], False
+
+
+def check_outputs(
+    reference: Sequence[Outputs],
+    outputs: Sequence[Outputs],
+    kinds: Mapping[str, str],
+    budget: GuardBudget,
+) -> list[OutputCheck]:
+    """Every output of ``outputs`` against the FP32 ``reference``, sample by sample."""
+    miss = shape_miss(reference, outputs)
+    checks = []
+    for name, kind in kinds.items():
+        limit = budget.limit(kind)
+        if miss is not None:
+            checks.append(OutputCheck(name, kind, math.nan, limit, False, miss))
+            continue
+        value = _measure(kind, [r[name] for r in reference], [o[name] for o in outputs])
+        ok = value <= limit if kind == "rel-l2" else value >= limit
+        checks.append(OutputCheck(name, kind, value, limit, bool(ok and not math.isnan(value))))
+    return checks
+
+
+def _measure(kind: str, ref: list[np.ndarray], got: list[np.ndarray]) -> float:
+    if kind == "match":
+        same = [np.asarray(r) == np.asarray(g) for r, g in zip(ref, got, strict=True)]
+        return float(np.mean(np.concatenate([s.ravel() for s in same]))) if same else 1.0
+    if kind == "top1":
+        same = [
+            np.argmax(np.asarray(r), -1) == np.argmax(np.asarray(g), -1)
+            for r, g in zip(ref, got, strict=True)
+        ]
+        return float(np.mean(np.concatenate([s.ravel() for s in same])))
+    a = np.concatenate([np.asarray(r, np.float64).ravel() for r in ref])
+    b = np.concatenate([np.asarray(g, np.float64).ravel() for g in got])
+    finite = np.isfinite(a)
+    if np.any(finite & ~np.isfinite(b)):
+        return math.inf
+    norm = float(np.linalg.norm(a[finite]))
+    return float(np.linalg.norm(b[finite] - a[finite])) / max(norm, 1e-30)
+
+
+def guard_score(checks: Sequence[OutputCheck]) -> float:
+    """The least slack over the checks: >= 0 when every check passes (1: exact)."""
+    return min((c.slack() for c in checks), default=1.0)
+
+
+def guard_metric(
+    reference: Sequence[Outputs], kinds: Mapping[str, str], budget: GuardBudget
+) -> Callable[[Candidate], float]:
+    """The guard as a tuner metric (higher is better; the FP32 model scores 1, so an
+    accepted drop of 1 means "every check passes")."""
+
+    def guard(candidate: Candidate) -> float:
+        return guard_score(check_outputs(reference, candidate.outputs, kinds, budget))
+
+    return guard

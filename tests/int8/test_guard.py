@@ -1,0 +1,150 @@
+"""The INT8 accuracy guard (on by default): a model built to fail INT8 is caught on
+held-out samples and repaired by moving the sensitive nodes back to float; ``--no-guard``
+warns; too few samples warn. Every number is measured in ONNX Runtime against the FP32
+model's outputs."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import mixprec
+from helpers import run_ort
+from mixprec.cli.main import main
+from mixprec.tune.guard import GuardBudget, check_outputs, output_kinds, split_samples
+
+CLASSES = 4
+
+
+def _wide_range_classifier() -> onnx.ModelProto:
+    """x[N,16] -> MatMul -> Relu -> MatMul -> Relu -> MatMul -> Softmax, where input
+    feature 0 is raw (~1000: an unnormalized count, like a byte value or a timestamp)
+    and the others ~1. The wide feature sets the first MatMul's per-tensor INT8 input
+    scale (a step of ~8), so the ordinary features round to a few levels, while the
+    network barely reads the wide one: its answer follows the ordinary features."""
+    rng = np.random.default_rng(5)
+    w1 = rng.standard_normal((16, 32)).astype(np.float32) * 0.3
+    w1[0] *= 1e-4
+    inits = [
+        numpy_helper.from_array(w1, "w1"),
+        numpy_helper.from_array(rng.standard_normal((32, 32)).astype(np.float32) * 0.3, "w2"),
+        numpy_helper.from_array(rng.standard_normal((32, CLASSES)).astype(np.float32), "w3"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h1"], name="fc1"),
+        helper.make_node("Relu", ["h1"], ["r1"], name="relu1"),
+        helper.make_node("MatMul", ["r1", "w2"], ["h2"], name="fc2"),
+        helper.make_node("Relu", ["h2"], ["r2"], name="relu2"),
+        helper.make_node("MatMul", ["r2", "w3"], ["logits"], name="classifier"),
+        helper.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "wide",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("probs", onnx.TensorProto.FLOAT, ["N", CLASSES])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def _samples(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(n):
+        x = rng.standard_normal((16, 16)).astype(np.float32)
+        x[:, 0] = rng.uniform(0, 1000, 16)
+        samples.append({"x": x})
+    return samples
+
+
+def _agreement(model: onnx.ModelProto, quantized: onnx.ModelProto, samples) -> float:
+    same = [
+        run_ort(model, s)["probs"].argmax(-1) == run_ort(quantized, s)["probs"].argmax(-1)
+        for s in samples
+    ]
+    return float(np.mean(np.concatenate(same)))
+
+
+def test_output_kinds_and_the_held_out_split():
+    assert output_kinds(mixprec.io.models.load_input(_wide_range_classifier())[0]) == {
+        "probs": "top1"
+    }
+    calib, held, in_sample = split_samples(list(range(20)))
+    assert calib == list(range(16)) and held == [16, 17, 18, 19] and not in_sample
+    calib, held, in_sample = split_samples([1, 2, 3])
+    assert calib == held == [1, 2, 3] and in_sample
+
+
+def test_checks_follow_the_output_kind_and_a_shape_change_is_a_miss():
+    budget = GuardBudget.of(None, None)
+    ref = [{"p": np.eye(4, dtype=np.float32)}]
+    swapped = [{"p": np.eye(4, dtype=np.float32)[[1, 0, 2, 3]]}]
+    (check,) = check_outputs(ref, swapped, {"p": "top1"}, budget)
+    assert check.value == 0.5 and not check.passed and check.slack() < 0
+    (check,) = check_outputs(
+        ref, [{"p": np.eye(4, dtype=np.float32) * 1.05}], {"p": "rel-l2"}, budget
+    )
+    assert check.value == pytest.approx(0.05, rel=1e-5) and check.passed
+    (check,) = check_outputs(ref, [{"p": np.eye(3, dtype=np.float32)}], {"p": "rel-l2"}, budget)
+    assert not check.passed and "shape" in check.note and "a miss" in check.text()
+
+
+def test_a_model_built_to_fail_int8_is_caught_and_repaired_by_default():
+    model = _wide_range_classifier()
+    data, held = _samples(20), _samples(8, seed=1)
+    unguarded = mixprec.quantize(model, data, speed="off", guard=False)
+    broken = _agreement(model, unguarded.model_proto, held)
+    assert broken < 0.9, broken  # the model really fails INT8 without the guard
+
+    result = mixprec.quantize(model, data, speed="off")
+    guard = result.report.guard
+    assert guard["passed"] and guard["eval"] == "held out of calibration", guard
+    assert guard["calibration_samples"] == 16 and guard["eval_samples"] == 4
+    (first,) = guard["first_checks"]
+    assert first["kind"] == "top1" and first["value"] < 0.99, first
+    assert guard["kept_float"] == ["fc1"], guard["kept_float"]
+    assert "kept float to meet top-1 >= 0.99 on 'probs'" in guard["summary"], guard["summary"]
+    assert _agreement(model, result.model_proto, held) >= 0.99
+    ops = [n.op_type for n in result.model_proto.graph.node]
+    # repaired, not simply left float (mode auto: dynamic, the model is all MatMul)
+    assert ops.count("DynamicQuantizeLinear") == 2 and ops.count("MatMul") == 1, ops
+
+
+def test_no_guard_and_too_few_samples_warn(caplog):
+    model = _wide_range_classifier()
+    with caplog.at_level(logging.WARNING):
+        result = mixprec.quantize(model, _samples(3), speed="off")
+    assert result.report.guard["eval"] == "in-sample"
+    assert any("too few to hold any out" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        result = mixprec.quantize(model, _samples(6), speed="off", guard=False)
+    assert result.report.guard is None
+    assert any("accuracy guard off" in r.getMessage() for r in caplog.records)
+    assert any("accuracy guard off" in note for note in result.report.notes)
+
+
+def test_cli_says_the_repair_last_and_no_guard_warns(tmp_path, capsys):
+    src = tmp_path / "wide.onnx"
+    onnx.save(_wide_range_classifier(), src)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for k, sample in enumerate(_samples(20)):
+        np.savez(calib / f"{k:02d}.npz", **sample)
+    out = tmp_path / "q.onnx"
+    args = ["quantize", str(src), "-o", str(out), "--calibration-data", str(calib)]
+    assert main([*args, "--speed", "off"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("mixprec: INT8 on ") and "kept float to meet top-1" in last, last
+    out.unlink()
+    assert main([*args, "--speed", "off", "--no-guard"]) == 0
+    captured = capsys.readouterr()
+    assert "accuracy guard off" in captured.err + captured.out
+    assert out.exists()
