@@ -96,7 +96,7 @@ def test_speed_plan_and_fallback_time_are_in_the_timings():
 
 def _padded_conv() -> onnx.ModelProto:
     """An int64 -> int64 Cast of the pads (what exporters write) before Pad -> Conv:
-    prepare removes such identity Casts, which can move ORT off a faster path."""
+    removing such identity Casts can move ORT off a faster path (CREPE, issue 17)."""
     rng = np.random.default_rng(4)
     w = numpy_helper.from_array((0.2 * rng.standard_normal((4, 3, 3, 3))).astype(np.float32), "w")
     pads = numpy_helper.from_array(np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64), "pads")
@@ -143,4 +143,26 @@ def test_a_model_kept_float_is_the_input_unchanged(tmp_path: Path) -> None:
     assert _same_computation(onnx.load(out), model)
     quantized = mixprec.quantize(model, data, speed="off")
     ops = [n.op_type for n in quantized.model_proto.graph.node]
-    assert "QuantizeLinear" in ops and "Cast" not in ops, ops  # the INT8 path still prepares
+    assert "QuantizeLinear" in ops and ops.count("Cast") == 1, ops
+
+
+def test_prepare_keeps_integer_identity_casts_and_drops_float_ones() -> None:
+    """Issue 17: prepare must not change what ORT fuses: an int64 -> int64 Cast before a
+    Pad stays (in convert and quantize alike); a float32 -> float32 Cast still goes, as it
+    would pin a painted region to float32."""
+    model = _padded_conv()
+    converted = mixprec.convert(model, "fp16")
+    ops = [n.op_type for n in converted.model_proto.graph.node]
+    pad_input = next(n for n in converted.model_proto.graph.node if n.op_type == "Pad").input[1]
+    cast = next(n for n in converted.model_proto.graph.node if n.output[0] == pad_input)
+    assert cast.op_type == "Cast" and cast.attribute[0].i == TensorProto.INT64, ops
+    floaty = onnx.helper.make_node("Cast", ["y0"], ["y"], to=TensorProto.FLOAT, name="same")
+    model.graph.node[-1].output[0] = "y0"
+    model.graph.node.append(floaty)
+    model.graph.output[0].name = "z"
+    model.graph.node.append(onnx.helper.make_node("Relu", ["y"], ["z"], name="relu"))
+    converted = mixprec.convert(model, "fp16", keep_io_types=True)
+    assert not any(n.name == "same" for n in converted.model_proto.graph.node)
+    x = {"x": np.random.default_rng(0).random((1, 3, 8, 8), np.float32)}
+    ref, got = run_ort(model, x)["z"], run_ort(converted.model_proto, x)["z"]
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) < 1e-2
