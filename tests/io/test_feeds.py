@@ -185,3 +185,15 @@ def test_iter_calibration_npz_leading_axis_and_folder(tmp_path: Path) -> None:
     assert next(stream)["x"].shape == (5, 3)
     with pytest.raises(MixprecError, match=r"does not exist"):
         iter_calibration_npz(tmp_path / "missing.npz", model)
+
+
+def test_an_npz_of_one_sample_is_one_sample_everywhere(tmp_path: Path) -> None:
+    """Issue 17: every command's --inputs takes the same forms; an .npz whose arrays have
+    the inputs' own ranks is one sample, not a stack of rows."""
+    from mixprec.io.feeds import iter_calibration_npz
+
+    model = _input_model([_vi("x", F32, ["N", 3]), _vi("ids", TensorProto.INT64, ["N"])])
+    one = tmp_path / "one.npz"
+    np.savez(one, x=np.ones((4, 3), np.float32), ids=np.arange(4))
+    (sample,) = list(iter_calibration_npz(one, model))
+    assert sample["x"].shape == (4, 3) and sample["ids"].tolist() == [0, 1, 2, 3]

@@ -33,7 +33,7 @@ def validate(
     original: ModelLike,
     converted: ModelLike,
     *,
-    inputs: Mapping[str, np.ndarray] | None = None,
+    inputs: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]] | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     rtol: float | None = None,
     atol: float = 1e-3,
@@ -46,7 +46,9 @@ def validate(
     Args:
         original: the FP32 model.
         converted: the mixed-precision model.
-        inputs: feeds by input name; generated from the signature when omitted.
+        inputs: feeds by input name, or a list of them (every sample is compared; the
+            report is the worst sample's, failing if any fails); generated from the
+            signature when omitted.
         shapes: concrete shapes for symbolic input dims (else the rule of
             :func:`mixprec.io.feeds.resolve_input_shapes`: 1 for a symbolic first dim, 64
             for others, as ``convert`` does).
@@ -69,10 +71,7 @@ def validate(
     """
     if mode not in ("auto", "ort", "emulated"):
         raise MixprecError(f"unknown validation mode {mode!r}: use auto, ort or emulated")
-    if inputs is not None and not isinstance(inputs, Mapping):
-        raise MixprecError(
-            f"inputs must be a dict of arrays by input name, not {type(inputs).__name__}"
-        )
+    samples = _samples(inputs)
     for name, value in (("rtol", rtol), ("atol", atol)):
         if value is None and name == "rtol":
             continue
@@ -84,11 +83,14 @@ def validate(
         raise MixprecError(f"seed must be an int, not {type(seed).__name__}")
     ref_model = _proto(original, base_dir)
     new_model = _proto(converted, base_dir)
-    if inputs is not None:
-        notes = ["validated on the given inputs"]
-        return validate_models(
-            ref_model, new_model, dict(inputs), rtol=rtol, atol=atol, mode=mode, notes=notes
-        )
+    if samples is not None:
+        reports = [
+            validate_models(ref_model, new_model, dict(feeds), rtol=rtol, atol=atol, mode=mode)
+            for feeds in samples
+        ]
+        worst = max(range(len(reports)), key=lambda k: _badness(reports[k]))
+        note = f"validated on the given inputs ({len(samples)} sample(s); sample {worst} shown)"
+        return dataclasses.replace(reports[worst], notes=(note, *reports[worst].notes))
 
     def attempt(tried: dict[str, list[int]]) -> ValidationReport:
         feeds, notes = make_inputs(ref_model, shapes=tried, seed=seed)
@@ -100,3 +102,23 @@ def validate(
     first, guess_notes = resolve_input_shapes(ref_model, shapes)
     report, _, fit_notes = fit_shapes(first, guessed_dims(ref_model, shapes), attempt)
     return dataclasses.replace(report, notes=(*guess_notes, *report.notes, *fit_notes))
+
+
+def _samples(inputs: object) -> list[Mapping[str, np.ndarray]] | None:
+    """``inputs`` as a list of feed dicts (None: generate)."""
+    if inputs is None:
+        return None
+    if isinstance(inputs, Mapping):
+        return [inputs]
+    if isinstance(inputs, Sequence) and inputs and all(isinstance(i, Mapping) for i in inputs):
+        return list(inputs)
+    raise MixprecError(
+        "inputs must be a dict of arrays by input name or a non-empty list of them, "
+        f"not {type(inputs).__name__}"
+    )
+
+
+def _badness(report: ValidationReport) -> tuple[bool, float]:
+    """Sort key of the worst sample: a failure first, then the largest rel L2 error."""
+    worst = max((o.rel_l2_error for o in report.outputs), default=0.0)
+    return (not report.passed, worst if math.isfinite(worst) else math.inf)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mixprec.core.ops import parse_dtype
-from mixprec.io.feeds import iter_calibration_npz, load_inputs_npz
+from mixprec.io.feeds import iter_calibration_npz
 from mixprec.io.models import load_model
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "EXIT_INTERNAL_ERROR",
     "EXIT_INTERRUPTED",
     "EXIT_VALIDATION_FAILED",
+    "FORMS",
     "LISTS",
     "add_debug_arg",
     "add_input_args",
@@ -40,6 +41,12 @@ EXIT_INTERRUPTED = 130
 
 #: The four op lists, as the ``--LIST-add`` / ``--LIST-remove`` options name them.
 LISTS = ("allow", "deny", "infer", "clear")
+
+#: The forms every command's --inputs / --calibration-data / --eval-data take.
+FORMS = (
+    "an .npz of one sample, an .npz whose arrays have a leading sample axis, or a folder "
+    "of .npz files (one sample each)"
+)
 
 QUIET_HELP = (
     "print only what was written (no summary table, no progress, no warnings from other "
@@ -75,14 +82,13 @@ def add_input_args(p: argparse.ArgumentParser, calibration: bool = True) -> None
     """``--inputs`` (and ``--calibration-data``), ``--shape``."""
     data = p.add_mutually_exclusive_group()
     data.add_argument(
-        "--inputs", metavar="FILE.npz", help="inputs for calibration/validation (one sample)"
+        "--inputs", metavar="PATH", help=f"samples for calibration and checks: {FORMS}"
     )
     if calibration:
         data.add_argument(
             "--calibration-data",
             metavar="PATH",
-            help="calibration samples: an .npz whose arrays have a leading sample axis, or "
-            "a folder of .npz files (one sample each), read one sample at a time",
+            help=f"calibration samples, read one at a time: {FORMS}",
         )
     add_shape_arg(p)
 
@@ -237,15 +243,16 @@ def progress(quiet: bool) -> Callable[[str], None]:
     return say
 
 
-def load_feeds(path: str | None, model_path: str) -> Any:
-    """``--inputs FILE.npz`` checked against the model's inputs (None without it)."""
+def load_feeds(path: str | None, model_path: str) -> list[dict[str, Any]] | None:
+    """``--inputs PATH`` (any of :data:`FORMS`) as a list of samples checked against the
+    model's inputs (None without it)."""
     if path is None:
         return None
-    return load_inputs_npz(path, load_model(model_path))
+    return list(iter_calibration_npz(path, load_model(model_path)))
 
 
 def calibration_data(args: argparse.Namespace, feeds: Any) -> Any:
-    """``--calibration-data`` as a lazy stream of samples, else the ``--inputs`` sample."""
+    """``--calibration-data`` as a lazy stream of samples, else the ``--inputs`` samples."""
     path = getattr(args, "calibration_data", None)
     if path is None:
         return feeds

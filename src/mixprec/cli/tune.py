@@ -13,7 +13,13 @@ import sys
 from typing import Any
 
 from mixprec.api.tune import tune
-from mixprec.cli.options import EXIT_VALIDATION_FAILED, add_quiet_arg, add_shape_arg, progress
+from mixprec.cli.options import (
+    EXIT_VALIDATION_FAILED,
+    FORMS,
+    add_quiet_arg,
+    add_shape_arg,
+    progress,
+)
 from mixprec.cli.outputs import checked_output
 from mixprec.io.feeds import iter_calibration_npz
 from mixprec.io.models import load_model
@@ -40,8 +46,7 @@ def add_tune_parser(sub: Any) -> argparse.ArgumentParser:
         "--inputs",
         required=True,
         metavar="PATH",
-        help="samples the metric is measured on: an .npz whose arrays have a leading "
-        "sample axis, or a folder of .npz files (one sample each)",
+        help=f"samples the metric is measured on: {FORMS}",
     )
     t.add_argument(
         "--calibration-data",

@@ -467,18 +467,16 @@ def load_inputs_npz(path: str | os.PathLike[str], model: ModelArg) -> dict[str, 
 def iter_calibration_npz(
     path: str | os.PathLike[str], model: ModelArg
 ) -> Iterator[dict[str, np.ndarray]]:
-    """Streams calibration samples from ``path``, checked against ``model``'s inputs.
+    """Streams samples from ``path``, checked against ``model``'s inputs: the one reader
+    behind every command's ``--inputs`` and ``--calibration-data``.
 
-    ``path`` is either one ``.npz`` whose arrays have a leading sample axis (N samples,
-    the same N for every input), or a folder of ``.npz`` files, one sample each (read in
-    name order, one file at a time; shapes may differ between files).
+    ``path`` is one of:
 
-    Args:
-        path: The ``.npz`` file or the folder.
-        model: The model the samples are for.
-
-    Returns:
-        An iterator of feed dicts; a folder is read lazily, file by file.
+    * a folder of ``.npz`` files, one sample each (read in name order, one file at a
+      time; shapes may differ between files);
+    * an ``.npz`` whose arrays have a leading sample axis (N samples, the same N for every
+      input);
+    * an ``.npz`` of one sample (every array has its input's declared rank).
 
     Raises:
         MixprecError: A missing path, an empty folder, missing inputs, wrong ranks, or
@@ -489,10 +487,13 @@ def iter_calibration_npz(
     if p.is_dir():
         files = sorted(f for f in p.iterdir() if f.suffix == ".npz" and f.is_file())
         if not files:
-            raise MixprecError(f"calibration folder {str(p)!r} holds no .npz file")
-        return (_check_arrays(_read_npz(f), m, f"calibration file {f.name!r}") for f in files)
-    label = f"calibration file {p.name!r}"
-    stacked = _check_arrays(_read_npz(p, "calibration file"), m, label, leading=1)
+            raise MixprecError(f"samples folder {str(p)!r} holds no .npz file")
+        return (_check_arrays(_read_npz(f), m, f"samples file {f.name!r}") for f in files)
+    label = f"samples file {p.name!r}"
+    arrays = _read_npz(p, "samples file")
+    if _one_sample(arrays, m):
+        return iter([_check_arrays(arrays, m, label)])
+    stacked = _check_arrays(arrays, m, label, leading=1)
     counts = {name: a.shape[0] for name, a in stacked.items()}
     if len(set(counts.values())) > 1:
         shown = ", ".join(f"{k}: {v}" for k, v in counts.items())
@@ -501,6 +502,17 @@ def iter_calibration_npz(
     if n == 0:
         raise MixprecError(f"{label} holds no sample")
     return ({name: a[i] for name, a in stacked.items()} for i in range(n))
+
+
+def _one_sample(arrays: Mapping[str, np.ndarray], model: ir.Model) -> bool:
+    """Whether an ``.npz``'s arrays are one sample: each input with a declared rank has
+    exactly that rank (else they are read as a stack with a leading sample axis)."""
+    ranks = [
+        (len(declared), np.ndim(arrays[v.name or ""]))
+        for v in graph_inputs(model)
+        if (declared := _declared_dims(v)) is not None and (v.name or "") in arrays
+    ]
+    return bool(ranks) and all(want == got for want, got in ranks)
 
 
 def calibration_feeds(
