@@ -4,6 +4,9 @@
 
 DIR holds the calibration samples, one feed dict per .npz file, read in name order.
 Tools:
+  mixprec
+      the default command: `python -m mixprec quantize IN -o OUT --calibration-data DIR --json`
+      (range method mse, accuracy guard on, speed plan on)
   mixprec-minmax / -entropy / -percentile
       `python -m mixprec quantize IN -o OUT --calibration-data DIR --method M --json`
       (defaults otherwise: mode auto, activations auto, per-channel, speed auto)
@@ -45,7 +48,7 @@ from typing import Any
 
 from convert_one import Unavailable, measure_and_write, run_mixprec_cli
 
-TOOLS = ("mixprec-minmax", "mixprec-minmax-bc", "mixprec-entropy", "mixprec-percentile",
+TOOLS = ("mixprec", "mixprec-minmax", "mixprec-minmax-bc", "mixprec-entropy", "mixprec-percentile",
          "mixprec-dynamic", "ort-s8s8", "ort-u8s8", "ort-dynamic", "nncf")
 
 
@@ -78,7 +81,7 @@ def opset13(model_path: str, folder: str) -> tuple[str, dict[str, Any]]:
 def _mixprec(args: argparse.Namespace, method: str) -> Callable[[], dict[str, Any]]:
     special = {"dynamic": ["--dynamic"],
                "minmax-bc": ["--method", "minmax", "--bias-correction"]}
-    mode = special.get(method, ["--method", method])
+    mode = special.get(method, ["--method", method] if method else [])
     argv = ["mixprec", "quantize", args.model, "-o", args.out, "--calibration-data",
             args.calib_dir, *mode, "--json"]
     return run_mixprec_cli(argv, "mixprec CLI")
@@ -163,7 +166,7 @@ def _nncf(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
 
 def build(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
     if args.tool.startswith("mixprec-"):
-        return _mixprec(args, args.tool.removeprefix("mixprec-"))
+        return _mixprec(args, "" if args.tool == "mixprec" else args.tool.removeprefix("mixprec-"))
     if args.tool == "ort-dynamic":
         return _ort_dynamic(args)
     if args.tool in ("ort-s8s8", "ort-u8s8"):

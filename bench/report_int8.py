@@ -9,8 +9,8 @@ from report import _median, _num, _pct, _target, latency_ratio, targets_markdown
 
 Row = dict[str, Any]
 
-MIXPREC_TOOLS = ("mixprec-minmax", "mixprec-minmax-bc", "mixprec-entropy", "mixprec-percentile",
-                 "mixprec-dynamic")
+MIXPREC_TOOLS = ("mixprec", "mixprec-minmax", "mixprec-minmax-bc", "mixprec-entropy",
+                 "mixprec-percentile", "mixprec-dynamic")
 ORT_DEFAULT = "ort-s8s8"  # quantize_static's documented default (QDQ, S8S8, MinMax)
 ORT_U8S8 = "ort-u8s8"
 OCR_CLASSIFIERS = ("ppocr_rec", "ppocr_cls")

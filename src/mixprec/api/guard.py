@@ -7,8 +7,9 @@
    (:mod:`mixprec.tune.guard`) against the user's FP32 model in ONNX Runtime.
 3. On a miss, the tuner's search (:func:`mixprec.tune`, target int8, the guard's checks
    as its metric, the held-out samples as its data) names the Conv/MatMul/Gemm nodes to
-   keep float; quantize again without them and check again. If that still misses, the
-   tuner's own model is the result when it passed.
+   keep float; quantize again without them (speed plan included) and check again. If
+   that still misses, the tuner's own model is the result when it is clearly faster than
+   the input (timed as the speed plan times), else the input unchanged.
 4. ``report.guard`` says what was measured; its ``summary`` is the command's last line.
    A result that misses has ``passed`` False: the CLI writes nothing and exits 1.
 """
@@ -26,6 +27,8 @@ import onnx_ir as ir
 
 from mixprec.api.tune import tune_with_options
 from mixprec.int8.config import QuantizeConfig
+from mixprec.int8.speed import decide, time_paired
+from mixprec.int8.speed import session as timing_session
 from mixprec.io.feeds import calibration_feeds, feeds_for, iter_calibration_npz
 from mixprec.io.models import ModelLike, load_input
 from mixprec.pipeline.convert import CalibrationData
@@ -92,6 +95,8 @@ def guarded_quantize(
     """Quantize, check on held-out samples, repair with the tuner on a miss."""
     say = progress or (lambda _msg: None)
     original, _ = load_input(model, base_dir)
+    # Every later load reads this copy (weights inline): the input is read once.
+    model, base_dir = ir.to_proto(original), None
     samples = list(calibration_feeds(calibration_data) or [])
     calib: list[dict[str, Any]] | None
     if eval_data is not None:
@@ -124,13 +129,46 @@ def guarded_quantize(
     work, report = quantize_once(model, base_dir, repaired, calib, progress)
     final = check_outputs(reference, _outputs(work, held), kinds, budget)
     if not all(c.passed for c in final) and tuned.passed:
-        report.notes.append(
-            "the speed plan's placement without the sensitive nodes missed the budget: the "
-            "tuner's placement (every other node INT8) is kept"
-        )
-        work, report = tuned.model, tuned.report
+        work, report = _tuner_or_input(model, base_dir, config, tuned, (calib, held), progress)
         final = check_outputs(reference, _outputs(work, held), kinds, budget)
     return work, _finish(report, guard, final, names, first)
+
+
+def _tuner_or_input(
+    model: ModelLike,
+    base_dir: Any,
+    config: QuantizeConfig,
+    tuned: Any,
+    data: tuple[list[dict[str, Any]] | None, list[dict[str, Any]]],
+    progress: Say | None,
+) -> tuple[ir.Model, Report]:
+    """The speed plan's placement without the sensitive nodes missed the budget: the
+    tuner's model (every other node INT8) when it is clearly faster than the input on
+    this CPU (``speed="auto"``; :func:`mixprec.int8.speed.decide`), else the input
+    unchanged. ``data`` is (calibration, held-out) samples."""
+    calib, held = data
+    if config.speed == "off":
+        tuned.report.notes.append("the requantized model missed the budget: the tuner's is kept")
+        return tuned.model, tuned.report
+    original, _ = load_input(model, base_dir)
+    sessions = {
+        "fp32": timing_session(ir.to_proto(original)),
+        "tuned": timing_session(tuned.model_proto),
+    }
+    decision = decide(time_paired(sessions, feeds_for(original, held[0])), ["tuned"])
+    if decision.chosen == "tuned":
+        tuned.report.notes.append(
+            "the speed plan's placement without the sensitive nodes missed the budget; "
+            f"the tuner's is kept: {decision.why}"
+        )
+        return tuned.model, tuned.report
+    stay = dataclasses.replace(config, exclude_nodes=(".*",), speed="off")
+    work, report = quantize_once(model, base_dir, stay, calib, progress)
+    report.notes.append(
+        f"the tuner's accurate placement is not faster than the input ({decision.why}): "
+        "the model stays float"
+    )
+    return work, report
 
 
 def _guard_info(calibrated: int, held: int, in_sample: bool, given: bool) -> dict[str, Any]:
@@ -163,6 +201,12 @@ def _finish(
     worst = _worst(checks)
     if not passed:
         summary = f"{head}; accuracy guard FAILED: {worst.text()}"
+    elif kept and int8 == 0:
+        was = _worst(first)
+        summary = (
+            f"{head}: the model stays float (INT8 missed {was.needs()} with {was.value:.3g}, "
+            "and no accurate INT8 placement was faster than the input)"
+        )
     elif kept:
         was = _worst(first)
         summary = (

@@ -15,6 +15,7 @@ from mixprec.cli.options import (
     shape_arg,
 )
 from mixprec.cli.outputs import add_output_args, checked_output, validate_and_write
+from mixprec.int8.params import METHODS
 
 __all__ = ["add_quantize_parser", "cmd_quantize"]
 
@@ -25,9 +26,10 @@ def add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
     q.add_argument("-o", "--output", required=True, help="where to write the INT8 model")
     q.add_argument(
         "--method",
-        choices=("minmax", "entropy", "percentile"),
-        default="minmax",
-        help="activation ranges: min/max, KL-divergence threshold, or 99.999th percentile",
+        choices=METHODS,
+        default="mse",
+        help="activation ranges: mse (default: the clip of least squared quantization "
+        "error), min/max, KL-divergence threshold, or 99.999th percentile",
     )
     q.add_argument(
         "--activation-type",

@@ -41,6 +41,8 @@ __all__ = [
     "candidate_placements",
     "choose_placement",
     "decide",
+    "session",
+    "time_paired",
 ]
 
 #: A placement must be at least this much faster than FP32 in the median paired ratio.
@@ -148,7 +150,8 @@ def candidate_placements(model: ir.Model, user_excluded: tuple[str, ...]) -> dic
     return {"all": placements.pop("all"), **every, **placements}
 
 
-def _session(proto: onnx.ModelProto):  # -> ort.InferenceSession
+def session(proto: onnx.ModelProto):  # -> ort.InferenceSession
+    """A timing session: 2 intra-op threads, no arena, no spinning."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
     options.inter_op_num_threads = 1
@@ -156,6 +159,10 @@ def _session(proto: onnx.ModelProto):  # -> ort.InferenceSession
     # Several sessions are alive at once: without the arena each frees its activations
     # after every run, so timing costs about one inference's memory, not one per session.
     options.enable_cpu_mem_arena = False
+    # ... and a session's pool threads, which spin-wait after each run, would take the
+    # cores from the next session in the round (MTCNN P-Net timed 'all' at 0.14x FP32 in
+    # half the rounds and slower in the other half).
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(
         proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
     )
@@ -202,9 +209,9 @@ def choose_placement(
     what was measured (``ms``, ``ratio``, ``faster_share``, ``rounds``, ``chosen``,
     ``summary``).
     """
-    sessions = {"fp32": _session(fp32)}
+    sessions = {"fp32": session(fp32)}
     for label, placement in placements.items():
-        sessions[label] = _session(build(placement))
+        sessions[label] = session(build(placement))
     decision = decide(time_paired(sessions, feeds), list(placements))
     chosen = placements[decision.chosen] if decision.chosen != "fp32" else STAY_FLOAT
     shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in feeds.items())
