@@ -165,7 +165,7 @@ def _nncf(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
 
 
 def build(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
-    if args.tool.startswith("mixprec-"):
+    if args.tool == "mixprec" or args.tool.startswith("mixprec-"):
         return _mixprec(args, "" if args.tool == "mixprec" else args.tool.removeprefix("mixprec-"))
     if args.tool == "ort-dynamic":
         return _ort_dynamic(args)
