@@ -23,6 +23,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import onnx
 import onnx_ir as ir
 
 from mixprec.api.tune import tune_with_options
@@ -30,7 +31,7 @@ from mixprec.int8.config import QuantizeConfig
 from mixprec.int8.speed import decide, time_paired
 from mixprec.int8.speed import session as timing_session
 from mixprec.io.feeds import calibration_feeds, feeds_for, iter_calibration_npz
-from mixprec.io.models import ModelLike, load_input
+from mixprec.io.models import load_input
 from mixprec.pipeline.convert import CalibrationData
 from mixprec.pipeline.quantize import run_quantize
 from mixprec.pipeline.report import Report
@@ -53,17 +54,22 @@ Say = Callable[[str], None]
 
 
 def quantize_once(
-    model: ModelLike, base_dir: Any, config: QuantizeConfig, data: Any, progress: Say | None
+    source: onnx.ModelProto, config: QuantizeConfig, data: Any, progress: Say | None
 ) -> tuple[ir.Model, Report]:
-    """One quantization of the input; a result with no INT8 node is the input unchanged."""
-    work, _ = load_input(model, base_dir)
-    work, report = run_quantize(work, config, calibration_data=data, progress=progress)
+    """One quantization of ``source`` (the input as loaded, weights inline); a result
+    with no INT8 node is the input unchanged."""
+    work, report = run_quantize(_copy(source), config, calibration_data=data, progress=progress)
     if config.fallback == "fp32" and not any(n.precision == "int8" for n in report.nodes):
         # Nothing runs in INT8: the input as given, never the prepared copy (prepare's
         # rewrites may move ORT off a faster path, e.g. Casts before a Pad).
-        work, _ = load_input(model, base_dir)
+        work = _copy(source)
         report.notes.append("no node runs in INT8: the input model is written unchanged")
     return work, report
+
+
+def _copy(source: onnx.ModelProto) -> ir.Model:
+    """A private copy of the loaded input (no external data left to read)."""
+    return load_input(source)[0]
 
 
 def _outputs(model: ir.Model, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -85,18 +91,16 @@ def _eval_samples(eval_data: EvalData, model: ir.Model) -> list[dict[str, Any]]:
 
 
 def guarded_quantize(
-    model: ModelLike,
-    base_dir: Any,
+    source: onnx.ModelProto,
     config: QuantizeConfig,
     calibration_data: CalibrationData | None,
     eval_data: EvalData | None,
     progress: Say | None,
 ) -> tuple[ir.Model, Report]:
-    """Quantize, check on held-out samples, repair with the tuner on a miss."""
+    """Quantize ``source`` (the input as loaded), check on held-out samples, repair
+    with the tuner on a miss."""
     say = progress or (lambda _msg: None)
-    original, _ = load_input(model, base_dir)
-    # Every later load reads this copy (weights inline): the input is read once.
-    model, base_dir = ir.to_proto(original), None
+    original = _copy(source)
     samples = list(calibration_feeds(calibration_data) or [])
     calib: list[dict[str, Any]] | None
     if eval_data is not None:
@@ -106,7 +110,7 @@ def guarded_quantize(
     budget = GuardBudget.of(config.guard_drop, config.guard_rel_l2)
     kinds = output_kinds(original)
     reference = _outputs(original, held)
-    work, report = quantize_once(model, base_dir, config, calib, progress)
+    work, report = quantize_once(source, config, calib, progress)
     say(f"checking the INT8 model on {len(held)} held-out sample(s)")
     first = check_outputs(reference, _outputs(work, held), kinds, budget)
     guard = _guard_info(len(calib or []), len(held), in_sample, eval_data is not None)
@@ -119,24 +123,23 @@ def guarded_quantize(
         if f.name not in ("guard", "log_dir")
     }
     tuned = tune_with_options(
-        model, "int8", held, calibration_data=calib, metric=guard_metric(reference, kinds, budget),
+        source, "int8", held, calibration_data=calib, metric=guard_metric(reference, kinds, budget),
         budget=1.0, progress=progress, options=options,
     )  # fmt: skip
     names = tuple(s.name for s in tuned.kept_float)
     repaired = dataclasses.replace(
         config, exclude_nodes=config.exclude_nodes + tuple(f"^{re.escape(n)}$" for n in names)
     )
-    work, report = quantize_once(model, base_dir, repaired, calib, progress)
+    work, report = quantize_once(source, repaired, calib, progress)
     final = check_outputs(reference, _outputs(work, held), kinds, budget)
     if not all(c.passed for c in final) and tuned.passed:
-        work, report = _tuner_or_input(model, base_dir, config, tuned, (calib, held), progress)
+        work, report = _tuner_or_input(source, config, tuned, (calib, held), progress)
         final = check_outputs(reference, _outputs(work, held), kinds, budget)
     return work, _finish(report, guard, final, names, first)
 
 
 def _tuner_or_input(
-    model: ModelLike,
-    base_dir: Any,
+    source: onnx.ModelProto,
     config: QuantizeConfig,
     tuned: Any,
     data: tuple[list[dict[str, Any]] | None, list[dict[str, Any]]],
@@ -150,9 +153,9 @@ def _tuner_or_input(
     if config.speed == "off":
         tuned.report.notes.append("the requantized model missed the budget: the tuner's is kept")
         return tuned.model, tuned.report
-    original, _ = load_input(model, base_dir)
+    original = _copy(source)
     sessions = {
-        "fp32": timing_session(ir.to_proto(original)),
+        "fp32": timing_session(source),
         "tuned": timing_session(tuned.model_proto),
     }
     decision = decide(time_paired(sessions, feeds_for(original, held[0])), ["tuned"])
@@ -163,7 +166,7 @@ def _tuner_or_input(
         )
         return tuned.model, tuned.report
     stay = dataclasses.replace(config, exclude_nodes=(".*",), speed="off")
-    work, report = quantize_once(model, base_dir, stay, calib, progress)
+    work, report = quantize_once(source, stay, calib, progress)
     report.notes.append(
         f"the tuner's accurate placement is not faster than the input ({decision.why}): "
         "the model stays float"

@@ -86,15 +86,14 @@ def quantize(
     if progress is not None:
         progress("loading")
     work, kind = load_input(model, base_dir)
-    before = ir.to_proto(work) if config.log_dir is not None else None
+    source = ir.to_proto(work)  # the input is read once: every later copy is made from it
+    before = source if config.log_dir is not None else None
     load_s = time.perf_counter() - t0
     if config.guard and (calibration_data is not None or eval_data is not None):
-        work, report = guarded_quantize(
-            model, base_dir, config, calibration_data, eval_data, progress
-        )
+        work, report = guarded_quantize(source, config, calibration_data, eval_data, progress)
     else:
         why = _unguarded(config)
-        work, report = quantize_once(model, base_dir, config, calibration_data, progress)
+        work, report = quantize_once(source, config, calibration_data, progress)
         report.notes.append(why)
     report.timings = {"load": load_s, **report.timings}
     if before is not None and config.log_dir is not None:

@@ -157,7 +157,7 @@ def write_outputs(
 def checked_output(args: argparse.Namespace) -> Path:
     """``-o`` checked before any work: a writable folder, not the input, and
     ``--keep-failed`` only with a check (``--validate``, or quantize's accuracy guard)."""
-    guarded = getattr(args, "command", None) == "quantize" and not getattr(args, "no_guard", True)
+    guarded = not getattr(args, "no_guard", True)  # quantize's accuracy guard
     if args.keep_failed and not (args.validate or guarded):
         raise MixprecError("--keep-failed needs --validate")
     out = check_output_path(args.output)  # the text as given: "new.onnx/" is a folder

@@ -26,7 +26,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec.core.ops import tolerance
-from mixprec.tune.metrics import Candidate, shape_miss
+from mixprec.tune.metrics import Candidate, rel_l2, shape_miss
 
 __all__ = [
     "GUARD_MIN_SAMPLES",
@@ -162,13 +162,7 @@ def _measure(kind: str, ref: list[np.ndarray], got: list[np.ndarray]) -> float:
             for r, g in zip(ref, got, strict=True)
         ]
         return float(np.mean(np.concatenate([s.ravel() for s in same])))
-    a = np.concatenate([np.asarray(r, np.float64).ravel() for r in ref])
-    b = np.concatenate([np.asarray(g, np.float64).ravel() for g in got])
-    finite = np.isfinite(a)
-    if np.any(finite & ~np.isfinite(b)):
-        return math.inf
-    norm = float(np.linalg.norm(a[finite]))
-    return float(np.linalg.norm(b[finite] - a[finite])) / max(norm, 1e-30)
+    return rel_l2([{"y": r} for r in ref], [{"y": g} for g in got])
 
 
 def guard_score(checks: Sequence[OutputCheck]) -> float:
