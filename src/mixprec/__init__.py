@@ -13,6 +13,8 @@ from mixprec.api.convert import convert, inspect
 from mixprec.api.quantize import quantize
 from mixprec.api.tune import tune
 from mixprec.api.validate import validate
+from mixprec.batch.results import BatchResult
+from mixprec.batch.run import batch
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import InternalError, MixprecError
 from mixprec.core.policy import (
@@ -37,6 +39,7 @@ __all__ = [
     "DEFAULT_LISTS",
     "RULES",
     "STAGES",
+    "BatchResult",
     "ConversionResult",
     "ConvertConfig",
     "EmulateLowPrecisionPass",
@@ -52,6 +55,7 @@ __all__ = [
     "Report",
     "TuneResult",
     "ValidationReport",
+    "batch",
     "convert",
     "default_policy",
     "inspect",

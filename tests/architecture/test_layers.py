@@ -22,6 +22,7 @@ LAYERS = (
     ("tune",),
     ("report",),
     ("api",),
+    ("batch",),
     ("torch", "cli"),
     ("__init__", "__main__"),
 )

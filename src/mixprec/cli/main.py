@@ -1,4 +1,5 @@
-"""Command line: ``mixprec convert | quantize | tune | inspect | report | validate | lists``.
+"""Command line: ``mixprec convert | quantize | tune | inspect | report | validate | lists |
+batch``.
 
 Exit statuses:
 
@@ -28,6 +29,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mixprec.cli.batch import add_batch_parser, cmd_batch
 from mixprec.cli.convert import add_convert_parser, cmd_convert
 from mixprec.cli.inspect import add_inspect_parser, add_lists_parser, cmd_inspect, cmd_lists
 from mixprec.cli.options import (
@@ -57,6 +59,7 @@ _PARSERS: tuple[Callable[[Any], argparse.ArgumentParser], ...] = (
     add_validate_parser,
     add_lists_parser,
     add_report_parser,
+    add_batch_parser,
 )
 #: The subcommands' commands: each returns the exit status.
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
@@ -67,6 +70,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "report": cmd_report,
     "validate": cmd_validate,
     "lists": cmd_lists,
+    "batch": cmd_batch,
 }
 
 

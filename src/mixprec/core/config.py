@@ -20,7 +20,14 @@ from typing import Any
 from mixprec.core.errors import MixprecError
 from mixprec.core.policy import OpClass, Policy, default_policy, normalize_dtype
 
-__all__ = ["ENV_VARS", "ConvertConfig", "ListChanges", "resolve_policy"]
+__all__ = [
+    "BATCH_PARENT_ENV",
+    "ENV_VARS",
+    "THREADS_ENV",
+    "ConvertConfig",
+    "ListChanges",
+    "resolve_policy",
+]
 
 ENV_PREFIX = "MIXPREC_"
 _LIST_ENV = {
@@ -29,12 +36,19 @@ _LIST_ENV = {
     OpClass.INFER: "INFERLIST",
     OpClass.CLEAR: "CLEARLIST",
 }
+#: Caps every ONNX Runtime session's intra-op threads (``mixprec batch`` sets it in each
+#: worker so that N workers share the cores instead of each taking all of them).
+THREADS_ENV = "MIXPREC_THREADS"
+#: The pid of a batch worker's parent: the worker ends when that process does.
+BATCH_PARENT_ENV = "MIXPREC_BATCH_PARENT"
 ENV_VARS: tuple[str, ...] = (
     "MIXPREC_DTYPE",
     *(f"MIXPREC_{name}_{kind}" for name in _LIST_ENV.values() for kind in ("ADD", "REMOVE")),
     "MIXPREC_EXCLUDE_NODES",
     "MIXPREC_FORCE_ALL",
     "MIXPREC_LOG_PATH",
+    THREADS_ENV,
+    BATCH_PARENT_ENV,
 )
 # Read by the test suite and the bench, not by the converter; accepted here.
 _OTHER_VARS = frozenset({"MIXPREC_CORPUS", "MIXPREC_BENCH_CACHE"})

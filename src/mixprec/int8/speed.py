@@ -29,6 +29,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 
 from mixprec.calibrate.measure import node_macs
+from mixprec.runtime.ort import thread_cap
 
 __all__ = [
     "BAND",
@@ -153,7 +154,7 @@ def candidate_placements(model: ir.Model, user_excluded: tuple[str, ...]) -> dic
 def session(proto: onnx.ModelProto):  # -> ort.InferenceSession
     """A timing session: 2 intra-op threads, no arena, no spinning."""
     options = ort.SessionOptions()
-    options.intra_op_num_threads = 2
+    options.intra_op_num_threads = thread_cap(2)
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
     # Several sessions are alive at once: without the arena each frees its activations

@@ -55,6 +55,7 @@ __all__ = [
     "ResolveExternalDataPass",
     "ResolveExternalDataResult",
     "add_input_files",
+    "external_locations",
     "folder_of",
     "input_files",
     "model_from_proto",
@@ -113,6 +114,12 @@ def _is_external(tensor: onnx.TensorProto) -> bool:
 
 def _entries(tensor: onnx.TensorProto) -> dict[str, str]:
     return {entry.key: entry.value for entry in tensor.external_data}  # the last one wins
+
+
+def external_locations(model: onnx.ModelProto) -> list[str]:
+    """The external-data file names ``model``'s tensors refer to (relative to its folder)."""
+    found = {_entries(t).get("location", "") for t in _proto_tensors(model) if _is_external(t)}
+    return sorted(found - {""})
 
 
 def _check_entries(tensor: onnx.TensorProto, where: str) -> None:

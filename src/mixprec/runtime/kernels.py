@@ -10,6 +10,8 @@ from collections.abc import Mapping
 import onnx
 import onnxruntime as ort
 
+from mixprec.runtime.ort import thread_cap
+
 __all__ = ["FLOAT_KERNELS", "INTEGER_KERNELS", "integer_kernel_share"]
 
 #: ONNX Runtime kernels that run a Conv/MatMul/Gemm in integers.
@@ -53,6 +55,7 @@ def integer_kernel_share(
     with tempfile.TemporaryDirectory(prefix="mixprec-") as folder:
         path = os.path.join(folder, "optimized.onnx")
         options = ort.SessionOptions()
+        options.intra_op_num_threads = thread_cap(0)
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         options.optimized_model_filepath = path
         options.log_severity_level = 3

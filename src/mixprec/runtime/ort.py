@@ -27,6 +27,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, numpy_helper
 
+from mixprec.core.config import THREADS_ENV
 from mixprec.core.errors import MixprecError
 from mixprec.io.protos import IN_MEMORY, copy_fields, element_count
 
@@ -40,6 +41,7 @@ __all__ = [
     "ort_first_line",
     "run_model",
     "run_session",
+    "thread_cap",
 ]
 
 logger = logging.getLogger(__name__)
@@ -141,6 +143,15 @@ def check_external(model: onnx.ModelProto) -> None:
             )
 
 
+def thread_cap(threads: int) -> int:
+    """``threads`` (0: ORT's choice, all cores) capped by :data:`THREADS_ENV` when set."""
+    text = os.environ.get(THREADS_ENV, "")
+    cap = int(text) if text.isdigit() and int(text) > 0 else 0
+    if cap == 0:
+        return threads
+    return cap if threads <= 0 else min(threads, cap)
+
+
 _IR_VERSION_ERROR = re.compile(
     r"Unsupported model IR version: (\d+), max supported IR version: (\d+)"
 )
@@ -173,7 +184,7 @@ def make_session(
     user's file.
     """
     so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
+    so.intra_op_num_threads = thread_cap(threads)
     so.inter_op_num_threads = 1
     # Emulated models run unoptimized: ORT's fusions (e.g. LayerNormFusion) would
     # swallow the Cast round trips that carry the emulation.

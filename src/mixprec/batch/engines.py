@@ -1,0 +1,172 @@
+"""Where a batch's workers run: ``local``, a pool of worker processes on this machine
+driven from the main thread, or ``ray``, one Ray task per model on a Ray cluster (an
+existing one, or a local one started for the batch).
+
+Both hand each finished row to ``on_row`` as it arrives. An interruption (Ctrl-C)
+stops every running worker; the models they held get no row, so ``--resume`` redoes them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from mixprec.batch.jobs import Job
+from mixprec.batch.process import WorkerProcess
+from mixprec.core.errors import MixprecError
+
+__all__ = ["ENGINES", "memory_estimate", "run_local", "run_ray"]
+
+ENGINES = ("local", "ray")
+OnRow = Callable[[dict[str, Any]], None]
+#: A worker's memory: the interpreter and ORT, plus a few copies of the model.
+_BASE_MEMORY = 400 * 2**20
+_MODEL_COPIES = 6
+
+
+def run_local(
+    jobs: Sequence[Job],
+    out_dir: Path,
+    workers: int,
+    threads: int,
+    timeout: float | None,
+    on_row: OnRow,
+) -> None:
+    """``workers`` worker processes at a time until every job has its row."""
+    pending = list(reversed(jobs))
+    running: list[WorkerProcess] = []
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                running.append(WorkerProcess(pending.pop(), out_dir, threads, timeout))
+            for worker in [w for w in running if w.poll()]:
+                running.remove(worker)
+                on_row(worker.finish())
+            time.sleep(0.05)
+    finally:
+        for worker in running:  # interrupted: stop them all, then wait for each
+            worker.terminate()
+        for worker in running:
+            worker.stop()
+            worker.finish()
+
+
+def memory_estimate(job: Job) -> int:
+    """Bytes a worker for ``job`` is expected to need (Ray's ``memory`` resource)."""
+    return _BASE_MEMORY + _MODEL_COPIES * Path(job.source).stat().st_size
+
+
+def _ray_task(job: dict[str, Any], out_dir: str, threads: int, timeout: float | None) -> dict:
+    """One model on a Ray node: the same worker process as the local engine."""
+    folder = Path(out_dir)
+    if not (folder.is_dir() and os.access(folder, os.W_OK)):
+        return {
+            "model": job["name"],
+            "source": job["source"],
+            "status": "error",
+            "error": f"the Ray worker on {socket.gethostname()} cannot write {out_dir}: "
+            "the output folder must be on storage every node sees",
+            "key": job["key"],
+        }
+    worker = WorkerProcess(Job(**job), folder, threads, timeout)
+    worker.wait()
+    return worker.finish()
+
+
+def _ray(address: str | None) -> Any:
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no network call from a batch
+    _token_mode_for(address)  # read when Ray starts: before the import
+    try:
+        import ray
+    except ImportError as exc:
+        raise MixprecError("--engine ray needs Ray: pip install 'mixprec[ray]'") from exc
+    return ray
+
+
+def _token_mode_for(address: str | None) -> None:
+    """Ray (2.5x) sends its auth token to an explicit address only with RAY_AUTH_MODE=token,
+    although ``ray start`` turns token auth on whenever ~/.ray/auth_token exists: without
+    this, ``--ray-address HOST:PORT`` fails where ``auto`` connects (a cluster without
+    auth accepts a token too)."""
+    if not address or address == "auto" or "RAY_AUTH_MODE" in os.environ:
+        return
+    token = os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if token or (Path.home() / ".ray" / "auth_token").is_file():
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def _connect(ray: Any, address: str | None, cpus: int) -> None:
+    options = {"log_to_driver": False, "configure_logging": False}
+    try:
+        if address:
+            ray.init(address=address, **options)
+        else:
+            ray.init(num_cpus=cpus, include_dashboard=False, **options)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise MixprecError(
+            f"Ray: cannot connect to {address or 'a new local cluster'}: "
+            f"{str(exc).strip().splitlines()[0]}"
+        ) from exc
+
+
+def run_ray(
+    jobs: Sequence[Job],
+    out_dir: Path,
+    workers: int,
+    threads: int,
+    timeout: float | None,
+    on_row: OnRow,
+    address: str | None = None,
+) -> None:
+    """One Ray task per job (``num_cpus`` = ``threads``, ``memory`` from the model's size);
+    a local cluster of ``workers * threads`` CPUs when no ``address`` is given."""
+    ray = _ray(address)
+    _connect(ray, address, workers * threads)
+    try:
+        limit = float(ray.cluster_resources().get("memory", 0)) or None
+        task = ray.remote(_ray_task)
+        refs: dict[Any, Job] = {}
+        for job in jobs:
+            memory = memory_estimate(job)
+            if limit is not None:
+                memory = min(memory, int(limit * 0.9))  # never a task no node can take
+            options = {"num_cpus": threads, "memory": memory, "max_retries": 0}
+            refs[task.options(**options).remote(job.to_dict(), str(out_dir), threads, timeout)] = (
+                job
+            )
+        _collect(ray, refs, out_dir, on_row)
+    finally:
+        ray.shutdown()
+
+
+def _collect(ray: Any, refs: dict[Any, Job], out_dir: Path, on_row: OnRow) -> None:
+    try:
+        while refs:
+            done, _ = ray.wait(list(refs), num_returns=1)
+            for ref in done:
+                job = refs.pop(ref)
+                on_row(_ray_row(ray, ref, job, out_dir))
+    finally:
+        for ref in refs:  # interrupted: the killed Ray workers take their processes along
+            ray.cancel(ref, force=True)
+
+
+def _ray_row(ray: Any, ref: Any, job: Job, out_dir: Path) -> dict[str, Any]:
+    base = {"model": job.name, "source": job.source, "key": job.key, "data": dict(job.data)}
+    try:
+        row: dict[str, Any] = ray.get(ref)
+    except ray.exceptions.RayError as exc:
+        first = str(exc).strip().splitlines()
+        return {**base, "status": "error", "error": f"Ray: {first[0] if first else exc}"}
+    output = row.get("output")
+    if row.get("status") == "ok" and output and not (out_dir / output).is_file():
+        row.update(
+            status="error",
+            error=f"{row.get('host')} wrote {output}, which is not in {out_dir} here: "
+            "the output folder must be on storage every node sees",
+        )
+    return row

@@ -1,0 +1,114 @@
+"""``results.jsonl``: one JSON object per model, appended as each finishes, never
+rewritten; what ``--resume`` reads back; and :class:`BatchResult`, a batch's rows."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mixprec.batch.jobs import Job
+
+__all__ = ["RESULTS", "STATUSES", "BatchResult", "append_row", "read_rows", "still_good"]
+
+RESULTS = "results.jsonl"
+#: ``failed``: validation, the accuracy guard or the tune budget missed.
+STATUSES = ("ok", "failed", "error", "timeout")
+
+
+def append_row(out_dir: Path, row: dict[str, Any]) -> None:
+    """Append ``row`` as one line, in one write, flushed to disk."""
+    line = json.dumps(row, sort_keys=True, default=str) + "\n"
+    with (out_dir / RESULTS).open("a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_rows(out_dir: Path) -> list[dict[str, Any]]:
+    """Every row written so far (a last line cut short by a killed driver is skipped)."""
+    path = out_dir / RESULTS
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "model" in row:
+            rows.append(row)
+    return rows
+
+
+def latest(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Model -> its last row."""
+    return {row["model"]: row for row in rows}
+
+
+def still_good(job: Job, row: dict[str, Any] | None, out_dir: Path) -> bool:
+    """Whether ``row`` is an ``ok`` result of this very job whose output is still there."""
+    return (
+        row is not None
+        and row.get("status") == "ok"
+        and row.get("key") == job.key
+        and bool(row.get("output"))
+        and (out_dir / str(row["output"])).is_file()
+    )
+
+
+@dataclass
+class BatchResult:
+    """A batch's rows (this run's and the ones ``--resume`` kept), in job order.
+
+    Attributes:
+        out_dir: the output folder.
+        rows: one per model; a kept row has ``"resumed": True``.
+        interrupted: the batch was stopped (Ctrl-C, SIGTERM) before every model ran.
+        page: the zoo page (``index.html``).
+    """
+
+    out_dir: Path
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    interrupted: bool = False
+    page: Path | None = None
+
+    @property
+    def counts(self) -> dict[str, int]:
+        found = Counter(row["status"] for row in self.rows)
+        return {status: found.get(status, 0) for status in STATUSES}
+
+    @property
+    def ok(self) -> bool:
+        """Every model ran and is ``ok``."""
+        return not self.interrupted and all(row["status"] == "ok" for row in self.rows)
+
+    @property
+    def exit_code(self) -> int:
+        """0 every model ok, 1 some failed or errored, 130 interrupted."""
+        if self.interrupted:
+            return 130
+        return 0 if self.ok else 1
+
+    def summary(self) -> str:
+        """The last line: counts by status and where the page is."""
+        counts = self.counts
+        resumed = sum(1 for row in self.rows if row.get("resumed"))
+        parts = [f"{counts['ok']} ok" + (f" ({resumed} resumed)" if resumed else "")]
+        parts += [f"{n} {status}" for status, n in counts.items() if status != "ok"]
+        where = f" -> {self.page}" if self.page is not None else ""
+        stopped = "; interrupted" if self.interrupted else ""
+        return f"mixprec batch: {len(self.rows)} model(s): {', '.join(parts)}{stopped}{where}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "out_dir": str(self.out_dir),
+            "counts": self.counts,
+            "interrupted": self.interrupted,
+            "page": None if self.page is None else str(self.page),
+            "rows": self.rows,
+        }

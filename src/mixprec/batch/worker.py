@@ -1,0 +1,201 @@
+"""One model of a batch, in its own process: ``python -m mixprec.batch.worker JOB RESULT``.
+
+The worker converts, quantizes or tunes the job's model through :mod:`mixprec.api`,
+validates it when asked, and writes the model and its report page into its staging
+folder (inside the output folder, same file system); the parent moves them into place
+(:mod:`mixprec.batch.process`). It writes its row as JSON to ``RESULT``.
+
+It dies with its parent: on Linux the kernel sends it SIGTERM when the parent exits
+(``PR_SET_PDEATHSIG``), and a watchdog thread checks the parent everywhere; either way it
+removes its staging folder before it exits, so a ``kill -9`` of the driver leaves no
+process and no half-written file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import resource
+import shutil
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from mixprec.api.convert import convert
+from mixprec.api.quantize import quantize
+from mixprec.api.tune import tune
+from mixprec.api.validate import validate
+from mixprec.batch.jobs import external_files
+from mixprec.core.config import BATCH_PARENT_ENV
+from mixprec.core.errors import MixprecError
+from mixprec.io.feeds import iter_calibration_npz
+from mixprec.io.models import load_model
+from mixprec.report.html import write_report_html
+
+__all__ = ["main", "run_job"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _samples(path: str | None, model: str) -> list[dict[str, Any]] | None:
+    return None if not path else list(iter_calibration_npz(path, load_model(model)))
+
+
+def _result(job: dict[str, Any]) -> tuple[Any, bool]:
+    """The converted model and whether its own check (tune budget, INT8 guard) passed."""
+    opts, source = job["options"], job["source"]
+    calib = opts["calibration_data"]
+    if opts["tune"]:
+        data = calib or opts["inputs"]
+        tuned = tune(
+            source,
+            opts["dtype"],
+            _samples(data, source),
+            metric=opts["metric"],
+            budget=opts["budget"],
+            **opts["policy"],
+        )
+        return tuned, bool(tuned.passed)
+    if opts["dtype"] == "int8":
+        result = quantize(
+            source,
+            _samples(calib, source),
+            eval_data=opts["eval_data"] or None,
+            **opts["policy"],
+        )
+        guard = result.report.guard
+        return result, guard is None or bool(guard.get("passed"))
+    result = convert(
+        source, opts["dtype"], calibration_data=_samples(calib, source), **opts["policy"]
+    )
+    return result, True
+
+
+def _size(path: Path) -> int:
+    """A model's bytes, its external data beside it included."""
+    return path.stat().st_size + sum(f.stat().st_size for f in external_files(path))
+
+
+def _validation(job: dict[str, Any], result: Any) -> dict[str, Any] | None:
+    opts = job["options"]
+    if not opts["validate"]:
+        return None
+    report = validate(
+        job["source"],
+        result.model,
+        inputs=_samples(opts["inputs"], job["source"]),
+        shapes=result.report.input_shapes,
+        rtol=opts["rtol"],
+    )
+    result.report.validation = {**report.to_dict(), "table": report.format_table()}
+    outputs = report.outputs
+    return {
+        "passed": report.passed,
+        "worst_rel_l2": max((o.rel_l2_error for o in outputs), default=0.0),
+        "max_abs": max((o.max_abs_error for o in outputs), default=0.0),
+    }
+
+
+def run_job(job: dict[str, Any], staging: Path) -> dict[str, Any]:
+    """Run ``job``; its files go under ``staging`` at their output paths; its row."""
+    start = time.perf_counter()
+    result, own_check = _result(job)
+    validation = _validation(job, result)
+    passed = own_check and (validation is None or validation["passed"])
+    report = result.report
+    output = staging / job["output"]
+    output.parent.mkdir(parents=True, exist_ok=True)
+    page = output.with_suffix(".html")
+    title = f"mixprec batch: {job['name']}"
+    write_report_html(result.model, page, report=report, title=title, converted=True)
+    row: dict[str, Any] = {
+        "status": "ok" if passed else "failed",
+        "report": Path(job["output"]).with_suffix(".html").as_posix(),
+        "low_mac_share": round(report.low_mac_share, 6),
+        "casts": report.casts_after,
+        "casts_inserted": report.casts_inserted,
+        "bytes_before": _size(Path(job["source"])),
+        "validation": validation,
+    }
+    if report.guard is not None:
+        row["guard"] = {
+            "passed": report.guard.get("passed"),
+            "summary": report.guard.get("summary"),
+        }
+    if passed:
+        result.save(output, external_data=bool(job["options"]["external_data"]))
+        row["output"] = job["output"]
+        row["bytes_after"] = _size(output)
+    else:
+        row["error"] = _why_failed(row, result)
+    row["convert_seconds"] = round(time.perf_counter() - start, 3)
+    return row
+
+
+def _why_failed(row: dict[str, Any], result: Any) -> str:
+    if row.get("guard") and not row["guard"]["passed"]:
+        return f"accuracy guard missed: {row['guard']['summary']}"
+    if row["validation"] is not None and not row["validation"]["passed"]:
+        return f"validation failed: worst rel L2 {row['validation']['worst_rel_l2']:.3g}"
+    return f"tune budget missed ({getattr(result, 'metric', 'metric')})"
+
+
+def _die_with_parent(parent: int, staging: Path) -> None:
+    """SIGTERM (Linux: also sent by the kernel when the parent dies) and a watchdog
+    thread both end the worker after removing its staging folder."""
+
+    def leave(*_: object) -> None:
+        shutil.rmtree(staging, ignore_errors=True)
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, leave)
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        leave()
+
+    if os.getppid() != parent:
+        leave()
+    threading.Thread(target=watch, daemon=True, name="mixprec-parent-watch").start()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    if isinstance(exc, MixprecError):
+        return text[0] if text else type(exc).__name__
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    job_path, result_path = (argv if argv is not None else sys.argv[1:])[:2]
+    job = json.loads(Path(job_path).read_text())
+    staging = Path(job["staging"])
+    _die_with_parent(int(os.environ.get(BATCH_PARENT_ENV, os.getppid())), staging)
+    staging.mkdir()
+    try:
+        row = run_job(job, staging)
+    except MemoryError:
+        row = {"status": "error", "error": "out of memory"}
+    except Exception as exc:
+        traceback.print_exc()
+        row = {"status": "error", "error": _one_line(exc)}
+    row["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    tmp = Path(result_path + ".tmp")
+    tmp.write_text(json.dumps(row))
+    tmp.replace(result_path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

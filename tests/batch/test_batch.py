@@ -1,0 +1,156 @@
+"""``mixprec batch`` on the local engine: a zoo folder converted by real worker processes,
+each result checked against the FP32 model in ONNX Runtime; rows, page, resume, isolation
+(a crashed or timed-out worker is one row) and no leftovers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from batch_zoo import feeds, make_zoo, mlp, slow, write
+
+import mixprec
+from helpers import assert_close, run_ort, sha256_of
+from mixprec.batch.jobs import find_jobs
+from mixprec.batch.process import STAGING_PREFIX, WorkerProcess
+from mixprec.batch.results import read_rows
+from mixprec.cli.main import main
+from mixprec.core.errors import MixprecError
+
+
+def _leftovers(out: Path) -> list[str]:
+    return [
+        str(p.relative_to(out))
+        for p in out.rglob("*")
+        if p.name.startswith((STAGING_PREFIX, ".")) or p.suffix == ".tmp"
+    ]
+
+
+def test_a_zoo_folder_is_converted_one_worker_per_model(tmp_path, capsys):
+    zoo = make_zoo(tmp_path)
+    out = tmp_path / "out"
+    code = main(
+        ["batch", str(zoo), "-o", str(out), "--dtype", "fp16", "--validate", "--workers", "2"]
+    )
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert code == 1, lines  # broken.onnx errored, the rest went on
+    assert lines[-1].startswith("mixprec batch: 4 model(s): 3 ok, 0 failed, 1 error")
+    rows = {r["model"]: r for r in read_rows(out)}
+    assert set(rows) == {"vision/conv.onnx", "text/mlp.onnx", "mlp2.onnx", "broken.onnx"}
+    assert rows["broken.onnx"]["status"] == "error"
+    assert "\n" not in rows["broken.onnx"]["error"] and rows["broken.onnx"]["error"]
+    for name in ("vision/conv.onnx", "text/mlp.onnx", "mlp2.onnx"):
+        row = rows[name]
+        assert row["status"] == "ok", row
+        assert row["validation"]["passed"] and row["low_mac_share"] == 1.0
+        assert row["bytes_after"] < row["bytes_before"] and row["peak_rss_mb"] > 0
+        converted = out / row["output"]
+        assert converted == out / name.replace(".onnx", ".fp16.onnx")
+        assert (out / row["report"]).is_file()
+        inputs = feeds(zoo / name)
+        ref, got = run_ort(zoo / name, inputs), run_ort(converted, inputs)
+        for key in ref:
+            assert_close(ref[key], got[key], "fp16", name=f"{name}:{key}")
+    page = (out / "index.html").read_text()
+    for name in rows:
+        assert name in page
+    assert 'href="vision/conv.fp16.html"' in page and "<svg" in page
+    assert _leftovers(out) == []
+
+
+def test_resume_redoes_only_what_changed(tmp_path):
+    zoo = tmp_path / "zoo"
+    write(zoo / "a.onnx", mlp(0))
+    write(zoo / "b.onnx", mlp(1))
+    out = tmp_path / "out"
+    first = mixprec.batch(zoo, out, workers=2)
+    assert first.exit_code == 0 and len(read_rows(out)) == 2
+    write(zoo / "b.onnx", mlp(2))  # new weights: new content, same name
+    again = mixprec.batch(zoo, out, workers=2, resume=True)
+    assert again.exit_code == 0
+    assert [r.get("resumed", False) for r in again.rows] == [True, False]
+    assert len(read_rows(out)) == 3  # appended, never rewritten
+    other = mixprec.batch(zoo, out, workers=2, resume=True, dtype="bf16")  # new options
+    assert not any(r.get("resumed") for r in other.rows)
+    assert (out / "a.bf16.onnx").is_file()
+
+
+def test_a_timeout_and_a_crash_are_rows_and_the_batch_goes_on(tmp_path):
+    zoo = tmp_path / "zoo"
+    write(zoo / "slow.onnx", slow())
+    write(zoo / "quick.onnx", mlp())
+    out = tmp_path / "out"
+    result = mixprec.batch(zoo, out, workers=1, timeout=4, validate=True)
+    rows = {r["model"]: r for r in result.rows}
+    assert rows["slow.onnx"]["status"] == "timeout"
+    assert rows["quick.onnx"]["status"] == "ok"
+    assert result.exit_code == 1 and _leftovers(out) == []
+
+    job = find_jobs([zoo / "slow.onnx"], {"validate": True}, out)[0]
+    worker = WorkerProcess(job, out, threads=1, timeout=None)
+    deadline = time.monotonic() + 30
+    while not worker.staging.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(worker.pid, signal.SIGSEGV)
+    worker.wait()
+    row = worker.finish()
+    assert row["status"] == "error" and row["error"] == "worker died of SIGSEGV", row
+    assert _leftovers(out) == []
+
+
+def test_manifest_options_and_data_beside_the_model(tmp_path):
+    zoo = tmp_path / "zoo"
+    model = write(zoo / "m.onnx", mlp())
+    before = sha256_of(model)
+    rng = np.random.default_rng(0)
+    np.savez(zoo / "m.calib.npz", x=rng.standard_normal((6, 2, 16)).astype(np.float32))
+    (tmp_path / "zoo.toml").write_text(
+        '[defaults]\nvalidate = true\n\n[[models]]\npath = "zoo/m.onnx"\ndtype = "bf16"\n'
+    )
+    result = mixprec.batch(tmp_path / "zoo.toml", tmp_path / "out", workers=1)
+    (row,) = result.rows
+    assert row["status"] == "ok" and row["dtype"] == "bf16", row
+    assert row["data"]["calibration_data"] == "m.calib.npz (beside the model)"
+    assert row["data"]["inputs"] == "none"
+    assert (tmp_path / "out" / "zoo" / "m.bf16.onnx").is_file()
+    assert sha256_of(model) == before  # the input is never modified
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nowhere"], "nowhere: no such model, folder or manifest"),
+        (["ZOO", "--workers", "0"], "workers must be >= 1"),
+        (["ZOO", "--timeout", "-1"], "timeout must be > 0"),
+        (["ZOO", "--dtype", "fp8"], "unknown --dtype 'fp8'"),
+    ],
+)
+def test_usage_errors_are_one_line_and_exit_2(tmp_path, capsys, args, message):
+    zoo = tmp_path / "zoo"
+    write(zoo / "m.onnx", mlp())
+    argv = ["batch", *[str(zoo) if a == "ZOO" else a for a in args], "-o", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_a_bad_manifest_option_names_the_known_ones(tmp_path):
+    write(tmp_path / "m.onnx", mlp())
+    (tmp_path / "z.toml").write_text('[[models]]\npath = "m.onnx"\nspeed = "fast"\n')
+    with pytest.raises(MixprecError, match=r"unknown option.*speed.*known: dtype"):
+        mixprec.batch(tmp_path / "z.toml", tmp_path / "o")
+
+
+def test_json_rows_on_stdout(tmp_path, capsys):
+    zoo = tmp_path / "zoo"
+    write(zoo / "m.onnx", mlp())
+    assert main(["batch", str(zoo), "-o", str(tmp_path / "o"), "--json"]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert data["counts"]["ok"] == 1 and data["rows"][0]["model"] == "m.onnx"
+    assert captured.err.strip().splitlines()[-1].startswith("mixprec batch: 1 model(s): 1 ok")
