@@ -146,11 +146,13 @@ def test_a_bad_manifest_option_names_the_known_ones(tmp_path):
         mixprec.batch(tmp_path / "z.toml", tmp_path / "o")
 
 
-def test_json_rows_on_stdout(tmp_path, capsys):
+def test_json_lines_on_stdout(tmp_path, capsys):
     zoo = tmp_path / "zoo"
     write(zoo / "m.onnx", mlp())
-    assert main(["batch", str(zoo), "-o", str(tmp_path / "o"), "--json"]) == 0
+    write(zoo / "n.onnx", mlp(1))
+    assert main(["batch", str(zoo), "-o", str(tmp_path / "o"), "--json", "--workers", "1"]) == 0
     captured = capsys.readouterr()
-    data = json.loads(captured.out)
-    assert data["counts"]["ok"] == 1 and data["rows"][0]["model"] == "m.onnx"
-    assert captured.err.strip().splitlines()[-1].startswith("mixprec batch: 1 model(s): 1 ok")
+    lines = [json.loads(line) for line in captured.out.strip().splitlines()]
+    assert [row["model"] for row in lines[:2]] == ["m.onnx", "n.onnx"]
+    assert lines[-1]["batch"]["counts"]["ok"] == 2
+    assert captured.err.strip().splitlines()[-1].startswith("mixprec batch: 2 model(s): 2 ok")

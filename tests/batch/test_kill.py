@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from batch_zoo import mlp, slow, write
 
+import mixprec
 from mixprec.batch.process import STAGING_PREFIX
 from mixprec.batch.results import read_rows
 
@@ -65,27 +66,41 @@ def _wait_for(condition, seconds: float) -> bool:
     return False
 
 
-def test_kill_9_of_the_driver_takes_its_workers_and_their_files(tmp_path):
+def test_kill_9_of_the_driver_takes_its_workers_then_resume_redoes_only_the_rest(tmp_path):
     zoo = tmp_path / "zoo"
-    write(zoo / "a.onnx", slow())
-    write(zoo / "b.onnx", slow())
+    write(zoo / "a_quick.onnx", mlp())
+    write(zoo / "b_slow.onnx", slow())
+    write(zoo / "c_slow.onnx", slow())
     out = tmp_path / "out"
     driver = _start(zoo, out)
     try:
-        started = _wait_for(lambda: len(list(out.glob(f"{STAGING_PREFIX}*"))) == 2, 60)
-        assert started, driver.stderr.read().decode() if driver.poll() is not None else "no workers"
-        workers = _workers_of(driver.pid)
-        assert len(workers) == 2
+        # a_quick done, and both slow models running in their workers (staging made)
+        started = _wait_for(
+            lambda: len(read_rows(out)) == 1 and len(list(out.glob(f"{STAGING_PREFIX}*"))) == 2,
+            90,
+        )
+        assert started, driver.stderr.read().decode() if driver.poll() is not None else "stuck"
+        assert len(_workers_of(driver.pid)) == 2
         driver.send_signal(signal.SIGKILL)
         driver.wait()
         assert _wait_for(lambda: not _workers_of(driver.pid), 15), "workers outlived the driver"
         assert list(out.glob(f"{STAGING_PREFIX}*")) == []
-        assert not (out / "a.fp16.onnx").exists() and not (out / "b.fp16.onnx").exists()
+        assert not (out / "b_slow.fp16.onnx").exists() and not (out / "c_slow.fp16.onnx").exists()
     finally:
         if driver.poll() is None:
             driver.kill()
         for pid in _workers_of(driver.pid):
             os.kill(pid, signal.SIGKILL)
+    # --resume: the finished model is not redone; the two cut short run again (here
+    # into a short timeout, to keep the test short)
+    result = mixprec.batch(zoo, out, workers=2, validate=True, resume=True, timeout=2)
+    statuses = {r["model"]: (r["status"], bool(r.get("resumed"))) for r in result.rows}
+    assert statuses == {
+        "a_quick.onnx": ("ok", True),
+        "b_slow.onnx": ("timeout", False),
+        "c_slow.onnx": ("timeout", False),
+    }
+    assert [r["model"] for r in read_rows(out)].count("a_quick.onnx") == 1
 
 
 def test_ctrl_c_keeps_finished_rows_and_exits_130(tmp_path):

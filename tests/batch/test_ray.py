@@ -15,7 +15,7 @@ import pytest
 from batch_zoo import feeds, make_zoo, slow, write
 
 import mixprec
-from helpers import assert_close, run_ort
+from helpers import assert_close, run_ort, sha256_of
 from mixprec.batch.process import STAGING_PREFIX
 from mixprec.batch.results import read_rows
 
@@ -69,6 +69,14 @@ def test_ray_engine_runs_one_task_per_model(tmp_path, ray_head):
         for key in ref:
             assert_close(ref[key], got[key], "fp16", name=f"{name}:{key}")
     assert list(out.glob(f"{STAGING_PREFIX}*")) == []
+    # the local engine on the same zoo: the same statuses and the same bytes
+    local = mixprec.batch(zoo, tmp_path / "local", validate=True, workers=2)
+    assert {r["model"]: r["status"] for r in local.rows} == {
+        r["model"]: r["status"] for r in result.rows
+    }
+    for row in local.rows:
+        if row["status"] == "ok":
+            assert sha256_of(tmp_path / "local" / row["output"]) == sha256_of(out / row["output"])
 
 
 def test_ray_timeout_is_a_row_and_resume_skips_what_is_done(tmp_path, ray_head):

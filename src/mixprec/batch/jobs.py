@@ -229,7 +229,9 @@ def _manifest(path: Path, given: Mapping[str, Any]) -> list[Job]:
 
 
 def find_jobs(
-    sources: Sequence[str | os.PathLike[str]], options: Mapping[str, Any], out_dir: Path | None = None
+    sources: Sequence[str | os.PathLike[str]],
+    options: Mapping[str, Any],
+    out_dir: Path | None = None,
 ) -> list[Job]:
     """The models ``sources`` name, each with its options; fails on a source that names
     nothing and on two models that would write the same output."""

@@ -12,14 +12,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mixprec.batch.engines import ENGINES, run_local, run_ray
+from mixprec.batch.engine import Engine, Plan
 from mixprec.batch.jobs import OPTION_NAMES, Job, find_jobs
+from mixprec.batch.local import LocalEngine
 from mixprec.batch.page import write_page
 from mixprec.batch.process import sweep_staging
+from mixprec.batch.ray_engine import RayEngine
 from mixprec.batch.results import BatchResult, append_row, latest, read_rows, still_good
 from mixprec.core.errors import MixprecError
 
-__all__ = ["batch", "cpu_count"]
+__all__ = ["ENGINES", "batch", "cpu_count"]
+
+#: Engine name -> its class (constructed with the cluster address, or None).
+ENGINES: dict[str, Callable[[str | None], Engine]] = {"local": LocalEngine, "ray": RayEngine}
 
 
 def cpu_count() -> int:
@@ -115,49 +120,43 @@ def batch(
             f"unknown option(s) {', '.join(unknown)}; known: {', '.join(OPTION_NAMES)}"
         )
     count = _checked(engine, workers, timeout)
+    runner = ENGINES[engine](ray_address)
     folder = _out_dir(out_dir)
     sweep_staging(folder)
     paths = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
     jobs = find_jobs(paths, options, folder)
-    threads = max(1, cpu_count() // count)
-    return _run(jobs, folder, count, threads, engine, ray_address, resume, timeout, progress)
+    plan = Plan(workers=count, threads=max(1, cpu_count() // count), timeout=timeout)
+    return _run(jobs, folder, (engine, runner), plan, resume, progress)
 
 
 def _run(
     jobs: list[Job],
     folder: Path,
-    workers: int,
-    threads: int,
-    engine: str,
-    address: str | None,
+    engine: tuple[str, Engine],
+    plan: Plan,
     resume: bool,
-    timeout: float | None,
     progress: Callable[[dict[str, Any], int, int], None] | None,
 ) -> BatchResult:
     earlier = latest(read_rows(folder)) if resume else {}
-    kept = {
-        j.name: {**earlier[j.name], "resumed": True}
-        for j in jobs
-        if still_good(j, earlier.get(j.name), folder)
-    }
-    todo = [j for j in jobs if j.name not in kept]
-    rows: dict[str, dict[str, Any]] = dict(kept)
+    rows: dict[str, dict[str, Any]] = {}
     result = BatchResult(folder)
 
     def on_row(row: dict[str, Any]) -> None:
-        row["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-        row["engine"] = engine
-        append_row(folder, row)
+        if not row.get("resumed"):
+            row["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+            row["engine"] = engine[0]
+            append_row(folder, row)
         rows[row["model"]] = row
         if progress is not None:
             progress(row, len(rows), len(jobs))
 
+    for job in jobs:
+        if still_good(job, earlier.get(job.name), folder):
+            on_row({**earlier[job.name], "resumed": True})
+    todo = [j for j in jobs if j.name not in rows]
     try:
         with _sigterm_interrupts():
-            if engine == "ray":
-                run_ray(todo, folder, workers, threads, timeout, on_row, address)
-            else:
-                run_local(todo, folder, workers, threads, timeout, on_row)
+            engine[1].run(todo, folder, plan, on_row)
     except KeyboardInterrupt:
         result.interrupted = True
     result.rows = [rows[j.name] for j in jobs if j.name in rows]

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
+from collections import Counter
 from typing import Any
 
-from mixprec.batch.engines import ENGINES
-from mixprec.batch.run import batch
+from mixprec.batch.run import ENGINES, batch
 from mixprec.cli.options import add_policy_args, convert_kwargs, dtype_of
 
 __all__ = ["add_batch_parser", "cmd_batch"]
@@ -52,16 +53,49 @@ def _policy(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in convert_kwargs(args).items() if v != defaults.get(k)}
 
 
-def _say(row: dict[str, Any], done: int, total: int) -> None:
+class _Progress:
+    """One line per finished model on stdout (``-q``: none; ``--json``: the row as a JSON
+    line), and on a terminal a bar on stderr with the counts so far and an ETA."""
+
+    def __init__(self, quiet: bool, as_json: bool) -> None:
+        self.quiet, self.as_json = quiet, as_json
+        self.bar = sys.stderr.isatty() and not quiet
+        self.start = time.monotonic()
+        self.counts: Counter[str] = Counter()
+        self.ran = 0
+
+    def __call__(self, row: dict[str, Any], done: int, total: int) -> None:
+        self.counts[row["status"]] += 1
+        self.ran += 0 if row.get("resumed") else 1
+        if self.bar:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
+        if self.as_json:
+            print(json.dumps(row, sort_keys=True, default=str), flush=True)
+        elif not self.quiet:
+            print(_line(row, done, total), flush=True)
+        if self.bar and done < total:
+            print(self._bar(done, total), end="", file=sys.stderr, flush=True)
+
+    def _bar(self, done: int, total: int) -> str:
+        filled = round(20 * done / total)
+        counts = "  ".join(f"{s} {n}" for s, n in sorted(self.counts.items()))
+        elapsed = time.monotonic() - self.start
+        eta = ""
+        if self.ran:
+            left = elapsed / self.ran * (total - done)
+            eta = f"  ETA {int(left // 60)}m{int(left % 60):02d}s"
+        return f"[{'#' * filled}{'.' * (20 - filled)}] {done}/{total}  {counts}{eta}"
+
+
+def _line(row: dict[str, Any], done: int, total: int) -> str:
     width = len(str(total))
-    what = row.get("error") or (
-        f"low MACs {row['low_mac_share']:.0%}" if row.get("low_mac_share") is not None else ""
-    )
-    print(
-        f"[{done:{width}}/{total}] {row['status']:<7} {row['model']}  "
-        f"{row.get('seconds', 0):.1f}s  {what}",
-        flush=True,
-    )
+    if row.get("resumed"):
+        what = "resumed: unchanged since its last ok run"
+    else:
+        share = row.get("low_mac_share")
+        what = row.get("error") or ("" if share is None else f"low MACs {share:.0%}")
+    seconds = row.get("seconds", 0)
+    return f"[{done:{width}}/{total}] {row['status']:<7} {row['model']}  {seconds:.1f}s  {what}"
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
@@ -73,7 +107,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         ray_address=args.ray_address,
         resume=args.resume,
         timeout=args.timeout,
-        progress=None if (args.quiet or args.json) else _say,
+        progress=_Progress(args.quiet, args.json),
         dtype=dtype_of(args) or "float16",
         validate=args.validate,
         rtol=args.rtol,
@@ -86,8 +120,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
         external_data=args.external_data,
         policy=_policy(args),
     )
-    if args.json:
-        json.dump(result.to_dict(), sys.stdout, indent=1, default=str)
-        print()
+    if args.json:  # the last JSON line: the batch as a whole
+        whole = {k: v for k, v in result.to_dict().items() if k != "rows"}
+        print(json.dumps({"batch": whole}, default=str), flush=True)
     print(result.summary(), file=sys.stderr if args.json else sys.stdout, flush=True)
     return result.exit_code

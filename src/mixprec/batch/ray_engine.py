@@ -1,58 +1,27 @@
-"""Where a batch's workers run: ``local``, a pool of worker processes on this machine
-driven from the main thread, or ``ray``, one Ray task per model on a Ray cluster (an
-existing one, or a local one started for the batch).
-
-Both hand each finished row to ``on_row`` as it arrives. An interruption (Ctrl-C)
-stops every running worker; the models they held get no row, so ``--resume`` redoes them.
+"""The ``ray`` engine: one Ray task per model on a Ray cluster (an existing one at
+``address``, or a local one started for the batch). Each task runs the same worker
+process as the local engine on its node, so rows and files are the same; the output
+folder must be on storage that every node sees.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from mixprec.batch.engine import OnRow, Plan
 from mixprec.batch.jobs import Job
 from mixprec.batch.process import WorkerProcess
 from mixprec.core.errors import MixprecError
 
-__all__ = ["ENGINES", "memory_estimate", "run_local", "run_ray"]
+__all__ = ["RayEngine", "memory_estimate"]
 
-ENGINES = ("local", "ray")
-OnRow = Callable[[dict[str, Any]], None]
 #: A worker's memory: the interpreter and ORT, plus a few copies of the model.
 _BASE_MEMORY = 400 * 2**20
 _MODEL_COPIES = 6
-
-
-def run_local(
-    jobs: Sequence[Job],
-    out_dir: Path,
-    workers: int,
-    threads: int,
-    timeout: float | None,
-    on_row: OnRow,
-) -> None:
-    """``workers`` worker processes at a time until every job has its row."""
-    pending = list(reversed(jobs))
-    running: list[WorkerProcess] = []
-    try:
-        while pending or running:
-            while pending and len(running) < workers:
-                running.append(WorkerProcess(pending.pop(), out_dir, threads, timeout))
-            for worker in [w for w in running if w.poll()]:
-                running.remove(worker)
-                on_row(worker.finish())
-            time.sleep(0.05)
-    finally:
-        for worker in running:  # interrupted: stop them all, then wait for each
-            worker.terminate()
-        for worker in running:
-            worker.stop()
-            worker.finish()
 
 
 def memory_estimate(job: Job) -> int:
@@ -113,34 +82,30 @@ def _connect(ray: Any, address: str | None, cpus: int) -> None:
         ) from exc
 
 
-def run_ray(
-    jobs: Sequence[Job],
-    out_dir: Path,
-    workers: int,
-    threads: int,
-    timeout: float | None,
-    on_row: OnRow,
-    address: str | None = None,
-) -> None:
-    """One Ray task per job (``num_cpus`` = ``threads``, ``memory`` from the model's size);
-    a local cluster of ``workers * threads`` CPUs when no ``address`` is given."""
-    ray = _ray(address)
-    _connect(ray, address, workers * threads)
-    try:
-        limit = float(ray.cluster_resources().get("memory", 0)) or None
-        task = ray.remote(_ray_task)
-        refs: dict[Any, Job] = {}
-        for job in jobs:
-            memory = memory_estimate(job)
-            if limit is not None:
-                memory = min(memory, int(limit * 0.9))  # never a task no node can take
-            options = {"num_cpus": threads, "memory": memory, "max_retries": 0}
-            refs[task.options(**options).remote(job.to_dict(), str(out_dir), threads, timeout)] = (
-                job
-            )
-        _collect(ray, refs, out_dir, on_row)
-    finally:
-        ray.shutdown()
+class RayEngine:
+    """One Ray task per job (``num_cpus`` = the plan's threads, ``memory`` from the
+    model's size); a local cluster of ``workers * threads`` CPUs when no ``address``."""
+
+    def __init__(self, address: str | None = None) -> None:
+        self.address = address
+
+    def run(self, jobs: Sequence[Job], out_dir: Path, plan: Plan, on_row: OnRow) -> None:
+        ray = _ray(self.address)
+        _connect(ray, self.address, plan.workers * plan.threads)
+        try:
+            limit = float(ray.cluster_resources().get("memory", 0)) or None
+            task = ray.remote(_ray_task)
+            refs: dict[Any, Job] = {}
+            for job in jobs:
+                memory = memory_estimate(job)
+                if limit is not None:
+                    memory = min(memory, int(limit * 0.9))  # never a task no node can take
+                options = {"num_cpus": plan.threads, "memory": memory, "max_retries": 0}
+                args = (job.to_dict(), str(out_dir), plan.threads, plan.timeout)
+                refs[task.options(**options).remote(*args)] = job
+            _collect(ray, refs, out_dir, on_row)
+        finally:
+            ray.shutdown()
 
 
 def _collect(ray: Any, refs: dict[Any, Job], out_dir: Path, on_row: OnRow) -> None:
