@@ -74,7 +74,8 @@ def _connect(ray: Any, address: str | None, cpus: int) -> None:
         if address:
             ray.init(address=address, **options)
         else:
-            ray.init(num_cpus=cpus, include_dashboard=False, **options)
+            # "local": a new cluster for this batch, even where another one runs
+            ray.init(address="local", num_cpus=cpus, include_dashboard=False, **options)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise MixprecError(
             f"Ray: cannot connect to {address or 'a new local cluster'}: "
