@@ -150,11 +150,27 @@ def _die_with_parent(parent: int, staging: Path) -> None:
     """SIGTERM (Linux: also sent by the kernel when the parent dies) and a watchdog
     thread both end the worker after removing its staging folder."""
 
+    leaving = threading.Lock()
+
     def leave(*_: object) -> None:
+        leaving.acquire()  # one thread cleans up and exits; a second one waits for that
         shutil.rmtree(staging, ignore_errors=True)
         os._exit(143)
 
     signal.signal(signal.SIGTERM, leave)
+    # The handler itself runs in the main thread, which may sit in a long ONNX Runtime
+    # run; the wakeup fd gets the signal's number at once, from whichever thread took
+    # it, and a thread that waits on it leaves right away.
+    readable, writable = os.pipe()
+    os.set_blocking(writable, False)
+    signal.set_wakeup_fd(writable)
+
+    def on_signal() -> None:
+        while os.read(readable, 1) != bytes([signal.SIGTERM]):
+            pass
+        leave()
+
+    threading.Thread(target=on_signal, daemon=True, name="mixprec-sigterm").start()
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
