@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
@@ -144,6 +145,23 @@ def test_a_model_kept_float_is_the_input_unchanged(tmp_path: Path) -> None:
     quantized = mixprec.quantize(model, data, speed="off")
     ops = [n.op_type for n in quantized.model_proto.graph.node]
     assert "QuantizeLinear" in ops and ops.count("Cast") == 1, ops
+
+
+def test_a_file_kept_float_is_written_byte_for_byte(tmp_path: Path) -> None:
+    """A model quantize decides not to change is the input file's bytes, not a
+    re-serialization of it (which would add value_info and drop empty domain fields)."""
+    source = tmp_path / "in.onnx"
+    onnx.save(_padded_conv(), source)
+    data = [{"x": np.random.default_rng(k).random((1, 3, 8, 8), np.float32)} for k in range(2)]
+    result = mixprec.quantize(source, data, exclude_nodes=(".*",), speed="off")
+    assert result.report.unchanged
+    out = tmp_path / "out.onnx"
+    result.save(out)
+    assert out.read_bytes() == source.read_bytes()
+    with pytest.raises(mixprec.MixprecError, match="overwrite the input"):
+        result.save(source)
+    quantized = mixprec.quantize(source, data, speed="off")  # changed: written from the graph
+    assert not quantized.report.unchanged and quantized.source_file is None
 
 
 def test_prepare_keeps_integer_identity_casts_and_drops_float_ones() -> None:

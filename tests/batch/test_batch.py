@@ -121,6 +121,20 @@ def test_manifest_options_and_data_beside_the_model(tmp_path):
     assert sha256_of(model) == before  # the input is never modified
 
 
+def test_int8_rows_carry_the_guard_and_its_warnings(tmp_path):
+    zoo = tmp_path / "zoo"
+    write(zoo / "m.onnx", mlp())
+    rng = np.random.default_rng(0)
+    np.savez(zoo / "m.calib.npz", x=rng.standard_normal((3, 2, 16)).astype(np.float32))
+    result = mixprec.batch(zoo, tmp_path / "out", dtype="int8", workers=1, validate=True)
+    (row,) = result.rows
+    assert row["status"] in ("ok", "failed") and row["guard"]["summary"], row
+    # 3 samples are too few to hold any out: the check ran in-sample, and the row says so
+    assert any("too few to hold any out" in w for w in row.get("warnings", [])), json.dumps(row)
+    if row["unchanged"]:  # kept float: the output is the input's bytes
+        assert (tmp_path / "out" / row["output"]).read_bytes() == (zoo / "m.onnx").read_bytes()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

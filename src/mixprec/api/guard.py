@@ -63,6 +63,7 @@ def quantize_once(
         # Nothing runs in INT8: the input as given, never the prepared copy (prepare's
         # rewrites may move ORT off a faster path, e.g. Casts before a Pad).
         work = _copy(source)
+        report.unchanged = True
         report.notes.append("no node runs in INT8: the input model is written unchanged")
     return work, report
 

@@ -20,6 +20,7 @@ from mixprec.api.guard import EvalData, guarded_quantize, quantize_once
 from mixprec.api.tune import tune_with_options
 from mixprec.core.errors import MixprecError
 from mixprec.int8.config import QuantizeConfig
+from mixprec.io.external import input_files
 from mixprec.io.models import ModelLike, load_input
 from mixprec.pipeline.convert import CalibrationData, ConversionResult
 from mixprec.pipeline.quantize import plan_model, resolve_qconfig
@@ -86,6 +87,7 @@ def quantize(
     if progress is not None:
         progress("loading")
     work, kind = load_input(model, base_dir)
+    files = input_files(work)  # one file: the model holds all its weights
     source = ir.to_proto(work)  # the input is read once: every later copy is made from it
     before = source if config.log_dir is not None else None
     load_s = time.perf_counter() - t0
@@ -98,7 +100,8 @@ def quantize(
     report.timings = {"load": load_s, **report.timings}
     if before is not None and config.log_dir is not None:
         write_log_dir(config.log_dir, before, work, report)
-    return ConversionResult(work, report, kind)
+    whole = next(iter(files)) if kind == "path" and len(files) == 1 else None
+    return ConversionResult(work, report, kind, source_file=whole if report.unchanged else None)
 
 
 def _unguarded(config: QuantizeConfig) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import resource
 import shutil
@@ -24,6 +25,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,11 @@ def _samples(path: str | None, model: str) -> list[dict[str, Any]] | None:
     return None if not path else list(iter_calibration_npz(path, load_model(model)))
 
 
+def _stream(path: str | None, model: str) -> Iterator[dict[str, Any]] | None:
+    """Calibration samples read one at a time (as ``--calibration-data``)."""
+    return None if not path else iter_calibration_npz(path, load_model(model))
+
+
 def _result(job: dict[str, Any]) -> tuple[Any, bool]:
     """The converted model and whether its own check (tune budget, INT8 guard) passed."""
     opts, source = job["options"], job["source"]
@@ -65,14 +72,14 @@ def _result(job: dict[str, Any]) -> tuple[Any, bool]:
     if opts["dtype"] == "int8":
         result = quantize(
             source,
-            _samples(calib, source),
+            _stream(calib, source),
             eval_data=opts["eval_data"] or None,
             **opts["policy"],
         )
         guard = result.report.guard
         return result, guard is None or bool(guard.get("passed"))
     result = convert(
-        source, opts["dtype"], calibration_data=_samples(calib, source), **opts["policy"]
+        source, opts["dtype"], calibration_data=_stream(calib, source), **opts["policy"]
     )
     return result, True
 
@@ -121,6 +128,7 @@ def run_job(job: dict[str, Any], staging: Path) -> dict[str, Any]:
         "casts": report.casts_after,
         "casts_inserted": report.casts_inserted,
         "bytes_before": _size(Path(job["source"])),
+        "unchanged": report.unchanged,
         "validation": validation,
     }
     if report.guard is not None:
@@ -193,12 +201,29 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
+class _Warnings(logging.Handler):
+    """The model's warnings (mixprec's and the libraries'), one line each, for its row."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage().strip().splitlines()
+        line = text[0] if text else record.levelname
+        if line not in self.lines and len(self.lines) < 20:
+            self.lines.append(line)
+
+
 def main(argv: list[str] | None = None) -> int:
     job_path, result_path = (argv if argv is not None else sys.argv[1:])[:2]
     job = json.loads(Path(job_path).read_text())
     staging = Path(job["staging"])
     _die_with_parent(int(os.environ.get(BATCH_PARENT_ENV, os.getppid())), staging)
     staging.mkdir()
+    said = _Warnings()
+    logging.getLogger().addHandler(said)
+    logging.captureWarnings(True)  # warnings.warn calls become log records too
     try:
         row = run_job(job, staging)
     except MemoryError:
@@ -206,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         traceback.print_exc()
         row = {"status": "error", "error": _one_line(exc)}
+    if said.lines:
+        row["warnings"] = said.lines
     row["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     tmp = Path(result_path + ".tmp")
     tmp.write_text(json.dumps(row))

@@ -16,6 +16,7 @@ import contextlib
 import os
 import re
 import secrets
+import shutil
 import signal
 import stat
 import tempfile
@@ -38,6 +39,7 @@ from mixprec.io.protos import iter_proto_tensors
 __all__ = [
     "ModelLike",
     "check_output_path",
+    "copy_model_file",
     "load_input",
     "load_model",
     "save_model",
@@ -350,6 +352,25 @@ def save_model(
         if os.path.realpath(old) not in inputs:
             with contextlib.suppress(OSError):
                 os.unlink(old)
+
+
+def copy_model_file(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Write the bytes of the model file ``source`` to ``path`` atomically (a model that
+    mixprec decided not to change is written as it was given, byte for byte)."""
+    p = check_output_path(path)
+    folder = os.path.realpath(p.parent)
+    target = os.path.join(folder, p.name)
+    if os.path.exists(target) and os.path.samefile(source, target):
+        raise MixprecError(f"{path}: output would overwrite the input model")
+    with _Writing(p) as writing:
+        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
+        writing.add(tmp)
+        os.close(fd)
+        shutil.copyfile(source, tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        writing.commit(tmp, target)
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:

@@ -21,7 +21,7 @@ from mixprec.core.graphs import all_graphs, iter_nodes
 from mixprec.core.ops import LOW_TYPES, is_onnx_domain
 from mixprec.core.policy import normalize_dtype
 from mixprec.core.registry import node_info
-from mixprec.io.models import save_model
+from mixprec.io.models import copy_model_file, save_model
 from mixprec.io.sanitize import SanitizeResult
 from mixprec.passes.cleanup import annotated_values
 from mixprec.passes.fold import FoldBatchNormResult, FoldCastsResult
@@ -55,11 +55,14 @@ class ConversionResult:
         model: the converted model as an ``onnx_ir.Model``.
         report: what was done and why.
         input_kind: "path", "proto" or "ir": the form the input was given in.
+        source_file: the input's file when the result is that model unchanged and the
+            file holds all of it (no external data): :meth:`save` copies its bytes.
     """
 
     model: ir.Model
     report: Report
     input_kind: str
+    source_file: str | None = None
 
     @property
     def model_proto(self) -> onnx.ModelProto:
@@ -72,8 +75,12 @@ class ConversionResult:
         return self.model if self.input_kind == "ir" else self.model_proto
 
     def save(self, path: str | os.PathLike[str], *, external_data: bool = False) -> None:
-        """Write the model atomically (temporary file, then rename)."""
-        save_model(self.model, path, external_data=external_data)
+        """Write the model atomically (temporary file, then rename); an unchanged input
+        file is written byte for byte as it was given."""
+        if self.source_file is not None and not external_data:
+            copy_model_file(self.source_file, path)
+        else:
+            save_model(self.model, path, external_data=external_data)
 
 
 def count_casts(model: ir.Model) -> int:

@@ -48,6 +48,8 @@ class Report:
     quantization: dict[str, object] | None = None
     #: The INT8 accuracy guard's checks and verdict (:mod:`mixprec.api.guard`).
     guard: dict[str, object] | None = None
+    #: The result is the input model as given (nothing was worth changing).
+    unchanged: bool = False
 
     @property
     def low_nodes(self) -> int:
