@@ -20,6 +20,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         'mixprec.torch needs PyTorch: pip install "mixprec[torch]" (torch 2.13.0, onnxscript)'
     ) from exc
 
+from mixprec.torch._amp_report import AmpReport
+from mixprec.torch._autocast import autocast, training_policy
 from mixprec.torch._check import CheckReport, TorchCheckError
 from mixprec.torch._convert import convert_module
 from mixprec.torch._export import DYNAMO, TORCHSCRIPT
@@ -28,10 +30,13 @@ from mixprec.torch._module import ConvertedModule, ModuleSpec, load
 __all__ = [
     "DYNAMO",
     "TORCHSCRIPT",
+    "AmpReport",
     "CheckReport",
     "ConvertedModule",
     "ModuleSpec",
     "TorchCheckError",
+    "autocast",
     "convert_module",
     "load",
+    "training_policy",
 ]

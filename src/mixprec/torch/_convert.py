@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import onnx_ir as ir
 import torch
 
 from mixprec.api.convert import convert
 from mixprec.api.quantize import quantize
 from mixprec.api.tune import tune
 from mixprec.core.errors import MixprecError
+from mixprec.core.graphs import iter_nodes
 from mixprec.core.policy import normalize_dtype
 from mixprec.torch._check import (
     CHECK_ATOL,
@@ -25,6 +29,9 @@ from mixprec.torch._check import (
 from mixprec.torch._export import export_module
 from mixprec.torch._module import ConvertedModule, ModuleSpec
 from mixprec.torch._tree import bind_inputs, flatten_outputs, register_dataclasses
+
+#: The dynamo exporter's record of the module scopes a node was made in.
+NAME_SCOPES = "pkg.torch.onnx.name_scopes"
 
 __all__ = ["convert_module"]
 
@@ -71,6 +78,7 @@ def convert_module(
     check: bool = True,
     budget: float | None = None,
     providers: Sequence[str] | None = None,
+    exclude_modules: Sequence[str] = (),
     **policy_options: Any,
 ) -> ConvertedModule:
     """Convert a torch module to an FP16/BF16 mixed-precision or INT8 ONNX Runtime module.
@@ -100,6 +108,11 @@ def convert_module(
             conversion misses it, :func:`mixprec.tune` moves sensitive nodes to float
             and the tuned module is checked again.
         providers: ONNX Runtime execution providers (default: CUDA when available, CPU).
+        exclude_modules: regexes over ``module.named_modules()`` names (``re.search``):
+            every ONNX node the exporter made inside a matching submodule stays FP32 (the
+            dynamo exporter's ``pkg.torch.onnx.name_scopes``), as
+            :func:`mixprec.torch.autocast`'s ``exclude`` does in training:
+            ``convert_module(model, x, **amp.convert_options())`` hands its lists over.
         **policy_options: passed to :func:`mixprec.convert` (e.g. ``deny_add``,
             ``exclude_nodes``) or :func:`mixprec.quantize` (e.g. ``method``, ``speed``).
 
@@ -133,6 +146,8 @@ def convert_module(
             UserWarning,
             stacklevel=2,
         )
+    if exclude_modules:
+        policy_options["exclude_modules"] = tuple(exclude_modules)
     module.eval()
     try:
         return _convert(
@@ -149,6 +164,29 @@ def convert_module(
         )
     finally:
         module.train(was_training)
+
+
+def _with_module_exclusions(model: ir.Model, options: dict[str, Any]) -> dict[str, Any]:
+    """``exclude_modules`` turned into the names of the nodes made inside those modules."""
+    patterns = [re.compile(p) for p in options.get("exclude_modules", ())]
+    options = {k: v for k, v in options.items() if k != "exclude_modules"}
+    if not patterns:
+        return options
+    names = []
+    for node in iter_nodes(model.graph):
+        text = node.metadata_props.get(NAME_SCOPES, "")
+        scopes = ast.literal_eval(text) if text.startswith("[") else []
+        if node.name and any(p.search(s) for s in scopes if s for p in patterns):
+            names.append(f"^{re.escape(node.name)}$")
+    if not names:
+        warnings.warn(
+            f"exclude_modules {[p.pattern for p in patterns]}: no exported node is inside a "
+            "matching module (only the dynamo exporter records module scopes)",
+            UserWarning,
+            stacklevel=4,
+        )
+    options["exclude_nodes"] = [*options.get("exclude_nodes", ()), *names]
+    return options
 
 
 def _convert(
@@ -170,6 +208,7 @@ def _convert(
     start = time.perf_counter()
     exported = export_module(module, sample[0], sample[1], inputs, dynamic_shapes)
     export_s = time.perf_counter() - start
+    options = _with_module_exclusions(exported.model, options)
     graph_inputs = {v.name or "" for v in exported.model.graph.inputs}
     samples = [sample, *extra]
     feeds = [_feeds(module, s, graph_inputs) for s in samples]
