@@ -7,7 +7,8 @@ and holds each output to the check its kind calls for:
 
 * class scores (a float output that a Softmax/LogSoftmax produces, through shape-only
   ops): top-1 agreement over the last axis, at least ``1 - drop`` (default 0.99);
-* other float outputs: relative L2, at most ``rel_l2`` (default 0.1);
+* other float outputs: relative L2 on the worst held-out sample (as :func:`validate`
+  reports), at most ``rel_l2`` (default 0.1);
 * integer outputs (an ArgMax, a length): the share of equal elements, at least
   ``1 - drop`` (default 0.99).
 
@@ -162,7 +163,10 @@ def _measure(kind: str, ref: list[np.ndarray], got: list[np.ndarray]) -> float:
             for r, g in zip(ref, got, strict=True)
         ]
         return float(np.mean(np.concatenate([s.ravel() for s in same])))
-    return rel_l2([{"y": r} for r in ref], [{"y": g} for g in got])
+    # the worst sample, as validate() reports: a few held-out samples pooled into one
+    # norm let one bad sample hide behind good ones (MiniLM passed at 0.0985 pooled over
+    # 3 samples and measured 0.105 on other inputs)
+    return max((rel_l2([{"y": r}], [{"y": g}]) for r, g in zip(ref, got, strict=True)), default=0.0)
 
 
 def guard_score(checks: Sequence[OutputCheck]) -> float:
