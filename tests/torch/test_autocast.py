@@ -213,3 +213,19 @@ def test_the_trained_model_converts_under_the_same_lists_and_exclusions():
     head = [r for r in fast.report.nodes if r.op_type == "Gemm" and r.precision == "fp32"]
     assert len(head) == 1 and "exclude" in head[0].reason, head
     assert_close(trained.float().detach().numpy(), fast(x).numpy(), "bf16", name="logits")
+
+
+def test_nested_entries_of_one_autocast_keep_the_exclusions():
+    torch.manual_seed(0)
+    net, (x, _) = Net(), _data()
+    amp = mt.autocast("bf16", module=net, exclude=[r"^head$"])
+
+    @amp
+    def body(inp):
+        return net.body(F.relu(net.bn(net.conv(inp))).flatten(1))
+
+    rec = Recorder()
+    with amp, rec:
+        out = net.head(net.norm(body(x)))  # a decorated call inside the outer with
+    assert rec.dtypes("addmm") == ["torch.bfloat16", "torch.float32"]  # head still excluded
+    assert out.dtype == torch.float32

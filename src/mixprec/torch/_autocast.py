@@ -317,7 +317,7 @@ class autocast(contextlib.ContextDecorator):
             self._excluded_depth -= info[1]
 
     def __enter__(self) -> autocast:
-        if self.module is not None:
+        if self.module is not None and not self._modes:  # nested: the outer one's hooks
             self._hook_modules()
         mode = _Mode(self)
         mode.__enter__()
@@ -326,6 +326,8 @@ class autocast(contextlib.ContextDecorator):
 
     def __exit__(self, *exc: object) -> None:
         self._modes.pop().__exit__(*exc)
+        if self._modes:
+            return  # still inside an outer ``with`` (e.g. a decorated call within one)
         for hook in self._hooks:
             hook.remove()
         self._hooks.clear()
