@@ -94,3 +94,11 @@ def test_ray_timeout_is_a_row_and_resume_skips_what_is_done(tmp_path, ray_head):
     resumed = {r["model"] for r in again.rows if r.get("resumed")}
     assert resumed == {"mlp2.onnx", "text/mlp.onnx", "vision/conv.onnx"}
     assert list(out.glob(f"{STAGING_PREFIX}*")) == []
+
+
+def test_an_address_nothing_answers_at_is_one_error_at_once(tmp_path):
+    zoo = tmp_path / "zoo"
+    write(zoo / "m.onnx", slow(10))
+    port = _free_port()  # bound and released: nothing listens there
+    with pytest.raises(mixprec.MixprecError, match=f"nothing answers at 127.0.0.1:{port}"):
+        mixprec.batch(zoo, tmp_path / "out", engine="ray", ray_address=f"127.0.0.1:{port}")

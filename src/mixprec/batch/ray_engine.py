@@ -68,7 +68,24 @@ def _token_mode_for(address: str | None) -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
+def _reachable(address: str) -> None:
+    """A ``HOST:PORT`` address that nothing answers at fails at once (Ray itself retries
+    for minutes)."""
+    host, _, port = address.rpartition(":")
+    if address.startswith("ray://") or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as exc:
+        raise MixprecError(
+            f"Ray: nothing answers at {address} ({exc.strerror or exc}); start a head with "
+            "'ray start --head' or give --ray-address auto"
+        ) from exc
+
+
 def _connect(ray: Any, address: str | None, cpus: int) -> None:
+    if address:
+        _reachable(address)
     options = {"log_to_driver": False, "configure_logging": False}
     try:
         if address:
