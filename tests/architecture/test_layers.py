@@ -28,7 +28,7 @@ LAYERS = (
 )
 RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 #: Optional extras, the only imports allowed inside functions.
-OPTIONAL = ("torch", "matplotlib", "playwright", "ray")
+OPTIONAL = ("torch", "matplotlib", "playwright", "ray", "openvino")
 
 
 def _modules() -> dict[str, ast.Module]:

@@ -7,6 +7,7 @@ import pytest
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import DEFAULT_RTOL
 from mixprec.io.feeds import make_inputs
+from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.validation import validate_models
 from proto_builders import (
     BF16,
@@ -15,9 +16,10 @@ from proto_builders import (
 
 
 def test_validate_bfloat16_auto_falls_back_to_emulation() -> None:
+    """In ONNX Runtime (asked for by name) a bf16 model is emulated: no bf16 kernels."""
     original, converted = _fp16_mlp(low=BF16)
     feeds, _ = make_inputs(original)
-    report = validate_models(original, converted, feeds)
+    report = validate_models(original, converted, feeds, runtime=RuntimeOptions("ort"))
     assert report.kind == "emulated" and report.fallback_reason, report
     assert "NOT_IMPLEMENTED" in report.fallback_reason, report.fallback_reason
     assert report.low_dtype == "bfloat16" and report.rtol == DEFAULT_RTOL["bfloat16"], report

@@ -14,6 +14,8 @@ import onnx_ir as ir
 from mixprec.core.errors import MixprecError
 from mixprec.io.feeds import guessed_dims, make_inputs, resolve_input_shapes
 from mixprec.io.models import ModelLike, load_input, load_model
+from mixprec.runtime.engine import RuntimeOptions
+from mixprec.runtime.engines import runtime_options
 from mixprec.runtime.fit import fit_shapes
 from mixprec.runtime.validation import ValidationReport, validate_models
 
@@ -40,6 +42,7 @@ def validate(
     mode: str = "auto",
     seed: int = 0,
     base_dir: str | os.PathLike[str] | None = None,
+    runtime: RuntimeOptions | str | None = None,
 ) -> ValidationReport:
     """Run both models on the same inputs and compare every output.
 
@@ -60,6 +63,11 @@ def validate(
         seed: seed of the generated inputs.
         base_dir: the folder in-memory models' external data is read from (as for
             :func:`~mixprec.convert`); a model given by path is read from its own folder.
+        runtime: the engine that runs the converted model: "ort", "openvino" or a
+            :class:`~mixprec.RuntimeOptions` (threads, inference precision, performance
+            hint). Default: ONNX Runtime, except a bf16 model, which OpenVINO runs with
+            real bf16 kernels where this CPU has them (else it is emulated). The FP32
+            original always runs in ONNX Runtime.
 
     Returns:
         A ``ValidationReport`` (``.passed``, ``.outputs``, ``.kind``, ``.format_table()``).
@@ -81,11 +89,14 @@ def validate(
             raise MixprecError(f"{name} must be a finite number > 0, got {value!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise MixprecError(f"seed must be an int, not {type(seed).__name__}")
+    options = None if runtime is None else runtime_options(runtime)
     ref_model = _proto(original, base_dir)
     new_model = _proto(converted, base_dir)
     if samples is not None:
         reports = [
-            validate_models(ref_model, new_model, dict(feeds), rtol=rtol, atol=atol, mode=mode)
+            validate_models(
+                ref_model, new_model, dict(feeds), rtol=rtol, atol=atol, mode=mode, runtime=options
+            )
             for feeds in samples
         ]
         worst = max(range(len(reports)), key=lambda k: _badness(reports[k]))
@@ -95,7 +106,8 @@ def validate(
     def attempt(tried: dict[str, list[int]]) -> ValidationReport:
         feeds, notes = make_inputs(ref_model, shapes=tried, seed=seed)
         return validate_models(
-            ref_model, new_model, feeds, rtol=rtol, atol=atol, mode=mode, notes=notes
+            ref_model, new_model, feeds, rtol=rtol, atol=atol, mode=mode, notes=notes,
+            runtime=options,
         )
 
     # The same first guess as calibration, learning from ONNX Runtime's refusals.

@@ -8,6 +8,7 @@ from typing import Any
 from mixprec.api.convert import convert
 from mixprec.cli.options import (
     add_policy_args,
+    add_runtime_args,
     calibration_data,
     convert_kwargs,
     load_feeds,
@@ -44,6 +45,7 @@ def add_convert_parser(sub: Any) -> argparse.ArgumentParser:
         "--external-data", action="store_true", help="write weights to OUTPUT.data beside the model"
     )
     add_output_args(c)
+    add_runtime_args(c, "--validate")
     return c
 
 

@@ -13,6 +13,7 @@ from typing import Any
 from mixprec.core.ops import parse_dtype
 from mixprec.io.feeds import iter_calibration_npz
 from mixprec.io.models import load_model
+from mixprec.runtime.engine import PERFORMANCE_HINTS, PRECISIONS, RUNTIME_NAMES, RuntimeOptions
 
 __all__ = [
     "EXIT_ERROR",
@@ -25,12 +26,14 @@ __all__ = [
     "add_input_args",
     "add_policy_args",
     "add_quiet_arg",
+    "add_runtime_args",
     "add_shape_arg",
     "calibration_data",
     "convert_kwargs",
     "dtype_of",
     "load_feeds",
     "progress",
+    "runtime_of",
     "shape_arg",
 ]
 
@@ -194,6 +197,48 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
     add_input_args(p)
     p.add_argument("--json", action="store_true", help="machine-readable report on stdout")
     add_quiet_arg(p)
+
+
+def add_runtime_args(p: argparse.ArgumentParser, what: str = "checks") -> None:
+    """``--runtime``, ``--threads``, ``--inference-precision``, ``--performance-hint``."""
+    g = p.add_argument_group("runtime", f"the engine that runs the model for {what}")
+    g.add_argument(
+        "--runtime",
+        choices=RUNTIME_NAMES,
+        default=None,
+        help="onnxruntime (ort) or OpenVINO's CPU plugin (openvino, extra [openvino]); "
+        "default: ort, except that a bf16 model is checked in openvino where this CPU "
+        "computes bf16",
+    )
+    g.add_argument(
+        "--threads", type=int, default=2, metavar="N", help="intra-op threads (0: all cores)"
+    )
+    g.add_argument(
+        "--inference-precision",
+        choices=PRECISIONS,
+        default=None,
+        help="openvino: let it lower FP32 layers by its own rules (default: run the "
+        "model's own dtypes, hint f32)",
+    )
+    g.add_argument(
+        "--performance-hint", choices=PERFORMANCE_HINTS, default="latency", help="openvino"
+    )
+
+
+def runtime_of(args: argparse.Namespace) -> RuntimeOptions | None:
+    """The runtime options given (None: no ``--runtime``, the default choice)."""
+    name = getattr(args, "runtime", None)
+    threads = getattr(args, "threads", 2)
+    precision = getattr(args, "inference_precision", None)
+    performance = getattr(args, "performance_hint", "latency")
+    if name is None and precision is None and performance == "latency" and threads == 2:
+        return None
+    return RuntimeOptions(
+        name=name or ("openvino" if precision not in (None, "f32") else "ort"),
+        threads=threads,
+        precision=precision,
+        performance=performance,
+    )
 
 
 def add_quiet_arg(p: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import onnx_ir as ir
 
 from mixprec.api.validate import validate
-from mixprec.cli.options import EXIT_VALIDATION_FAILED
+from mixprec.cli.options import EXIT_VALIDATION_FAILED, runtime_of
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import iter_nodes
 from mixprec.io.models import check_output_path, write_text
@@ -178,6 +178,7 @@ def validate_and_write(args: argparse.Namespace, result: Any, feeds: Any, out: P
             inputs=feeds,
             shapes=dict(args.shape) or result.report.input_shapes,
             rtol=args.rtol,
+            runtime=runtime_of(args),
         )
         result.report.validation = {**validation.to_dict(), "table": validation.format_table()}
     guard = result.report.guard

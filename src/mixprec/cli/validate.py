@@ -8,7 +8,14 @@ import json
 from typing import Any
 
 from mixprec.api.validate import validate
-from mixprec.cli.options import EXIT_VALIDATION_FAILED, add_input_args, add_quiet_arg, load_feeds
+from mixprec.cli.options import (
+    EXIT_VALIDATION_FAILED,
+    add_input_args,
+    add_quiet_arg,
+    add_runtime_args,
+    load_feeds,
+    runtime_of,
+)
 
 __all__ = ["add_validate_parser", "cmd_validate"]
 
@@ -31,6 +38,7 @@ def add_validate_parser(sub: Any) -> argparse.ArgumentParser:
         help="max abs error accepted where the reference is near zero",
     )
     v.add_argument("--mode", choices=("auto", "ort", "emulated"), default="auto")
+    add_runtime_args(v, "the converted model (the FP32 original runs in onnxruntime)")
     v.add_argument("--json", action="store_true")
     add_quiet_arg(v)
     return v
@@ -46,6 +54,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         rtol=args.rtol,
         atol=args.atol,
         mode=args.mode,
+        runtime=runtime_of(args),
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))

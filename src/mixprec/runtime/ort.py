@@ -30,9 +30,12 @@ from onnx import TensorProto, numpy_helper
 from mixprec.core.config import THREADS_ENV
 from mixprec.core.errors import MixprecError
 from mixprec.io.protos import IN_MEMORY, copy_fields, element_count
+from mixprec.runtime.cpu import cpu_features
+from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
 
 __all__ = [
     "PROTO_LIMIT",
+    "OrtEngine",
     "OrtLoadError",
     "OrtRunError",
     "check_external",
@@ -57,11 +60,11 @@ _PACKED_TYPES = frozenset(
 )
 
 
-class OrtLoadError(MixprecError):
+class OrtLoadError(RuntimeLoadError):
     """ONNX Runtime could not create a session for a model."""
 
 
-class OrtRunError(MixprecError):
+class OrtRunError(RuntimeRunError):
     """ONNX Runtime created a session but could not run it."""
 
 
@@ -168,6 +171,7 @@ def make_session(
     prepack: bool = True,
     data_folder: str | None = None,
     arena: bool = True,
+    spinning: bool = True,
 ) -> ort.InferenceSession:
     """Creates a CPU session.
 
@@ -176,7 +180,8 @@ def make_session(
     session then holds no second copy of a large model's weights. ``data_folder`` is where
     ORT resolves the external-data references of a model given as bytes (it maps those
     files itself). Without the ``arena`` a session frees its activations after each run
-    (for sessions kept side by side).
+    (for sessions kept side by side); without ``spinning`` its pool threads sleep after a
+    run instead of taking the cores from the next session timed beside it.
 
     When ORT rejects only the model's IR version (models written by a newer onnx than
     this ORT knows), the session is retried with the IR version ORT names; that rewrites
@@ -201,6 +206,8 @@ def make_session(
         so.add_session_config_entry("session.disable_prepacking", "1")
     if not arena:
         so.enable_cpu_mem_arena = False
+    if not spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if data_folder is not None:
         so.add_session_config_entry(
             "session.model_external_initializers_file_folder_path", data_folder
@@ -331,3 +338,70 @@ def run_model(
     source = bytes(model) if isinstance(model, bytes | bytearray) else os.fspath(model)
     session = make_session(source, threads, optimize=optimize)
     return run_session(session, feeds, output_names)
+
+
+class _OrtSession:
+    """An :class:`~mixprec.runtime.engine.Session` over an ``ort.InferenceSession``."""
+
+    def __init__(self, session: ort.InferenceSession) -> None:
+        self.session = session
+        self.output_names = tuple(o.name for o in session.get_outputs())
+
+    def run(
+        self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        return run_session(self.session, feeds, output_names)
+
+
+class OrtEngine:
+    """ONNX Runtime's CPU execution provider as an :class:`~mixprec.runtime.engine.Engine`.
+
+    Its CPU provider has no bfloat16 kernels for the ops that matter (Conv, MatMul, Add),
+    so a bf16 model is checked by emulation when it runs here.
+    """
+
+    name = "ort"
+    label = "ONNX Runtime"
+
+    def missing(self) -> str | None:
+        return None
+
+    def version(self) -> str:
+        return str(ort.__version__)
+
+    def computes_bf16(self) -> bool:
+        return False
+
+    def session(
+        self,
+        model: onnx.ModelProto | str | os.PathLike[str],
+        options: RuntimeOptions,
+        *,
+        timing: bool = False,
+    ) -> _OrtSession:
+        quiet = not timing  # timed sessions: no arena between runs, no spinning threads
+        if not isinstance(model, onnx.ModelProto):
+            session = make_session(os.fspath(model), options.threads, arena=quiet, spinning=quiet)
+            return _OrtSession(session)
+        if model.ByteSize() <= PROTO_LIMIT:
+            check_external(model)
+            source = model.SerializeToString()
+            return _OrtSession(make_session(source, options.threads, arena=quiet, spinning=quiet))
+        with tempfile.TemporaryDirectory(prefix="mixprec-") as tmp:
+            skeleton = external_skeleton(model, Path(tmp))
+            path = Path(tmp) / "model.onnx"
+            onnx.save_model(skeleton, path)
+            session = make_session(
+                str(path), options.threads, owned=True, arena=quiet, spinning=quiet
+            )
+            return _OrtSession(session)
+
+    def describe(self, options: RuntimeOptions) -> dict[str, object]:
+        return {
+            "runtime": self.name,
+            "label": self.label,
+            "version": self.version(),
+            "precision": "as the model's dtypes (no bf16 kernels: bf16 is emulated)",
+            "threads": thread_cap(options.threads),
+            "cpu": cpu_features().describe(),
+        }

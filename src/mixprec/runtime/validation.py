@@ -17,12 +17,17 @@ from mixprec.core.ops import DTYPE_ATTRS
 from mixprec.core.registry import node_info
 from mixprec.io.feeds import feeds_for
 from mixprec.runtime.emulate import emulate_low_precision
-from mixprec.runtime.ort import OrtLoadError, OrtRunError, run_model
+from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
+from mixprec.runtime.engines import ENGINES, check_plan, engine_for
+from mixprec.runtime.ort import run_model
 
 __all__ = ["ValidationReport", "detect_low_dtype", "validate_models"]
 
 logger = logging.getLogger(__name__)
 
+_HOW = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO", "emulated": "FP32 emulation"}
+# What ran a model, as ValidationReport.kind names it.
+_KIND = {"ort": "onnxruntime", "openvino": "openvino"}
 # Relative tolerance used when the converted model has no low-precision tensor at all.
 _NO_LOW_RTOL = 1e-4
 # Integer attributes that name an output element type.
@@ -67,8 +72,9 @@ class ValidationReport:
     """Result of :func:`validate_models`.
 
     Attributes:
-        kind: ``"onnxruntime"`` (the converted model ran as is) or ``"emulated"`` (its
-            FP32 emulation from :class:`EmulateLowPrecisionPass` ran).
+        kind: ``"onnxruntime"`` or ``"openvino"`` (the converted model ran as is in that
+            engine) or ``"emulated"`` (its FP32 emulation from
+            :class:`EmulateLowPrecisionPass` ran in ONNX Runtime).
         low_dtype: ``"float16"``, ``"bfloat16"`` or ``"none"``.
         rtol: Relative L2 tolerance used.
         atol: Absolute tolerance used.
@@ -76,6 +82,9 @@ class ValidationReport:
         fallback_reason: Why ``auto`` mode fell back to emulation, or empty.
         input_shapes: The shape of every input array the models were run with.
         notes: How the inputs were made (symbolic dims resolved, value heuristics).
+        runtime: What ran the converted model: ``runtime``, ``label``, ``version``,
+            ``precision``, ``threads`` and ``cpu`` (the FP32 reference always runs in
+            ONNX Runtime).
     """
 
     kind: str
@@ -86,6 +95,7 @@ class ValidationReport:
     fallback_reason: str = ""
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    runtime: dict[str, object] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -104,6 +114,7 @@ class ValidationReport:
             "outputs": [o.to_dict() for o in self.outputs],
             "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
             "notes": list(self.notes),
+            "runtime": dict(self.runtime),
         }
 
     def format_table(self) -> str:
@@ -126,7 +137,10 @@ class ValidationReport:
         for o in self.outputs:
             if o.note:
                 lines.append(f"note: {o.name}: {o.note}")
-        how = "ONNX Runtime" if self.kind == "onnxruntime" else "FP32 emulation"
+        how = _HOW.get(self.kind, self.kind)
+        if self.kind != "emulated" and self.runtime:
+            how = f"{self.runtime.get('label', how)} {self.runtime.get('version', '')}".strip()
+            how += f" ({self.runtime.get('precision')})"
         verdict = "PASSED" if self.passed else "FAILED"
         lines.append(
             f"{verdict}: {self.low_dtype} model checked with {how}, "
@@ -151,14 +165,19 @@ def validate_models(
     mode: str = "auto",
     threads: int = 2,
     notes: Sequence[str] = (),
+    runtime: RuntimeOptions | None = None,
 ) -> ValidationReport:
     """Runs both models on the same inputs and compares their outputs.
 
-    Modes: ``"ort"`` runs the converted model on ONNX Runtime as is; ``"emulated"``
-    runs :func:`emulate_low_precision` of it; ``"auto"`` tries ``"ort"`` and falls back
-    to ``"emulated"`` when ORT cannot load or run the converted model (typically a
-    bfloat16 model: ORT's CPU provider has no bfloat16 MatMul/Add kernels). Feeds are
-    cast to each model's declared input dtypes.
+    The FP32 ``original`` runs in ONNX Runtime; ``converted`` runs in the engine
+    ``runtime`` names (default: see :func:`~mixprec.runtime.engines.check_plan`, which
+    sends a bf16 model to OpenVINO where this CPU computes bf16). Modes: ``"ort"`` runs
+    the converted model as is in that engine; ``"emulated"`` runs
+    :func:`emulate_low_precision` of it in ONNX Runtime; ``"auto"`` runs it as is and
+    emulates when the engine cannot load or run it (a bf16 model in ONNX Runtime) or
+    would compute its bf16 layers in f32 (OpenVINO on a CPU without bf16). A model
+    OpenVINO cannot read is checked in ONNX Runtime instead, with OpenVINO's reason in
+    ``fallback_reason``. Feeds are cast to each model's declared input dtypes.
 
     Args:
         original: The FP32 reference model.
@@ -168,8 +187,9 @@ def validate_models(
             dtype (1e-4 when the converted model has none).
         atol: Absolute tolerance, for outputs near zero.
         mode: ``"auto"``, ``"ort"`` or ``"emulated"``.
-        threads: ORT intra-op thread count.
+        threads: Intra-op thread count (when ``runtime`` is None).
         notes: How ``feeds`` were made, carried into the report.
+        runtime: The engine that runs the converted model.
 
     Returns:
         The report; ``report.passed`` tells whether every output is within tolerance.
@@ -183,24 +203,55 @@ def validate_models(
     low_dtype = detect_low_dtype(converted)
     tol = rtol if rtol is not None else DEFAULT_RTOL.get(low_dtype, _NO_LOW_RTOL)
     reference = run_model(original, feeds_for(original, feeds), threads=threads)
-
+    if runtime is None and threads != 2:
+        runtime = RuntimeOptions(threads=threads)
+    plan = check_plan(low_dtype, runtime, mode)
     result: dict[str, np.ndarray] | None = None
-    kind = "onnxruntime"
-    fallback = ""
-    if mode in ("auto", "ort"):
-        try:
-            result = run_model(converted, feeds_for(converted, feeds), threads=threads)
-        except (OrtLoadError, OrtRunError) as e:
-            if mode == "ort":
-                raise
-            fallback = f"{e}; emulated the {low_dtype} model in float32 instead"
-            logger.info("validation falls back to emulation: %s", e)
+    kind, fallback, described = "emulated", plan.why, dict[str, object]()
+    if not plan.emulated:
+        result, kind, fallback, described = _run_as_is(converted, feeds, plan.options, mode)
     if result is None:
         kind = "emulated"
         emulated = emulate_low_precision(converted)
-        result = run_model(emulated, feeds_for(emulated, feeds), threads=threads, optimize=False)
+        result = run_model(
+            emulated, feeds_for(emulated, feeds), threads=plan.options.threads, optimize=False
+        )
+        described = {**ENGINES["ort"].describe(plan.options), "precision": "FP32 emulation"}
+        if fallback and plan.emulated:
+            fallback = f"{fallback}; emulated the {low_dtype} model in float32 instead"
     comparisons = compare_outputs(reference, result, rtol=tol, atol=atol)
     shapes = {k: [int(d) for d in np.shape(v)] for k, v in feeds_for(original, feeds).items()}
     return ValidationReport(
-        kind, low_dtype, tol, atol, tuple(comparisons), fallback, shapes, tuple(notes)
+        kind, low_dtype, tol, atol, tuple(comparisons), fallback, shapes, tuple(notes), described
     )
+
+
+def _run_as_is(
+    converted: onnx.ModelProto,
+    feeds: Mapping[str, np.ndarray],
+    options: RuntimeOptions,
+    mode: str,
+) -> tuple[dict[str, np.ndarray] | None, str, str, dict[str, object]]:
+    """Runs ``converted`` as is: (outputs or None to emulate, kind, fallback, described).
+
+    A model OpenVINO cannot load goes to ONNX Runtime (then emulation) with its reason.
+    """
+    engine = engine_for(options)
+    low = detect_low_dtype(converted)
+    fallback = ""
+    try:
+        session = engine.session(converted, options)
+        outputs = session.run(feeds_for(converted, feeds))
+        return outputs, _KIND[engine.name], "", engine.describe(options)
+    except (RuntimeLoadError, RuntimeRunError) as e:
+        if mode == "ort" and engine.name == "ort":
+            raise
+        fallback = str(e)
+        logger.info("validation: %s", e)
+    if engine.name != "ort":
+        ort_options = RuntimeOptions(threads=options.threads)
+        found, kind, more, described = _run_as_is(converted, feeds, ort_options, "auto")
+        if found is not None:
+            return found, kind, f"{fallback}; checked in onnxruntime instead", described
+        return None, "emulated", f"{fallback}; {more}", described
+    return None, "emulated", f"{fallback}; emulated the {low} model in float32 instead", {}

@@ -1,0 +1,220 @@
+"""OpenVINO's CPU plugin as an :class:`~mixprec.runtime.engine.Engine` (extra ``[openvino]``).
+
+OpenVINO reads ONNX through its ONNX front end and runs bfloat16 layers with real bf16
+kernels on CPUs that have them (AVX-512 BF16, AMX). Its inference precision hint decides
+what it does with FP32 layers: ``bf16`` (its default on such CPUs) lowers them by its own
+rules, ``f32`` keeps them FP32. A mixed-precision model is therefore run with the hint
+``f32`` unless the user asks otherwise: its bf16 layers run in bf16 and its FP32 layers,
+the ones mixprec kept FP32 for a reason, stay FP32 (the runtime model shows it).
+
+On a CPU without bf16 instructions OpenVINO computes bf16 layers in FP32, so it cannot
+check a bf16 model's accuracy there (:meth:`OpenVinoEngine.computes_bf16` is False).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import onnx
+
+from mixprec.core.errors import MixprecError
+from mixprec.runtime.cpu import cpu_features
+from mixprec.runtime.engine import (
+    RuntimeLoadError,
+    RuntimeOptions,
+    RuntimeRunError,
+)
+from mixprec.runtime.ort import PROTO_LIMIT, check_external, external_skeleton, thread_cap
+
+__all__ = ["MISSING_EXTRA", "OpenVinoEngine", "layer_precisions"]
+
+#: What a user without the extra is told.
+MISSING_EXTRA = "--runtime openvino needs the openvino package: pip install 'mixprec[openvino]'"
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_HINTS = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
+
+
+@functools.cache
+def _openvino() -> Any:
+    """The ``openvino`` module, or None when the extra is not installed."""
+    try:
+        import openvino
+    except ImportError:
+        return None
+    return openvino
+
+
+@functools.cache
+def _core() -> Any:
+    ov = _openvino()
+    if ov is None:
+        raise MixprecError(MISSING_EXTRA)
+    return ov.Core()
+
+
+# Lines of OpenVINO's messages that say where in its sources, not why.
+_OV_NOISE = re.compile(
+    r"^(Exception from |Check '.*' failed at |FrontEnd API failed with|Summary:$)"
+)
+
+
+def _ov_first_line(error: BaseException) -> str:
+    """OpenVINO's reason on one line: its message without the source-location lines."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    useful = [line.lstrip("- ") for line in lines if not _OV_NOISE.match(line)]
+    text = " ".join(useful or lines[:1]) or type(error).__name__
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def _read_onnx(path: str) -> Any:
+    """The ONNX front end only: OpenVINO's ``read_model`` tries every front end on a file
+    it cannot read, and TensorFlow's prints parse errors on stderr."""
+    ov = _openvino()
+    frontend = ov.frontend.FrontEndManager().load_by_framework("onnx")
+    return frontend.convert(frontend.load(path))
+
+
+class _OvSession:
+    """A compiled model and one infer request."""
+
+    def __init__(self, compiled: Any) -> None:
+        self.compiled = compiled
+        self.request = compiled.create_infer_request()
+        self._ports: dict[str, Any] = {}
+        for port in compiled.outputs:
+            for name in port.get_names():
+                self._ports.setdefault(name, port)
+        self.output_names = tuple(port.get_any_name() for port in compiled.outputs)
+        self._inputs = {name: port for port in compiled.inputs for name in port.get_names()}
+
+    def _tensor(self, name: str, array: np.ndarray) -> Any:
+        ov = _openvino()
+        array = np.ascontiguousarray(array)
+        if array.dtype == _BF16:
+            return ov.Tensor(array.view(np.uint16), list(array.shape), ov.Type.bf16)
+        return ov.Tensor(array)
+
+    def run(
+        self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
+        names = list(output_names) if output_names else list(self.output_names)
+        ov = _openvino()
+        try:
+            inputs = {
+                k: self._tensor(k, np.asarray(v)) for k, v in feeds.items() if k in self._inputs
+            }
+            self.request.infer(inputs)
+            out = {}
+            for name in names:
+                tensor = self.request.get_tensor(self._ports[name])
+                data = np.array(tensor.data, copy=True)
+                if tensor.element_type == ov.Type.bf16:
+                    data = data.view(np.uint16).view(_BF16)  # OpenVINO shows the bits as fp16
+                out[name] = data
+            return out
+        except KeyError as e:
+            raise RuntimeRunError(f"openvino has no output {e.args[0]!r}") from e
+        except Exception as e:
+            raise RuntimeRunError(f"openvino failed to run the model: {_ov_first_line(e)}") from e
+
+
+class OpenVinoEngine:
+    """OpenVINO's CPU plugin (``--runtime openvino``)."""
+
+    name = "openvino"
+    label = "OpenVINO"
+
+    def missing(self) -> str | None:
+        return None if _openvino() is not None else MISSING_EXTRA
+
+    def version(self) -> str:
+        ov = _openvino()
+        return "not installed" if ov is None else str(ov.get_version()).split("-")[0]
+
+    def computes_bf16(self) -> bool:
+        if _openvino() is None or not cpu_features().bf16:
+            return False
+        return "BF16" in _core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+    def config(self, options: RuntimeOptions) -> dict[str, str]:
+        """The CPU plugin's properties for ``options``: the model's own dtypes (hint f32)
+        unless a precision is asked for."""
+        return {
+            "INFERENCE_PRECISION_HINT": _HINTS[options.precision or "f32"],
+            "INFERENCE_NUM_THREADS": str(thread_cap(options.threads)),
+            "PERFORMANCE_HINT": options.performance.upper(),
+        }
+
+    def session(
+        self,
+        model: onnx.ModelProto | str | os.PathLike[str],
+        options: RuntimeOptions,
+        *,
+        timing: bool = False,
+    ) -> _OvSession:
+        core = _core()
+        try:
+            with tempfile.TemporaryDirectory(prefix="mixprec-ov-") as tmp:
+                path = _model_path(model, Path(tmp))
+                compiled = core.compile_model(_read_onnx(path), "CPU", self.config(options))
+        except MixprecError:
+            raise
+        except Exception as e:
+            raise RuntimeLoadError(f"openvino cannot load the model: {_ov_first_line(e)}") from e
+        return _OvSession(compiled)
+
+    def describe(self, options: RuntimeOptions) -> dict[str, object]:
+        precision = options.precision or "f32"
+        if precision == "f32":
+            how = "the model's own dtypes (hint f32)"
+            if not self.computes_bf16():
+                how += "; bf16 layers compute in f32 on this CPU"
+        else:
+            how = f"OpenVINO lowers FP32 layers by its own rules (hint {precision})"
+        return {
+            "runtime": self.name,
+            "label": self.label,
+            "version": self.version(),
+            "precision": how,
+            "threads": thread_cap(options.threads),
+            "cpu": cpu_features().describe(),
+        }
+
+
+def _model_path(model: onnx.ModelProto | str | os.PathLike[str], tmp: Path) -> str:
+    """A path OpenVINO can read ``model`` from (an in-memory model goes to ``tmp``)."""
+    if not isinstance(model, onnx.ModelProto):
+        return os.fspath(model)
+    path = tmp / "model.onnx"
+    if model.ByteSize() <= PROTO_LIMIT:
+        check_external(model)
+        onnx.save_model(model, path)
+    else:
+        onnx.save_model(external_skeleton(model, tmp), path)
+    return str(path)
+
+
+def layer_precisions(session: object) -> dict[str, int]:
+    """How many of an OpenVINO session's compute layers ran in each precision (from its
+    runtime model; constants, reorders and inputs/outputs left out)."""
+    compiled = getattr(session, "compiled", None)
+    if compiled is None:
+        return {}
+    counts: dict[str, int] = {}
+    skip = {"Const", "Reorder", "Input", "Output", "Parameter", "Result"}
+    for op in compiled.get_runtime_model().get_ordered_ops():
+        info = op.get_rt_info()
+        layer = info["layerType"].astype(str) if "layerType" in info else ""
+        if layer in skip:
+            continue
+        precision = info["runtimePrecision"].astype(str) if "runtimePrecision" in info else "?"
+        counts[precision] = counts.get(precision, 0) + 1
+    return counts
