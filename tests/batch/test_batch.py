@@ -121,6 +121,29 @@ def test_manifest_options_and_data_beside_the_model(tmp_path):
     assert sha256_of(model) == before  # the input is never modified
 
 
+def test_runtime_option_reaches_the_workers_checks(tmp_path):
+    """``runtime = "openvino"`` in a manifest: each row's check ran in OpenVINO (a bf16
+    model, on real bf16 kernels where the CPU has them, else emulated and said so)."""
+    pytest.importorskip("openvino", reason="the [openvino] extra (make test installs it)")
+    from mixprec.runtime.engines import ENGINES
+
+    zoo = tmp_path / "zoo"
+    write(zoo / "m.onnx", mlp())
+    (tmp_path / "zoo.toml").write_text(
+        '[defaults]\nvalidate = true\nruntime = "openvino"\ndtype = "bf16"\n\n'
+        '[[models]]\npath = "zoo/m.onnx"\n'
+    )
+    result = mixprec.batch(tmp_path / "zoo.toml", tmp_path / "out", workers=1)
+    (row,) = result.rows
+    assert row["status"] == "ok" and row["validation"]["passed"], row
+    want = "openvino" if ENGINES["openvino"].computes_bf16() else "emulated"
+    assert row["validation"]["checked_in"] == want, row
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[defaults]\nruntime = "tensorrt"\n\n[[models]]\npath = "zoo/m.onnx"\n')
+    with pytest.raises(mixprec.MixprecError, match="unknown runtime 'tensorrt'"):
+        mixprec.batch(bad, tmp_path / "out2", workers=1)
+
+
 def test_int8_rows_carry_the_guard_and_its_warnings(tmp_path):
     zoo = tmp_path / "zoo"
     write(zoo / "m.onnx", mlp())

@@ -301,8 +301,29 @@ def test_speed_auto_times_placements_and_never_picks_one_slower_than_fp32():
     clear = {k for k, r in ratio.items() if r <= 0.95 and (r <= 0.8 or share[k] >= 0.6)}
     assert chosen == "fp32" or chosen in clear, speed["summary"]
     assert (chosen == "fp32") == (not clear - {"fp32"}), speed["summary"]
-    assert "INT8 placement timed on this CPU at x [" in speed["summary"]
+    assert "INT8 placement timed in ort on this CPU at x [" in speed["summary"]
+    assert speed["runtime"] == "ort"
     onnx.checker.check_model(result.model_proto, full_check=True)
+
+
+def test_speed_plan_and_guard_run_in_the_runtime_asked_for():
+    """runtime="openvino": the placements are timed in OpenVINO, the guard runs the INT8
+    model there, and the result runs in OpenVINO close to ORT's FP32."""
+    pytest.importorskip("openvino", reason="the [openvino] extra (make test installs it)")
+    from mixprec.runtime.engine import RuntimeOptions
+    from mixprec.runtime.engines import engine_for
+
+    model = _cnn()
+    result = mixprec.quantize(model, _samples(6), runtime="openvino")
+    speed = result.report.quantization["speed"]
+    assert speed["runtime"] == "openvino", speed
+    assert "INT8 placement timed in openvino on this CPU" in speed["summary"], speed["summary"]
+    assert result.report.policy["quantize"]["runtime"]["name"] == "openvino"
+    assert result.report.guard is not None and result.report.guard["passed"], result.report.guard
+    feeds = _samples(1, seed=5)[0]
+    session = engine_for("openvino").session(result.model_proto, RuntimeOptions("openvino"))
+    got = session.run(feeds)["logits"]
+    assert _rel_l2(run_ort(model, feeds)["logits"], got) < 0.1
 
 
 def test_without_calibration_data_the_report_warns():
@@ -396,7 +417,7 @@ def test_paired_timing_ratios_and_margin(monkeypatch):
         def __init__(self, cost: float) -> None:
             self.cost = cost
 
-        def run(self, _outputs, _feeds):
+        def run(self, _feeds, _outputs=None):
             clock[0] += self.cost
 
     sessions = {label: Fake(cost) for label, cost in costs.items()}

@@ -36,7 +36,9 @@ from mixprec.pipeline.convert import CalibrationData
 from mixprec.pipeline.quantize import run_quantize
 from mixprec.pipeline.report import Report
 from mixprec.runtime.emulate import emulate_low_precision
-from mixprec.runtime.ort import OrtLoadError, run_session, session_for
+from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions
+from mixprec.runtime.engines import check_plan, engine_for
+from mixprec.runtime.validation import detect_low_dtype
 from mixprec.tune.guard import (
     GuardBudget,
     OutputCheck,
@@ -73,16 +75,26 @@ def _copy(source: onnx.ModelProto) -> ir.Model:
     return load_input(source)[0]
 
 
-def _outputs(model: ir.Model, samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The model's outputs in ONNX Runtime; a bf16 fallback, which its CPU provider
-    cannot load, runs as its FP32 emulation (every bf16 tensor rounded)."""
+def _outputs(
+    model: ir.Model, samples: list[dict[str, Any]], runtime: RuntimeOptions | None = None
+) -> list[dict[str, Any]]:
+    """The model's outputs in the deployment's engine (``runtime``; the FP32 reference
+    passes None: ONNX Runtime). A bf16 fallback runs as its FP32 emulation (every bf16
+    tensor rounded) where that engine cannot compute bf16: ONNX Runtime's CPU provider
+    cannot load it, and OpenVINO computes it in f32 on a CPU without bf16."""
     proto = ir.to_proto(model)
-    try:
-        with session_for(proto, 2) as session:
-            return [run_session(session, feeds_for(model, s), None) for s in samples]
-    except OrtLoadError:
-        with session_for(emulate_low_precision(proto), 2) as session:
-            return [run_session(session, feeds_for(model, s), None) for s in samples]
+    options = runtime or RuntimeOptions()
+    plan = check_plan(detect_low_dtype(proto), options, "auto")
+    if not plan.emulated:
+        try:
+            session = engine_for(options).session(proto, options)
+            return [session.run(feeds_for(model, s)) for s in samples]
+        except RuntimeLoadError:
+            if detect_low_dtype(proto) != "bfloat16":
+                raise
+    ort = RuntimeOptions(threads=options.threads)
+    session = engine_for(ort).session(emulate_low_precision(proto), ort)
+    return [session.run(feeds_for(model, s)) for s in samples]
 
 
 def _eval_samples(eval_data: EvalData, model: ir.Model) -> list[dict[str, Any]]:
@@ -113,7 +125,7 @@ def guarded_quantize(
     reference = _outputs(original, held)
     work, report = quantize_once(source, config, calib, progress)
     say(f"checking the INT8 model on {len(held)} held-out sample(s)")
-    first = check_outputs(reference, _outputs(work, held), kinds, budget)
+    first = check_outputs(reference, _outputs(work, held, config.runtime), kinds, budget)
     guard = _guard_info(len(calib or []), len(held), in_sample, eval_data is not None)
     if all(c.passed for c in first):
         return work, _finish(report, guard, first, (), first)
@@ -132,10 +144,10 @@ def guarded_quantize(
         config, exclude_nodes=config.exclude_nodes + tuple(f"^{re.escape(n)}$" for n in names)
     )
     work, report = quantize_once(source, repaired, calib, progress)
-    final = check_outputs(reference, _outputs(work, held), kinds, budget)
+    final = check_outputs(reference, _outputs(work, held, config.runtime), kinds, budget)
     if not all(c.passed for c in final) and tuned.passed:
         work, report = _tuner_or_input(source, config, tuned, (calib, held), progress)
-        final = check_outputs(reference, _outputs(work, held), kinds, budget)
+        final = check_outputs(reference, _outputs(work, held, config.runtime), kinds, budget)
     return work, _finish(report, guard, final, names, first)
 
 
@@ -156,8 +168,8 @@ def _tuner_or_input(
         return tuned.model, tuned.report
     original = _copy(source)
     sessions = {
-        "fp32": timing_session(source),
-        "tuned": timing_session(tuned.model_proto),
+        "fp32": timing_session(source, config.runtime),
+        "tuned": timing_session(tuned.model_proto, config.runtime),
     }
     decision = decide(time_paired(sessions, feeds_for(original, held[0])), ["tuned"])
     if decision.chosen == "tuned":

@@ -106,7 +106,13 @@ def validate(
     def attempt(tried: dict[str, list[int]]) -> ValidationReport:
         feeds, notes = make_inputs(ref_model, shapes=tried, seed=seed)
         return validate_models(
-            ref_model, new_model, feeds, rtol=rtol, atol=atol, mode=mode, notes=notes,
+            ref_model,
+            new_model,
+            feeds,
+            rtol=rtol,
+            atol=atol,
+            mode=mode,
+            notes=notes,
             runtime=options,
         )
 

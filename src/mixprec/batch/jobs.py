@@ -39,6 +39,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.ops import parse_dtype, short_name
 from mixprec.core.version import __version__
 from mixprec.io.external import external_locations
+from mixprec.runtime.engine import RUNTIME_NAMES
 
 __all__ = ["DATA_KINDS", "OPTION_NAMES", "Job", "external_files", "find_jobs", "output_name"]
 
@@ -54,6 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "inputs": None,
     "eval_data": None,
     "external_data": False,
+    "runtime": None,
     "policy": {},
 }
 OPTION_NAMES = (*DEFAULTS, "exclude")
@@ -115,6 +117,10 @@ def _options(given: Mapping[str, Any], where: str) -> dict[str, Any]:
         options["dtype"] = short_name(parse_dtype(options["dtype"]))
     except (MixprecError, TypeError) as exc:
         raise MixprecError(f"{where}: {exc}") from exc
+    if options["runtime"] is not None and options["runtime"] not in RUNTIME_NAMES:
+        raise MixprecError(
+            f"{where}: unknown runtime {options['runtime']!r}; use {', '.join(RUNTIME_NAMES)}"
+        )
     if isinstance(options["budget"], str):
         with contextlib.suppress(ValueError):
             options["budget"] = float(options["budget"])

@@ -74,6 +74,7 @@ def _result(job: dict[str, Any]) -> tuple[Any, bool]:
             source,
             _stream(calib, source),
             eval_data=opts["eval_data"] or None,
+            runtime=opts["runtime"],
             **opts["policy"],
         )
         guard = result.report.guard
@@ -99,11 +100,13 @@ def _validation(job: dict[str, Any], result: Any) -> dict[str, Any] | None:
         inputs=_samples(opts["inputs"], job["source"]),
         shapes=result.report.input_shapes,
         rtol=opts["rtol"],
+        runtime=opts["runtime"],
     )
     result.report.validation = {**report.to_dict(), "table": report.format_table()}
     outputs = report.outputs
     return {
         "passed": report.passed,
+        "checked_in": report.kind,
         "worst_rel_l2": max((o.rel_l2_error for o in outputs), default=0.0),
         "max_abs": max((o.max_abs_error for o in outputs), default=0.0),
     }

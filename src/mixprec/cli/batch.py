@@ -11,6 +11,7 @@ from typing import Any
 
 from mixprec.batch.run import ENGINES, batch
 from mixprec.cli.options import add_policy_args, convert_kwargs, dtype_of
+from mixprec.runtime.engine import RUNTIME_NAMES
 
 __all__ = ["add_batch_parser", "cmd_batch"]
 
@@ -31,6 +32,13 @@ def add_batch_parser(sub: Any) -> argparse.ArgumentParser:
     add_policy_args(b)  # --dtype (here also int8), the lists, --inputs, --json, -q ...
     b.add_argument("--validate", action="store_true", help="compare each model with FP32")
     b.add_argument("--rtol", type=float, default=None, help="validation tolerance (rel. L2)")
+    b.add_argument(
+        "--runtime",
+        choices=RUNTIME_NAMES,
+        default=None,
+        help="the engine checks and INT8 speed plans run in (default: ort; bf16 is checked "
+        "in openvino where this CPU computes bf16)",
+    )
     b.add_argument("--eval-data", metavar="PATH", help="INT8 accuracy guard's samples")
     b.add_argument("--tune", action="store_true", help="tune each model to --budget")
     b.add_argument("--budget", default=None, help="tune: the bound on --metric")
@@ -118,6 +126,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         inputs=args.inputs,
         eval_data=args.eval_data,
         external_data=args.external_data,
+        runtime=args.runtime,
         policy=_policy(args),
     )
     if args.json:  # the last JSON line: the batch as a whole

@@ -36,6 +36,13 @@ def add_convert_parser(sub: Any) -> argparse.ArgumentParser:
     )
     c.add_argument("--rtol", type=float, default=None, help="validation tolerance (rel. L2)")
     c.add_argument(
+        "--no-check",
+        action="store_true",
+        help="bf16: skip the check every bf16 conversion gets without --validate (one more "
+        "run of both models; a model that misses the tolerance is written and the last "
+        "line says so)",
+    )
+    c.add_argument(
         "--keep-failed",
         action="store_true",
         help="with --validate: write a model that fails validation to OUTPUT's name with "

@@ -19,6 +19,8 @@ from mixprec.cli.options import (
 )
 from mixprec.core.errors import MixprecError
 from mixprec.core.policy import RULES, OpClass, default_policy
+from mixprec.runtime.cpu import cpu_features
+from mixprec.runtime.engines import ENGINES
 
 __all__ = ["add_inspect_parser", "add_lists_parser", "cmd_inspect", "cmd_lists"]
 
@@ -79,7 +81,21 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     if args.all_nodes:
         for n in report.nodes:
             print(f"  {n.precision:4s}  {n.op_type:22s} {n.name:40s} [{n.step}] {n.reason}")
+    print("\n".join(machine_lines()))
     return 0
+
+
+def machine_lines() -> list[str]:
+    """What this CPU computes fast and which runtime runs what here (``inspect``, ``lists``)."""
+    lines = [f"CPU     {cpu_features().describe()}"]
+    for name, engine in ENGINES.items():
+        missing = engine.missing()
+        if missing is not None:
+            lines.append(f"RUNTIME {name}: not installed ({missing})")
+            continue
+        bf16 = "real bf16 kernels" if engine.computes_bf16() else "bf16 emulated (no bf16 kernels)"
+        lines.append(f"RUNTIME {name} {engine.version()}: {bf16}")
+    return lines
 
 
 def cmd_lists(args: argparse.Namespace) -> int:
@@ -96,4 +112,5 @@ def cmd_lists(args: argparse.Namespace) -> int:
         print(f"{cls.value.upper():6s} {', '.join(sorted(policy.lists[cls]))}")
     for (domain, op), rule in sorted(RULES.items()):
         print(f"RULE   {domain or 'ai.onnx'}::{op}: {rule.note}")
+    print("\n".join(machine_lines()))
     return 0

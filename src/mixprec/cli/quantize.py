@@ -9,9 +9,11 @@ from mixprec.api.quantize import quantize
 from mixprec.cli.options import (
     add_input_args,
     add_quiet_arg,
+    add_runtime_args,
     calibration_data,
     load_feeds,
     progress,
+    runtime_of,
     shape_arg,
 )
 from mixprec.cli.outputs import add_output_args, checked_output, validate_and_write
@@ -82,20 +84,31 @@ def add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
     q.add_argument("--no-fold-batchnorm", action="store_true")
     add_input_args(q)
     q.add_argument("--log-dir", help="write graphs and the report here")
-    q.add_argument("--validate", action="store_true", help="compare with FP32 before writing")
-    q.add_argument("--rtol", type=float, default=None, help="validation tolerance (rel. L2)")
-    q.add_argument(
+    _add_check_args(q)
+    q.add_argument("--external-data", action="store_true", help="write weights to OUTPUT.data")
+    q.add_argument("--json", action="store_true", help="machine-readable report on stdout")
+    add_quiet_arg(q)
+    add_output_args(q)
+    add_runtime_args(q, "the speed plan and the accuracy guard (the deployment's)")
+    return q
+
+
+def _add_check_args(p: argparse.ArgumentParser) -> None:
+    """--validate, --keep-failed and the accuracy guard's options."""
+    p.add_argument("--validate", action="store_true", help="compare with FP32 before writing")
+    p.add_argument("--rtol", type=float, default=None, help="validation tolerance (rel. L2)")
+    p.add_argument(
         "--keep-failed",
         action="store_true",
         help="keep a model that fails the accuracy guard or --validate, as OUTPUT.failed.onnx",
     )
-    q.add_argument(
+    p.add_argument(
         "--eval-data",
         metavar="PATH",
         help="samples the accuracy guard checks the INT8 model on (forms as "
         "--calibration-data); default: the last fifth of the calibration samples, held out",
     )
-    q.add_argument(
+    p.add_argument(
         "--max-drop",
         type=float,
         default=None,
@@ -103,23 +116,18 @@ def add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
         help="the guard's accepted top-1 drop: agreement with FP32 >= 1-X on class scores "
         "(default 0.01)",
     )
-    q.add_argument(
+    p.add_argument(
         "--max-rel-l2",
         type=float,
         default=None,
         metavar="Y",
         help="the guard's bound on the relative L2 error of other outputs (default 0.1)",
     )
-    q.add_argument(
+    p.add_argument(
         "--no-guard",
         action="store_true",
         help="skip the accuracy guard (warns: the INT8 model is not checked against FP32)",
     )
-    q.add_argument("--external-data", action="store_true", help="write weights to OUTPUT.data")
-    q.add_argument("--json", action="store_true", help="machine-readable report on stdout")
-    add_quiet_arg(q)
-    add_output_args(q)
-    return q
 
 
 def cmd_quantize(args: argparse.Namespace) -> int:
@@ -144,6 +152,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         guard_drop=args.max_drop,
         guard_rel_l2=args.max_rel_l2,
         eval_data=args.eval_data,
+        runtime=runtime_of(args),
         progress=progress(args.quiet or args.json),
     )
     return validate_and_write(args, result, feeds, out)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+import ml_dtypes
 import numpy as np
 import onnx.defs
 import onnx_ir as ir
@@ -424,6 +425,47 @@ register_rule(
     "Softmax",
     OpRule(fp32_if=_softmax_condition, note="FP32 when the axis is unknown or > 8192 wide"),
 )
+
+
+def _bf16_inexact(array: np.ndarray) -> bool:
+    """Whether a float constant changes when rounded to bfloat16."""
+    values = array.astype(np.float32)
+    return bool(np.any(values.astype(ml_dtypes.bfloat16).astype(np.float32) != values))
+
+
+def _affine_constant_condition(node: ir.Node, ctx: RuleContext) -> str | None:
+    """bf16: an element-wise affine op with a constant operand stays FP32 when bf16
+    cannot hold the constant exactly (or it divides): unlike a weight's rounding, which
+    averages out over a dot product, a rounded scale or shift is the same error on every
+    element (1/6 -> 0.16699, +0.2%), and a chain of them after every Conv (folded
+    normalisations, HardSwish's x * (x + 3) / 6) compounds. OpenVINO's blanket bf16
+    runs such chains in f32, fused into the Conv before its output is rounded."""
+    if ctx.target != "bfloat16":
+        return None
+    for index, value in enumerate(node.inputs):
+        array = _const_array(value)
+        if array is None or array.dtype.kind != "f" or array.size == 0:
+            continue
+        if node.op_type == "Div" and index == 1:
+            return "Div by a constant: bf16 rounds the quotient of every element"
+        if _bf16_inexact(array):
+            shown = float(array.reshape(-1)[0])
+            return (
+                f"{node.op_type} by a constant bf16 cannot hold exactly ({shown:.6g} -> "
+                f"{float(np.float32(shown).astype(ml_dtypes.bfloat16)):.6g}): the same error "
+                "on every element"
+            )
+    return None
+
+
+for _op in ("Add", "Sub", "Mul", "Div", "BatchNormalization"):
+    register_rule(
+        _op,
+        OpRule(
+            fp32_if=_affine_constant_condition,
+            note="bf16: FP32 when a constant operand is not exact in bf16, or divides",
+        ),
+    )
 
 
 def _stash_condition(node: ir.Node, ctx: RuleContext) -> str | None:

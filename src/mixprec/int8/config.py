@@ -11,6 +11,8 @@ from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
 from mixprec.core.policy import default_policy
 from mixprec.int8.params import METHODS
+from mixprec.runtime.cpu import cpu_features
+from mixprec.runtime.engine import RuntimeOptions
 
 __all__ = [
     "DYNAMIC_MAC_SHARE",
@@ -31,15 +33,6 @@ MODES = ("static", "dynamic", "auto")
 PLACEMENTS = ("chains", "every")
 #: mode="auto" goes dynamic when weighted MatMul/Gemm hold at least this MAC share.
 DYNAMIC_MAC_SHARE = 0.8
-
-
-def cpu_has_vnni() -> bool | None:
-    """Whether this x86 CPU has VNNI (avx512_vnni or avx_vnni); None when unknown."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return None
-    return "avx512_vnni" in flags or "avx_vnni" in flags
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +77,9 @@ class QuantizeConfig:
         guard_drop: the guard's accepted drop of top-1 agreement on class scores
             (agreement >= 1 - drop; None: 0.01) and of equal elements on integer outputs.
         guard_rel_l2: the guard's bound on other outputs' relative L2 (None: 0.1).
+        runtime: the engine the speed plan times placements in and the guard runs the
+            result in (the deployment's): ONNX Runtime by default, or OpenVINO
+            (:class:`~mixprec.runtime.engine.RuntimeOptions`, or its name).
     """
 
     method: str = "mse"
@@ -103,8 +99,17 @@ class QuantizeConfig:
     guard: bool = True
     guard_drop: float | None = None
     guard_rel_l2: float | None = None
+    runtime: RuntimeOptions = dataclasses.field(default_factory=RuntimeOptions)
 
     def __post_init__(self) -> None:
+        if self.runtime is None:
+            object.__setattr__(self, "runtime", RuntimeOptions())
+        if isinstance(self.runtime, str):
+            object.__setattr__(self, "runtime", RuntimeOptions(name=self.runtime))
+        if not isinstance(self.runtime, RuntimeOptions):
+            raise MixprecError(
+                f"runtime must be a name or RuntimeOptions, not {type(self.runtime).__name__}"
+            )
         for name in ("guard_drop", "guard_rel_l2"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not 0.0 < float(value) < 1.0):
@@ -140,7 +145,11 @@ class QuantizeConfig:
         if self.activations != "auto":
             return False
         machine = platform.machine().lower()
-        return machine in ("x86_64", "amd64") and cpu_has_vnni() is False
+        return (
+            machine in ("x86_64", "amd64")
+            and bool(cpu_features().flags)
+            and not cpu_features().vnni
+        )
 
     def base(self) -> ConvertConfig:
         """The shared stages' configuration (prepare, calibrate, check)."""

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 
 from mixprec.calibrate.measure import node_macs
-from mixprec.runtime.ort import thread_cap
+from mixprec.runtime.engine import RuntimeOptions, Session
+from mixprec.runtime.engines import engine_for
 
 __all__ = [
     "BAND",
@@ -151,32 +151,27 @@ def candidate_placements(model: ir.Model, user_excluded: tuple[str, ...]) -> dic
     return {"all": placements.pop("all"), **every, **placements}
 
 
-def session(proto: onnx.ModelProto):  # -> ort.InferenceSession
-    """A timing session: 2 intra-op threads, no arena, no spinning."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = thread_cap(2)
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    # Several sessions are alive at once: without the arena each frees its activations
-    # after every run, so timing costs about one inference's memory, not one per session.
-    options.enable_cpu_mem_arena = False
-    # ... and a session's pool threads, which spin-wait after each run, would take the
-    # cores from the next session in the round (MTCNN P-Net timed 'all' at 0.14x FP32 in
-    # half the rounds and slower in the other half).
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(
-        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
-    )
+def session(proto: onnx.ModelProto, runtime: RuntimeOptions | None = None) -> Session:
+    """A timing session in the deployment's engine (ONNX Runtime by default).
+
+    Several sessions are alive at once: an ONNX Runtime session then keeps no arena (each
+    frees its activations after every run, so timing costs about one inference's memory,
+    not one per session) and no spinning pool threads, which would take the cores from
+    the next session in the round (MTCNN P-Net timed 'all' at 0.14x FP32 in half the
+    rounds and slower in the other half).
+    """
+    options = runtime or RuntimeOptions()
+    return engine_for(options).session(proto, options, timing=True)
 
 
 def time_paired(
-    sessions: Mapping[str, object], feeds: Mapping[str, np.ndarray]
+    sessions: Mapping[str, Session], feeds: Mapping[str, np.ndarray]
 ) -> dict[str, list[float]]:
     """Seconds per run of each session, round by round (rotating order; ``"fp32"`` is
     the reference the rounds pair with)."""
-    runners = {label: s.run for label, s in sessions.items()}  # type: ignore[attr-defined]
+    runners = {label: s.run for label, s in sessions.items()}
     start = time.perf_counter()
-    runners["fp32"](None, feeds)
+    runners["fp32"](feeds)
     repeat = max(1, int(_RUN_SECONDS / max(time.perf_counter() - start, 1e-6)))
     labels = list(runners)
     times: dict[str, list[float]] = {label: [] for label in labels}
@@ -187,7 +182,7 @@ def time_paired(
         for label in order:
             start = time.perf_counter()
             for _ in range(repeat):
-                runners[label](None, feeds)
+                runners[label](feeds)
             if rounds >= _WARMUP:
                 times[label].append((time.perf_counter() - start) / repeat)
         rounds += 1
@@ -202,22 +197,25 @@ def choose_placement(
     placements: Mapping[str, Placement],
     build: Callable[[Placement], onnx.ModelProto],
     feeds: Mapping[str, np.ndarray],
+    runtime: RuntimeOptions | None = None,
 ) -> tuple[Placement, dict[str, object]]:
     """Times the user's ``fp32`` model and each placement built by ``build(placement)``
-    on ``feeds`` (``placements`` from most INT8 work to least).
+    on ``feeds`` (``placements`` from most INT8 work to least) in the ``runtime`` the
+    user deploys on (ONNX Runtime by default).
 
     Returns the placement to use (:data:`STAY_FLOAT` when none is clearly faster) and
     what was measured (``ms``, ``ratio``, ``faster_share``, ``rounds``, ``chosen``,
     ``summary``).
     """
-    sessions = {"fp32": session(fp32)}
+    sessions = {"fp32": session(fp32, runtime)}
     for label, placement in placements.items():
-        sessions[label] = session(build(placement))
+        sessions[label] = session(build(placement), runtime)
     decision = decide(time_paired(sessions, feeds), list(placements))
     chosen = placements[decision.chosen] if decision.chosen != "fp32" else STAY_FLOAT
     shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in feeds.items())
+    where = (runtime or RuntimeOptions()).name
     summary = (
-        f"INT8 placement timed on this CPU at {shapes} (ms, median of {decision.rounds} "
+        f"INT8 placement timed in {where} on this CPU at {shapes} (ms, median of {decision.rounds} "
         "interleaved rounds): "
         + ", ".join(f"{label} {value:.2f}" for label, value in decision.ms.items())
         + f"; chose {decision.chosen!r}: {decision.why}"
@@ -228,6 +226,7 @@ def choose_placement(
         "faster_share": decision.faster_share,
         "rounds": decision.rounds,
         "chosen": decision.chosen,
+        "runtime": where,
         "shapes": {k: list(np.shape(v)) for k, v in feeds.items()},
         "summary": summary,
     }

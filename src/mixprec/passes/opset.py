@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 
 import onnx
 import onnx.defs
@@ -71,13 +72,31 @@ class UpgradeOpsetPass(ir.passes.FunctionalPass):
     because ONNX Runtime may lack kernels at the new opset.
     """
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        missing: Callable[[ir.Model, Sequence[str], int], list[str]] | None = None,
+    ) -> None:
         super().__init__()
         self.policy = policy
+        # the runtime's kernels: (model, op types, opset) -> "Op-version" it lacks
+        self.missing = missing
 
     def call(self, model: ir.Model) -> UpgradeOpsetResult:
         ops = ops_needing_upgrade(model, self.policy)
         opset = opset_of(model, "")
+        lacking = self._lacking(model, opset) if ops else []
+        if lacking:
+            light, _ = weightless_proto(model, with_arrays=False)
+            note = (
+                f"opset kept at {opset}: raising it to {BF16_OPSET} would move "
+                f"{', '.join(lacking)} to a version onnxruntime does not implement; bfloat16 "
+                f"{', '.join(ops[:8])}{' ...' if len(ops) > 8 else ''} stay FP32 (they "
+                f"admit bfloat16 only from opset {BF16_OPSET})"
+            )
+            return UpgradeOpsetResult(
+                _restore_weights(light, model), modified=False, note=note, ops=ops
+            )
         # Large weights travel as placeholders and are put back by name afterwards: no
         # serialization of the weights, and external data keeps its own folder.
         light, _ = weightless_proto(model, with_arrays=False)
@@ -99,6 +118,21 @@ class UpgradeOpsetPass(ir.passes.FunctionalPass):
             "calibration ran before the upgrade"
         )
         return UpgradeOpsetResult(_restore_weights(proto, model), modified=True, note=note, ops=ops)
+
+    def _lacking(self, model: ir.Model, opset: int) -> list[str]:
+        """Ops whose version the upgrade changes and the runtime has no kernel for."""
+        if self.missing is None:
+            return []
+        moved = []
+        for op in {n.op_type for n in iter_nodes(model.graph) if is_onnx_domain(n.domain)}:
+            try:
+                old = onnx.defs.get_schema(op, opset).since_version
+                new = onnx.defs.get_schema(op, BF16_OPSET).since_version
+            except onnx.defs.SchemaError:
+                continue
+            if new != old:
+                moved.append(op)
+        return self.missing(model, sorted(moved), BF16_OPSET) if moved else []
 
 
 class ConvertOpsetPass(ir.passes.FunctionalPass):

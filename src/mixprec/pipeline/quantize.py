@@ -233,7 +233,7 @@ def timed_placement(
     }
     feeds, _ = make_inputs(model, shapes=shapes, seed=0)
     placements = candidate_placements(model, tuple(config.exclude_nodes))
-    return choose_placement(original, placements, build, feeds_for(model, feeds))
+    return choose_placement(original, placements, build, feeds_for(model, feeds), config.runtime)
 
 
 def config_dict(config: QuantizeConfig) -> dict[str, object]:

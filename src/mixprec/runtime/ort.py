@@ -24,6 +24,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 from onnx import TensorProto, numpy_helper
 
@@ -41,6 +42,7 @@ __all__ = [
     "check_external",
     "external_skeleton",
     "make_session",
+    "missing_kernels",
     "ort_first_line",
     "run_model",
     "run_session",
@@ -405,3 +407,57 @@ class OrtEngine:
             "threads": thread_cap(options.threads),
             "cpu": cpu_features().describe(),
         }
+
+
+def _probe_model(node: ir.Node, opset: int) -> onnx.ModelProto | None:
+    """A one-node model of ``node`` (its inputs as graph inputs, with their dtypes) at
+    ``opset``: what ORT needs to look its kernel up. None when it cannot stand alone."""
+    if any(
+        a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
+        for a in node.attributes.values()
+    ):
+        return None
+    values = [v for v in node.inputs if v is not None]
+    if any(v.dtype is None for v in values) or any(v.dtype is None for v in node.outputs):
+        return None
+    proto = ir.serde.serialize_node(node)
+    inputs = {v.name or "": int(v.dtype or 0) for v in values}
+    outputs = {v.name: int(v.dtype or 0) for v in node.outputs if v.name}
+    graph = onnx.helper.make_graph(
+        [proto],
+        "probe",
+        [onnx.helper.make_tensor_value_info(n, t, None) for n, t in inputs.items()],
+        [onnx.helper.make_tensor_value_info(n, t, None) for n, t in outputs.items()],
+    )
+    return onnx.helper.make_model(
+        graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=10
+    )
+
+
+def missing_kernels(model: ir.Model, op_types: Sequence[str], opset: int) -> list[str]:
+    """``op_type-opset`` of the main graph's nodes of ``op_types`` that ONNX Runtime's CPU
+    provider has no kernel for at ``opset`` (with their input dtypes): e.g.
+    ``RandomNormalLike-22``, which ORT 1.32 implements only up to opset 21."""
+    wanted = set(op_types)
+    missing: list[str] = []
+    seen: set[tuple[str, tuple[int, ...]]] = set()
+    for node in model.graph:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in wanted:
+            continue
+        key = (node.op_type, tuple(int(v.dtype or 0) for v in node.inputs if v is not None))
+        if key in seen:
+            continue
+        seen.add(key)
+        probe = _probe_model(node, opset)
+        if probe is None:
+            continue
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.log_severity_level = 4
+        try:
+            ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        except Exception as e:
+            if "NOT_IMPLEMENTED" in str(e):
+                version = onnx.defs.get_schema(node.op_type, opset).since_version
+                missing.append(f"{node.op_type}-{version}")
+    return sorted(set(missing))
