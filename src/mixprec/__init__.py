@@ -9,6 +9,11 @@ Example:
 
 from __future__ import annotations
 
+# isort: off
+import mixprec.core.quiet  # noqa: F401  (first: ONNX Runtime logs to stderr while imported)
+
+# isort: on
+
 from mixprec.api.convert import convert, inspect
 from mixprec.api.quantize import quantize
 from mixprec.api.tune import tune

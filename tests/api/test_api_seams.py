@@ -65,7 +65,7 @@ def test_tune_refuses_an_unknown_mode_naming_both_kinds():
     try:
         mixprec.tune(_mlp(), "int8", _data(), budget=0.5, mode="fast")
     except mixprec.MixprecError as exc:
-        assert "'emulated' or 'ort'" in str(exc) and "dynamic" in str(exc), exc
+        assert "'emulated', 'ort' or 'openvino'" in str(exc) and "dynamic" in str(exc), exc
     else:
         raise AssertionError("mode='fast' was accepted")
 

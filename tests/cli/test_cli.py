@@ -932,3 +932,30 @@ def test_every_command_takes_the_same_int8_spellings(
         res = cli(["report", models.small, "-o", page, "--dtype", bad], monkeypatch=monkeypatch)
         assert res.rc == 2 and len(res.err.strip().splitlines()) == 1, res.err
         assert f"unknown --dtype '{bad}'" in res.err and "i8" in res.err, res.err
+
+
+def test_onnxruntime_log_lines_stay_off_the_users_screen(tmp_path: Path) -> None:
+    """With a home folder ORT cannot write (as an unprivileged user has), ORT warns while it
+    is imported; a failing command still prints exactly its own one line, and a run that
+    fails inside ORT prints only mixprec's line too."""
+    model = tmp_path / "m.onnx"
+    onnx.save(make_model(small_model_text()), model)
+    home = {"HOME": os.devnull}
+    failed = cli(["convert", model, "-o", tmp_path / "no" / "such" / "x.onnx"], "subproc", env=home)
+    assert failed.rc == 2 and len(failed.err.strip().splitlines()) == 1, failed.err
+    assert failed.err.startswith("mixprec: error: "), failed.err
+    # ORT refuses the run (wrong rank): no [E:onnxruntime ...] line beside mixprec's own
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **{name: np.zeros((2, 2, 2, 2, 2), np.float32) for name in _input_names(model)})
+    ran = cli(["convert", model, "-o", tmp_path / "x.onnx", "--inputs", bad], "subproc", env=home)
+    assert ran.rc == 2 and "onnxruntime:" not in ran.err.replace("onnxruntime failed", ""), ran.err
+    assert len(ran.err.strip().splitlines()) == 1, ran.err
+
+
+def _input_names(path: Path) -> list[str]:
+    return [i.name for i in onnx.load(path).graph.input]
+
+
+def test_version_prints_the_version() -> None:
+    done = cli(["--version"], "subproc")
+    assert done.rc == 0 and done.out.strip() == f"mixprec {mixprec.__version__}", done

@@ -446,10 +446,13 @@ def test_ir3_conv_batchnorm_folds_and_passes_the_checker(dtype: str) -> None:
     feeds = {"x": _image()}
     ref = run_ort(model, feeds)
     result = _convert_and_compare(model, dtype, feeds, ref)
-    assert result.report.batchnorm_folded == ["bn"]
     assert result.model.ir_version == 4
     assert [v.name for v in result.model.graph.inputs] == names  # inputs unchanged
-    assert "BatchNormalization" not in [n.op_type for n in result.model.graph]
+    kept = "BatchNormalization" in [n.op_type for n in result.model.graph]
+    if dtype == "bf16":  # bf16 keeps it whole (a rounded folded bias loses the shift)
+        assert result.report.batchnorm_folded == [] and kept
+    else:
+        assert result.report.batchnorm_folded == ["bn"] and not kept
 
 
 def _function_model(function_opset: int, *, inline: bool = False) -> onnx.ModelProto:

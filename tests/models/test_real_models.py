@@ -10,6 +10,7 @@ class outputs, run most multiply-accumulates in low precision, and add few casts
 
 from __future__ import annotations
 
+import importlib.util
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ import pytest
 import mixprec
 from helpers import TOLERANCES, assert_close, run_ort, sha256_of
 from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions
+from mixprec.runtime.engines import ENGINES, engine_for
 
 
 def _smooth_image(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
@@ -267,9 +270,34 @@ def test_real_model(corpus_dir: Path, key: str, dtype: str) -> None:
         assert_close(ref, outputs[name], target, name=f"{key}/{dtype}/{name}")
     for name in case.class_outputs:
         _assert_top1(reference[name], outputs[name], name, margin=TOLERANCES[target][1])
-    assert report.casts_inserted <= 20
+    if dtype == "bf16":
+        _assert_close_on_bf16_kernels(converted, case, reference, key)
+    # bf16 keeps affine ops with constants bf16 cannot hold FP32: an island after a Conv
+    # costs two casts at most (one out of the Conv, one into the next)
+    low_weighted = sum(
+        1 for n in report.nodes if n.op_type in ("Conv", "MatMul", "Gemm") and n.precision == "low"
+    )
+    assert report.casts_inserted <= (20 if dtype == "fp16" else 20 + 2 * low_weighted)
     if case.cnn:
         assert report.low_mac_share >= 0.9
+
+
+def _assert_close_on_bf16_kernels(
+    converted: onnx.ModelProto, case: Case, reference: dict[str, np.ndarray], key: str
+) -> None:
+    """Where OpenVINO computes bf16 on this CPU, the bf16 model run there on the same
+    samples is within the bf16 tolerance of ONNX Runtime's FP32 (issue 25)."""
+    if importlib.util.find_spec("openvino") is None or not ENGINES["openvino"].computes_bf16():
+        return
+    try:
+        session = engine_for("openvino").session(converted, RuntimeOptions("openvino"))
+    except RuntimeLoadError:
+        assert key == "silero_vad", key  # its If branches: OpenVINO reads not even FP32
+        return
+    runs = [session.run(f) for f in case.samples]
+    for name, ref in reference.items():
+        got = np.stack([r[name] for r in runs])
+        assert_close(ref, got, "bfloat16", name=f"{key}/bf16 on OpenVINO/{name}")
 
 
 @pytest.mark.xfail(

@@ -1,5 +1,5 @@
-"""The bf16 defaults that hold on real bf16 kernels, the opset upgrade that never moves an op
-to a version ONNX Runtime lacks, and the check every bf16 conversion gets.
+"""The bf16 defaults that hold on real bf16 kernels, and the check every bf16 conversion gets
+(the opset upgrade that never moves an op to a version ONNX Runtime lacks: test_pipeline).
 
 Each numeric check compares against ONNX Runtime's run of the FP32 model.
 """
@@ -14,7 +14,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
-from helpers import run_ort
 from mixprec.cli.main import main
 
 
@@ -86,40 +85,6 @@ def test_bf16_keeps_batchnorm_whole_and_fp32() -> None:
     assert "bn" not in _precisions(fp16)  # fp16 still folds it into the Conv
 
 
-def _random_like_model() -> onnx.ModelProto:
-    """Conv (bf16 only from opset 22) beside RandomNormalLike, whose opset-22 version
-    ONNX Runtime 1.32 does not implement."""
-    w = np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32)
-    nodes = [
-        helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1]),
-        helper.make_node("RandomNormalLike", ["x"], ["noise"], name="noise", scale=1e-3),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [
-            helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8]),
-            helper.make_tensor_value_info("noise", TensorProto.FLOAT, [1, 3, 8, 8]),
-        ],
-        [numpy_helper.from_array(w, "w")],
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 12)], ir_version=8)
-
-
-def test_bf16_opset_upgrade_never_moves_an_op_ort_does_not_implement() -> None:
-    model = _random_like_model()
-    result = mixprec.convert(model, "bf16")
-    proto = result.model_proto
-    assert next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")) == 12
-    notes = " ".join(result.report.notes)
-    assert "opset kept at 12" in notes and "RandomNormalLike-22" in notes, notes
-    assert _precisions(result)["conv"][0] == "fp32"
-    feeds = {"x": np.ones((1, 3, 8, 8), np.float32)}
-    got, want = run_ort(proto, feeds), run_ort(model, feeds)  # ORT still loads it
-    assert np.array_equal(got["y"], want["y"])
-
-
 def test_bf16_convert_checks_itself_and_says_so_on_its_last_line(tmp_path: Path, capsys) -> None:
     src, out = tmp_path / "m.onnx", tmp_path / "m.bf16.onnx"
     onnx.save(_conv_chain(1 / 6, 0.1), src)
@@ -144,3 +109,16 @@ def test_fp16_convert_has_no_implicit_check(tmp_path: Path, capsys, dtype: str) 
     onnx.save(_conv_chain(1 / 6, 0.1), src)
     assert main(["convert", str(src), "-o", str(out), "--dtype", dtype, "-q"]) == 0
     assert capsys.readouterr().out.strip() == f"wrote {out}"
+
+
+def test_tune_runs_bf16_candidates_in_openvino() -> None:
+    """tune(mode="openvino"): every candidate runs as is in OpenVINO (real bf16 kernels
+    where the CPU has them) and the result meets the budget against ORT's FP32."""
+    pytest.importorskip("openvino", reason="the [openvino] extra (make test installs it)")
+    model = _conv_chain(0.5, 3.0)
+    rng = np.random.default_rng(3)
+    data = [{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(3)]
+    result = mixprec.tune(model, "bf16", data, budget=5e-2, mode="openvino")
+    assert result.passed and result.low_mac_share == 1.0, result.report.notes
+    report = mixprec.validate(model, result.model, inputs=data, runtime="openvino")
+    assert report.passed, report.format_table()

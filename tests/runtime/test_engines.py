@@ -7,6 +7,8 @@ tests that need real bf16 kernels check both branches, each on the machine it ru
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 
@@ -188,3 +190,25 @@ def test_runtime_openvino_without_the_extra_is_one_line(tmp_path) -> None:
         "mixprec: error: --runtime openvino needs the openvino package: "
         "pip install 'mixprec[openvino]'"
     ], done.stderr
+
+
+def test_a_child_forked_after_openvino_ran_says_so_and_emulates() -> None:
+    """OpenVINO is not fork-safe (a Core, new or inherited, hangs in a child forked after
+    it ran): such a child gets one clear error for ``--runtime openvino``, and the default
+    bf16 check emulates instead of hanging (the fuzz driver forks)."""
+    original, converted = _fp16_mlp(low=BF16)
+    feeds, _ = make_inputs(original)
+    engine_for("openvino").session(converted, RuntimeOptions("openvino")).run(feeds)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        signal.alarm(60)
+        try:
+            engine_for("openvino")
+            os._exit(3)
+        except MixprecError as e:
+            if "forked after it ran" not in str(e):
+                os._exit(4)
+        report = validate_models(original, converted, feeds)
+        os._exit(0 if report.kind == "emulated" and report.passed else 5)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status

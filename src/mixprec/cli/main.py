@@ -46,6 +46,7 @@ from mixprec.cli.tune import add_tune_parser, cmd_tune
 from mixprec.cli.validate import add_validate_parser, cmd_validate
 from mixprec.core.config import resolve_log_dir
 from mixprec.core.errors import MixprecError, describe
+from mixprec.core.version import __version__
 from mixprec.report.logdir import write_error_file
 
 __all__ = ["build_parser", "main"]
@@ -80,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Convert FP32 ONNX models to FP16/BF16 mixed precision or INT8.",
     )
     add_debug_arg(parser, top=True)
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"mixprec {__version__}",
+        help="print mixprec's version and exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for add in _PARSERS:
         add_debug_arg(add(sub), top=False)

@@ -23,6 +23,7 @@ from mixprec.cli.options import (
 from mixprec.cli.outputs import checked_output
 from mixprec.io.feeds import iter_calibration_npz
 from mixprec.io.models import load_model
+from mixprec.tune.targets import FLOAT_MODES
 
 __all__ = ["add_tune_parser", "cmd_tune"]
 
@@ -69,10 +70,11 @@ def add_tune_parser(sub: Any) -> argparse.ArgumentParser:
     t.add_argument("--max-evaluations", type=int, default=None, metavar="N")
     t.add_argument(
         "--mode",
-        choices=("emulated", "ort"),
+        choices=FLOAT_MODES,
         default="emulated",
         help="emulated (default): fp16/bf16 candidates run in float32 with every low "
-        "tensor rounded; ort: fp16 as is on ONNX Runtime's CPU provider",
+        "tensor rounded; ort: fp16 as is on ONNX Runtime's CPU provider; openvino: as is "
+        "in OpenVINO (bf16 on real bf16 kernels where the CPU has them)",
     )
     add_shape_arg(t)
     t.add_argument("--log-dir", help="write tune.json and tune.png (metric vs MAC share) here")

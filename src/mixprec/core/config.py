@@ -23,9 +23,11 @@ from mixprec.core.policy import OpClass, Policy, default_policy, normalize_dtype
 __all__ = [
     "BATCH_PARENT_ENV",
     "ENV_VARS",
+    "LOG_LEVEL_ENV",
     "THREADS_ENV",
     "ConvertConfig",
     "ListChanges",
+    "ort_log_severity",
     "resolve_policy",
 ]
 
@@ -41,6 +43,11 @@ _LIST_ENV = {
 THREADS_ENV = "MIXPREC_THREADS"
 #: The pid of a batch worker's parent: the worker ends when that process does.
 BATCH_PARENT_ENV = "MIXPREC_BATCH_PARENT"
+#: How much of ONNX Runtime's own log reaches stderr: nothing below fatal by default (its
+#: errors come back as exceptions, which mixprec turns into one line), else error, warning,
+#: info or verbose.
+LOG_LEVEL_ENV = "MIXPREC_LOG_LEVEL"
+_ORT_SEVERITY = {"verbose": 0, "info": 1, "warning": 2, "error": 3, "fatal": 4}
 ENV_VARS: tuple[str, ...] = (
     "MIXPREC_DTYPE",
     *(f"MIXPREC_{name}_{kind}" for name in _LIST_ENV.values() for kind in ("ADD", "REMOVE")),
@@ -49,9 +56,17 @@ ENV_VARS: tuple[str, ...] = (
     "MIXPREC_LOG_PATH",
     THREADS_ENV,
     BATCH_PARENT_ENV,
+    LOG_LEVEL_ENV,
 )
 # Read by the test suite and the bench, not by the converter; accepted here.
 _OTHER_VARS = frozenset({"MIXPREC_CORPUS", "MIXPREC_BENCH_CACHE"})
+
+
+def ort_log_severity(env: Mapping[str, str] | None = None) -> int:
+    """ONNX Runtime's log severity from :data:`LOG_LEVEL_ENV` (default 4, fatal only: ORT's
+    errors come back as exceptions, which mixprec turns into its own one-line messages)."""
+    text = (os.environ if env is None else env).get(LOG_LEVEL_ENV, "").strip().lower()
+    return _ORT_SEVERITY.get(text, 4)
 
 
 @dataclass(frozen=True)

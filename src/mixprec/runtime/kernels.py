@@ -10,6 +10,7 @@ from collections.abc import Mapping
 import onnx
 import onnxruntime as ort
 
+from mixprec.core.config import ort_log_severity
 from mixprec.runtime.ort import thread_cap
 
 __all__ = ["FLOAT_KERNELS", "INTEGER_KERNELS", "integer_kernel_share"]
@@ -58,7 +59,7 @@ def integer_kernel_share(
         options.intra_op_num_threads = thread_cap(0)
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
         options.optimized_model_filepath = path
-        options.log_severity_level = 3
+        options.log_severity_level = ort_log_severity()
         ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
         optimized = onnx.load(path, load_external_data=False)
     kinds = Counter(

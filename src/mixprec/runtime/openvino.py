@@ -52,12 +52,29 @@ def _openvino() -> Any:
     return openvino
 
 
-@functools.cache
+#: The process that made the Core (OpenVINO is not fork-safe: see :func:`_forked`).
+_CORE: dict[str, Any] = {}
+FORKED = (
+    "openvino cannot run in a process forked after it ran there (its thread pools stay "
+    "behind in the parent and compile_model hangs): use a fresh process"
+)
+
+
+def _forked() -> bool:
+    """Whether this process is a fork of one that used OpenVINO: a Core, new or
+    inherited, then hangs in ``compile_model`` or in its destructor."""
+    return "pid" in _CORE and _CORE["pid"] != os.getpid()
+
+
 def _core() -> Any:
     ov = _openvino()
     if ov is None:
         raise MixprecError(MISSING_EXTRA)
-    return ov.Core()
+    if _forked():
+        raise MixprecError(FORKED)
+    if "core" not in _CORE:
+        _CORE.update(core=ov.Core(), pid=os.getpid())
+    return _CORE["core"]
 
 
 # Lines of OpenVINO's messages that say where in its sources, not why.
@@ -133,7 +150,9 @@ class OpenVinoEngine:
     label = "OpenVINO"
 
     def missing(self) -> str | None:
-        return None if _openvino() is not None else MISSING_EXTRA
+        if _openvino() is None:
+            return MISSING_EXTRA
+        return FORKED if _forked() else None
 
     def version(self) -> str:
         ov = _openvino()

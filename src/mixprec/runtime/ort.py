@@ -28,7 +28,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 from onnx import TensorProto, numpy_helper
 
-from mixprec.core.config import THREADS_ENV
+from mixprec.core.config import THREADS_ENV, ort_log_severity
 from mixprec.core.errors import MixprecError
 from mixprec.io.protos import IN_MEMORY, copy_fields, element_count
 from mixprec.runtime.cpu import cpu_features
@@ -219,7 +219,8 @@ def make_session(
         so.add_external_initializers(
             names, [ort.OrtValue.ortvalue_from_numpy(external[n]) for n in names]
         )
-    so.log_severity_level = 4  # errors come back as exceptions; ORT's own log stays quiet
+    # errors come back as exceptions; ORT's own log only when MIXPREC_LOG_LEVEL asks
+    so.log_severity_level = ort_log_severity()
     providers = ["CPUExecutionProvider"]
     try:
         return ort.InferenceSession(source, sess_options=so, providers=providers)

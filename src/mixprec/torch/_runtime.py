@@ -20,6 +20,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import torch
 
+from mixprec.core.config import ort_log_severity
 from mixprec.core.errors import MixprecError
 from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.ort import ort_first_line
@@ -126,7 +127,7 @@ class OrtRunner:
 
     def _session(self, model: ir.Model, optimize: bool = True) -> ort.InferenceSession:
         options = ort.SessionOptions()
-        options.log_severity_level = 3
+        options.log_severity_level = ort_log_severity()
         if self._threads:
             options.intra_op_num_threads = self._threads
         if not optimize:

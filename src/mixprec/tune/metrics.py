@@ -28,6 +28,7 @@ import numpy as np
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.ops import TOLERANCES
+from mixprec.io.feeds import feeds_for
 from mixprec.runtime.ort import run_session
 
 __all__ = ["BUILTIN_METRICS", "Budget", "Candidate", "Metric", "resolve_metric"]
@@ -49,7 +50,8 @@ class Candidate:
     Attributes:
         model: the candidate as an ``onnx.ModelProto`` (bfloat16 candidates emulated in
             float32, since ONNX Runtime's CPU provider lacks bfloat16 kernels).
-        session: an ``onnxruntime.InferenceSession`` of ``model``.
+        session: an ``onnxruntime.InferenceSession`` of ``model``, or with tune's mode
+            "openvino" an OpenVINO session (:class:`~mixprec.runtime.engine.Session`).
     """
 
     def __init__(self, model: Any, session: Any, samples: Sequence[Mapping[str, np.ndarray]]):
@@ -61,6 +63,8 @@ class Candidate:
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The candidate's outputs, by name, for one feed dict (float arrays are cast to
         the dtypes the session takes)."""
+        if not hasattr(self.session, "get_inputs"):  # an engine's session (OpenVINO)
+            return self.session.run(feeds_for(self.model, feeds))
         wanted = {i.name: _NUMPY_FLOATS.get(i.type) for i in self.session.get_inputs()}
         missing = sorted(set(wanted) - set(feeds))
         if missing:

@@ -39,6 +39,8 @@ from mixprec.calibrate.measure import CALIBRATION, MACS, SHAPES, CountMacsPass
 from mixprec.core.graphs import iter_nodes
 from mixprec.pipeline.stages import Stage
 from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.runtime.engine import RuntimeOptions
+from mixprec.runtime.engines import engine_for
 from mixprec.runtime.ort import OrtLoadError, make_session
 from mixprec.tune.metrics import Budget, Candidate, Metric, per_sample
 from mixprec.tune.result import Step
@@ -187,6 +189,9 @@ class Search:
 
     def session(self, model: ir.Model) -> tuple[onnx.ModelProto, Any]:
         proto, optimize = self.target.runnable(model)
+        if getattr(self.target, "mode", None) == "openvino":
+            options = RuntimeOptions("openvino", threads=self.threads)
+            return proto, engine_for(options).session(proto, options)
         try:
             return proto, make_session(proto.SerializeToString(), self.threads, optimize=optimize)
         except OrtLoadError:

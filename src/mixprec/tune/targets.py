@@ -77,12 +77,13 @@ class FloatTarget:
         """The model (a disposable candidate, changed in place) to run in ONNX Runtime,
         and whether to optimize it.
 
-        Emulated in float32 (every low tensor rounded through the low dtype) unless
+        As is with ``mode="openvino"`` (OpenVINO's real bf16 kernels, where the CPU has
+        them). Emulated in float32 (every low tensor rounded through the low dtype) unless
         ``mode="ort"`` and the target is float16: ONNX Runtime's CPU provider lacks
         bfloat16 kernels, and for float16 ops it lacks it computes in float32 and drops
         the rounding between them, hiding errors a GPU would show.
         """
-        if self.name != "bfloat16" and self.mode == "ort":
+        if self.mode == "openvino" or (self.name != "bfloat16" and self.mode == "ort"):
             return ir.to_proto(model), True
         return ir.to_proto(EmulateLowPrecisionPass()(model).model), False
 
@@ -185,6 +186,11 @@ class QdqRounder(Rounder):
         return self._append("DequantizeLinear", [quantized, scale, zero], base)
 
 
+#: How fp16/bf16 candidates run: emulated in FP32, as is in ONNX Runtime, or as is in
+#: OpenVINO (real bf16 kernels on CPUs with avx512_bf16/AMX).
+FLOAT_MODES = ("emulated", "ort", "openvino")
+
+
 def make_target(
     target: str | None, options: Mapping[str, Any], mode: str = "emulated"
 ) -> FloatTarget | Int8Target:
@@ -195,8 +201,8 @@ def make_target(
     int8 = target is not None and parse_dtype(target, what="target") == "int8"
     if int8 and mode in MODES:
         return Int8Target({**options, "mode": mode})
-    if mode not in ("emulated", "ort"):
-        allowed = "'emulated' or 'ort'"
+    if mode not in FLOAT_MODES:
+        allowed = "'emulated', 'ort' or 'openvino'"
         if int8:
             allowed += f" (or an INT8 mode: {', '.join(MODES)})"
         raise MixprecError(f"mode must be {allowed}, not {mode!r}")
