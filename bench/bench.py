@@ -1,19 +1,22 @@
 """Benchmark mixprec against peer FP16/BF16 converters on real pretrained models.
 
     python bench/bench.py [--models a,b] [--converters x,y] [--timeout 600] [--no-latency]
-                          [--int8-only | --no-int8] [--quantizers t,u]
+                          [--int8-only | --bf16-only] [--no-int8] [--no-bf16] [--quantizers t,u]
 
 Needs the corpus (bench/fetch.py) and the derived models (bench/export_minilm.py,
 bench/train_mnist.py). Every conversion runs in its own subprocess (bench/convert_one.py)
 with a timeout; the rest is measured here. The INT8 part (int8.py, quantize_one.py) runs
-the INT8 quantizers the same way on the same models. Writes bench/results/<date>.json, .md
-and .png (<date>-int8.json and .md with --int8-only) and prints the markdown.
+the INT8 quantizers the same way on the same models; the bf16 part (bf16.py) runs the FP32
+model, OpenVINO's blanket bf16 and mixprec's bf16 in OpenVINO. Writes
+bench/results/<date>.json, .md and .png (<date>-int8.json and .md with --int8-only,
+<date>-bf16.json and .md with --bf16-only) and prints the markdown.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import functools
 import importlib.metadata
 import json
 import math
@@ -25,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import bf16
 import numpy as np
 import onnx
 import report_int8
@@ -50,7 +54,8 @@ JOBS: list[tuple[str, str]] = [
 
 PACKAGES = ("mixprec", "onnx", "onnxruntime", "onnxconverter-common", "nvidia-modelopt",
             "polygraphy", "onnx-graphsurgeon", "onnxscript", "onnxslim", "onnx-ir", "torch",
-            "nncf", "transformers", "tokenizers", "numpy", "ml_dtypes", "protobuf", "matplotlib")
+            "nncf", "openvino", "transformers", "tokenizers", "numpy", "ml_dtypes", "protobuf",
+            "matplotlib")
 
 
 def versions() -> dict[str, str | None]:
@@ -112,6 +117,16 @@ def convert(spec: ModelSpec, converter: str, dtype: str, work: Path, calib: Path
     return row, out
 
 
+def reuse_or_convert(done: tuple[dict[str, Any], Path] | None, spec: ModelSpec, work: Path,
+                     calib: Path, shapes: dict[str, tuple[int, ...]],
+                     timeout: float) -> tuple[dict[str, Any], Path]:
+    """mixprec's bf16 model for the bf16 part: the FP16/BF16 rows' conversion when they ran
+    it (its failure included), else the same conversion (convert_one.py, same flags) now."""
+    if done is not None:
+        return done
+    return convert(spec, "mixprec", "bf16", work, calib, shapes, timeout)
+
+
 def prepare(spec: ModelSpec, work: Path) -> tuple[Baseline, Path]:
     feeds = spec.make_inputs("eval")
     calib_feeds = spec.make_inputs("calib")
@@ -151,17 +166,24 @@ def main(argv: list[str] | None = None) -> int:
     part = parser.add_mutually_exclusive_group()
     part.add_argument("--int8-only", action="store_true",
                       help="run only the INT8 part (results in <date>-int8.json/.md)")
-    part.add_argument("--no-int8", action="store_true", help="skip the INT8 part")
+    part.add_argument("--bf16-only", action="store_true",
+                      help="run only the bf16 part (results in <date>-bf16.json/.md)")
+    parser.add_argument("--no-int8", action="store_true", help="skip the INT8 part")
+    parser.add_argument("--no-bf16", action="store_true",
+                        help="skip the bf16 part (OpenVINO blanket bf16 vs mixprec bf16)")
     parser.add_argument("--quantizers", help="comma-separated subset of: " + ",".join(int8.TOOLS))
     args = parser.parse_args(argv)
+    if (args.int8_only and args.no_int8) or (args.bf16_only and args.no_bf16):
+        parser.error("--int8-only/--bf16-only contradicts --no-int8/--no-bf16")
 
     specs = [m for m in MODELS if not args.models or m.name in args.models.split(",")]
     jobs = [j for j in JOBS if not args.converters or j[0] in args.converters.split(",")]
     tools = [t for t in int8.TOOLS if not args.quantizers or t in args.quantizers.split(",")]
-    if args.int8_only:
+    if args.int8_only or args.bf16_only:
         jobs = []
-    if args.no_int8:
+    if args.no_int8 or args.bf16_only:
         tools = []
+    with_bf16 = not (args.no_bf16 or args.int8_only)
     started = time.perf_counter()
     date = dt.date.today().isoformat()
     work = cache_dir() / "work" / date
@@ -169,12 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     emulate_fn, emulate_name = emulator()
     info = {"date": date, "started": dt.datetime.now().isoformat(timespec="seconds"),
             "machine": machine(), "versions": versions(), "emulation": emulate_name,
-            "timeout_s": args.timeout, "threads": 2, "jobs": jobs, "int8_tools": tools}
+            "timeout_s": args.timeout, "threads": 2, "jobs": jobs, "int8_tools": tools,
+            "bf16_part": with_bf16}
     print(f"bench: {len(specs)} models x ({len(jobs)} conversions + {len(tools)} INT8 "
-          f"quantizers); work dir {work}", flush=True)
+          f"quantizers{' + the bf16 part' if with_bf16 else ''}); work dir {work}", flush=True)
 
     rows: list[dict[str, Any]] = []
     int8_rows: list[dict[str, Any]] = []
+    bf16_rows: list[dict[str, Any]] = []
     baselines: dict[str, dict[str, Any]] = {}
     for spec in specs:
         base, calib = prepare(spec, work)
@@ -184,9 +208,11 @@ def main(argv: list[str] | None = None) -> int:
             "checker_error": base.checker_error, "stats": base.stats.to_dict(),
             "accuracy": base.accuracy,
         }
+        converted: dict[tuple[str, str], tuple[dict[str, Any], Path]] = {}
         for converter, dtype in jobs:
             t0 = time.perf_counter()
             row, out = convert(spec, converter, dtype, work, calib, base.shapes, args.timeout)
+            converted[converter, dtype] = (row, out)
             row.update(model=spec.name, converter=converter, dtype=dtype)
             if row["status"] == "ok":
                 try:
@@ -203,6 +229,11 @@ def main(argv: list[str] | None = None) -> int:
         if tools:
             int8_rows += int8.run_model(spec, base, tools, work, args.timeout,
                                         not args.no_latency)
+        if with_bf16:
+            mixprec_bf16 = functools.partial(
+                reuse_or_convert, converted.get(("mixprec", "bf16")), spec, work, calib,
+                base.shapes, args.timeout)
+            bf16_rows += bf16.run_model(spec, base, mixprec_bf16, not args.no_latency)
 
     names = [s.name for s in specs]
     targets = report.evaluate_targets(rows, names,
@@ -218,18 +249,22 @@ def main(argv: list[str] | None = None) -> int:
                         for t in report_int8.MIXPREC_TOOLS if t in tools},
             "calibration_samples": {r["model"]: r["calibration_samples"] for r in int8_rows},
         }
+    bf16_part: dict[str, Any] = {}
+    if with_bf16:
+        bf16_part = bf16.part(bf16_rows, bf16.cpu_flags(), bf16.openvino_info())
     info["elapsed_s"] = time.perf_counter() - started
 
     args.results.mkdir(parents=True, exist_ok=True)
-    stem = args.results / (f"{date}-int8" if args.int8_only else date)
+    suffix = "-int8" if args.int8_only else "-bf16" if args.bf16_only else ""
+    stem = args.results / f"{date}{suffix}"
     payload = {**info, "models": baselines, "rows": rows, "aggregate": agg, "targets": targets,
-               "int8": int8_part}
+               "int8": int8_part, "bf16": bf16_part}
     stem.with_suffix(".json").write_text(json.dumps(_json_safe(payload), indent=1))
     written = ".json, .md"
     if rows:
         report.chart(rows, names, stem.with_suffix(".png"))
         written += " and .png"
-    markdown = render(info, baselines, rows, agg, targets, int8_part)
+    markdown = render(info, baselines, rows, agg, targets, int8_part, bf16_part)
     stem.with_suffix(".md").write_text(markdown)
     print(markdown)
     print(f"bench: wrote {stem}{written} in {info['elapsed_s']:.0f}s")
@@ -238,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def render(info: dict[str, Any], baselines: dict[str, dict[str, Any]], rows: list[dict[str, Any]],
            agg: list[dict[str, Any]], targets: list[dict[str, Any]],
-           int8_part: dict[str, Any] | None = None) -> str:
+           int8_part: dict[str, Any] | None = None,
+           bf16_part: dict[str, Any] | None = None) -> str:
     v = info["versions"]
     m = info["machine"]
     lines = [
@@ -281,6 +317,8 @@ def render(info: dict[str, Any], baselines: dict[str, dict[str, Any]], rows: lis
         lines.append(report_int8.render(
             int8_part["rows"], int8_part["aggregate"], int8_part["targets"],
             {k: v["accuracy"] for k, v in baselines.items()}, int8_part["calibration_samples"]))
+    if bf16_part:
+        lines.append(bf16.render(bf16_part, {k: v["accuracy"] for k, v in baselines.items()}))
     problems = [r for r in rows if r.get("status") == "ok" and (
         r.get("ort_error") or r.get("checker_error") or r.get("emulation_error"))]
     if problems:
