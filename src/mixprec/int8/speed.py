@@ -28,7 +28,7 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.calibrate.measure import node_macs
-from mixprec.runtime.engine import RuntimeOptions, Session
+from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError, Session
 from mixprec.runtime.engines import engine_for
 
 __all__ = [
@@ -208,9 +208,19 @@ def choose_placement(
     ``summary``).
     """
     sessions = {"fp32": session(fp32, runtime)}
+    refused: dict[str, str] = {}
     for label, placement in placements.items():
-        sessions[label] = session(build(placement), runtime)
-    decision = decide(time_paired(sessions, feeds), list(placements))
+        try:  # a placement the runtime cannot compile is no candidate (OpenVINO's LPT
+            sessions[label] = session(build(placement), runtime)  # threw on PP-OCR cls)
+            sessions[label].run(feeds)
+        except (RuntimeLoadError, RuntimeRunError) as e:
+            refused[label] = str(e)
+            sessions.pop(label, None)
+    placements = {k: v for k, v in placements.items() if k not in refused}
+    if not placements:
+        decision = SpeedDecision("fp32", {}, {}, {}, 0, "the runtime refused every placement")
+    else:
+        decision = decide(time_paired(sessions, feeds), list(placements))
     chosen = placements[decision.chosen] if decision.chosen != "fp32" else STAY_FLOAT
     shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in feeds.items())
     where = (runtime or RuntimeOptions()).name
@@ -219,6 +229,7 @@ def choose_placement(
         "interleaved rounds): "
         + ", ".join(f"{label} {value:.2f}" for label, value in decision.ms.items())
         + f"; chose {decision.chosen!r}: {decision.why}"
+        + "".join(f"; {label!r} refused by the runtime: {why}" for label, why in refused.items())
     )
     return chosen, {
         "ms": decision.ms,
@@ -227,6 +238,7 @@ def choose_placement(
         "rounds": decision.rounds,
         "chosen": decision.chosen,
         "runtime": where,
+        "refused": refused,
         "shapes": {k: list(np.shape(v)) for k, v in feeds.items()},
         "summary": summary,
     }
