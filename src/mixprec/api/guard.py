@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import re
 from collections.abc import Callable
@@ -36,7 +37,7 @@ from mixprec.pipeline.convert import CalibrationData
 from mixprec.pipeline.quantize import run_quantize
 from mixprec.pipeline.report import Report
 from mixprec.runtime.emulate import emulate_low_precision
-from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions
+from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
 from mixprec.runtime.engines import check_plan, engine_for
 from mixprec.runtime.validation import detect_low_dtype
 from mixprec.tune.guard import (
@@ -98,6 +99,26 @@ def _outputs(
     return [session.run(feeds_for(model, s)) for s in samples]
 
 
+def _checked(
+    reference: list[dict[str, Any]],
+    work: ir.Model,
+    held: list[dict[str, Any]],
+    config: QuantizeConfig,
+    how: tuple[dict[str, str], GuardBudget],
+) -> list[OutputCheck]:
+    """The guard's checks of ``work``; a model the runtime refuses to run (a placement
+    that changed a value-dependent length inside the graph) misses every check with the
+    runtime's reason, and the repair goes on as for any miss."""
+    kinds, budget = how
+    try:
+        return check_outputs(reference, _outputs(work, held, config.runtime), kinds, budget)
+    except RuntimeRunError as e:
+        return [
+            OutputCheck(name, kind, math.nan, budget.limit(kind), False, str(e))
+            for name, kind in kinds.items()
+        ]
+
+
 def _eval_samples(eval_data: EvalData, model: ir.Model) -> list[dict[str, Any]]:
     if isinstance(eval_data, str | os.PathLike):
         return list(iter_calibration_npz(eval_data, model))
@@ -126,7 +147,7 @@ def guarded_quantize(
     reference = _outputs(original, held)
     work, report = quantize_once(source, config, calib, progress)
     say(f"checking the INT8 model on {len(held)} held-out sample(s)")
-    first = check_outputs(reference, _outputs(work, held, config.runtime), kinds, budget)
+    first = _checked(reference, work, held, config, (kinds, budget))
     guard = _guard_info(len(calib or []), len(held), in_sample, eval_data is not None)
     if all(c.passed for c in first):
         return work, _finish(report, guard, first, (), first)
@@ -145,10 +166,10 @@ def guarded_quantize(
         config, exclude_nodes=config.exclude_nodes + tuple(f"^{re.escape(n)}$" for n in names)
     )
     work, report = quantize_once(source, repaired, calib, progress)
-    final = check_outputs(reference, _outputs(work, held, config.runtime), kinds, budget)
+    final = _checked(reference, work, held, config, (kinds, budget))
     if not all(c.passed for c in final) and tuned.passed:
         work, report = _tuner_or_input(source, config, tuned, (calib, held), progress)
-        final = check_outputs(reference, _outputs(work, held, config.runtime), kinds, budget)
+        final = _checked(reference, work, held, config, (kinds, budget))
     return work, _finish(report, guard, final, names, first)
 
 

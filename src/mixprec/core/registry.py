@@ -91,12 +91,16 @@ class OpRule:
             (it then acts as a DENY seed), or None.
         output_fp32: the op computes in low precision but hands FP32 to its consumers
             (the TVM ``output_dtype`` knob); a Cast is placed right after it.
+        fp32_upstream: when ``fp32_if`` holds, the float path that feeds only this node
+            stays FP32 too, back to the first value something else also reads (a count's
+            whole computation: rounding it anywhere moves the count).
         note: one line shown in the documentation table.
     """
 
     keep_fp32_inputs: frozenset[int] = frozenset()
     fp32_if: Condition | None = None
     output_fp32: bool = False
+    fp32_upstream: bool = False
     note: str = ""
 
 
@@ -134,6 +138,8 @@ class OpInfo:
         macs: multiply-accumulates per node, from shapes; None: not counted.
         int8: the op's part in INT8 quantization (see :data:`INT8_ROLES`); None: it
             stays float.
+        count_inputs: input indices that take a count or a shape (Range's bounds,
+            Reshape's shape, TopK's k, ...): a float rounded into one decides a length.
     """
 
     classes: Mapping[str, OpClass] = field(default_factory=dict)
@@ -145,6 +151,7 @@ class OpInfo:
     same_type: bool = False
     macs: MacFormula | None = None
     int8: str | None = None
+    count_inputs: frozenset[int] = frozenset()
 
 
 #: How an op takes part in INT8 (QDQ that ONNX Runtime's CPU provider fuses):
@@ -198,9 +205,17 @@ def _check_registration(op_type: object, domain: object, facts: Mapping[str, obj
                 f"classes entry {target!r}: {cls!r}: targets are float16/bfloat16, "
                 "values OpClass members"
             )
+    _check_indices("count_inputs", facts.get("count_inputs", frozenset()))
     checked = facts.get("range_checked", frozenset())
     if not isinstance(checked, frozenset) or not checked <= set(_TARGETS):
         raise MixprecError(f"range_checked must be a frozenset of targets, got {checked!r}")
+
+
+def _check_indices(what: str, indices: object) -> None:
+    if not isinstance(indices, frozenset) or any(
+        isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in indices
+    ):
+        raise TypeError(f"{what} must be a frozenset of input indices: {indices!r}")
 
 
 def _check_rule(rule: object) -> None:
@@ -208,15 +223,12 @@ def _check_rule(rule: object) -> None:
         return
     if not isinstance(rule, OpRule):
         raise TypeError(f"rule must be an OpRule, not {type(rule).__name__} {rule!r}")
-    keep = rule.keep_fp32_inputs
-    if not isinstance(keep, frozenset) or any(
-        isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in keep
-    ):
-        raise TypeError(f"OpRule keep_fp32_inputs must be a frozenset of input indices: {keep!r}")
+    _check_indices("OpRule keep_fp32_inputs", rule.keep_fp32_inputs)
     if rule.fp32_if is not None and not callable(rule.fp32_if):
         raise TypeError(f"OpRule fp32_if must be a function or None, not {rule.fp32_if!r}")
-    if not isinstance(rule.output_fp32, bool):
-        raise TypeError(f"OpRule output_fp32 must be a bool, not {rule.output_fp32!r}")
+    for name in ("output_fp32", "fp32_upstream"):
+        if not isinstance(getattr(rule, name), bool):
+            raise TypeError(f"OpRule {name} must be a bool, not {getattr(rule, name)!r}")
     if not isinstance(rule.note, str):
         raise TypeError(f"OpRule note must be a str, not {rule.note!r}")
 
@@ -346,6 +358,24 @@ for _op in (
     "Where",
 ):
     register_op(_op, same_type=True)
+
+
+# --- inputs that take a count or a shape -------------------------------------------------
+
+for _op, _slots in {
+    "Range": {0, 1, 2},  # start, limit, delta
+    "Expand": {1},  # shape
+    "Tile": {1},  # repeats
+    "Reshape": {1},  # shape
+    "ConstantOfShape": {0},  # shape
+    "Slice": {1, 2, 3, 4},  # starts, ends, axes, steps
+    "Resize": {3},  # sizes
+    "TopK": {1},  # k
+    "CumSum": {0},  # positions from durations (VITS' alignment path)
+    "OneHot": {1},  # depth
+    "Pad": {1},  # pads
+}.items():
+    register_op(_op, count_inputs=frozenset(_slots))
 
 
 # --- multiply-accumulates ---------------------------------------------------------------

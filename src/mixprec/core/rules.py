@@ -16,6 +16,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec.core.constants import const_tensor
+from mixprec.core.ops import is_onnx_domain
 from mixprec.core.registry import (
     DEFAULT_RULE,
     OpRule,
@@ -132,6 +133,10 @@ _MAX_SOFTMAX_AXIS = {"float16": 8192, "bfloat16": 8192}
 
 
 def _softmax_condition(node: ir.Node, ctx: RuleContext) -> str | None:
+    if ctx.target == "bfloat16":
+        # bf16 probabilities keep 2-3 significant digits; OpenVINO's own bf16 keeps
+        # Softmax in f32 too (MTCNN R-Net's face scores: rel L2 0.0022 bf16 vs 0.0009)
+        return "Softmax in bf16 keeps 2-3 significant digits of each probability"
     shape = ctx.shape(node.inputs[0] if node.inputs else None)
     if not shape:
         return "Softmax over an axis of unknown length"
@@ -167,7 +172,10 @@ for _op in ("ReduceSum", "ReduceMean", "ReduceSumSquare", "ReduceL1", "ReduceL2"
     )
 register_rule(
     "Softmax",
-    OpRule(fp32_if=_softmax_condition, note="FP32 when the axis is unknown or > 8192 wide"),
+    OpRule(
+        fp32_if=_softmax_condition,
+        note="FP32 in bf16; in fp16 when the axis is unknown or > 8192 wide",
+    ),
 )
 
 
@@ -226,3 +234,82 @@ register_rule(
         note="low precision computes its statistics in float32 (stash_type=1, the default)",
     ),
 )
+
+
+# --- a float rounded into a count or a shape ----------------------------------------------
+
+#: Ops that hand a rounded count on (arithmetic on it, moving or summing it): the count
+#: rule follows a rounded value through them to an input that takes a count
+#: (``OpInfo.count_inputs``: Range, Expand, Tile, Reshape's shape, ConstantOfShape,
+#: Slice's bounds, Resize's sizes, TopK's k, CumSum, OneHot's depth, Pad's pads).
+_COUNT_CARRIERS = frozenset(
+    {
+        "Abs", "Add", "Cast", "CastLike", "Ceil", "Clip", "Concat", "Div", "Expand",
+        "Flatten", "Floor", "Gather", "Identity", "Max", "Min", "Mul", "Neg", "ReduceMax",
+        "ReduceMin", "ReduceSum", "Relu", "Reshape", "Round", "Slice", "Split", "Squeeze",
+        "Sub", "Sum", "Tile", "Transpose", "Unsqueeze",
+    }
+)  # fmt: skip
+#: How many ops the rule follows a rounded value through.
+_COUNT_DEPTH = 16
+
+
+def _count_reader(node: ir.Node) -> str | None:
+    """The first input downstream of ``node`` (through :data:`_COUNT_CARRIERS`) that
+    takes a count, as ``"Range 'frames' (input 1)"``; None when there is none."""
+    seen = {node}
+    frontier = [node]
+    for _ in range(_COUNT_DEPTH):
+        following: list[ir.Node] = []
+        for current in frontier:
+            for out in current.outputs:
+                for use in out.uses():
+                    user = use.node
+                    if not is_onnx_domain(user.domain):
+                        continue
+                    if use.idx in node_info(user).count_inputs:
+                        return f"{user.op_type} {user.name!r} (input {use.idx})"
+                    if user.op_type in _COUNT_CARRIERS and user not in seen:
+                        seen.add(user)
+                        following.append(user)
+        if not following:
+            return None
+        frontier = following
+    return None
+
+
+def _count_condition(node: ir.Node, ctx: RuleContext) -> str | None:
+    """Ceil, Floor, Round, or a Cast from float to an integer type, whose result a
+    count input reads: a rounding of the value before it moves the count by one (fp16
+    holds 10.001 as 10: Ceil gives 10, not 11), and with it an output's length."""
+    if node.op_type == "Cast":
+        to = node.attributes.get("to")
+        source = node.inputs[0] if node.inputs else None
+        if (
+            to is None
+            or source is None
+            or source.dtype is None
+            or not source.dtype.is_floating_point()
+            or not ir.DataType(to.as_int()).is_integer()
+        ):
+            return None
+    reader = _count_reader(node)
+    if reader is None:
+        return None
+    return f"decides a count: rounded into {reader}"
+
+
+for _op in ("Ceil", "Floor", "Round", "Cast"):
+    _what = "it casts a float to an integer that" if _op == "Cast" else "its result"
+    register_rule(
+        _op,
+        OpRule(
+            fp32_if=_count_condition,
+            fp32_upstream=True,
+            note=(
+                f"decides a count: FP32, with the float path that feeds only it, when {_what} "
+                "reaches a count or shape input (Range, Expand, Tile, Reshape, Slice, "
+                "ConstantOfShape, Resize sizes, TopK k, CumSum, OneHot, Pad)"
+            ),
+        ),
+    )

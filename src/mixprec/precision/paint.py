@@ -6,7 +6,10 @@ The algorithm follows TensorFlow grappler's auto mixed precision (and Intel ITEX
    admits no low-precision type, excluded by name, control flow (If/Loop/Scan keep a
    float32 interface; their bodies are painted like the rest), unknown output types,
    constants outside the target range, and calibrated activations beyond the threshold.
-   Conditional rules turn a node into a DENY seed (``rule``).
+   Conditional rules turn a node into a DENY seed (``rule``); a rule that says
+   ``fp32_upstream`` (a float rounded into a count: Ceil before a Range) also keeps the
+   float path that feeds only that node FP32, back to the first value something else
+   reads.
 1. ``allow``: ALLOW ops go low.
 2. ``deny``: DENY ops (and rule seeds) stay FP32 and spread downstream through INFER and
    CLEAR ops.
@@ -283,6 +286,7 @@ class _Painter:
                 continue
             self._prepare_node(node)
         self.order = list(self.slots)
+        self._keep_upstream_fp32()
         self._find_const_fed()
 
     def _prepare_node(self, node: ir.Node) -> None:
@@ -329,6 +333,56 @@ class _Painter:
             self.range_ok.add(node)
         elif cls is OpClass.DENY:
             self.seeds.append((node, "DENY list"))
+
+    def _keep_upstream_fp32(self) -> None:
+        """Rule seeds whose rule says ``fp32_upstream`` (a float rounded into a count):
+        the float path feeding only them stays FP32 too, with the seed's reason."""
+        seeds = {node for node, _ in self.seeds}
+        for seed, why in list(self.seeds):
+            if not rule_for(seed).fp32_upstream:
+                continue
+            because = why.removeprefix("rule: ").removeprefix("decides a count: ")
+            for node in self._feeding_only(seed):
+                if node not in self.decisions and node not in seeds:
+                    self.decide(
+                        node,
+                        Precision.FP32,
+                        "deny",
+                        f"rule: decides a count: feeds only {seed.op_type} {seed.name!r}, "
+                        f"{because}",
+                    )
+
+    def _feeding_only(self, seed: ir.Node) -> list[ir.Node]:
+        """The paintable nodes upstream of ``seed`` whose float outputs nothing but this
+        path reads: back to the first value that something else (another node, a graph
+        output) also reads, or a node that cannot be followed (control flow, no float
+        slots, a graph input or constant)."""
+        path = {seed}
+        found: list[ir.Node] = []
+        frontier = [seed]
+        while frontier:
+            node = frontier.pop()
+            for _value, producer in self.feeders(node):
+                if producer is None or producer in path or not self._followable(producer):
+                    continue
+                if self._read_only_by(producer, path):
+                    path.add(producer)
+                    found.append(producer)
+                    frontier.append(producer)
+        return found
+
+    def _followable(self, node: ir.Node) -> bool:
+        return node in self.slots and node not in self.if_nodes and not node_info(node).control_flow
+
+    @staticmethod
+    def _read_only_by(node: ir.Node, path: set[ir.Node]) -> bool:
+        for value in node.outputs:
+            if value.is_graph_output():
+                return False
+            for use in value.uses():
+                if use.node not in path and use.node.op_type not in SHAPE_ONLY_OPS:
+                    return False
+        return True
 
     def _rule_reason(self, node: ir.Node, rule: OpRule, opset: int) -> str | None:
         assert rule.fp32_if is not None

@@ -31,7 +31,7 @@ from mixprec.core.ops import TOLERANCES
 from mixprec.io.feeds import feeds_for
 from mixprec.runtime.ort import run_session
 
-__all__ = ["BUILTIN_METRICS", "Budget", "Candidate", "Metric", "resolve_metric"]
+__all__ = ["BUILTIN_METRICS", "MISS", "Budget", "Candidate", "Metric", "resolve_metric"]
 
 Outputs = Mapping[str, np.ndarray]
 logger = logging.getLogger(__name__)
@@ -181,12 +181,17 @@ def _guarded(compare: Compare, miss: float) -> Compare:
     return guarded
 
 
+#: Each built-in metric's worst value: what a candidate scores when its outputs cannot be
+#: compared (an output changed shape) or ONNX Runtime refuses to run it (a length that
+#: depends on values changed inside the graph). A callable metric's miss is -inf.
+MISS: dict[str, float] = {"rel-l2": math.inf, "max-abs": math.inf, "top1": 0.0, "cosine": -1.0}
+
 _FUNCTIONS: dict[str, Compare] = {
-    "rel-l2": _guarded(rel_l2, math.inf),
-    "max-abs": _guarded(max_abs, math.inf),
-    "top1": _guarded(top1, 0.0),
-    "cosine": _guarded(cosine, -1.0),
-}
+    name: _guarded(compare, MISS[name])
+    for name, compare in (
+        ("rel-l2", rel_l2), ("max-abs", max_abs), ("top1", top1), ("cosine", cosine)
+    )
+}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +226,11 @@ class Metric:
     @property
     def builtin(self) -> bool:
         return self.compare is not None
+
+    @property
+    def miss(self) -> float:
+        """The worst value (:data:`MISS`): a candidate that cannot be compared or run."""
+        return MISS[self.name] if self.builtin else -math.inf
 
 
 def resolve_metric(metric: str | Callable[[Candidate], float]) -> Metric:
@@ -285,9 +295,3 @@ def _number(value: object, what: str) -> float:
     if not math.isfinite(number):
         raise MixprecError(f"{what} must be finite, got {value!r}")
     return number
-
-
-def per_sample(metric: Metric, ref: Sequence[Outputs], out: Sequence[Outputs]) -> list[float]:
-    """The built-in metric of each sample alone (to pick the worst samples)."""
-    assert metric.compare is not None
-    return [metric.compare([r], [o]) for r, o in zip(ref, out, strict=True)]

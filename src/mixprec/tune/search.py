@@ -7,6 +7,9 @@ The steps (:mod:`mixprec.tune.run` drives them):
    quantizes) are the N candidates.
 2. Score the all-low model on every sample; if it meets the budget, that is the answer.
    Otherwise rank the candidates from one instrumented run (:mod:`mixprec.tune.sensitivity`).
+   A candidate whose output changed shape, or that the runtime refuses to run (a length
+   that depends on values changed inside the graph), scores the metric's worst value
+   with the reason (``Step.note``): a miss, never an error.
 3. Search over the ranked list: moving the first ``k`` back to float (the policy's node
    exclusions; only ``annotate`` and ``apply`` re-run on copies of the calibrated model).
    The all-low model (k = 0) is scored on every sample; if it misses the budget, ``k`` is
@@ -39,10 +42,10 @@ from mixprec.calibrate.measure import CALIBRATION, MACS, SHAPES, CountMacsPass
 from mixprec.core.graphs import iter_nodes
 from mixprec.pipeline.stages import Stage
 from mixprec.runtime.emulate import emulate_low_precision
-from mixprec.runtime.engine import RuntimeOptions
+from mixprec.runtime.engine import RuntimeOptions, RuntimeRunError
 from mixprec.runtime.engines import engine_for
 from mixprec.runtime.ort import OrtLoadError, make_session
-from mixprec.tune.metrics import Budget, Candidate, Metric, per_sample
+from mixprec.tune.metrics import Budget, Candidate, Metric, shape_miss
 from mixprec.tune.result import Step
 from mixprec.tune.sensitivity import NodeSensitivity
 
@@ -209,22 +212,14 @@ class Search:
         model, share = self.build(k, finish=False)
         proto, session = self.session(model)
         idx = list(range(len(self.samples))) if subset is None else list(subset)
-        samples = [self.samples[i] for i in idx]
-        each: list[float] = []
-        if self.metric.builtin:
-            cand = Candidate(proto, session, samples)
-            ref = [self.reference[i] for i in idx]
-            assert self.metric.compare is not None
-            value = self.metric.compare(ref, cand.outputs)
-            if subset is None:
-                each = per_sample(self.metric, ref, cand.outputs)
-        else:
-            assert self.metric.user is not None
-            value = float(self.metric.user(Candidate(proto, session, samples)))
+        value, each, note = self._evaluate(proto, session, idx, full=subset is None)
+        if note:
+            logger.info("tune: %s: scored as a miss", note)
         self.counts["subset" if subset is not None else "full"] += 1
         passed = self.budget.met(value) if self.budget is not None else False
         moved = self.names(k)
-        step = Step(len(moved), subset is not None, value, passed, share, time.perf_counter() - t)
+        seconds = time.perf_counter() - t
+        step = Step(len(moved), subset is not None, value, passed, share, seconds, note)
         self.path.append(step)
         if subset is None:
             if isinstance(k, int):
@@ -240,6 +235,44 @@ class Search:
             "pass" if passed else "fail",
         )
         return value, each
+
+    def _evaluate(
+        self, proto: onnx.ModelProto, session: Any, idx: list[int], *, full: bool
+    ) -> tuple[float, list[float], str]:
+        """The metric on the samples ``idx``, the per-sample values (built-in metrics,
+        ``full`` only), and why the candidate is a miss ("" when it is not).
+
+        A candidate the runtime refuses to run (a length that depends on values changed
+        inside the graph: operands that no longer broadcast) scores the metric's worst
+        value, like one whose output changed shape; the search goes on.
+        """
+        samples = [self.samples[i] for i in idx]
+        candidate = Candidate(proto, session, samples)
+        if not self.metric.builtin:
+            assert self.metric.user is not None
+            try:
+                return float(self.metric.user(candidate)), [], ""
+            except RuntimeRunError as exc:
+                return self.metric.miss, [], str(exc)
+        compare = self.metric.compare
+        assert compare is not None
+        ref = [self.reference[i] for i in idx]
+        outs: list[dict[str, np.ndarray] | None] = []
+        note = ""
+        for sample in samples:
+            try:
+                outs.append(candidate.run(sample))
+            except RuntimeRunError as exc:
+                outs.append(None)
+                note = note or str(exc)
+        each = []
+        if full:
+            for r, o in zip(ref, outs, strict=True):
+                each.append(self.metric.miss if o is None else compare([r], [o]))
+        ran = [o for o in outs if o is not None]
+        if note:
+            return self.metric.miss, each, note
+        return compare(ref, ran), each, shape_miss(ref, ran) or ""
 
     def run(self, subset_size: int) -> tuple[str, ...] | None:
         """The nodes to move to float: the passing candidate with the largest MAC share

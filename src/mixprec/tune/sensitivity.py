@@ -23,6 +23,8 @@ bf16 kernels.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -32,9 +34,12 @@ import onnx_ir as ir
 
 from mixprec.core.graphs import UniqueNames
 from mixprec.io.feeds import feeds_for
+from mixprec.runtime.engine import RuntimeRunError
 from mixprec.runtime.ort import run_session, session_for
 
 __all__ = ["NodeSensitivity", "Rounder", "measure_sensitivity", "rank"]
+
+logger = logging.getLogger(__name__)
 
 #: Ops whose copies would not reproduce their FP32 output (fresh random numbers).
 _NONDETERMINISTIC = frozenset(
@@ -299,6 +304,13 @@ def measure_sensitivity(
 ) -> list[NodeSensitivity]:
     """Run the instrumented model once per sample and return every candidate's errors.
 
+    A rounded value can change a length that depends on values (a predicted duration,
+    the count of scores above a threshold), and ONNX Runtime then refuses the
+    instrumented run (operands that no longer broadcast). The run is then repeated
+    without the low-precision stream (its ``accumulated`` errors become NaN), and if that
+    fails too, on halves of the candidates: a candidate whose copies alone cannot run is
+    the one whose rounding changes a length, and scores ``inf`` (it ranks first).
+
     Args:
         model: the prepared FP32 model (not changed).
         candidates: ``{node name: (op type, MACs)}`` of the nodes that may go low.
@@ -310,6 +322,43 @@ def measure_sensitivity(
     Returns:
         One :class:`NodeSensitivity` per candidate, in ``candidates`` order.
     """
+    measure = functools.partial(_measure, model, make_rounder=make_rounder, samples=samples,
+                                threads=threads)  # fmt: skip
+    try:
+        return measure(candidates, accumulated=accumulated)
+    except RuntimeRunError as exc:
+        logger.info("tune: the instrumented run failed (%s); measuring piecewise", exc)
+    found = {s.name: s for s in _measure_apart(measure, list(candidates.items()))}
+    return [dataclasses.replace(found[name], accumulated=math.nan) for name in candidates]
+
+
+def _measure_apart(
+    measure: Callable[..., list[NodeSensitivity]], items: list[tuple[str, tuple[str, int]]]
+) -> list[NodeSensitivity]:
+    """Local and downstream errors of ``items``, in halves where a run fails; a single
+    candidate that cannot run scores ``inf``."""
+    try:
+        return measure(dict(items), accumulated=False)
+    except RuntimeRunError as exc:
+        if len(items) == 1:
+            name, (op_type, macs) = items[0]
+            logger.info("tune: %s %r rounded cannot run (%s): scored inf", op_type, name, exc)
+            return [NodeSensitivity(name, op_type, math.inf, math.inf, math.nan, macs)]
+    half = len(items) // 2
+    return _measure_apart(measure, items[:half]) + _measure_apart(measure, items[half:])
+
+
+def _measure(
+    model: ir.Model,
+    candidates: Mapping[str, tuple[str, int]],
+    *,
+    make_rounder: Callable[[ir.Graph, UniqueNames], Rounder],
+    samples: Sequence[Mapping[str, np.ndarray]],
+    threads: int,
+    accumulated: bool,
+) -> list[NodeSensitivity]:
+    """One instrumented run per sample (:func:`measure_sensitivity`, without the
+    fallback)."""
     instrumented, comparisons, measured = instrument(
         model, candidates, make_rounder, accumulated=accumulated
     )
