@@ -229,3 +229,60 @@ def test_nested_entries_of_one_autocast_keep_the_exclusions():
         out = net.head(net.norm(body(x)))  # a decorated call inside the outer with
     assert rec.dtypes("addmm") == ["torch.bfloat16", "torch.float32"]  # head still excluded
     assert out.dtype == torch.float32
+
+
+def test_nested_entries_of_one_autocast_count_each_call_once():
+    torch.manual_seed(0)
+    net, (x, y) = Net(), _data()
+    once = mt.autocast("bf16", module=net)
+    _run(once, net, x, y)
+    amp = mt.autocast("bf16", module=net)
+
+    @amp
+    def forward(inp):
+        return net(inp)
+
+    rec = Recorder()
+    with amp, rec, amp:  # three entries deep around the model's calls
+        F.cross_entropy(forward(x), y)
+    assert len(rec.dtypes("addmm")) == 2  # the calls ran once each
+    assert amp.report.by_op()[("Gemm", "allow", "allow")] == Counter({"bfloat16": 2})
+    assert amp.report.counts == once.report.counts  # as one entry counts them
+
+
+def test_the_inner_autocast_object_decides_as_in_torch_autocast():
+    torch.manual_seed(0)
+    lin, x = nn.Linear(8, 4), torch.randn(2, 8)
+    outer, inner = mt.autocast("bf16"), mt.autocast("bf16", deny_add=["Gemm"])
+    with outer:
+        with inner:
+            assert lin(x).dtype == torch.float32  # the inner DENY wins over the outer ALLOW
+        assert lin(x).dtype == torch.bfloat16
+    assert inner.report.by_op() == {("Gemm", "deny", "deny"): Counter({"float32": 1})}
+    assert outer.report.by_op() == {("Gemm", "allow", "allow"): Counter({"bfloat16": 1})}
+    with mt.autocast("bf16", deny_add=["Gemm"]), mt.autocast("fp16"):
+        assert lin(x).dtype == torch.float16  # the inner ALLOW wins over the outer DENY
+    with torch.autocast("cpu", torch.bfloat16), torch.autocast("cpu", enabled=False):
+        assert lin(x).dtype == torch.float32  # torch.autocast: the inner one decides too
+
+
+def test_multi_head_attention_with_weights_keeps_its_softmax_float32():
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 2, batch_first=True)
+    x = torch.randn(2, 5, 16)
+    ref, ref_weights = mha(x, x, x)  # need_weights=True: nn.MultiheadAttention's default
+    amp, rec = mt.autocast("bf16", module=mha), Recorder()
+    with amp, rec:
+        out, weights = mha(x, x, x)
+    assert rec.dtypes("_softmax") == ["torch.float32"]  # the weights: softmax in float32
+    assert weights.dtype == torch.float32
+    assert set(rec.dtypes("addmm", "baddbmm", "bmm")) == {"torch.bfloat16"}  # matmuls low
+    assert out.dtype == torch.bfloat16
+    assert_close(ref_weights.detach().numpy(), weights.detach().numpy(), "bf16", name="weights")
+    assert_close(ref.detach().numpy(), out.float().detach().numpy(), "bf16", name="out")
+    ops = {(k.op, k.rule) for k in amp.report.calls}
+    assert ("Attention", "need_weights: op by op") in ops and ("Softmax", "deny") in ops
+    with amp:  # without the weights: one fused call, allowed low
+        out, weights = mha(x, x, x, need_weights=False)
+    assert weights is None and out.dtype == torch.bfloat16
+    assert amp.report.by_op()[("Attention", "allow", "allow")] == Counter({"bfloat16": 1})

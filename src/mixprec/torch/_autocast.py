@@ -7,7 +7,7 @@ function that the registry's torch table (:mod:`mixprec.core.torch_ops`) maps on
 op type:
 
 * ALLOW: float32 tensor arguments are cast to the low dtype;
-* DENY: low tensor arguments are cast to float32 (so are training's loss functions that
+* DENY: low tensor arguments are cast to float32 (so are training's float32 functions that
   have no ONNX op type);
 * INFER and CLEAR: the call follows its inputs: all low stays low, all float32 stays
   float32, a mix runs in float32;
@@ -19,16 +19,26 @@ an INFER/CLEAR op fed by a float32 DENY output runs in float32 until an ALLOW op
 down again; but nothing spreads upstream, the range-based rules (a wide Softmax axis, a
 long reduction) are replaced by training's defaults (softmax, norms, exp/log/pow and
 reductions in float32), and Python composites that the table does not name run as one
-call in the dtype their inputs arrive in. Functions the table does not name are passed
-through untouched (not counted).
+call in the dtype their inputs arrive in (except the composites of
+:data:`~mixprec.core.torch_ops.TORCH_OP_BY_OP`, run op by op when asked). Functions the
+table does not name are passed through untouched (not counted).
+
+Nested entries: each torch call is decided (and counted) once, by the innermost entry,
+as with ``torch.autocast``: the same object entered twice (a decorated function called
+inside its own ``with``) counts a call once, and an inner autocast object's lists win
+over an outer one's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
+import inspect
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import FunctionType
 from typing import Any
 
 import torch
@@ -39,6 +49,7 @@ from mixprec.core.ops import parse_dtype
 from mixprec.core.policy import OpClass, Policy, default_policy
 from mixprec.core.torch_ops import (
     TORCH_FUNCTIONS,
+    TORCH_OP_BY_OP,
     TRAINING_ALLOW,
     TRAINING_DENY,
     TRAINING_FP32_FUNCTIONS,
@@ -54,7 +65,7 @@ _LISTS = {
     "infer": OpClass.INFER,
     "clear": OpClass.CLEAR,
 }
-_LOSS = "loss (float32 in training)"
+_FP32 = "float32 in training"
 
 
 def _resolve(dotted: str) -> Any:
@@ -111,16 +122,67 @@ def _changes(options: Mapping[str, Iterable[str]]) -> tuple[dict, dict]:
     return add, remove
 
 
+#: ``busy``: a mixprec mode is deciding a call on this thread. The call it makes then
+#: reaches the modes below it (outer entries): they pass it on untouched, so that each
+#: call is decided and counted once, by the innermost entry.
+_STATE = threading.local()
+
+
 class _Mode(TorchFunctionMode):
     def __init__(self, amp: autocast) -> None:
         super().__init__()
         self.amp = amp
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        entry = self.amp.entries.get(func)
-        if entry is None:
-            return func(*args, **(kwargs or {}))
-        return self.amp.run_call(entry, func, args, kwargs or {})
+        kwargs = kwargs or {}
+        if getattr(_STATE, "busy", False):
+            return func(*args, **kwargs)
+        _STATE.busy = True
+        try:
+            entry = self.amp.entries.get(func)
+            if entry is None:
+                return func(*args, **kwargs)
+            return self.amp.run_call(entry, func, args, kwargs)
+        finally:
+            _STATE.busy = False
+
+
+@functools.cache
+def _arg_index(func: Any, arg: str) -> int:
+    return list(inspect.signature(func).parameters).index(arg)
+
+
+def _asked(func: Any, name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """Whether the call asks for :data:`TORCH_OP_BY_OP`'s argument of ``name``."""
+    arg, default = TORCH_OP_BY_OP[name]
+    if arg in kwargs:
+        return bool(kwargs[arg])
+    index = _arg_index(func, arg)
+    return bool(args[index]) if index < len(args) else default
+
+
+@functools.cache
+def _unguarded(func: Any) -> Any:
+    """A copy of the Python function ``func`` whose own ``has_torch_function`` check
+    answers False, so that its body runs under the mode that called it and the mode
+    sees its inner calls one by one; None when ``func`` has no such check."""
+    code = getattr(func, "__code__", None)
+    if code is None or "has_torch_function" not in code.co_names:
+        return None
+    scope = dict(func.__globals__, has_torch_function=lambda *_: False)
+    copy = FunctionType(code, scope, func.__name__, func.__defaults__, func.__closure__)
+    copy.__kwdefaults__ = func.__kwdefaults__
+    return copy
+
+
+def _op_by_op(amp: autocast, body: Any, args: Any, kwargs: Any) -> Any:
+    """``body`` run with a fresh mode of ``amp`` deciding each of its inner calls."""
+    _STATE.busy = False
+    try:
+        with _Mode(amp):
+            return body(*args, **kwargs)
+    finally:
+        _STATE.busy = True
 
 
 def _cast_all(value: Any, src: Callable[[torch.dtype], bool], dst: torch.dtype) -> Any:
@@ -247,7 +309,7 @@ class autocast(contextlib.ContextDecorator):
         entries = {}
         for func, (op, name) in _TABLE.items():
             if not op:
-                kind, lst = ("low", "-") if self.policy.force_all else ("fp32", _LOSS)
+                kind, lst = ("low", "-") if self.policy.force_all else ("fp32", _FP32)
             else:
                 cls = self.policy.op_class(op)
                 lst = cls.value
@@ -265,6 +327,12 @@ class autocast(contextlib.ContextDecorator):
         rule = "force_all" if self.policy.force_all and kind == "low" else lst
         if self._excluded_depth:
             kind, rule = "fp32", "exclude"
+        if name in TORCH_OP_BY_OP and _asked(func, name, args, kwargs):
+            body = _unguarded(func)
+            if body is not None:
+                out = _op_by_op(self, body, args, kwargs)
+                return self._count(op, name, lst, f"{TORCH_OP_BY_OP[name][0]}: op by op", out)
+            kind, rule = "fp32", f"{TORCH_OP_BY_OP[name][0]} -> float32"
         low = self.low
         if kind == "low":
             args = tuple(_cast_all(a, _is_fp32, low) for a in args)
@@ -278,7 +346,9 @@ class autocast(contextlib.ContextDecorator):
                 rule = f"{lst}: mixed inputs -> float32"
             elif low in seen:
                 args = tuple(_low_params(a, low) for a in args)  # e.g. PReLU's weight
-        out = func(*args, **kwargs)
+        return self._count(op, name, lst, rule, func(*args, **kwargs))
+
+    def _count(self, op: str, name: str, lst: str, rule: str, out: Any) -> Any:
         where = self._stack[-1] if self._stack else ""
         self.report.counts[(op, name, where, _out_dtype(out), lst, rule)] += 1
         return out
