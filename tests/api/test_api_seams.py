@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
 from helpers import run_ort
+from mixprec.cli.main import main
 
 
 def _mlp() -> onnx.ModelProto:
@@ -44,10 +45,10 @@ def _data(n: int = 4) -> list[dict[str, np.ndarray]]:
     return [{"x": rng.standard_normal((2, 16)).astype(np.float32)} for _ in range(n)]
 
 
-def test_quantize_max_drop_takes_the_int8_mode_as_a_quantize_option():
+def test_tune_int8_takes_the_int8_mode_as_a_quantize_option():
     """Before: ``mode must be 'emulated' or 'ort', not 'dynamic'`` (tune's keyword)."""
     model = _mlp()
-    result = mixprec.quantize(model, _data(), max_drop=0.5, mode="dynamic")
+    result = mixprec.tune(model, "int8", _data(), budget=0.5, mode="dynamic")
     assert isinstance(result, mixprec.TuneResult) and result.passed, result.message
     ops = [n.op_type for n in result.model_proto.graph.node]
     assert "DynamicQuantizeLinear" in ops and "QuantizeLinear" not in ops, ops
@@ -59,6 +60,27 @@ def test_quantize_max_drop_takes_the_int8_mode_as_a_quantize_option():
     static = mixprec.tune(model, "int8", _data(), budget=0.5, mode="static")
     ops = [n.op_type for n in static.model_proto.graph.node]
     assert "QuantizeLinear" in ops and "DynamicQuantizeLinear" not in ops, ops
+
+
+def test_max_drop_means_the_guards_drop_in_the_api_as_on_the_cli(tmp_path: Path, capsys):
+    """Before: quantize(max_drop=) switched to the tuner and returned a TuneResult, while
+    --max-drop was the guard's top-1 drop; and a bad --max-drop named ``guard_drop``."""
+    result = mixprec.quantize(_mlp(), _data(6), max_drop=0.2, max_rel_l2=0.3)
+    assert isinstance(result, mixprec.ConversionResult), type(result)
+    assert not isinstance(result, mixprec.TuneResult)
+    config = result.report.policy["quantize"]
+    assert (config["guard_drop"], config["guard_rel_l2"]) == (0.2, 0.3), config
+    try:
+        mixprec.quantize(_mlp(), _data(6), max_drop=0.2, guard_drop=0.1)
+    except mixprec.MixprecError as exc:
+        assert "max_drop= or guard_drop=" in str(exc), exc
+    else:
+        raise AssertionError("both spellings were accepted")
+    src = tmp_path / "m.onnx"
+    onnx.save(_mlp(), src)
+    code = main(["quantize", str(src), "-o", str(tmp_path / "q.onnx"), "--max-drop", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--max-drop must lie in (0, 1), got 2" in err and "guard_drop" not in err
 
 
 def test_tune_refuses_an_unknown_mode_naming_both_kinds():

@@ -221,10 +221,10 @@ def _conv_model() -> onnx.ModelProto:
     return model
 
 
-def test_int8_tuning_and_quantize_max_drop():
+def test_int8_tuning_loose_and_tight():
     rng = np.random.default_rng(3)
     data = [{"x": rng.random((1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
-    loose = mixprec.quantize(_conv_model(), data, max_drop=0.5)
+    loose = mixprec.tune(_conv_model(), "int8", data, budget=0.5)
     assert isinstance(loose, mixprec.TuneResult) and loose.passed
     assert loose.kept_float == [] and loose.low_mac_share == 1.0
     assert loose.candidates == 2 and loose.ranking == []

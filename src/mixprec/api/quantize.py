@@ -17,7 +17,6 @@ from typing import Any
 import onnx_ir as ir
 
 from mixprec.api.guard import EvalData, guarded_quantize, quantize_once
-from mixprec.api.tune import tune_with_options
 from mixprec.core.errors import MixprecError
 from mixprec.int8.config import QuantizeConfig
 from mixprec.io.external import input_files
@@ -65,10 +64,9 @@ def quantize(
             the result holds top-1 >= 0.99 / rel L2 <= 0.1 (``guard_drop`` /
             ``guard_rel_l2``) on held-out samples, after moving the sensitive nodes back
             to float if needed; ``guard=False`` warns.
-            ``max_drop=X`` tunes instead (:func:`mixprec.tune`, target int8,
-            ``calibration_data`` as its data): the accepted drop of ``metric`` (default
-            "rel-l2": rel L2 <= X; "top1"/"cosine": >= 1 - X; a callable: its FP32 score
-            - X); it returns the ``TuneResult``. ``mode`` then still picks the INT8 mode.
+            ``max_drop`` / ``max_rel_l2`` are the same budgets under the CLI's names
+            (``--max-drop``, ``--max-rel-l2``). The tuner itself is
+            :func:`mixprec.tune` with target "int8".
 
     Returns:
         A :class:`~mixprec.ConversionResult` (``.model``, ``.report``, ``.save()``).
@@ -77,11 +75,7 @@ def quantize(
         >>> result = mixprec.quantize("model.onnx", batches, method="entropy")  # doctest: +SKIP
         >>> result.save("model_int8.onnx")                                      # doctest: +SKIP
     """
-    if options.get("max_drop") is not None:
-        if config is not None or base_dir is not None:
-            raise MixprecError("max_drop= takes keyword options, not config= or base_dir=")
-        return _tune_for_drop(model, calibration_data, progress, options)
-    options.pop("max_drop", None)
+    options = _guard_spellings(options)
     config = resolve_qconfig(config, options)
     t0 = time.perf_counter()
     if progress is not None:
@@ -115,20 +109,18 @@ def _unguarded(config: QuantizeConfig) -> str:
     return why
 
 
-def _tune_for_drop(
-    model: ModelLike,
-    data: CalibrationData | None,
-    progress: Callable[[str], None] | None,
-    options: dict[str, Any],
-) -> Any:
-    """``quantize(max_drop=X)``: the tuner with budget X (1 - X for top1/cosine). Every
-    other option, ``mode`` included, is a quantize option."""
-    drop = options.pop("max_drop")
-    metric = options.pop("metric", "rel-l2")
-    budget = 1.0 - drop if metric in ("top1", "cosine") else drop
-    return tune_with_options(
-        model, "int8", data, metric=metric, budget=budget, progress=progress, options=options
-    )
+def _guard_spellings(options: dict[str, Any]) -> dict[str, Any]:
+    """``max_drop`` / ``max_rel_l2``, the CLI's ``--max-drop`` / ``--max-rel-l2``, are the
+    guard's budgets (``guard_drop`` / ``guard_rel_l2``): one meaning for each name."""
+    for short, field in (("max_drop", "guard_drop"), ("max_rel_l2", "guard_rel_l2")):
+        if short not in options:
+            continue
+        value = options.pop(short)
+        if options.get(field) is not None and value is not None:
+            raise MixprecError(f"give {short}= or {field}=, not both (they are one option)")
+        if value is not None:
+            options[field] = value
+    return options
 
 
 def plan_int8(

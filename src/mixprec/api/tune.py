@@ -1,6 +1,6 @@
 """``mixprec.tune``: load -> :func:`~mixprec.tune.run.tune_model` -> log dir.
 
-Also the hand-over that ``convert(max_error=)`` and ``quantize(max_drop=)`` use
+Also the hand-over that ``convert(max_error=)`` and the INT8 guard's repair use
 (:func:`tune_with_options`): their options are the target's options, never the tuner's.
 """
 

@@ -17,6 +17,7 @@ from mixprec.cli.options import (
     shape_arg,
 )
 from mixprec.cli.outputs import add_output_args, checked_output, validate_and_write
+from mixprec.core.errors import MixprecError
 from mixprec.int8.params import METHODS
 
 __all__ = ["add_quantize_parser", "cmd_quantize"]
@@ -130,6 +131,13 @@ def _add_check_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _budget(value: float | None, flag: str) -> float | None:
+    """A guard budget checked under the flag's own name (not the API field's)."""
+    if value is not None and not 0.0 < value < 1.0:
+        raise MixprecError(f"{flag} must lie in (0, 1), got {value:g}")
+    return value
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
     out = checked_output(args)
     feeds = load_feeds(args.inputs, args.model)
@@ -149,8 +157,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         fallback=args.fallback,
         bias_correction=args.bias_correction,
         guard=not args.no_guard,
-        guard_drop=args.max_drop,
-        guard_rel_l2=args.max_rel_l2,
+        max_drop=_budget(args.max_drop, "--max-drop"),
+        max_rel_l2=_budget(args.max_rel_l2, "--max-rel-l2"),
         eval_data=args.eval_data,
         runtime=runtime_of(args),
         progress=progress(args.quiet or args.json),
