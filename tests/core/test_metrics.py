@@ -64,3 +64,32 @@ def test_compare_outputs_edge_cases() -> None:
         "passed",
         "note",
     }
+
+
+def test_the_output_checks_have_one_home():
+    """validate (compare_outputs), tune's metrics and the INT8 guard read these."""
+    from mixprec.core.metrics import (
+        cosine_similarity,
+        equal_share,
+        max_abs_error,
+        rel_l2_error,
+        top1_agreement,
+    )
+    from mixprec.tune import guard, metrics
+
+    ref = np.array([[1.0, 2.0, np.nan], [3.0, 0.0, 1.0]], np.float32)
+    out = ref * 1.01
+    assert rel_l2_error(ref, out) == pytest.approx(0.01, rel=1e-4)  # nan position skipped
+    assert rel_l2_error(ref, np.where(np.isnan(ref), 0, np.inf)) == np.inf
+    assert max_abs_error(ref, out) == pytest.approx(0.03, rel=1e-4)
+    scores = np.zeros((2, 3, 2), np.float32)
+    scores[:, 1] = 1.0
+    flipped = scores.copy()
+    flipped[0, :, 0] = [0, 0, 1]
+    assert top1_agreement(scores, flipped, axis=1) == pytest.approx(3 / 4)
+    assert cosine_similarity([1.0, 0.0], [0.0, 1.0]) == pytest.approx(0.0)
+    assert cosine_similarity([1.0, 2.0], [np.nan, 1.0]) == -1.0
+    assert equal_share(np.arange(4), np.array([0, 1, 2, 0])) == 0.75
+    # the tuner's and the guard's measures are these, not copies
+    assert metrics.rel_l2([{"y": ref}], [{"y": out}]) == rel_l2_error(ref, out)
+    assert guard.rel_l2_error is rel_l2_error and guard.top1_agreement is top1_agreement

@@ -10,7 +10,7 @@ import logging
 import numpy as np
 import onnx
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
 from helpers import run_ort
@@ -148,3 +148,40 @@ def test_cli_says_the_repair_last_and_no_guard_warns(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "accuracy guard off" in captured.err + captured.out
     assert out.exists()
+
+
+def _softmax_model(axis: int, channels: int) -> onnx.ModelProto:
+    """x[1, C, 4, 4] -> Conv -> Softmax(axis) : class scores per pixel (segmentation)."""
+    rng = np.random.default_rng(4)
+    w = numpy_helper.from_array(rng.standard_normal((channels, 3, 1, 1)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w"], ["c"], name="conv"),
+            helper.make_node("Softmax", ["c"], ["p"], name="softmax", axis=axis),
+        ],
+        "seg",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, [1, channels, 4, 4])],
+        [w],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_class_scores_are_read_on_the_softmax_axis_and_never_on_a_size_1_axis():
+    """Before: the class axis was always the last one (a segmentation Softmax(axis=1) was
+    scored across the width), and an output whose last dim is 1 always passed."""
+    seg = mixprec.io.models.load_input(_softmax_model(1, 5))[0]
+    assert output_kinds(seg) == {"p": "top1@1"}
+    one = mixprec.io.models.load_input(_softmax_model(1, 1))[0]
+    assert output_kinds(one) == {"p": "rel-l2"}
+    budget = GuardBudget.of(None, None)
+    ref = np.zeros((1, 5, 4, 4), np.float32)
+    ref[0, 2] = 1.0  # class 2 everywhere
+    moved = ref.copy()
+    moved[0, :, 0, :] = 0.0
+    moved[0, 3, 0, :] = 1.0  # one row of 4 pixels (of 16) changes class
+    (check,) = check_outputs([{"p": ref}], [{"p": moved}], {"p": "top1@1"}, budget)
+    assert check.kind == "top1" and check.value == pytest.approx(12 / 16), check
+    # read on the last axis (width), the same change would look like another number
+    (last,) = check_outputs([{"p": ref}], [{"p": moved}], {"p": "top1"}, budget)
+    assert last.value != check.value

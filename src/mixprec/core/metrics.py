@@ -13,7 +13,16 @@ import numpy as np
 
 from mixprec.core.ops import TOLERANCES
 
-__all__ = ["DEFAULT_RTOL", "OutputComparison", "compare_outputs"]
+__all__ = [
+    "DEFAULT_RTOL",
+    "OutputComparison",
+    "compare_outputs",
+    "cosine_similarity",
+    "equal_share",
+    "max_abs_error",
+    "rel_l2_error",
+    "top1_agreement",
+]
 
 #: Default relative L2 tolerance of a converted model's outputs, by target (the rel-l2
 #: row of :data:`mixprec.core.ops.TOLERANCES`).
@@ -67,6 +76,58 @@ class OutputComparison:
         return out
 
 
+# --- the output checks: one home for validate, tune, the INT8 guard and batch ----------------
+
+
+def rel_l2_error(ref: np.ndarray, out: np.ndarray) -> float:
+    """``||out - ref|| / ||ref||`` in float64 over the reference's finite positions; inf
+    when ``out`` is not finite where the reference is."""
+    a = np.asarray(ref, dtype=np.float64).ravel()
+    b = np.asarray(out).astype(np.float64).ravel()
+    fin = np.isfinite(a)
+    if np.any(fin & ~np.isfinite(b)):
+        return math.inf
+    diff = b[fin] - a[fin]
+    return float(np.linalg.norm(diff)) / max(float(np.linalg.norm(a[fin])), 1e-30)
+
+
+def max_abs_error(ref: np.ndarray, out: np.ndarray) -> float:
+    """``max |out - ref|`` over the reference's finite positions (inf: see rel_l2_error)."""
+    a = np.asarray(ref, dtype=np.float64).ravel()
+    b = np.asarray(out).astype(np.float64).ravel()
+    fin = np.isfinite(a)
+    if np.any(fin & ~np.isfinite(b)):
+        return math.inf
+    return float(np.max(np.abs(b[fin] - a[fin]), initial=0.0))
+
+
+def top1_agreement(ref: np.ndarray, out: np.ndarray, axis: int = -1) -> float:
+    """The share of positions whose arg-max over the class ``axis`` agrees (a Softmax's
+    own axis: a segmentation ``Softmax(axis=1)`` is read across channels, not width)."""
+    a, b = np.asarray(ref), np.asarray(out)
+    if a.size == 0:
+        return 1.0
+    return float(np.mean(np.argmax(a, axis=axis) == np.argmax(b, axis=axis)))
+
+
+def cosine_similarity(ref: np.ndarray, out: np.ndarray) -> float:
+    """The cosine of the two tensors as vectors (-1 when ``out`` is not finite)."""
+    a = np.asarray(ref, dtype=np.float64).ravel()
+    b = np.asarray(out).astype(np.float64).ravel()
+    if not np.all(np.isfinite(b)):
+        return -1.0
+    fin = np.isfinite(a)
+    a, b = a[fin], b[fin]
+    na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    return 1.0 if na == nb == 0.0 else float(a @ b) / max(na * nb, 1e-300)
+
+
+def equal_share(ref: np.ndarray, out: np.ndarray) -> float:
+    """The share of equal elements (integer outputs: counts, indices, masks)."""
+    same = np.asarray(ref) == np.asarray(out)
+    return float(np.mean(same)) if same.size else 1.0
+
+
 def _compare_one(
     name: str, ref: np.ndarray, out: np.ndarray, rtol: float, atol: float
 ) -> OutputComparison:
@@ -107,7 +168,7 @@ def _compare_one(
     rel = float(np.linalg.norm(diff)) / max(ref_norm, float(np.finfo(np.float64).tiny))
     top1: float | None = None
     if 2 <= a.ndim <= 3 and 2 <= a.shape[-1] <= 100_000 and a.size:
-        top1 = float(np.mean(np.argmax(a, axis=-1) == np.argmax(b, axis=-1)))
+        top1 = top1_agreement(a, b)
     passed = (rel <= rtol or max_abs <= atol) and not bad
     return OutputComparison(name, max_abs, rel, ref_abs_max, top1, passed, "; ".join(notes))
 

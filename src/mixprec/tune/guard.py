@@ -6,7 +6,9 @@ and one score the checks and the tuner share.
 and holds each output to the check its kind calls for:
 
 * class scores (a float output that a Softmax/LogSoftmax produces, through shape-only
-  ops): top-1 agreement over the last axis, at least ``1 - drop`` (default 0.99);
+  ops): top-1 agreement over **the Softmax's own axis** (kind ``"top1@AXIS"``; a
+  segmentation ``Softmax(axis=1)`` is read across channels), at least ``1 - drop``
+  (default 0.99); an axis of size 1 is never a class axis (rel L2 instead);
 * other float outputs: relative L2 on the worst held-out sample (as :func:`validate`
   reports), at most ``rel_l2`` (default 0.1);
 * integer outputs (an ArgMax, a length): the share of equal elements, at least
@@ -26,8 +28,9 @@ from typing import TypeVar
 import numpy as np
 import onnx_ir as ir
 
+from mixprec.core.metrics import equal_share, rel_l2_error, top1_agreement
 from mixprec.core.ops import tolerance
-from mixprec.tune.metrics import Candidate, rel_l2, shape_miss
+from mixprec.tune.metrics import Candidate, shape_miss
 
 __all__ = [
     "GUARD_MIN_SAMPLES",
@@ -104,23 +107,50 @@ class OutputCheck:
 
 
 def output_kinds(model: ir.Model) -> dict[str, str]:
-    """Each graph output's check: "top1", "rel-l2" or "match"."""
+    """Each graph output's check: "top1" (class scores on the last axis), "top1@AXIS" (on
+    a Softmax's own axis), "rel-l2" or "match"."""
     kinds = {}
     for value in model.graph.outputs:
         dtype = value.dtype
         if dtype is not None and not dtype.is_floating_point():
             kinds[value.name or ""] = "match"
-        else:
-            kinds[value.name or ""] = "top1" if _from_softmax(value) else "rel-l2"
+            continue
+        axis = _softmax_axis(value)
+        kinds[value.name or ""] = "rel-l2" if axis is None else _top1_kind(value, axis)
     return kinds
 
 
-def _from_softmax(value: ir.Value) -> bool:
+def _top1_kind(value: ir.Value, axis: int) -> str:
+    """``top1`` on ``axis`` of ``value``, or rel-l2 when that axis has size 1."""
+    shape = value.shape
+    if shape is None or not len(shape):
+        return "top1" if axis == -1 else f"top1@{axis}"
+    axis %= len(shape)
+    dim = shape[axis]
+    if isinstance(dim, int) and dim < 2:
+        return "rel-l2"  # one class: its arg-max always agrees
+    return "top1" if axis == len(shape) - 1 else f"top1@{axis}"
+
+
+def _softmax_axis(value: ir.Value) -> int | None:
+    """The axis of the Softmax/LogSoftmax that produces ``value`` through shape-only ops
+    (None: not class scores). Through a reshape the axis is the last one, as before."""
     node = value.producer()
+    reshaped = False
     while node is not None and node.op_type in _SHAPE_ONLY and node.inputs:
+        reshaped = True
         first = node.inputs[0]
         node = first.producer() if first is not None else None
-    return node is not None and node.op_type in ("Softmax", "LogSoftmax")
+    if node is None or node.op_type not in ("Softmax", "LogSoftmax"):
+        return None
+    attr = node.attributes.get("axis")
+    axis = attr.as_int() if attr is not None else -1
+    return -1 if reshaped else axis
+
+
+def _split_kind(kind: str) -> tuple[str, int]:
+    base, _, axis = kind.partition("@")
+    return base, int(axis) if axis else -1
 
 
 def split_samples(samples: list[_T]) -> tuple[list[_T], list[_T], bool]:
@@ -142,31 +172,34 @@ def check_outputs(
     """Every output of ``outputs`` against the FP32 ``reference``, sample by sample."""
     miss = shape_miss(reference, outputs)
     checks = []
-    for name, kind in kinds.items():
+    for name, spelled in kinds.items():
+        kind, axis = _split_kind(spelled)
         limit = budget.limit(kind)
         if miss is not None:
             checks.append(OutputCheck(name, kind, math.nan, limit, False, miss))
             continue
-        value = _measure(kind, [r[name] for r in reference], [o[name] for o in outputs])
+        ref, got = [r[name] for r in reference], [o[name] for o in outputs]
+        value = _measure(kind, ref, got, axis)
         ok = value <= limit if kind == "rel-l2" else value >= limit
         checks.append(OutputCheck(name, kind, value, limit, bool(ok and not math.isnan(value))))
     return checks
 
 
-def _measure(kind: str, ref: list[np.ndarray], got: list[np.ndarray]) -> float:
+def _measure(kind: str, ref: list[np.ndarray], got: list[np.ndarray], axis: int = -1) -> float:
+    """The check's value over the samples (core.metrics holds each measure)."""
+    pairs = list(zip(ref, got, strict=True))
     if kind == "match":
-        same = [np.asarray(r) == np.asarray(g) for r, g in zip(ref, got, strict=True)]
-        return float(np.mean(np.concatenate([s.ravel() for s in same]))) if same else 1.0
+        sizes = [max(np.asarray(r).size, 1) for r, _ in pairs]
+        shares = [equal_share(r, g) for r, g in pairs]
+        return sum(v * n for v, n in zip(shares, sizes, strict=True)) / max(sum(sizes), 1)
     if kind == "top1":
-        same = [
-            np.argmax(np.asarray(r), -1) == np.argmax(np.asarray(g), -1)
-            for r, g in zip(ref, got, strict=True)
-        ]
-        return float(np.mean(np.concatenate([s.ravel() for s in same])))
+        rows = [max(np.asarray(r).size // max(np.shape(r)[axis], 1), 1) for r, _ in pairs]
+        shares = [top1_agreement(r, g, axis) for r, g in pairs]
+        return sum(v * n for v, n in zip(shares, rows, strict=True)) / max(sum(rows), 1)
     # the worst sample, as validate() reports: a few held-out samples pooled into one
     # norm let one bad sample hide behind good ones (MiniLM passed at 0.0985 pooled over
     # 3 samples and measured 0.105 on other inputs)
-    return max((rel_l2([{"y": r}], [{"y": g}]) for r, g in zip(ref, got, strict=True)), default=0.0)
+    return max((rel_l2_error(r, g) for r, g in pairs), default=0.0)
 
 
 def guard_score(checks: Sequence[OutputCheck]) -> float:

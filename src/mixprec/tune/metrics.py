@@ -27,6 +27,12 @@ from typing import Any
 import numpy as np
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.metrics import (
+    cosine_similarity,
+    max_abs_error,
+    rel_l2_error,
+    top1_agreement,
+)
 from mixprec.core.ops import TOLERANCES
 from mixprec.io.feeds import feeds_for
 from mixprec.runtime.ort import run_session
@@ -113,24 +119,11 @@ def _float_outputs(ref: Outputs) -> list[str]:
 
 
 def rel_l2(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
-    worst = 0.0
-    for a, b in _pooled(ref, out).values():
-        fin = np.isfinite(a)
-        if np.any(fin & ~np.isfinite(b)):
-            return math.inf
-        d = b[fin] - a[fin]
-        worst = max(worst, float(np.linalg.norm(d)) / max(float(np.linalg.norm(a[fin])), 1e-30))
-    return worst
+    return max((rel_l2_error(a, b) for a, b in _pooled(ref, out).values()), default=0.0)
 
 
 def max_abs(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
-    worst = 0.0
-    for a, b in _pooled(ref, out).values():
-        fin = np.isfinite(a)
-        if np.any(fin & ~np.isfinite(b)):
-            return math.inf
-        worst = max(worst, float(np.max(np.abs(b[fin] - a[fin]), initial=0.0)))
-    return worst
+    return max((max_abs_error(a, b) for a, b in _pooled(ref, out).values()), default=0.0)
 
 
 def top1(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
@@ -139,11 +132,12 @@ def top1(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
         shape = np.shape(ref[0][name])
         if np.asarray(ref[0][name]).dtype.kind != "f" or len(shape) < 2 or shape[-1] < 2:
             continue
-        same = [
-            np.argmax(np.asarray(r[name]), -1) == np.argmax(np.asarray(o[name]), -1)
+        per_sample = [
+            (top1_agreement(r[name], o[name]), np.asarray(r[name]).size // shape[-1])
             for r, o in zip(ref, out, strict=True)
         ]
-        agreements.append(float(np.mean(np.concatenate([s.ravel() for s in same]))))
+        rows = sum(n for _, n in per_sample)
+        agreements.append(sum(v * n for v, n in per_sample) / max(rows, 1))
     if not agreements:
         raise MixprecError(
             "metric top1 needs an output of class scores (float, rank >= 2, last axis >= 2)"
@@ -152,16 +146,7 @@ def top1(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
 
 
 def cosine(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
-    worst = 1.0
-    for a, b in _pooled(ref, out).values():
-        if not np.all(np.isfinite(b)):
-            return -1.0
-        fin = np.isfinite(a)
-        a, b = a[fin], b[fin]
-        na, nb = float(np.linalg.norm(a)), float(np.linalg.norm(b))
-        sim = 1.0 if na == nb == 0.0 else float(a @ b) / max(na * nb, 1e-300)
-        worst = min(worst, sim)
-    return worst
+    return min((cosine_similarity(a, b) for a, b in _pooled(ref, out).values()), default=1.0)
 
 
 Compare = Callable[[Sequence[Outputs], Sequence[Outputs]], float]
