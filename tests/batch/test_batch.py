@@ -193,3 +193,34 @@ def test_json_lines_on_stdout(tmp_path, capsys):
     assert [row["model"] for row in lines[:2]] == ["m.onnx", "n.onnx"]
     assert lines[-1]["batch"]["counts"]["ok"] == 2
     assert captured.err.strip().splitlines()[-1].startswith("mixprec batch: 2 model(s): 2 ok")
+
+
+def test_an_int8_model_checked_on_no_real_data_is_unchecked_not_ok(tmp_path, capsys):
+    """No calibration, eval or validation data beside ``m.onnx``: its INT8 model is
+    written, but the row is ``unchecked`` (exit 1 unless ``--allow-unchecked``), and the
+    zoo page says which models were checked on real data."""
+    zoo = tmp_path / "zoo"
+    write(zoo / "m.onnx", mlp())
+    write(zoo / "n.onnx", mlp(1))
+    rng = np.random.default_rng(0)
+    np.savez(zoo / "n.calib.npz", x=rng.standard_normal((10, 2, 16)).astype(np.float32))
+    out = tmp_path / "out"
+    assert main(["batch", str(zoo), "-o", str(out), "--dtype", "int8", "--workers", "1"]) == 1
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "1 unchecked" in last, last
+    rows = {r["model"]: r for r in read_rows(out)}
+    m, n = rows["m.onnx"], rows["n.onnx"]
+    assert m["status"] == "unchecked" and m["real_data"] is False, m
+    assert "not checked on real data" in m["error"] and (out / m["output"]).is_file()
+    assert n["status"] in ("ok", "failed") and n["real_data"] is True, n
+    page = (out / "index.html").read_text()
+    assert "Checked on real data (calibration, eval or validation samples): 1 of 2" in page
+    assert '<td class="s" style="color:#8d6e63">unchecked</td><td>int8</td><td>no</td>' in page
+    # allowed: exit 0; --resume keeps the unchecked row (the same data gives the same)
+    argv = ["batch", str(zoo / "m.onnx"), "-o", str(out), "--dtype", "int8", "--resume"]
+    assert main([*argv, "--allow-unchecked"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "0 ok, 0 failed, 0 error, 0 timeout, 1 unchecked (1 resumed)" in last, last
+    result = mixprec.batch(zoo / "m.onnx", out, dtype="int8", resume=True)
+    assert result.counts["unchecked"] == 1 and result.rows[0].get("resumed")
+    assert result.exit_code == 1

@@ -1,18 +1,23 @@
 """``mixprec batch --engine ray`` against a real local Ray head (``ray start --head`` in a
 fixture, ``ray stop`` after): one Ray task per model, the same rows and files as the
-local engine, results checked against the FP32 models in ONNX Runtime."""
+local engine, results checked against the FP32 models in ONNX Runtime; relative paths;
+SIGTERM and ``kill -9`` of the driver (no worker, no staging or private folder left)."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
-from batch_zoo import feeds, make_zoo, slow, write
+from batch_zoo import feeds, make_zoo, mlp, slow, write
+from procs import alive, wait_for, workers_writing_to
 
 import mixprec
 from helpers import assert_close, run_ort, sha256_of
@@ -102,3 +107,87 @@ def test_an_address_nothing_answers_at_is_one_error_at_once(tmp_path):
     port = _free_port()  # bound and released: nothing listens there
     with pytest.raises(mixprec.MixprecError, match=f"nothing answers at 127.0.0.1:{port}"):
         mixprec.batch(zoo, tmp_path / "out", engine="ray", ray_address=f"127.0.0.1:{port}")
+
+
+def _cli(cwd: Path, head: str, *args: str) -> subprocess.Popen[bytes]:
+    """``mixprec batch zoo -o out --engine ray`` run in ``cwd``: every path relative."""
+    command = [sys.executable, "-m", "mixprec", "batch", "zoo", "-o", "out", "--engine", "ray"]
+    return subprocess.Popen(
+        [*command, "--ray-address", head, "--workers", "2", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def test_relative_paths_reach_the_ray_workers(tmp_path, ray_head):
+    zoo = tmp_path / "zoo"
+    write(zoo / "a.onnx", mlp())
+    rng = np.random.default_rng(0)
+    np.savez(zoo / "a.inputs.npz", x=rng.standard_normal((2, 16)).astype(np.float32))
+    write(zoo / "sub" / "b.onnx", mlp(1))
+    _, err = _cli(tmp_path, ray_head, "--validate").communicate(timeout=300)
+    rows = {r["model"]: r for r in read_rows(tmp_path / "out")}
+    assert set(rows) == {"a.onnx", "sub/b.onnx"}, err.decode()
+    assert all(r["status"] == "ok" for r in rows.values()), rows
+    assert rows["a.onnx"]["data"]["inputs"] == "a.inputs.npz (beside the model)"
+    for row in rows.values():
+        converted = tmp_path / "out" / row["output"]
+        source = zoo / row["model"]
+        inputs = feeds(source)
+        ref, got = run_ort(source, inputs), run_ort(converted, inputs)
+        assert_close(ref["y"], got["y"], "fp16", name=row["model"])
+    assert list((tmp_path / "out").glob(f"{STAGING_PREFIX}*")) == []
+
+
+def _start_slow_batch(tmp_path: Path, head: str) -> tuple[subprocess.Popen[bytes], dict]:
+    """A Ray batch of a quick model and a slow one, once the quick one is done and the
+    slow one's worker runs; the driver and that worker (pid -> private folder)."""
+    zoo = tmp_path / "zoo"
+    write(zoo / "a_quick.onnx", mlp())
+    write(zoo / "b_slow.onnx", slow())
+    out = tmp_path / "out"
+    driver = _cli(tmp_path, head, "--validate")
+    running = lambda: len(read_rows(out)) == 1 and workers_writing_to(out)  # noqa: E731
+    if not wait_for(running, 120):
+        driver.kill()
+        err = driver.communicate()[1].decode()[-2000:]
+        pytest.fail(f"the batch never got going: rows {read_rows(out)}; {err}")
+    return driver, workers_writing_to(out)
+
+
+def _nothing_left(out: Path, workers: dict) -> None:
+    gone = lambda: not any(alive(pid) for pid in workers)  # noqa: E731
+    assert wait_for(gone, 15), "a worker outlived its driver"
+    assert wait_for(lambda: not any(p.exists() for p in workers.values()), 5), "private folder"
+    assert list(out.glob(f"{STAGING_PREFIX}*")) == []
+    assert not (out / "b_slow.fp16.onnx").exists()
+
+
+def test_sigterm_to_a_ray_driver_keeps_the_rows_and_exits_130(tmp_path, ray_head):
+    driver, workers = _start_slow_batch(tmp_path, ray_head)
+    try:
+        driver.send_signal(signal.SIGTERM)
+        said, err = driver.communicate(timeout=60)
+        assert driver.returncode == 130, err.decode()[-2000:]
+        assert "; interrupted ->" in said.decode().strip().splitlines()[-1]
+        rows = read_rows(tmp_path / "out")
+        assert [(r["model"], r["status"]) for r in rows] == [("a_quick.onnx", "ok")]
+        assert (tmp_path / "out" / "index.html").is_file()
+        _nothing_left(tmp_path / "out", workers)  # the slow task was cancelled by force
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        for pid in [p for p in workers if alive(p)]:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_kill_9_of_a_ray_driver_leaves_no_worker_and_no_folder(tmp_path, ray_head):
+    driver, workers = _start_slow_batch(tmp_path, ray_head)
+    try:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        _nothing_left(tmp_path / "out", workers)
+    finally:
+        for pid in [p for p in workers if alive(p)]:
+            os.kill(pid, signal.SIGKILL)

@@ -240,14 +240,15 @@ def find_jobs(
     out_dir: Path | None = None,
 ) -> list[Job]:
     """The models ``sources`` name, each with its options; fails on a source that names
-    nothing and on two models that would write the same output."""
+    nothing and on two models that would write the same output. Every path of a job (the
+    model, its data) is absolute: a worker may run in another folder or on another node."""
     skip = out_dir.resolve() if out_dir is not None else None
     jobs: list[Job] = []
     for source in sources:
         path = Path(source)
         if path.is_dir():
             found = [
-                _job(m, m.relative_to(path).as_posix(), options, Path.cwd(), str(source))
+                _job(m.absolute(), m.relative_to(path).as_posix(), options, Path.cwd(), str(source))
                 for m in _in_folder(path, skip)
             ]
             if not found:

@@ -1,7 +1,7 @@
 """``index.html``: the zoo page of a batch. Self-contained and offline (inline CSS, script
-and SVG): counts by status, bytes saved, the slowest models, a chart of error against
-low-precision share, and a table of every model (click a header to sort) linking to each
-model's own report page."""
+and SVG): counts by status, bytes saved, which models were checked on real data, the
+slowest models, a chart of error against low-precision share, and a table of every model
+(click a header to sort) linking to each model's own report page."""
 
 from __future__ import annotations
 
@@ -13,10 +13,16 @@ from typing import Any
 
 from mixprec.io.models import write_text
 
-__all__ = ["PAGE", "error_of", "write_page"]
+__all__ = ["PAGE", "error_of", "real_data_of", "write_page"]
 
 PAGE = "index.html"
-_COLORS = {"ok": "#2e7d32", "failed": "#c62828", "error": "#6a1b9a", "timeout": "#ef6c00"}
+_COLORS = {
+    "ok": "#2e7d32",
+    "failed": "#c62828",
+    "error": "#6a1b9a",
+    "timeout": "#ef6c00",
+    "unchecked": "#8d6e63",
+}
 _CSS = """
 body{font:14px system-ui,sans-serif;margin:24px;color:#222}
 h1{font-size:20px} .cards{display:flex;gap:12px;flex-wrap:wrap;margin:12px 0}
@@ -45,6 +51,14 @@ def error_of(row: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
+def real_data_of(row: dict[str, Any]) -> str:
+    """``yes`` when the row's checks ran on real samples, ``no`` when on generated inputs
+    only, empty when the worker gave no row of its own (an error, a timeout)."""
+    if "real_data" not in row:
+        return ""
+    return "yes" if row["real_data"] else "no"
+
+
 def _mb(n: object) -> str:
     return f"{n / 2**20:.1f}" if isinstance(n, int | float) else ""
 
@@ -70,6 +84,7 @@ def _row_html(row: dict[str, Any]) -> str:
                 model,
                 f'<td class="s" style="color:{color}">{status}</td>',
                 _cell(row.get("dtype", "")),
+                _cell(real_data_of(row)),
                 _cell("" if share is None else f"{share:.0%}", share),
                 _cell("" if err is None else f"{err:.3g}", err),
                 _cell(row.get("casts", "")),
@@ -127,11 +142,19 @@ def _summary(rows: Sequence[dict[str, Any]]) -> str:
         for s, n in counts.items()
     ]
     cards.append(f'<div class="card">bytes saved<b>{saved / 2**20:.1f} MB</b></div>')
+    checked = [r["model"] for r in rows if r.get("real_data")]
+    ran = [r for r in rows if "real_data" in r]
+    real = (
+        f"<p>Checked on real data (calibration, eval or validation samples): {len(checked)} "
+        f"of {len(ran)} converted model(s)"
+        + (f": {html.escape(', '.join(checked))}" if 0 < len(checked) <= 10 else "")
+        + ". The others were checked on generated inputs only, if at all.</p>"
+    )
     slow = sorted(rows, key=lambda r: -float(r.get("seconds") or 0))[:5]
     slowest = ", ".join(
         f"{html.escape(r['model'])} ({float(r.get('seconds') or 0):.1f} s)" for r in slow
     )
-    return f'<div class="cards">{"".join(cards)}</div><p>Slowest: {slowest}</p>'
+    return f'<div class="cards">{"".join(cards)}</div>{real}<p>Slowest: {slowest}</p>'
 
 
 def write_page(out_dir: Path, rows: Sequence[dict[str, Any]], title: str) -> Path:
@@ -140,6 +163,7 @@ def write_page(out_dir: Path, rows: Sequence[dict[str, Any]], title: str) -> Pat
         "model",
         "status",
         "dtype",
+        "real data",
         "low MACs",
         "rel L2",
         "casts",

@@ -5,6 +5,10 @@ them running from its main thread; a Ray task runs one and waits for it.
 The worker writes into a staging folder inside the output folder (so the final rename
 stays on one file system); :meth:`WorkerProcess.finish` moves its files into place and
 removes the folder whatever happened, so no temporary file outlives a model.
+
+Each worker leads its own process group. When it ends, the group is killed before the
+worker is reaped (its pid still names the group then), so a child it left behind (a
+layout ``dot``) ends with it; a worker past its grace period is killed with its group.
 """
 
 from __future__ import annotations
@@ -52,7 +56,11 @@ class WorkerProcess:
         # The worker creates it once it can clean it up (its SIGTERM handler is in place).
         self.staging = out_dir / f"{STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
         job_file = self._private / "job.json"
-        job_file.write_text(json.dumps({**job.to_dict(), "staging": str(self.staging)}))
+        job_file.write_text(
+            json.dumps(
+                {**job.to_dict(), "staging": str(self.staging), "private": str(self._private)}
+            )
+        )
         self._result = self._private / "result.json"
         self._log = (self._private / "worker.log").open("wb")
         env = {
@@ -68,7 +76,9 @@ class WorkerProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
-            start_new_session=True,  # Ctrl-C reaches the driver, which stops the workers
+            # its own session and process group: Ctrl-C reaches the driver, which stops
+            # the workers; the group is how a worker's children are ended with it
+            start_new_session=True,
         )
         self.timed_out = False
 
@@ -78,7 +88,7 @@ class WorkerProcess:
 
     def poll(self) -> bool:
         """Whether the worker has ended (killed first when past its timeout)."""
-        if self._proc.poll() is not None:
+        if self._ended():
             return True
         if self.timeout is not None and time.monotonic() - self.started > self.timeout:
             self.timed_out = True
@@ -98,23 +108,43 @@ class WorkerProcess:
                 self._proc.send_signal(signal.SIGTERM)
 
     def stop(self) -> None:
-        """SIGTERM, then SIGKILL after :data:`GRACE_S`; returns once it is gone."""
-        if self._proc.poll() is None:
-            self.terminate()
-            try:
-                self._proc.wait(GRACE_S)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    self._proc.kill()
+        """SIGTERM, then SIGKILL to its group after :data:`GRACE_S`; returns once it is
+        gone, with its children."""
+        self.terminate()
+        deadline = time.monotonic() + GRACE_S
+        while not self._ended():
+            if time.monotonic() > deadline:
+                self._kill_group()
                 self._proc.wait()
+                return
+            time.sleep(0.05)
+
+    def _ended(self) -> bool:
+        """Whether the worker has exited; its group is killed before it is reaped."""
+        if self._proc.returncode is not None:
+            return True
+        try:
+            flags = os.WEXITED | os.WNOHANG | os.WNOWAIT
+            if os.waitid(os.P_PID, self._proc.pid, flags) is None:
+                return False
+        except ChildProcessError:  # reaped already: nothing names the group any more
+            self._proc.poll()
+            return True
+        self._kill_group()  # a zombie leader: its pid cannot name another group yet
+        self._proc.wait()
+        return True
+
+    def _kill_group(self) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
 
     def finish(self) -> dict[str, Any]:
-        """The job's row; the files of an ``ok`` model (and the report page of a
-        ``failed`` one) moved into the output folder."""
+        """The job's row; the files of an ``ok`` or ``unchecked`` model (and the report
+        page of a ``failed`` one) moved into the output folder."""
         seconds = round(time.monotonic() - self.started, 3)
         try:
             row = self._row()
-            if row.get("status") in ("ok", "failed"):
+            if row.get("status") in ("ok", "unchecked", "failed"):
                 self._move_into_place()
         finally:
             shutil.rmtree(self.staging, ignore_errors=True)
@@ -146,7 +176,11 @@ class WorkerProcess:
 
     def _last_log_line(self) -> str:
         self._log.flush()
-        lines = (self._private / "worker.log").read_text(errors="replace").strip().splitlines()
+        try:
+            text = (self._private / "worker.log").read_text(errors="replace")
+        except OSError:
+            return "no output"
+        lines = text.strip().splitlines()
         return lines[-1] if lines else "no output"
 
     def _move_into_place(self) -> None:

@@ -2,11 +2,20 @@
 ``address``, or a local one started for the batch). Each task runs the same worker
 process as the local engine on its node, so rows and files are the same; the output
 folder must be on storage that every node sees.
+
+Every path a task gets (the model, its data, the output folder) is absolute: a Ray worker
+runs in a folder of Ray's own. ``ray.init`` installs a SIGTERM handler of its own; the one
+in force before (the batch's: SIGTERM stops the batch as Ctrl-C does) is put back. A task
+cancelled by force, or whose driver died, loses its Ray worker process: the batch worker
+it started then removes its private folder and ends with its children
+(:mod:`mixprec.batch.worker`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 from collections.abc import Sequence
 from pathlib import Path
@@ -84,8 +93,10 @@ def _reachable(address: str) -> None:
 
 
 def _connect(ray: Any, address: str | None, cpus: int) -> None:
+    """``ray.init``, with the SIGTERM handler that was in force before it put back."""
     if address:
         _reachable(address)
+    handler = signal.getsignal(signal.SIGTERM)
     options = {"log_to_driver": False, "configure_logging": False}
     try:
         if address:
@@ -98,6 +109,11 @@ def _connect(ray: Any, address: str | None, cpus: int) -> None:
             f"Ray: cannot connect to {address or 'a new local cluster'}: "
             f"{str(exc).strip().splitlines()[0]}"
         ) from exc
+    finally:
+        if handler is not None and signal.getsignal(signal.SIGTERM) is not handler:
+            # (ValueError: not the main thread, where ray.init left it alone too)
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGTERM, handler)
 
 
 class RayEngine:
@@ -109,6 +125,7 @@ class RayEngine:
 
     def run(self, jobs: Sequence[Job], out_dir: Path, plan: Plan, on_row: OnRow) -> None:
         ray = _ray(self.address)
+        out_dir = out_dir.absolute()
         _connect(ray, self.address, plan.workers * plan.threads)
         try:
             limit = float(ray.cluster_resources().get("memory", 0)) or None
@@ -129,7 +146,8 @@ class RayEngine:
 def _collect(ray: Any, refs: dict[Any, Job], out_dir: Path, on_row: OnRow) -> None:
     try:
         while refs:
-            done, _ = ray.wait(list(refs), num_returns=1)
+            # a short timeout: the driver's signal handlers run between the waits
+            done, _ = ray.wait(list(refs), num_returns=1, timeout=0.5)
             for ref in done:
                 job = refs.pop(ref)
                 on_row(_ray_row(ray, ref, job, out_dir))
@@ -146,7 +164,8 @@ def _ray_row(ray: Any, ref: Any, job: Job, out_dir: Path) -> dict[str, Any]:
         first = str(exc).strip().splitlines()
         return {**base, "status": "error", "error": f"Ray: {first[0] if first else exc}"}
     output = row.get("output")
-    if row.get("status") == "ok" and output and not (out_dir / output).is_file():
+    written = row.get("status") in ("ok", "unchecked")
+    if written and output and not (out_dir / output).is_file():
         row.update(
             status="error",
             error=f"{row.get('host')} wrote {output}, which is not in {out_dir} here: "

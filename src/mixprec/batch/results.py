@@ -13,11 +13,23 @@ from typing import Any
 
 from mixprec.batch.jobs import Job
 
-__all__ = ["RESULTS", "STATUSES", "BatchResult", "append_row", "read_rows", "still_good"]
+__all__ = [
+    "RESULTS",
+    "STATUSES",
+    "WRITTEN",
+    "BatchResult",
+    "append_row",
+    "read_rows",
+    "still_good",
+]
 
 RESULTS = "results.jsonl"
-#: ``failed``: validation, the accuracy guard or the tune budget missed.
-STATUSES = ("ok", "failed", "error", "timeout")
+#: ``failed``: validation, the accuracy guard or the tune budget missed; ``unchecked``: an
+#: INT8 model written without any check on real data (no calibration, eval or validation
+#: samples): not ``ok`` unless the batch allows it.
+STATUSES = ("ok", "failed", "error", "timeout", "unchecked")
+#: The statuses of a written model, that ``--resume`` keeps.
+WRITTEN = ("ok", "unchecked")
 
 
 def append_row(out_dir: Path, row: dict[str, Any]) -> None:
@@ -51,10 +63,11 @@ def latest(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def still_good(job: Job, row: dict[str, Any] | None, out_dir: Path) -> bool:
-    """Whether ``row`` is an ``ok`` result of this very job whose output is still there."""
+    """Whether ``row`` is an ``ok`` (or ``unchecked``: the same data gives the same) result
+    of this very job whose output is still there."""
     return (
         row is not None
-        and row.get("status") == "ok"
+        and row.get("status") in WRITTEN
         and row.get("key") == job.key
         and bool(row.get("output"))
         and (out_dir / str(row["output"])).is_file()
@@ -70,12 +83,15 @@ class BatchResult:
         rows: one per model; a kept row has ``"resumed": True``.
         interrupted: the batch was stopped (Ctrl-C, SIGTERM) before every model ran.
         page: the zoo page (``index.html``).
+        allow_unchecked: ``unchecked`` rows count as ``ok`` for :attr:`ok` and
+            :attr:`exit_code`.
     """
 
     out_dir: Path
     rows: list[dict[str, Any]] = field(default_factory=list)
     interrupted: bool = False
     page: Path | None = None
+    allow_unchecked: bool = False
 
     @property
     def counts(self) -> dict[str, int]:
@@ -84,22 +100,25 @@ class BatchResult:
 
     @property
     def ok(self) -> bool:
-        """Every model ran and is ``ok``."""
-        return not self.interrupted and all(row["status"] == "ok" for row in self.rows)
+        """Every model ran and is ``ok`` (or ``unchecked``, where allowed)."""
+        good = WRITTEN if self.allow_unchecked else ("ok",)
+        return not self.interrupted and all(row["status"] in good for row in self.rows)
 
     @property
     def exit_code(self) -> int:
-        """0 every model ok, 1 some failed or errored, 130 interrupted."""
+        """0 every model ok, 1 some failed, errored, timed out or (unless allowed) went
+        unchecked, 130 interrupted."""
         if self.interrupted:
             return 130
         return 0 if self.ok else 1
 
     def summary(self) -> str:
         """The last line: counts by status and where the page is."""
-        counts = self.counts
-        resumed = sum(1 for row in self.rows if row.get("resumed"))
-        parts = [f"{counts['ok']} ok" + (f" ({resumed} resumed)" if resumed else "")]
-        parts += [f"{n} {status}" for status, n in counts.items() if status != "ok"]
+        resumed = Counter(row["status"] for row in self.rows if row.get("resumed"))
+        parts = [
+            f"{n} {status}" + (f" ({resumed[status]} resumed)" if resumed[status] else "")
+            for status, n in self.counts.items()
+        ]
         where = f" -> {self.page}" if self.page is not None else ""
         stopped = "; interrupted" if self.interrupted else ""
         return f"mixprec batch: {len(self.rows)} model(s): {', '.join(parts)}{stopped}{where}"

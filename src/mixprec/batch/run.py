@@ -64,15 +64,18 @@ def _checked(engine: str, workers: int | None, timeout: float | None) -> int:
 
 
 def _out_dir(out_dir: str | os.PathLike[str]) -> Path:
-    folder = Path(out_dir)
+    """The output folder, made if needed, as an absolute path (workers may run in another
+    folder, or on other nodes)."""
+    given = Path(out_dir)
+    folder = given.absolute()
     if folder.exists() and not folder.is_dir():
-        raise MixprecError(f"{folder}: exists and is not a folder")
+        raise MixprecError(f"{given}: exists and is not a folder")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise MixprecError(f"{folder}: cannot create the output folder ({exc.strerror})") from exc
+        raise MixprecError(f"{given}: cannot create the output folder ({exc.strerror})") from exc
     if not os.access(folder, os.W_OK):
-        raise MixprecError(f"{folder}: the output folder is not writable")
+        raise MixprecError(f"{given}: the output folder is not writable")
     return folder
 
 
@@ -86,6 +89,7 @@ def batch(
     resume: bool = False,
     timeout: float | None = None,
     progress: Callable[[dict[str, Any], int, int], None] | None = None,
+    allow_unchecked: bool = False,
     **options: Any,
 ) -> BatchResult:
     """Convert (fp16/bf16), quantize (int8) or tune every model ``sources`` name.
@@ -104,6 +108,9 @@ def batch(
             and options (and whose output is still there); redo the rest.
         timeout: seconds a model may take; past it, its worker is killed (a ``timeout`` row).
         progress: called with each row as it arrives, the rows done and the total.
+        allow_unchecked: an INT8 model checked on no real data (no calibration, eval or
+            validation samples: calibrated on one generated sample) is an ``unchecked``
+            row, which makes the exit code 1 unless this is set.
         **options: ``dtype`` ("fp16", "bf16", "int8"), ``validate``, ``rtol``, ``tune``,
             ``budget``, ``metric``, ``calibration_data``, ``inputs``, ``eval_data``,
             ``external_data``, ``exclude`` (node-name regexes) and ``policy`` (a dict of
@@ -112,7 +119,8 @@ def batch(
 
     Returns:
         A :class:`BatchResult`; ``exit_code`` 0 when every model is ``ok``, 1 when some
-        failed or errored, 130 when interrupted (the rows so far are kept).
+        failed, errored, timed out or went unchecked (unless allowed), 130 when
+        interrupted (the rows so far are kept).
     """
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
@@ -126,7 +134,9 @@ def batch(
     paths = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
     jobs = find_jobs(paths, options, folder)
     plan = Plan(workers=count, threads=max(1, cpu_count() // count), timeout=timeout)
-    return _run(jobs, folder, (engine, runner), plan, resume, progress)
+    result = _run(jobs, folder, (engine, runner), plan, resume, progress)
+    result.allow_unchecked = allow_unchecked
+    return result
 
 
 def _run(

@@ -5,10 +5,15 @@ validates it when asked, and writes the model and its report page into its stagi
 folder (inside the output folder, same file system); the parent moves them into place
 (:mod:`mixprec.batch.process`). It writes its row as JSON to ``RESULT``.
 
-It dies with its parent: on Linux the kernel sends it SIGTERM when the parent exits
+It dies with its parent: on Linux the kernel sends it SIGHUP when the parent exits
 (``PR_SET_PDEATHSIG``), and a watchdog thread checks the parent everywhere; either way it
-removes its staging folder before it exits, so a ``kill -9`` of the driver leaves no
-process and no half-written file behind.
+removes its staging folder before it exits. The worker leads its own process group (the
+parent starts it in a new session): when the parent is gone it also removes its private
+folder (job, log) and kills the whole group, itself and any child it waits on (Graphviz
+``dot``), so a ``kill -9`` of the driver leaves no process and no file behind, even while
+the worker is blocked in a child or in an ONNX Runtime run. A worker killed outright
+(SIGKILL: a Ray worker cancelled by force kills its children so) is cleaned up after by
+its janitor (:mod:`mixprec.batch.janitor`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import os
 import resource
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -40,9 +46,21 @@ from mixprec.io.feeds import iter_calibration_npz
 from mixprec.io.models import load_model
 from mixprec.report.html import write_report_html
 
-__all__ = ["main", "run_job"]
+__all__ = ["UNCHECKED", "main", "real_data", "run_job"]
+
+#: Why an ``unchecked`` row is not ``ok``.
+UNCHECKED = (
+    "INT8 not checked on real data: calibrated and checked on generated inputs only; "
+    "put NAME.calib.npz or NAME.eval.npz beside the model (or give --calibration-data, "
+    "--eval-data, or --inputs with --validate)"
+)
 
 _PR_SET_PDEATHSIG = 1
+#: The signal the kernel sends the worker when its parent dies (not SIGTERM, which is how
+#: a live parent stops it): the worker then also takes its private folder and its group.
+_PARENT_GONE = signal.SIGHUP
+#: The janitor's process and this worker's end of its pipe, held for the worker's life.
+_JANITOR: list[Any] = []
 
 
 def _samples(path: str | None, model: str) -> list[dict[str, Any]] | None:
@@ -112,6 +130,22 @@ def _validation(job: dict[str, Any], result: Any) -> dict[str, Any] | None:
     }
 
 
+def real_data(options: dict[str, Any]) -> bool:
+    """Whether the model's checks ran on real samples: calibration or eval data (the INT8
+    guard's), or validation or tuning on given inputs."""
+    checked_inputs = options["inputs"] and (options["validate"] or options["tune"])
+    return bool(options["calibration_data"] or options["eval_data"] or checked_inputs)
+
+
+def _status(job: dict[str, Any], passed: bool) -> str:
+    """``ok``; ``failed``; ``unchecked`` for an INT8 model that passed checks made on
+    generated inputs only (calibrated on one synthetic sample: nobody knows its accuracy)."""
+    if not passed:
+        return "failed"
+    unchecked = job["options"]["dtype"] == "int8" and not real_data(job["options"])
+    return "unchecked" if unchecked else "ok"
+
+
 def run_job(job: dict[str, Any], staging: Path) -> dict[str, Any]:
     """Run ``job``; its files go under ``staging`` at their output paths; its row."""
     start = time.perf_counter()
@@ -125,7 +159,8 @@ def run_job(job: dict[str, Any], staging: Path) -> dict[str, Any]:
     title = f"mixprec batch: {job['name']}"
     write_report_html(result.model, page, report=report, title=title, converted=True)
     row: dict[str, Any] = {
-        "status": "ok" if passed else "failed",
+        "status": _status(job, passed),
+        "real_data": real_data(job["options"]),
         "report": Path(job["output"]).with_suffix(".html").as_posix(),
         "low_mac_share": round(report.low_mac_share, 6),
         "casts": report.casts_after,
@@ -143,6 +178,8 @@ def run_job(job: dict[str, Any], staging: Path) -> dict[str, Any]:
         result.save(output, external_data=bool(job["options"]["external_data"]))
         row["output"] = job["output"]
         row["bytes_after"] = _size(output)
+        if row["status"] == "unchecked":
+            row["error"] = UNCHECKED
     else:
         row["error"] = _why_failed(row, result)
     row["convert_seconds"] = round(time.perf_counter() - start, 3)
@@ -157,43 +194,75 @@ def _why_failed(row: dict[str, Any], result: Any) -> str:
     return f"tune budget missed ({getattr(result, 'metric', 'metric')})"
 
 
-def _die_with_parent(parent: int, staging: Path) -> None:
-    """SIGTERM (Linux: also sent by the kernel when the parent dies) and a watchdog
-    thread both end the worker after removing its staging folder."""
+def _leave(staging: Path, private: Path | None, parent_gone: bool) -> None:
+    """Remove the staging folder and exit; when the parent is gone, also remove the
+    private folder and kill the worker's process group (its children, then itself)."""
+    shutil.rmtree(staging, ignore_errors=True)
+    if parent_gone:
+        if private is not None:
+            shutil.rmtree(private, ignore_errors=True)
+        if os.getpgrp() == os.getpid():  # never the group of whoever ran us by hand
+            os.killpg(os.getpid(), signal.SIGKILL)
+    os._exit(143)
+
+
+def _start_janitor(parent: int, staging: Path, private: Path | None) -> None:
+    """:mod:`mixprec.batch.janitor`, which cleans up if this worker is killed outright
+    (SIGKILL) and its parent is gone too; it holds the read end of a pipe whose write end
+    (not inherited by any child) closes when this process ends."""
+    readable, writable = os.pipe()
+    folders = [str(staging)] + ([str(private)] if private is not None else [])
+    janitor = Path(__file__).with_name("janitor.py")
+    _JANITOR.append(
+        subprocess.Popen(
+            [sys.executable, "-I", str(janitor), str(readable), str(parent), *folders],
+            pass_fds=(readable,),
+            stdin=subprocess.DEVNULL,
+        )
+    )
+    os.close(readable)
+    _JANITOR.append(writable)  # open until this process ends
+
+
+def _die_with_parent(parent: int, staging: Path, private: Path | None) -> None:
+    """SIGTERM (the parent stops the worker), :data:`_PARENT_GONE` (Linux: sent by the
+    kernel when the parent dies) and a watchdog thread all end the worker (:func:`_leave`)."""
 
     leaving = threading.Lock()
 
-    def leave(*_: object) -> None:
+    def leave(gone: bool) -> None:
         leaving.acquire()  # one thread cleans up and exits; a second one waits for that
-        shutil.rmtree(staging, ignore_errors=True)
-        os._exit(143)
+        _leave(staging, private, gone or os.getppid() != parent)
 
-    signal.signal(signal.SIGTERM, leave)
-    # The handler itself runs in the main thread, which may sit in a long ONNX Runtime
-    # run; the wakeup fd gets the signal's number at once, from whichever thread took
-    # it, and a thread that waits on it leaves right away.
+    signal.signal(signal.SIGTERM, lambda *_: leave(False))
+    signal.signal(_PARENT_GONE, lambda *_: leave(True))
+    # A parent that blocked these in its thread hands the mask down: undo that.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM, _PARENT_GONE])
+    # The handlers themselves run in the main thread, which may sit in a long ONNX
+    # Runtime run or wait on a child; the wakeup fd gets the signal's number at once,
+    # from whichever thread took it, and a thread that waits on it leaves right away.
     readable, writable = os.pipe()
     os.set_blocking(writable, False)
     signal.set_wakeup_fd(writable)
 
     def on_signal() -> None:
-        while os.read(readable, 1) != bytes([signal.SIGTERM]):
+        while (got := os.read(readable, 1)[0]) not in (signal.SIGTERM, _PARENT_GONE):
             pass
-        leave()
+        leave(got == _PARENT_GONE)
 
     threading.Thread(target=on_signal, daemon=True, name="mixprec-sigterm").start()
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
             libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+            libc.prctl(_PR_SET_PDEATHSIG, _PARENT_GONE, 0, 0, 0)
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(0.2)
-        leave()
+        leave(True)
 
     if os.getppid() != parent:
-        leave()
+        leave(True)
     threading.Thread(target=watch, daemon=True, name="mixprec-parent-watch").start()
 
 
@@ -222,7 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     job_path, result_path = (argv if argv is not None else sys.argv[1:])[:2]
     job = json.loads(Path(job_path).read_text())
     staging = Path(job["staging"])
-    _die_with_parent(int(os.environ.get(BATCH_PARENT_ENV, os.getppid())), staging)
+    private = Path(job["private"]) if job.get("private") else None
+    parent = int(os.environ.get(BATCH_PARENT_ENV, os.getppid()))
+    _start_janitor(parent, staging, private)  # before any thread starts
+    _die_with_parent(parent, staging, private)
     staging.mkdir()
     said = _Warnings()
     logging.getLogger().addHandler(said)

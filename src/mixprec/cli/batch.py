@@ -24,8 +24,10 @@ def add_batch_parser(sub: Any) -> argparse.ArgumentParser:
         "manifests) in its own worker process; OUTDIR/results.jsonl gets one row per model "
         "as it finishes and OUTDIR/index.html is the zoo page. Data beside a model NAME.onnx "
         "is used by convention: NAME.calib.npz or NAME.calib/ (calibration), NAME.inputs.npz "
-        "or NAME.inputs/ (validation), NAME.eval.npz or NAME.eval/ (INT8 guard). Exit 0 when "
-        "every model is ok, 1 when some failed or errored, 2 for usage errors, 130 interrupted.",
+        "or NAME.inputs/ (validation), NAME.eval.npz or NAME.eval/ (INT8 guard). An INT8 model "
+        "with none of these (calibrated and checked on generated inputs only) is 'unchecked'. "
+        "Exit 0 when every model is ok, 1 when some failed, errored, timed out or are "
+        "unchecked (see --allow-unchecked), 2 for usage errors, 130 interrupted.",
     )
     b.add_argument("sources", nargs="+", metavar="SRC", help="model, folder or manifest.toml")
     b.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="output folder")
@@ -49,6 +51,12 @@ def add_batch_parser(sub: Any) -> argparse.ArgumentParser:
     b.add_argument("--ray-address", default=None, help="Ray cluster (auto, ray://host:port)")
     b.add_argument("--resume", action="store_true", help="skip models already ok in OUTDIR")
     b.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per model")
+    b.add_argument(
+        "--allow-unchecked",
+        action="store_true",
+        help="exit 0 even if some INT8 models were checked on no real data (status "
+        "'unchecked': no calibration, eval or validation samples; their models are written)",
+    )
     return b
 
 
@@ -116,6 +124,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
         resume=args.resume,
         timeout=args.timeout,
         progress=_Progress(args.quiet, args.json),
+        allow_unchecked=args.allow_unchecked,
         dtype=dtype_of(args) or "float16",
         validate=args.validate,
         rtol=args.rtol,
