@@ -5,11 +5,16 @@ A generated input must be long enough for the ops that read it directly: a refle
 kernel (less the padding), an ``STFT`` at least one frame. :func:`length_bounds` reads
 them from every graph (subgraphs too, which see the main graph's inputs by name);
 :func:`~mixprec.io.feeds.resolve_input_shapes` guesses at least that much.
+
+When such an op still refuses a generated input, :func:`length_readers` says which guessed
+input dims its length axes carry (followed through the graph by ONNX shape inference), so
+that only those grow (:func:`~mixprec.runtime.fit.fit_shapes`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -21,8 +26,9 @@ from onnx.reference import ReferenceEvaluator
 from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import iter_nodes
 from mixprec.core.ops import is_onnx_domain, onnx_opset
+from mixprec.io.protos import iter_model_graphs, weightless_proto
 
-__all__ = ["LENGTH_STEPS", "length_bounds", "next_step"]
+__all__ = ["LENGTH_OPS", "LENGTH_STEPS", "length_bounds", "length_readers", "next_step"]
 
 #: The lengths a guessed dim takes: the default first, then longer ones.
 LENGTH_STEPS = (64, 256, 512, 1024, 4096)
@@ -178,3 +184,79 @@ def length_bounds(model: ir.Model) -> dict[tuple[str, int], Bound]:
             if axis < rank and bound[0] > found.get(key, (0, ""))[0]:
                 found[key] = bound
     return found
+
+
+#: Ops that refuse a first input too short for them, and its length axes: ``None`` for
+#: every axis (a Pad), ``2`` for the spatial ones (from 2 on), ``-1`` for the ``axis``
+#: attribute's (a Gather index past the end), else the one axis.
+LENGTH_OPS: dict[str, int | None] = {
+    "Pad": None,
+    "Gather": -1,
+    "Conv": 2,
+    "ConvTranspose": 2,
+    "AveragePool": 2,
+    "MaxPool": 2,
+    "LpPool": 2,
+    "STFT": 1,
+}
+
+Readers = dict[str, dict[int, list[tuple[str, int]]]]
+
+
+def _tagged_proto(
+    model: ir.Model, guessed: Mapping[tuple[str, int], str]
+) -> tuple[onnx.ModelProto, dict[str, list[tuple[str, int]]]]:
+    """A weightless copy whose guessed input dims each carry a symbol (the declared one,
+    or a fresh one for an unnamed dim), and ``{symbol: [(input, axis), ...]}``."""
+    proto, _ = weightless_proto(model, with_arrays=False)
+    for graph in iter_model_graphs(proto):
+        del graph.value_info[:]  # inferred afresh, from the tagged dims
+    symbols: dict[str, list[tuple[str, int]]] = {}
+    for vi in proto.graph.input:
+        for k, dim in enumerate(vi.type.tensor_type.shape.dim):
+            label = guessed.get((vi.name, k))
+            if label is None:
+                continue
+            symbol = label if label != "?" else f"mixprec.guess.{vi.name}.{k}"
+            dim.Clear()
+            dim.dim_param = symbol
+            symbols.setdefault(symbol, []).append((vi.name, k))
+    return proto, symbols
+
+
+def length_readers(model: ir.Model, guessed: Mapping[tuple[str, int], str]) -> Readers:
+    """``{node name: {axis: [(input, axis), ...]}}``: for each op of :data:`LENGTH_OPS`,
+    the guessed input dims that its first input's length axes carry, found by ONNX shape
+    inference (strict off; on failure, the ops that read a graph input directly)."""
+    proto, symbols = _tagged_proto(model, guessed)
+    # a best-effort read: on failure the graph inputs' own dims still tell
+    with contextlib.suppress(Exception):
+        proto = onnx.shape_inference.infer_shapes(proto, strict_mode=False)
+    dims: dict[str, list[str]] = {}
+    for graph in iter_model_graphs(proto):
+        for vi in [*graph.input, *graph.value_info, *graph.output]:
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.HasField("shape"):
+                dims[vi.name] = [d.dim_param for d in vi.type.tensor_type.shape.dim]
+    found: Readers = {}
+    for graph in iter_model_graphs(proto):
+        for node in graph.node:
+            if node.op_type not in LENGTH_OPS or not node.input:
+                continue
+            shape = dims.get(node.input[0], [])
+            for axis in _length_axes(node, len(shape)) if is_onnx_domain(node.domain) else []:
+                if shape[axis] in symbols:
+                    found.setdefault(node.name, {})[axis] = symbols[shape[axis]]
+    return found
+
+
+def _length_axes(node: onnx.NodeProto, rank: int) -> list[int]:
+    """The axes of ``node``'s first input (of ``rank``) that its op may find too short."""
+    kind = LENGTH_OPS[node.op_type]
+    if kind is None:
+        return list(range(rank))
+    if kind == 2:
+        return list(range(2, rank))
+    if kind == -1:
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        return [axis % rank] if -rank <= axis < rank else []
+    return [kind] if kind < rank else []

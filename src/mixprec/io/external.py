@@ -44,7 +44,7 @@ import onnx_ir as ir
 from mixprec.core.errors import MixprecError
 from mixprec.core.ops import is_onnx_domain, onnx_domain
 from mixprec.io.data_files import DataReader, real_folder
-from mixprec.io.input_checks import check_proto
+from mixprec.io.input_checks import check_proto, check_text
 from mixprec.io.protos import IN_MEMORY, iter_model_graphs
 
 __all__ = [
@@ -429,6 +429,7 @@ def model_from_proto(
         MixprecError: see :func:`prepare_proto` and :class:`ResolveExternalDataPass`;
             external data and no ``folder``; a proto ``onnx_ir`` cannot represent.
     """
+    check_text(proto, where)  # before anything reads a name, op type or location
     files = prepare_proto(proto, where, folder)
     check_proto(proto, where)  # what onnx_ir cannot parse sanely
     _drop_repeated_opsets(proto)

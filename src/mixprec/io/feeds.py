@@ -1,37 +1,56 @@
-"""Model inputs: concrete input shapes, generated feeds, ``.npz`` files, calibration streams.
+"""Generated model inputs: concrete input shapes and seeded feeds.
 
 * :func:`resolve_input_shapes` is the one rule for symbolic input dims, used by
   ``convert``, ``validate`` and :func:`make_inputs`: a user shape wins; else declared dims;
   a symbolic first dim (batch) becomes 1 and any other symbolic dim
   :data:`DEFAULT_SYMBOLIC_DIM`, each with a note saying so.
+* :func:`guessed_dims` says which dims were guessed, and what a sample at given shapes
+  weighs (:data:`MAX_SAMPLE_BYTES` bounds what mixprec generates unasked).
 * :func:`make_inputs` generates one seeded feed dict from the signature.
-* :func:`load_inputs_npz` reads one feed dict from an ``.npz`` file;
-  :func:`iter_calibration_npz` streams many (a leading sample axis, or a folder).
-* :func:`calibration_feeds` normalizes the forms ``calibration_data`` can take.
+
+Given samples (``.npz`` files, calibration streams) are read by :mod:`mixprec.io.samples`,
+whose functions are re-exported here.
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import zipfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
-from typing import Any
+import math
+from collections.abc import Mapping, Sequence
 
-import ml_dtypes
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.ops import FLOAT_TYPES
-from mixprec.io.bounds import LENGTH_STEPS, length_bounds, next_step
+from mixprec.io.bounds import LENGTH_STEPS, length_bounds, length_readers, next_step
+from mixprec.io.samples import (
+    calibration_feeds,
+    feeds_for,
+    iter_calibration_npz,
+    load_inputs_npz,
+)
+from mixprec.io.signature import (
+    Feeds,
+    ModelArg,
+    as_ir,
+    declared_dims,
+    dtype_of,
+    first_line,
+    fmt_dims,
+    graph_inputs,
+)
 
 __all__ = [
     "DEFAULT_SYMBOLIC_DIM",
+    "MAX_SAMPLE_BYTES",
+    "Feeds",
+    "GuessedDims",
+    "ModelArg",
+    "as_ir",
     "calibration_feeds",
     "feeds_for",
+    "first_line",
+    "graph_inputs",
     "guessed_dims",
     "iter_calibration_npz",
     "load_inputs_npz",
@@ -39,66 +58,14 @@ __all__ = [
     "resolve_input_shapes",
 ]
 
-logger = logging.getLogger(__name__)
-
 #: Symbolic dims without a user shape: a batch-like dim gets 1, others this value (or
 #: the first of :data:`~mixprec.io.bounds.LENGTH_STEPS` above what the ops need).
 DEFAULT_SYMBOLIC_DIM = LENGTH_STEPS[0]
+#: The most bytes one generated sample may take, the inputs the user gave a shape for
+#: aside (theirs is whatever ``--shape`` asks for).
+MAX_SAMPLE_BYTES = 256 << 20
 
-_BF16 = np.dtype(ml_dtypes.bfloat16)
 _INDEX_PASSTHROUGH = frozenset({"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity"})
-
-ModelArg = onnx.ModelProto | ir.Model
-Feeds = Mapping[str, np.ndarray]
-
-
-def as_ir(model: ModelArg) -> ir.Model:
-    """``model`` as an ``onnx_ir.Model`` (a proto is wrapped; weight bytes are shared)."""
-    return model if isinstance(model, ir.Model) else ir.from_proto(model)
-
-
-def first_line(error: BaseException) -> str:
-    """The first non-empty line of an error message, at most 400 characters."""
-    for line in str(error).splitlines():
-        if line.strip():
-            text = line.strip()
-            return text if len(text) <= 400 else text[:397] + "..."
-    return type(error).__name__
-
-
-def graph_inputs(model: ir.Model) -> list[ir.Value]:
-    """Graph inputs a caller must feed (those that are not also initializers)."""
-    inits = model.graph.initializers
-    return [v for v in model.graph.inputs if v.name not in inits]
-
-
-def _dtype_of(value: ir.Value) -> ir.DataType:
-    if not isinstance(value.type, ir.TensorType):
-        kind = type(value.type).__name__ if value.type is not None else "value of unknown type"
-        raise MixprecError(f"input {value.name!r} is a {kind}, not a tensor; mixprec needs tensors")
-    return value.type.dtype
-
-
-def _is_float_dtype(dtype: np.dtype[Any]) -> bool:
-    return dtype.kind == "f" or dtype == _BF16
-
-
-def _declared_dims(value: ir.Value) -> list[int | str | None] | None:
-    if value.shape is None:
-        return None
-    dims: list[int | str | None] = []
-    for d in value.shape.dims:
-        if isinstance(d, int) and d > 0:
-            dims.append(d)
-        elif isinstance(d, ir.SymbolicDim) and d.value:
-            dims.append(d.value)
-        else:
-            dims.append(None)
-    return dims
-
-
-def _fmt_dims(dims: Sequence[int | str | None]) -> str:
-    return "[" + ",".join("?" if d is None else str(d) for d in dims) + "]"
 
 
 def _check_override(name: str, declared: list[int | str | None] | None, dims: list[int]) -> None:
@@ -109,13 +76,13 @@ def _check_override(name: str, declared: list[int | str | None] | None, dims: li
     if len(declared) != len(dims):
         raise MixprecError(
             f"--shape for input {name!r} has rank {len(dims)} but the model declares "
-            f"rank {len(declared)} {_fmt_dims(declared)}"
+            f"rank {len(declared)} {fmt_dims(declared)}"
         )
     for i, (want, got) in enumerate(zip(declared, dims, strict=True)):
         if isinstance(want, int) and want != got:
             raise MixprecError(
                 f"--shape for input {name!r} gives dim {i} = {got} but the model "
-                f"declares {want} {_fmt_dims(declared)}"
+                f"declares {want} {fmt_dims(declared)}"
             )
 
 
@@ -160,7 +127,7 @@ def resolve_input_shapes(
     bounds = length_bounds(m)
     for value in inputs:
         name = value.name or ""
-        declared = _declared_dims(value)
+        declared = declared_dims(value)
         if name in given:
             _check_override(name, declared, given[name])
             out[name] = given[name]
@@ -212,21 +179,114 @@ def _guess(
     return concrete
 
 
-def guessed_dims(
-    model: ModelArg, shapes: Mapping[str, Sequence[int]] | None = None
-) -> dict[tuple[str, int], str]:
+class GuessedDims(dict[tuple[str, int], str]):
+    """``{(input, axis): label}`` of the dims mixprec guessed, and what learning from
+    ONNX Runtime's refusals (:func:`~mixprec.runtime.fit.fit_shapes`) needs beside:
+    the bytes a sample takes and which guessed dims an op reads.
+
+    Args:
+        labels: the guessed dims and their labels (the symbol, or ``"?"``).
+        itemsizes: bytes per element of each input the user gave no shape for: those
+            mixprec chooses, bounded by :data:`MAX_SAMPLE_BYTES` together.
+        model: the model, read when an op refuses a length (:meth:`readers`).
+    """
+
+    def __init__(
+        self,
+        labels: Mapping[tuple[str, int], str],
+        itemsizes: Mapping[str, int],
+        model: ir.Model | None = None,
+    ) -> None:
+        super().__init__(labels)
+        self.itemsizes = dict(itemsizes)
+        self.model = model
+        self._readers: dict[str, dict[int, list[tuple[str, int]]]] | None = None
+
+    def sample_bytes(self, shapes: Mapping[str, Sequence[int]]) -> int:
+        """Bytes of the inputs mixprec chooses, generated at ``shapes``."""
+        return sum(
+            math.prod(int(d) for d in shapes[name]) * size
+            for name, size in self.itemsizes.items()
+            if name in shapes
+        )
+
+    def oversize(self, shapes: Mapping[str, Sequence[int]]) -> MixprecError | None:
+        """The error for a sample at ``shapes`` over :data:`MAX_SAMPLE_BYTES`, else None."""
+        total = self.sample_bytes(shapes)
+        if total <= MAX_SAMPLE_BYTES:
+            return None
+        name = max(
+            (n for n in self.itemsizes if n in shapes),
+            key=lambda n: math.prod(int(d) for d in shapes[n]) * self.itemsizes[n],
+        )
+        return oversize_error(name, list(shapes[name]), total, self)
+
+    def readers(self, node: str) -> dict[int, list[tuple[str, int]]]:
+        """``{node axis: [(input, axis), ...]}``: the guessed dims that the length axes of
+        node ``node``'s first input carry (:func:`~mixprec.io.bounds.length_readers`)."""
+        if self._readers is None:
+            found = length_readers(self.model, self) if self.model is not None else {}
+            self._readers = found
+        return self._readers.get(node, {})
+
+
+def _human(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if n < 1024 or unit == "PiB":
+            return f"{n:.0f} {unit}" if n == int(n) else f"{n:.2f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def oversize_error(
+    name: str, dims: list[int], total: int, guessed: Mapping[tuple[str, int], str]
+) -> MixprecError:
+    """One line: a generated sample of ``total`` bytes is over :data:`MAX_SAMPLE_BYTES`;
+    names input ``name``'s largest dim and the ``--shape`` to use."""
+    k = max(range(len(dims)), key=lambda i: dims[i], default=0)
+    head = (
+        f"a generated sample would take {_human(total)}, over the "
+        f"{_human(MAX_SAMPLE_BYTES)} limit on generated inputs"
+    )
+    if (name, k) in guessed:
+        shown = ",".join("N" if (name, i) in guessed else str(d) for i, d in enumerate(dims))
+        return MixprecError(
+            f"{head} (input {name!r} dim {k} ({guessed[(name, k)]}) was guessed {dims[k]}): "
+            f"give the shapes, e.g. --shape {name}={shown} with the N the model needs"
+        )
+    where = f"input {name!r} dim {k} is declared {dims[k]}" if dims else f"input {name!r}"
+    return MixprecError(
+        f"{head} ({where}): pass real inputs (--calibration-data or --inputs), or ask "
+        f"for it with --shape {name}={','.join(map(str, dims))}"
+    )
+
+
+def guessed_dims(model: ModelArg, shapes: Mapping[str, Sequence[int]] | None = None) -> GuessedDims:
     """``{(input, axis): label}`` of the dims :func:`resolve_input_shapes` guesses: the
-    symbolic dims of the inputs not given in ``shapes``."""
+    symbolic dims of the inputs not given in ``shapes`` (a :class:`GuessedDims`, which
+    also knows the sample's bytes and the model's length ops)."""
+    m = as_ir(model)
     found = {}
-    for value in graph_inputs(as_ir(model)):
+    itemsizes = {}
+    for value in graph_inputs(m):
         name = value.name or ""
-        declared = _declared_dims(value)
+        declared = declared_dims(value)
         if name in (shapes or {}) or declared is None:
             continue
+        if isinstance(value.type, ir.TensorType) and value.type.dtype != ir.DataType.STRING:
+            itemsizes[name] = _itemsize(value.type.dtype)
         for k, d in enumerate(declared):
             if not isinstance(d, int):
                 found[(name, k)] = d or "?"
-    return found
+    return GuessedDims(found, itemsizes, m)
+
+
+def _itemsize(dtype: ir.DataType) -> int:
+    """Bytes per element of a generated array (at least one; 4-bit types count one)."""
+    try:
+        return max(1, np.dtype(dtype.numpy()).itemsize)
+    except (TypeError, ValueError):
+        return 8
 
 
 def _audio_like(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -364,12 +424,15 @@ def make_inputs(
     """
     m = as_ir(model)
     concrete, notes = resolve_input_shapes(m, shapes)
+    too_large = guessed_dims(m, shapes).oversize(concrete)
+    if too_large is not None:
+        raise too_large
     rng = np.random.default_rng(seed)
     bounds = _index_bounds(m)
     feeds: dict[str, np.ndarray] = {}
     for value in graph_inputs(m):
         name = value.name or ""
-        dtype = _dtype_of(value)
+        dtype = dtype_of(value)
         if dtype == ir.DataType.STRING:
             raise MixprecError(
                 f"input {name!r} is a string tensor; "
@@ -380,221 +443,11 @@ def make_inputs(
                 f"input {name!r} has unknown rank; give its shape with --shape {name}=D0,D1,..."
             )
         shape = tuple(concrete[name])
-        feeds[name] = _generate(name, dtype, shape, rng, notes, bounds.get(name))
-    return feeds, notes
-
-
-def _cast_feed(name: str, array: np.ndarray, dtype: ir.DataType, source: str) -> np.ndarray:
-    """Casts ``array`` to the declared type when only the width/precision differs."""
-    want = np.dtype(dtype.numpy())
-    have = array.dtype
-    if have == want:
-        return array
-    if want == _BF16 and have.kind == "V" and have.itemsize == 2:
-        return array.view(_BF16)
-    if _is_float_dtype(want) and _is_float_dtype(have):
-        return array.astype(want)
-    if want.kind in "iu" and have.kind in "iu":
-        return array.astype(want)
-    raise MixprecError(f"input {name!r} expects {dtype.name.lower()} but {source} has {have.name}")
-
-
-def _read_npz(path: Path, what: str = "inputs file") -> dict[str, np.ndarray]:
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise MixprecError(f"{what} {str(path)!r} does not exist") from None
-    except IsADirectoryError:
-        raise MixprecError(f"{what} {str(path)!r} is a directory, not an .npz file") from None
-    except (OSError, ValueError, zipfile.BadZipFile) as e:
-        raise MixprecError(f"cannot read {what} {str(path)!r}: {first_line(e)}") from e
-    if not isinstance(loaded, np.lib.npyio.NpzFile):
-        raise MixprecError(f"{what} {str(path)!r} is not an .npz archive (use numpy.savez)")
-    with loaded:
-        return {key: loaded[key] for key in loaded.files}
-
-
-def _check_arrays(
-    arrays: Mapping[str, np.ndarray], model: ir.Model, label: str, *, leading: int = 0
-) -> dict[str, np.ndarray]:
-    """The arrays for ``model``'s inputs, cast to their dtypes; ``leading`` extra axes."""
-    feeds: dict[str, np.ndarray] = {}
-    inputs = graph_inputs(model)
-    for value in inputs:
-        name = value.name or ""
-        if name not in arrays:
-            raise MixprecError(
-                f"{label} has no array for input {name!r} "
-                f"(it has: {', '.join(sorted(arrays)) or 'nothing'})"
-            )
-        array = np.asarray(arrays[name])
-        declared = _declared_dims(value)
-        if declared is not None and len(declared) + leading != array.ndim:
-            extra = " plus a leading sample axis" if leading else ""
-            raise MixprecError(
-                f"input {name!r} in {label} has rank {array.ndim} but the model "
-                f"declares rank {len(declared)} {_fmt_dims(declared)}{extra}"
-            )
-        feeds[name] = _cast_feed(name, array, _dtype_of(value), label)
-    extra_names = sorted(set(arrays) - {v.name for v in inputs})
-    if extra_names:
-        logger.warning("%s: ignoring arrays %s (not graph inputs)", label, extra_names)
-    return feeds
-
-
-def load_inputs_npz(path: str | os.PathLike[str], model: ModelArg) -> dict[str, np.ndarray]:
-    """Loads model inputs from an ``.npz`` archive (one array per input name).
-
-    Arrays are cast to the declared dtype when only the precision differs (float64 for a
-    float32 input, int32 for an int64 input). Arrays that match no graph input are
-    ignored with a warning.
-
-    Args:
-        path: The ``.npz`` file, as written by ``numpy.savez``.
-        model: The model the arrays are for.
-
-    Returns:
-        The arrays by input name, for every required graph input.
-
-    Raises:
-        MixprecError: The file is missing or unreadable, lacks an input, or holds an array
-            of the wrong kind or rank.
-    """
-    p = Path(path)
-    return _check_arrays(_read_npz(p), as_ir(model), f"inputs file {p.name!r}")
-
-
-def iter_calibration_npz(
-    path: str | os.PathLike[str], model: ModelArg
-) -> Iterator[dict[str, np.ndarray]]:
-    """Streams samples from ``path``, checked against ``model``'s inputs: the one reader
-    behind every command's ``--inputs`` and ``--calibration-data``.
-
-    ``path`` is one of:
-
-    * a folder of ``.npz`` files, one sample each (read in name order, one file at a
-      time; shapes may differ between files);
-    * an ``.npz`` whose arrays have a leading sample axis (N samples, the same N for every
-      input);
-    * an ``.npz`` of one sample (every array has its input's declared rank).
-
-    Raises:
-        MixprecError: A missing path, an empty folder, missing inputs, wrong ranks, or
-            inconsistent sample counts (raised before the first sample is yielded).
-    """
-    p = Path(path)
-    m = as_ir(model)
-    if p.is_dir():
-        files = sorted(f for f in p.iterdir() if f.suffix == ".npz" and f.is_file())
-        if not files:
-            raise MixprecError(f"samples folder {str(p)!r} holds no .npz file")
-        return (_check_arrays(_read_npz(f), m, f"samples file {f.name!r}") for f in files)
-    label = f"samples file {p.name!r}"
-    arrays = _read_npz(p, "samples file")
-    if _one_sample(arrays, m):
-        return iter([_check_arrays(arrays, m, label)])
-    stacked = _check_arrays(arrays, m, label, leading=1)
-    counts = {name: a.shape[0] for name, a in stacked.items()}
-    if len(set(counts.values())) > 1:
-        shown = ", ".join(f"{k}: {v}" for k, v in counts.items())
-        raise MixprecError(f"{label} has inconsistent sample counts ({shown})")
-    n = next(iter(counts.values()), 0)
-    if n == 0:
-        raise MixprecError(f"{label} holds no sample")
-    return ({name: a[i] for name, a in stacked.items()} for i in range(n))
-
-
-def _one_sample(arrays: Mapping[str, np.ndarray], model: ir.Model) -> bool:
-    """Whether an ``.npz``'s arrays are one sample: each input with a declared rank has
-    exactly that rank (else they are read as a stack with a leading sample axis)."""
-    ranks = [
-        (len(declared), np.ndim(arrays[v.name or ""]))
-        for v in graph_inputs(model)
-        if (declared := _declared_dims(v)) is not None and (v.name or "") in arrays
-    ]
-    return bool(ranks) and all(want == got for want, got in ranks)
-
-
-def calibration_feeds(
-    data: Feeds | Iterable[Feeds] | None,
-) -> Iterator[dict[str, np.ndarray]] | None:
-    """Normalizes ``calibration_data``: one feed dict, a list, or any iterable of them.
-
-    Args:
-        data: One mapping of input name to array, or an iterable (list, generator) of such
-            mappings; ``None`` passes through.
-
-    Returns:
-        An iterator of feed dicts, consumed lazily (a generator is never materialized).
-
-    Raises:
-        MixprecError: ``data`` is neither a mapping nor an iterable of mappings (a
-            non-mapping item is reported when it is reached).
-    """
-    if data is None:
-        return None
-    if isinstance(data, Mapping):
-        return iter([_sample(0, data)])
-    if isinstance(data, str | bytes | np.ndarray) or not isinstance(data, Iterable):
-        raise MixprecError(
-            "calibration_data must be a dict of input arrays or an iterable of such dicts, "
-            f"not {type(data).__name__}"
-        )
-    return _each_mapping(data)
-
-
-def _sample(k: int, item: object) -> dict[str, np.ndarray]:
-    """Calibration sample ``k`` as arrays; refuses what cannot measure a range."""
-    if not isinstance(item, Mapping):
-        raise MixprecError(
-            f"calibration sample {k} is a {type(item).__name__}, not a dict of input name to array"
-        )
-    if not item:
-        raise MixprecError(f"calibration sample {k} is an empty dict")
-    out: dict[str, np.ndarray] = {}
-    for name, value in item.items():
-        if not isinstance(name, str):
-            raise MixprecError(f"calibration sample {k}: keys must be input names, got {name!r}")
         try:
-            array = np.asarray(value)
-        except (TypeError, ValueError) as exc:
-            raise MixprecError(f"calibration sample {k}: input {name!r}: {exc}") from None
-        if array.dtype == object:
+            feeds[name] = _generate(name, dtype, shape, rng, notes, bounds.get(name))
+        except MemoryError:
             raise MixprecError(
-                f"calibration sample {k}: input {name!r} is not a numeric array "
-                f"({type(value).__name__})"
-            )
-        if array.size == 0:
-            raise MixprecError(f"calibration sample {k}: input {name!r} is empty {array.shape}")
-        if np.issubdtype(array.dtype, np.floating) and np.isnan(array).all():
-            raise MixprecError(f"calibration sample {k}: input {name!r} is all NaN")
-        out[name] = array
-    return out
-
-
-def _each_mapping(data: Iterable[Feeds]) -> Iterator[dict[str, np.ndarray]]:
-    # No sample at all is refused by calibrate() ("holds no sample").
-    for k, item in enumerate(data):
-        yield _sample(k, item)
-
-
-def feeds_for(model: ModelArg, feeds: Feeds) -> dict[str, np.ndarray]:
-    """The subset of ``feeds`` that ``model`` takes, cast to its declared dtypes.
-
-    Raises:
-        MixprecError: An input of ``model`` has no array in ``feeds``.
-    """
-    if not isinstance(feeds, Mapping):
-        raise MixprecError(
-            f"inputs must be a dict of input name to array, not {type(feeds).__name__}"
-        )
-    out: dict[str, np.ndarray] = {}
-    for value in graph_inputs(as_ir(model)):
-        name = value.name or ""
-        if name not in feeds:
-            raise MixprecError(f"no input data for model input {name!r}")
-        array = np.asarray(feeds[name])
-        if isinstance(value.type, ir.TensorType) and value.type.dtype != ir.DataType.UNDEFINED:
-            array = _cast_feed(name, array, value.type.dtype, "the feed")
-        out[name] = array
-    return out
+                f"cannot allocate the generated input {name!r} of shape {list(shape)} "
+                "(out of memory): give a smaller --shape or real inputs"
+            ) from None
+    return feeds, notes

@@ -9,11 +9,15 @@ for the repairs that run beside them).
 * :class:`CheckAxesPass`: an ``axis``/``axes`` attribute outside its input's rank, once
   shape inference has given the ranks.
 * :func:`check_proto`: the checks that must run before ``onnx_ir`` parses a proto.
+* :func:`check_text`: text fields that are not UTF-8 (a corrupted file): descriptive
+  text is escaped, an identifier (op type, domain, attribute name) refused.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from typing import Any
 
 import onnx
 import onnx.defs
@@ -22,7 +26,7 @@ import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.ops import DTYPE_ATTRS, is_onnx_domain, onnx_domain, onnx_opset
-from mixprec.io.protos import iter_model_graphs
+from mixprec.io.protos import is_repeated, iter_model_graphs
 from mixprec.io.sanitize import (
     MIN_OPSET,
     PACKED_4BIT,
@@ -32,7 +36,9 @@ from mixprec.io.sanitize import (
     subgraph_bodies,
 )
 
-__all__ = ["CheckAxesPass", "CheckInputPass", "check_proto", "tensor_fault"]
+__all__ = ["CheckAxesPass", "CheckInputPass", "check_proto", "check_text", "tensor_fault"]
+
+logger = logging.getLogger(__name__)
 
 #: The attributes of :data:`~mixprec.core.ops.DTYPE_ATTRS` whose int value must name an
 #: element type (QuantizeLinear's ``output_dtype`` may be 0: "from the zero point").
@@ -313,6 +319,80 @@ def _check_proto_tensor(tensor: onnx.TensorProto, what: str) -> None:
     fault = tensor_fault(ir.serde.TensorProtoTensor(tensor))
     if fault:
         raise MixprecError(f"{what} {fault}")
+
+
+# --- text that is not UTF-8 ------------------------------------------------------------------
+
+#: ``(message, field)`` of the names :class:`~mixprec.io.sanitize.RepairNamesPass` escapes
+#: (or refuses, for the graph's inputs and outputs) once ``onnx_ir`` has parsed the model.
+_NAME_FIELDS = frozenset(
+    {("NodeProto", "name"), ("NodeProto", "input"), ("NodeProto", "output")}
+    | {("GraphProto", "name"), ("ValueInfoProto", "name"), ("TensorProto", "name")}
+    | {("FunctionProto", "input"), ("FunctionProto", "output")}
+)
+#: Fields that only describe (documentation, metadata, labels): escaped when not UTF-8.
+_DESCRIPTIVE_FIELDS = frozenset(
+    {"doc_string", "producer_name", "producer_version", "denotation", "dim_param"}
+    | {"key", "value", "tensor_name"}
+)
+
+
+def check_text(proto: onnx.ModelProto, where: str = "model") -> int:
+    """Text fields of ``proto`` that are not UTF-8, which protobuf hands over as ``bytes``
+    and nothing can write back (a corrupted file): documentation, metadata and labels
+    are escaped in place (``b"a\\xff"`` becomes ``"a\\\\xff"``); names are left to
+    :class:`~mixprec.io.sanitize.RepairNamesPass`; anything else is refused.
+
+    Returns:
+        The number of fields escaped.
+
+    Raises:
+        MixprecError: an op type, domain, attribute name or other identifier that is not
+            UTF-8, naming the node or function that holds it.
+    """
+    escaped = [0]
+    _walk_text(proto, where, "", escaped)
+    if escaped[0]:
+        logger.info("%s: escaped %d text field(s) that are not UTF-8", where, escaped[0])
+    return escaped[0]
+
+
+def _walk_text(message: Any, label: str, via: str, escaped: list[int]) -> None:
+    kind = message.DESCRIPTOR.name
+    if kind == "NodeProto":
+        label = f"{label}: node {message.name!r}" + (
+            f" ({message.op_type})" if isinstance(message.op_type, str) else ""
+        )
+    elif kind == "FunctionProto":
+        label = f"{label}: function {message.domain!r}::{message.name!r}"
+    for fd, value in message.ListFields():
+        if fd.type == fd.TYPE_MESSAGE:
+            for item in value if is_repeated(fd) else [value]:
+                _walk_text(item, label, fd.name, escaped)
+        elif fd.type == fd.TYPE_STRING:
+            texts = list(value) if is_repeated(fd) else [value]
+            if any(isinstance(t, bytes) for t in texts) and _escape_text(
+                message, fd, texts, label, via
+            ):
+                escaped[0] += 1
+
+
+def _escape_text(message: Any, fd: Any, texts: list[Any], label: str, via: str) -> bool:
+    """Escape field ``fd`` of ``message`` (some of ``texts`` are bytes; True), leave a
+    name to RepairNamesPass (False), or refuse an identifier."""
+    kind = message.DESCRIPTOR.name
+    if (kind, fd.name) in _NAME_FIELDS and (kind != "TensorProto" or via == "initializer"):
+        return False
+    if fd.name not in _DESCRIPTIVE_FIELDS and (kind, fd.name) != ("ModelProto", "domain"):
+        bad = next(t for t in texts if isinstance(t, bytes))
+        raise MixprecError(f"{label}: the {fd.name} {bad[:40]!r} is not UTF-8 (a corrupted file?)")
+    fixed = [t.decode("utf-8", "backslashreplace") if isinstance(t, bytes) else t for t in texts]
+    if is_repeated(fd):
+        del getattr(message, fd.name)[:]
+        getattr(message, fd.name).extend(fixed)
+    else:
+        setattr(message, fd.name, fixed[0])
+    return True
 
 
 # --- axis attributes against known ranks ------------------------------------------------------

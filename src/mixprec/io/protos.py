@@ -16,6 +16,7 @@ from mixprec.core.errors import MixprecError
 
 __all__ = [
     "FILE_SPAN",
+    "is_repeated",
     "iter_model_graphs",
     "iter_node_graphs",
     "iter_proto_graphs",
@@ -32,7 +33,8 @@ IN_MEMORY = "__mixprec_in_memory__"
 FILE_SPAN = "mixprec.file_span"
 
 
-def _is_repeated(fd: Any) -> bool:
+def is_repeated(fd: Any) -> bool:
+    """Whether protobuf field descriptor ``fd`` is a repeated field."""
     # protobuf >= 5 has ``is_repeated``; ``label`` is gone from newer upb descriptors.
     if hasattr(fd, "is_repeated"):
         return bool(fd.is_repeated)
@@ -44,7 +46,7 @@ def copy_fields(src: Any, dst: Any, skip: frozenset[str]) -> None:
     for fd, value in src.ListFields():
         if fd.name in skip:
             continue
-        if _is_repeated(fd):
+        if is_repeated(fd):
             getattr(dst, fd.name).extend(value)
         elif fd.type == fd.TYPE_MESSAGE:
             getattr(dst, fd.name).CopyFrom(value)
