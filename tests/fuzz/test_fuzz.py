@@ -21,7 +21,7 @@ from . import mutators
 from .campaign import plan, run_case
 from .classify import CLEAN_ERROR, DEFECT, SUCCESS, classify
 from .driver import Case, Observation, materialize
-from .known_defects import CAUSES, KNOWN, known_for, matches_known
+from .known_defects import CAUSES, KNOWN, REGRESSIONS, known_for, matches_known
 
 SEEDS = int(os.environ.get("FUZZ_SEEDS_PER_MUTATION", "4"))
 TIMEOUT = 60.0
@@ -34,6 +34,7 @@ class KnownDefectSeen(Exception):
 def _cases() -> list:
     cases = plan(len(mutators.MUTATIONS) * SEEDS, 0)
     extra = [Case(tuple(k.mutation.split("+")), k.seed) for k in KNOWN]
+    extra += [Case(tuple(name.split("+")), seed) for name, seed in REGRESSIONS]
     cases += [c for c in extra if c not in cases]
     params = []
     for case in cases:

@@ -6,12 +6,18 @@ from __future__ import annotations
 import onnx
 import onnx_ir as ir
 
-from mixprec.core.errors import InternalError
+from mixprec.core.errors import InternalError, MixprecError
 from mixprec.core.graphs import all_graphs, iter_nodes
 from mixprec.io.protos import light_copy, weightless_proto
 from mixprec.passes.shapes import ReconcileDeclaredShapesPass, ReconcileDeclaredShapesResult
 
-__all__ = ["CheckModelPass", "DropAddedAnnotationsPass", "annotated_values"]
+__all__ = [
+    "INPUT_SKETCH",
+    "CheckModelPass",
+    "DropAddedAnnotationsPass",
+    "KeepInputSketchPass",
+    "annotated_values",
+]
 
 
 def annotated_values(model: ir.Model) -> set[str]:
@@ -78,14 +84,42 @@ class CheckModelPass(ir.passes.InPlacePass):
                 result = fixed
                 failure = _check(model)
         if failure is not None:
+            sketch = model.meta.get(INPUT_SKETCH)
+            before = _check_proto(sketch) if isinstance(sketch, onnx.ModelProto) else None
+            if before is not None:
+                raise MixprecError(
+                    f"the input model fails onnx.checker ({before}), and mixprec cannot "
+                    f"repair it: {failure}"
+                )
             raise InternalError(f"the converted model fails onnx.checker: {failure}")
         return result
 
 
 def _check(model: ir.Model) -> str | None:
-    light = light_copy(weightless_proto(model, with_arrays=False)[0])
+    return _check_proto(light_copy(weightless_proto(model, with_arrays=False)[0]))
+
+
+def _check_proto(light: onnx.ModelProto) -> str | None:
     try:
         onnx.checker.check_model(light, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         return str(exc).strip().splitlines()[0]
     return None
+
+
+#: ``model.meta`` key: the input as prepare received it, without its weights, so that the
+#: final check can tell an input onnx.checker already rejects (the user's: exit 2) from a
+#: fault of mixprec's (exit 3).
+INPUT_SKETCH = "mixprec.input_sketch"
+
+
+class KeepInputSketchPass(ir.passes.InPlacePass):
+    """Keeps a weightless copy of the input in ``model.meta`` (:data:`INPUT_SKETCH`) for
+    :class:`CheckModelPass`. Changes nothing in the model."""
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        try:
+            model.meta[INPUT_SKETCH] = light_copy(weightless_proto(model, with_arrays=False)[0])
+        except Exception:  # a model onnx cannot serialize: the final check blames mixprec
+            model.meta.pop(INPUT_SKETCH, None)
+        return ir.passes.PassResult(model, modified=False)

@@ -32,7 +32,7 @@ from mixprec.io.sanitize import (
     SetIrVersionPass,
     SortNodesPass,
 )
-from mixprec.passes.cleanup import CheckModelPass, DropAddedAnnotationsPass
+from mixprec.passes.cleanup import CheckModelPass, DropAddedAnnotationsPass, KeepInputSketchPass
 from mixprec.passes.fold import FoldBatchNormPass, FoldCastsPass
 from mixprec.passes.opset import UpgradeOpsetPass, ops_needing_upgrade
 from mixprec.passes.shapes import InferShapesPass
@@ -145,6 +145,7 @@ class Pipeline:
             ),
             RepairNamesPass(),
             CheckInputPass(),
+            KeepInputSketchPass(),
             SetIrVersionPass(),
         ]
         if model.functions:
