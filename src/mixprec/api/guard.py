@@ -1,13 +1,14 @@
 """The INT8 accuracy guard around :func:`mixprec.quantize` (on by default).
 
-1. Hold out samples (``eval_data``, else the last fifth of the calibration samples when
-   there are at least five; fewer: every sample both calibrates and checks, with a
-   warning). Ranges never see the held-out samples.
+1. Hold out samples (``eval_data``, else a seeded random fifth of the calibration
+   samples when there are at least five; fewer: every sample both calibrates and checks,
+   with a warning). Ranges never see the held-out samples.
 2. Quantize as asked (speed plan included) and hold each output to its check
-   (:mod:`mixprec.tune.guard`) against the user's FP32 model in ONNX Runtime.
+   (:mod:`mixprec.tune.guard`) against the user's FP32 model in the deployment's runtime.
 3. On a miss, the tuner's search (:func:`mixprec.tune`, target int8, the guard's checks
-   as its metric, the held-out samples as its data) names the Conv/MatMul/Gemm nodes to
-   keep float; quantize again without them (speed plan included) and check again. If
+   as its metric) runs on the first half of the held-out samples and names the
+   Conv/MatMul/Gemm nodes to keep float; quantize again without them (speed plan
+   included) and grade it on the other half (one held-out sample: the same). If
    that still misses, the tuner's own model is the result when it is clearly faster than
    the input (timed as the speed plan times), else the input unchanged.
 4. ``report.guard`` says what was measured; its ``summary`` is the command's last line.
@@ -46,6 +47,7 @@ from mixprec.tune.guard import (
     check_outputs,
     guard_metric,
     output_kinds,
+    search_and_grade,
     split_samples,
 )
 
@@ -152,25 +154,50 @@ def guarded_quantize(
     if all(c.passed for c in first):
         return work, _finish(report, guard, first, (), first)
     say(f"INT8 misses the budget ({_worst(first).text()}): searching for nodes to keep float")
+    search, grade = search_and_grade(list(range(len(held))))
+    guard.update(search_samples=len(search), graded_samples=len(grade))
+    tuned = _repair(
+        source, config, (calib, _pick(held, search)), _pick(reference, search), progress
+    )
+    names = tuple(s.name for s in tuned.kept_float)
+    repaired = dataclasses.replace(
+        config, exclude_nodes=config.exclude_nodes + tuple(f"^{re.escape(n)}$" for n in names)
+    )
+    graded, graded_ref = _pick(held, grade), _pick(reference, grade)
+    work, report = quantize_once(source, repaired, calib, progress)
+    final = _checked(graded_ref, work, graded, config, (kinds, budget))
+    if not all(c.passed for c in final) and tuned.passed:
+        work, report = _tuner_or_input(source, config, tuned, (calib, held), progress)
+        final = _checked(graded_ref, work, graded, config, (kinds, budget))
+    return work, _finish(report, guard, final, names, first)
+
+
+def _pick(items: list[dict[str, Any]], indices: list[int]) -> list[dict[str, Any]]:
+    return [items[k] for k in indices]
+
+
+def _repair(
+    source: onnx.ModelProto,
+    config: QuantizeConfig,
+    data: tuple[list[dict[str, Any]] | None, list[dict[str, Any]]],
+    reference: list[dict[str, Any]],
+    progress: Say | None,
+) -> Any:
+    """The tuner's search for the nodes to keep float, on the search samples ``data[1]``
+    (calibrating on ``data[0]``), the guard's checks as its metric."""
+    calib, search = data
+    kinds = output_kinds(_copy(source))
+    budget = GuardBudget.of(config.guard_drop, config.guard_rel_l2)
     options = {
         f.name: getattr(config, f.name)
         for f in dataclasses.fields(config)
         if f.name not in ("guard", "log_dir")
     }
-    tuned = tune_with_options(
-        source, "int8", held, calibration_data=calib, metric=guard_metric(reference, kinds, budget),
-        budget=1.0, progress=progress, options=options,
+    return tune_with_options(
+        source, "int8", search, calibration_data=calib,
+        metric=guard_metric(reference, kinds, budget), budget=1.0, progress=progress,
+        options=options,
     )  # fmt: skip
-    names = tuple(s.name for s in tuned.kept_float)
-    repaired = dataclasses.replace(
-        config, exclude_nodes=config.exclude_nodes + tuple(f"^{re.escape(n)}$" for n in names)
-    )
-    work, report = quantize_once(source, repaired, calib, progress)
-    final = _checked(reference, work, held, config, (kinds, budget))
-    if not all(c.passed for c in final) and tuned.passed:
-        work, report = _tuner_or_input(source, config, tuned, (calib, held), progress)
-        final = _checked(reference, work, held, config, (kinds, budget))
-    return work, _finish(report, guard, final, names, first)
 
 
 def _tuner_or_input(

@@ -54,7 +54,7 @@ def quantize(
         base_dir: the folder an in-memory model's external data is read from (as for
             :func:`~mixprec.convert`); a path's own folder otherwise.
         eval_data: samples the accuracy guard checks the INT8 model on (same forms as
-            ``calibration_data``, or a path as ``--eval-data``); by default the last fifth
+            ``calibration_data``, or a path as ``--eval-data``); by default a seeded random fifth
             of the calibration samples is held out (:mod:`mixprec.api.guard`).
         **options: the fields of :class:`QuantizeConfig` (``method``, ``mode``,
             ``activations``, ``per_channel``, ``fallback``, ``bias_correction``, ``speed``,

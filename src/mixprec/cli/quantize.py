@@ -107,7 +107,7 @@ def _add_check_args(p: argparse.ArgumentParser) -> None:
         "--eval-data",
         metavar="PATH",
         help="samples the accuracy guard checks the INT8 model on (forms as "
-        "--calibration-data); default: the last fifth of the calibration samples, held out",
+        "--calibration-data); default: a seeded random fifth of the calibration samples, held out",
     )
     p.add_argument(
         "--max-drop",
