@@ -1,4 +1,4 @@
-"""The package's own import graph keeps the layout's rule (README "Layout"): imports run
+"""The package's own import graph keeps the layout's rule (docs/contributing.md): imports run
 one way through the layers, none inside functions (but the optional extras), no private
 name is taken from another module, and no module or function outgrows the limits."""
 

@@ -255,11 +255,11 @@ class autocast(contextlib.ContextDecorator):
         module: the model; needed for ``exclude`` and for per-module counts.
         exclude: regexes over ``module.named_modules()`` names (``re.search``): every
             call made inside a matching submodule's ``forward`` runs in float32.
-        allow_add ... clear_remove: op types (the names of ``mixprec lists``) moved
-            between the lists, as in :func:`mixprec.convert`; a name the torch table
-            does not map is an error that lists the known ones.
         force_all: every mapped op in the low dtype (losses included; unsafe).
         log_dir: write ``amp_report.json`` / ``.txt`` there when each ``with`` ends.
+        **list_changes: ``allow_add`` ... ``clear_remove``: op types (the names of
+            ``mixprec lists``) moved between the lists, as in :func:`mixprec.convert`; a
+            name the torch table does not map is an error that lists the known ones.
 
     Example:
         >>> with mixprec.torch.autocast("bf16", module=model, exclude=[r"^head"]) as amp:
