@@ -159,7 +159,8 @@ def _start_slow_batch(tmp_path: Path, head: str) -> tuple[subprocess.Popen[bytes
 def _nothing_left(out: Path, workers: dict) -> None:
     gone = lambda: not any(alive(pid) for pid in workers)  # noqa: E731
     assert wait_for(gone, 15), "a worker outlived its driver"
-    assert wait_for(lambda: not any(p.exists() for p in workers.values()), 5), "private folder"
+    # the janitor sweeps once Ray ends the cancelled worker's process: late under load
+    assert wait_for(lambda: not any(p.exists() for p in workers.values()), 20), "private folder"
     assert list(out.glob(f"{STAGING_PREFIX}*")) == []
     assert not (out / "b_slow.fp16.onnx").exists()
 
