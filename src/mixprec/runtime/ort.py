@@ -404,7 +404,7 @@ class OrtEngine:
             "runtime": self.name,
             "label": self.label,
             "version": self.version(),
-            "precision": "as the model's dtypes (no bf16 kernels: bf16 is emulated)",
+            "precision": "the model's own dtypes",
             "threads": thread_cap(options.threads),
             "cpu": cpu_features().describe(),
         }
