@@ -206,3 +206,44 @@ def test_the_repair_is_searched_on_some_held_out_samples_and_graded_on_the_other
     assert guard["kept_float"] == ["fc1"] and guard["passed"], guard  # a repair ran
     assert (guard["search_samples"], guard["graded_samples"], guard["eval_samples"]) == (2, 2, 4)
     assert [c["output"] for c in guard["checks"]] == ["probs"]
+
+
+def _accuracy(reference, outputs) -> float:
+    """A user's metric: arg-max agreement over every held-out row (higher is better)."""
+    same = [
+        (np.argmax(r["probs"], -1) == np.argmax(o["probs"], -1)).ravel()
+        for r, o in zip(reference, outputs, strict=True)
+    ]
+    return float(np.mean(np.concatenate(same)))
+
+
+def test_the_users_own_metric_judges_the_guard_and_the_repair(tmp_path, capsys):
+    """quantize(metric=, metric_budget=) and --metric FILE.py:FUNCTION: the guard's one
+    check is the user's score, and the repair searches with it."""
+    model = _wide_range_classifier()
+    result = mixprec.quantize(
+        model, _samples(20), speed="off", metric=_accuracy, metric_budget=0.99
+    )
+    guard = result.report.guard
+    assert guard["passed"] and guard["kept_float"] == ["fc1"], guard
+    (first,) = guard["first_checks"]
+    assert first["kind"] == "metric" and first["output"] == "_accuracy", first
+    assert first["value"] < 0.99 and not first["passed"], first
+    assert "score >= 0.99 of '_accuracy'" in guard["summary"], guard["summary"]
+    src = tmp_path / "m.onnx"
+    onnx.save(model, src)
+    np.savez(tmp_path / "calib.npz", x=np.stack([s["x"] for s in _samples(20)]))
+    (tmp_path / "my_metric.py").write_text(
+        "def never(reference, outputs):\n    return 0.0\n"
+    )
+    args = ["quantize", str(src), "-o", str(tmp_path / "q.onnx"), "--speed", "off",
+            "--calibration-data", str(tmp_path / "calib.npz")]  # fmt: skip
+    code = main([*args, "--metric", f"{tmp_path / 'my_metric.py'}:never", "--metric-budget", "0.5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and "score >= 0.5 of 'never'" in err[-1], err  # never met: not written
+    assert not (tmp_path / "q.onnx").exists()
+    code = main([*args, "--metric", "nosuchmodule_xyz:f", "--metric-budget", "0.5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "--metric 'nosuchmodule_xyz:f'" in err[0], err
+    code = main([*args, "--metric-budget", "0.5"])
+    assert code == 2 and "needs metric (--metric)" in capsys.readouterr().err

@@ -44,6 +44,7 @@ from mixprec.runtime.validation import detect_low_dtype
 from mixprec.tune.guard import (
     GuardBudget,
     OutputCheck,
+    UserMetric,
     check_outputs,
     guard_metric,
     output_kinds,
@@ -112,9 +113,13 @@ def _checked(
     that changed a value-dependent length inside the graph) misses every check with the
     runtime's reason, and the repair goes on as for any miss."""
     kinds, budget = how
+    user = _user_metric(config)
     try:
-        return check_outputs(reference, _outputs(work, held, config.runtime), kinds, budget)
+        got = _outputs(work, held, config.runtime)
+        return check_outputs(reference, got, kinds, budget, user)
     except RuntimeRunError as e:
+        if user is not None:
+            return [OutputCheck(user.name, "metric", math.nan, user.budget, False, str(e))]
         return [
             OutputCheck(name, kind, math.nan, budget.limit(kind), False, str(e))
             for name, kind in kinds.items()
@@ -172,6 +177,14 @@ def guarded_quantize(
     return work, _finish(report, guard, final, names, first)
 
 
+def _user_metric(config: QuantizeConfig) -> UserMetric | None:
+    """The user's own metric (``--metric``), if any, named after its function."""
+    if config.metric is None or config.metric_budget is None:
+        return None
+    name = getattr(config.metric, "__name__", "metric")
+    return UserMetric(config.metric, float(config.metric_budget), name)
+
+
 def _pick(items: list[dict[str, Any]], indices: list[int]) -> list[dict[str, Any]]:
     return [items[k] for k in indices]
 
@@ -195,7 +208,8 @@ def _repair(
     }
     return tune_with_options(
         source, "int8", search, calibration_data=calib,
-        metric=guard_metric(reference, kinds, budget), budget=1.0, progress=progress,
+        metric=guard_metric(reference, kinds, budget, _user_metric(config)), budget=1.0,
+        progress=progress,
         options=options,
     )  # fmt: skip
 

@@ -125,6 +125,21 @@ def _add_check_args(p: argparse.ArgumentParser) -> None:
         help="the guard's bound on the relative L2 error of other outputs (default 0.1)",
     )
     p.add_argument(
+        "--metric",
+        metavar="MODULE:FUNCTION",
+        default=None,
+        help="the guard judges by your own function instead of the per-output checks: "
+        "FUNCTION(fp32_outputs, int8_outputs) gets one dict of outputs per held-out sample "
+        "and returns a score, higher is better (MODULE importable, or FILE.py)",
+    )
+    p.add_argument(
+        "--metric-budget",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --metric: the lowest accepted score",
+    )
+    p.add_argument(
         "--no-guard",
         action="store_true",
         help="skip the accuracy guard (warns: the INT8 model is not checked against FP32)",
@@ -159,6 +174,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         guard=not args.no_guard,
         max_drop=_budget(args.max_drop, "--max-drop"),
         max_rel_l2=_budget(args.max_rel_l2, "--max-rel-l2"),
+        metric=args.metric,
+        metric_budget=args.metric_budget,
         eval_data=args.eval_data,
         runtime=runtime_of(args),
         progress=progress(args.quiet or args.json),

@@ -6,7 +6,9 @@ import dataclasses
 import platform
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from mixprec.core.callables import load_callable
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
 from mixprec.core.policy import default_policy
@@ -77,6 +79,10 @@ class QuantizeConfig:
         guard_drop: the guard's accepted drop of top-1 agreement on class scores
             (agreement >= 1 - drop; None: 0.01) and of equal elements on integer outputs.
         guard_rel_l2: the guard's bound on other outputs' relative L2 (None: 0.1).
+        metric: the user's own measure instead of the per-output checks: a callable
+            ``score(fp32_outputs, int8_outputs) -> float`` (one dict per held-out sample;
+            higher is better) or ``"MODULE:FUNCTION"`` / ``"FILE.py:FUNCTION"``.
+        metric_budget: the lowest accepted score of ``metric`` (required with it).
         runtime: the engine the speed plan times placements in and the guard runs the
             result in (the deployment's): ONNX Runtime by default, or OpenVINO
             (:class:`~mixprec.runtime.engine.RuntimeOptions`, or its name).
@@ -100,8 +106,23 @@ class QuantizeConfig:
     guard_drop: float | None = None
     guard_rel_l2: float | None = None
     runtime: RuntimeOptions = dataclasses.field(default_factory=RuntimeOptions)
+    metric: Any = None
+    metric_budget: float | None = None
 
     def __post_init__(self) -> None:
+        if self.metric is None and self.metric_budget is not None:
+            raise MixprecError("metric_budget (--metric-budget) needs metric (--metric)")
+        if self.metric is not None:
+            if isinstance(self.metric, str):
+                object.__setattr__(self, "metric", load_callable(self.metric))
+            if not callable(self.metric):
+                raise MixprecError(
+                    f"metric must be a callable or 'MODULE:FUNCTION', not {self.metric!r}"
+                )
+            if isinstance(self.metric_budget, bool) or not isinstance(
+                self.metric_budget, int | float
+            ):
+                raise MixprecError("metric needs metric_budget (--metric-budget): its lowest score")
         if self.runtime is None:
             object.__setattr__(self, "runtime", RuntimeOptions())
         if isinstance(self.runtime, str):

@@ -243,6 +243,8 @@ def config_dict(config: QuantizeConfig) -> dict[str, object]:
     data["latency_shapes"] = {k: list(v) for k, v in config.latency_shapes.items()}
     data["log_dir"] = str(config.log_dir) if config.log_dir else None
     data["reduce_range"] = config.reduce_range
+    if config.metric is not None:  # the user's function, by name
+        data["metric"] = getattr(config.metric, "__qualname__", repr(config.metric))
     return data
 
 

@@ -36,12 +36,14 @@ __all__ = [
     "GUARD_MIN_SAMPLES",
     "GuardBudget",
     "OutputCheck",
+    "UserMetric",
     "check_outputs",
     "guard_metric",
     "guard_score",
     "output_kinds",
     "search_and_grade",
     "split_samples",
+    "user_check",
 ]
 
 Outputs = Mapping[str, np.ndarray]
@@ -51,7 +53,33 @@ GUARD_MIN_SAMPLES = 5
 #: The share held out (at least one sample).
 HELD_OUT_SHARE = 0.2
 _SHAPE_ONLY = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity"})
-_LABELS = {"top1": "top-1", "rel-l2": "rel L2", "match": "equal elements"}
+_LABELS = {"top1": "top-1", "rel-l2": "rel L2", "match": "equal elements", "metric": "score"}
+
+
+@dataclass(frozen=True)
+class UserMetric:
+    """The user's own measure of the INT8 model (``--metric MODULE:FUNCTION``,
+    ``quantize(metric=callable)``): ``score(fp32_outputs, int8_outputs)`` gets one dict of
+    outputs by name per held-out sample, in order, and returns a number, higher is
+    better; the guard passes when it is at least ``budget``. It replaces the per-output
+    checks, in the guard and in the repair's search alike."""
+
+    score: Callable[[Sequence[Outputs], Sequence[Outputs]], float]
+    budget: float
+    name: str = "metric"
+
+
+def user_check(
+    metric: UserMetric, reference: Sequence[Outputs], outputs: Sequence[Outputs]
+) -> OutputCheck:
+    """The user's metric as the guard's one check (a failing metric is a miss, with why)."""
+    try:
+        value = float(metric.score(list(reference), list(outputs)))
+        best = float(metric.score(list(reference), list(reference)))
+    except Exception as e:  # the user's code: its failure is a measured miss
+        return OutputCheck(metric.name, "metric", math.nan, metric.budget, False, repr(e))
+    ok = math.isfinite(value) and value >= metric.budget
+    return OutputCheck(metric.name, "metric", value, metric.budget, ok, best=best)
 
 
 @dataclass(frozen=True)
@@ -83,11 +111,13 @@ class OutputCheck:
     limit: float
     passed: bool
     note: str = ""
+    best: float = 1.0  # the user's metric: the FP32 model's own score (slack 1 there)
 
     def needs(self) -> str:
-        """``top-1 >= 0.99 on 'probs'``."""
+        """``top-1 >= 0.99 on 'probs'`` (the user's metric: ``score >= 0.9 of 'f1'``)."""
         side = "<=" if self.kind == "rel-l2" else ">="
-        return f"{_LABELS[self.kind]} {side} {self.limit:g} on {self.output!r}"
+        of = "of" if self.kind == "metric" else "on"
+        return f"{_LABELS[self.kind]} {side} {self.limit:g} {of} {self.output!r}"
 
     def text(self) -> str:
         miss = f"a miss ({self.note or 'non-finite values'})"
@@ -100,6 +130,11 @@ class OutputCheck:
             return -math.inf
         if self.kind == "rel-l2":
             return 1.0 - self.value / self.limit if self.limit > 0 else -math.inf
+        if self.kind == "metric":  # any scale: 1 at the FP32 model's score, 0 at the budget
+            span = self.best - self.limit
+            if span <= 0:
+                return 0.0 if self.passed else -1.0
+            return (self.value - self.limit) / span
         span = 1.0 - self.limit
         return (self.value - self.limit) / span if span > 0 else (0.0 if self.passed else -1.0)
 
@@ -184,8 +219,12 @@ def check_outputs(
     outputs: Sequence[Outputs],
     kinds: Mapping[str, str],
     budget: GuardBudget,
+    metric: UserMetric | None = None,
 ) -> list[OutputCheck]:
-    """Every output of ``outputs`` against the FP32 ``reference``, sample by sample."""
+    """Every output of ``outputs`` against the FP32 ``reference``, sample by sample; the
+    user's ``metric`` instead, when given."""
+    if metric is not None:
+        return [user_check(metric, reference, outputs)]
     miss = shape_miss(reference, outputs)
     checks = []
     for name, spelled in kinds.items():
@@ -224,12 +263,15 @@ def guard_score(checks: Sequence[OutputCheck]) -> float:
 
 
 def guard_metric(
-    reference: Sequence[Outputs], kinds: Mapping[str, str], budget: GuardBudget
+    reference: Sequence[Outputs],
+    kinds: Mapping[str, str],
+    budget: GuardBudget,
+    metric: UserMetric | None = None,
 ) -> Callable[[Candidate], float]:
     """The guard as a tuner metric (higher is better; the FP32 model scores 1, so an
     accepted drop of 1 means "every check passes")."""
 
     def guard(candidate: Candidate) -> float:
-        return guard_score(check_outputs(reference, candidate.outputs, kinds, budget))
+        return guard_score(check_outputs(reference, candidate.outputs, kinds, budget, metric))
 
     return guard
