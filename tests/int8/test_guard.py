@@ -233,9 +233,7 @@ def test_the_users_own_metric_judges_the_guard_and_the_repair(tmp_path, capsys):
     src = tmp_path / "m.onnx"
     onnx.save(model, src)
     np.savez(tmp_path / "calib.npz", x=np.stack([s["x"] for s in _samples(20)]))
-    (tmp_path / "my_metric.py").write_text(
-        "def never(reference, outputs):\n    return 0.0\n"
-    )
+    (tmp_path / "my_metric.py").write_text("def never(reference, outputs):\n    return 0.0\n")
     args = ["quantize", str(src), "-o", str(tmp_path / "q.onnx"), "--speed", "off",
             "--calibration-data", str(tmp_path / "calib.npz")]  # fmt: skip
     code = main([*args, "--metric", f"{tmp_path / 'my_metric.py'}:never", "--metric-budget", "0.5"])
