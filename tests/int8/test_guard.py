@@ -206,6 +206,10 @@ def test_the_repair_is_searched_on_some_held_out_samples_and_graded_on_the_other
     assert guard["kept_float"] == ["fc1"] and guard["passed"], guard  # a repair ran
     assert (guard["search_samples"], guard["graded_samples"], guard["eval_samples"]) == (2, 2, 4)
     assert [c["output"] for c in guard["checks"]] == ["probs"]
+    # where the time went: the guard's runs, the first quantization and the repair
+    timings = result.report.timings
+    assert {"calibrate", "guard", "first quantize", "repair"} <= set(timings), timings
+    assert all(v >= 0 for v in timings.values()), timings
 
 
 def _accuracy(reference, outputs) -> float:

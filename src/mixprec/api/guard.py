@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -151,13 +152,20 @@ def guarded_quantize(
         calib, held, in_sample = split_samples(samples)
     budget = GuardBudget.of(config.guard_drop, config.guard_rel_l2)
     kinds = output_kinds(original)
+    clock = time.perf_counter()
     reference = _outputs(original, held)
+    spent = {"guard": time.perf_counter() - clock}
     work, report = quantize_once(source, config, calib, progress)
     say(f"checking the INT8 model on {len(held)} held-out sample(s)")
+    clock = time.perf_counter()
     first = _checked(reference, work, held, config, (kinds, budget))
+    spent["guard"] += time.perf_counter() - clock
     guard = _guard_info(len(calib or []), len(held), in_sample, eval_data is not None)
     if all(c.passed for c in first):
+        report.timings = {**report.timings, **spent}
         return work, _finish(report, guard, first, (), first)
+    spent["first quantize"] = sum(report.timings.values())
+    clock = time.perf_counter()
     say(f"INT8 misses the budget ({_worst(first).text()}): searching for nodes to keep float")
     search, grade = search_and_grade(list(range(len(held))))
     guard.update(search_samples=len(search), graded_samples=len(grade))
@@ -174,6 +182,9 @@ def guarded_quantize(
     if not all(c.passed for c in final) and tuned.passed:
         work, report = _tuner_or_input(source, config, tuned, (calib, held), progress)
         final = _checked(graded_ref, work, graded, config, (kinds, budget))
+    # where the time went (the report's stages are the last quantization's)
+    spent["repair"] = max(0.0, time.perf_counter() - clock - sum(report.timings.values()))
+    report.timings = {**report.timings, **spent}
     return work, _finish(report, guard, final, names, first)
 
 
