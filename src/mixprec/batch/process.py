@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from mixprec.batch.janitor import alive
 from mixprec.batch.jobs import Job
 from mixprec.core.config import BATCH_PARENT_ENV, THREADS_ENV
 
@@ -196,15 +197,5 @@ def sweep_staging(out_dir: Path) -> None:
     a worker's exit and the move)."""
     for path in out_dir.glob(f"{STAGING_PREFIX}*"):
         pid = path.name[len(STAGING_PREFIX) :].split("-")[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -15,6 +15,7 @@ from mixprec.core.policy import default_policy
 from mixprec.int8.params import METHODS
 from mixprec.runtime.cpu import cpu_features
 from mixprec.runtime.engine import RuntimeOptions
+from mixprec.runtime.engines import runtime_options
 
 __all__ = [
     "DYNAMIC_MAC_SHARE",
@@ -123,14 +124,7 @@ class QuantizeConfig:
                 self.metric_budget, int | float
             ):
                 raise MixprecError("metric needs metric_budget (--metric-budget): its lowest score")
-        if self.runtime is None:
-            object.__setattr__(self, "runtime", RuntimeOptions())
-        if isinstance(self.runtime, str):
-            object.__setattr__(self, "runtime", RuntimeOptions(name=self.runtime))
-        if not isinstance(self.runtime, RuntimeOptions):
-            raise MixprecError(
-                f"runtime must be a name or RuntimeOptions, not {type(self.runtime).__name__}"
-            )
+        object.__setattr__(self, "runtime", runtime_options(self.runtime))
         for name in ("guard_drop", "guard_rel_l2"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not 0.0 < float(value) < 1.0):

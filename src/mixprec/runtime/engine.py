@@ -29,7 +29,6 @@ __all__ = [
     "RuntimeOptions",
     "RuntimeRunError",
     "Session",
-    "first_line",
 ]
 
 #: The engines ``--runtime`` accepts, the default first.
@@ -48,15 +47,6 @@ class RuntimeLoadError(MixprecError):
 
 class RuntimeRunError(MixprecError):
     """An engine loaded a model but could not run it."""
-
-
-def first_line(error: BaseException, limit: int = 400) -> str:
-    """The first non-empty line of an engine's error message, at most ``limit`` chars."""
-    for line in str(error).splitlines():
-        text = line.strip()
-        if text:
-            return text if len(text) <= limit else text[: limit - 3] + "..."
-    return type(error).__name__
 
 
 @dataclass(frozen=True)

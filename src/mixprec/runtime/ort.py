@@ -250,18 +250,27 @@ def make_session(
 
 @contextlib.contextmanager
 def session_for(
-    model: onnx.ModelProto, threads: int, optimize: bool = True
+    model: onnx.ModelProto,
+    threads: int,
+    optimize: bool = True,
+    *,
+    arena: bool = True,
+    spinning: bool = True,
 ) -> Iterator[ort.InferenceSession]:
-    """A session for an in-memory model; models over 2 GB go through a temporary dir."""
+    """A session for an in-memory model; models over 2 GB go through a temporary dir
+    (ORT has read it when the session exists). ``arena``/``spinning``: see make_session."""
     if model.ByteSize() <= PROTO_LIMIT:
         check_external(model)
-        yield make_session(model.SerializeToString(), threads, optimize=optimize)
+        source: str | bytes = model.SerializeToString()
+        yield make_session(source, threads, optimize=optimize, arena=arena, spinning=spinning)
         return
     with tempfile.TemporaryDirectory(prefix="mixprec-") as tmp:
         skeleton = external_skeleton(model, Path(tmp))
         path = Path(tmp) / "model.onnx"
         onnx.save_model(skeleton, path)
-        yield make_session(str(path), threads, owned=True, optimize=optimize)
+        yield make_session(
+            str(path), threads, owned=True, optimize=optimize, arena=arena, spinning=spinning
+        )
 
 
 def _bf16_from_ortvalue(value: ort.OrtValue) -> np.ndarray:
@@ -386,17 +395,7 @@ class OrtEngine:
         if not isinstance(model, onnx.ModelProto):
             session = make_session(os.fspath(model), options.threads, arena=quiet, spinning=quiet)
             return _OrtSession(session)
-        if model.ByteSize() <= PROTO_LIMIT:
-            check_external(model)
-            source = model.SerializeToString()
-            return _OrtSession(make_session(source, options.threads, arena=quiet, spinning=quiet))
-        with tempfile.TemporaryDirectory(prefix="mixprec-") as tmp:
-            skeleton = external_skeleton(model, Path(tmp))
-            path = Path(tmp) / "model.onnx"
-            onnx.save_model(skeleton, path)
-            session = make_session(
-                str(path), options.threads, owned=True, arena=quiet, spinning=quiet
-            )
+        with session_for(model, options.threads, arena=quiet, spinning=quiet) as session:
             return _OrtSession(session)
 
     def describe(self, options: RuntimeOptions) -> dict[str, object]:
