@@ -360,9 +360,11 @@ def test_cli_quantize_with_a_folder_of_samples_and_validate(tmp_path: Path, caps
         np.savez(folder / f"{k}.npz", **sample)
     out = tmp_path / "cnn_int8.onnx"
     rc = main(["quantize", str(src), "-o", str(out), "--calibration-data", str(folder),
-               "--method", "percentile", "--speed", "off", "--validate"])  # fmt: skip
+               "--method", "percentile", "--speed", "off", "--validate",
+               "--log-dir", str(tmp_path / "logs")])  # fmt: skip
     captured = capsys.readouterr()
     assert rc == 0, captured.err
+    assert (tmp_path / "logs" / "report.json").is_file()  # a str --log-dir crashed here
     lines = captured.out.splitlines()
     assert out.is_file() and f"wrote {out}" in lines[-2], lines[-2:]
     assert lines[-1].startswith("mixprec: INT8 on ") and "accuracy guard passed" in lines[-1]

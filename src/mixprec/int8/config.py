@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 from collections.abc import Mapping
 from pathlib import Path
@@ -125,6 +126,10 @@ class QuantizeConfig:
             ):
                 raise MixprecError("metric needs metric_budget (--metric-budget): its lowest score")
         object.__setattr__(self, "runtime", runtime_options(self.runtime))
+        if self.log_dir is not None:
+            if not isinstance(self.log_dir, str | os.PathLike):
+                raise MixprecError(f"log_dir must be a path, not {type(self.log_dir).__name__}")
+            object.__setattr__(self, "log_dir", Path(self.log_dir))
         for name in ("guard_drop", "guard_rel_l2"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not 0.0 < float(value) < 1.0):
