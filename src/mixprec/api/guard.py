@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import onnx
 import onnx_ir as ir
 
@@ -36,7 +37,7 @@ from mixprec.int8.speed import session as timing_session
 from mixprec.io.feeds import calibration_feeds, feeds_for, iter_calibration_npz
 from mixprec.io.models import load_input
 from mixprec.pipeline.convert import CalibrationData
-from mixprec.pipeline.quantize import run_quantize
+from mixprec.pipeline.quantize import latency_feeds, run_quantize
 from mixprec.pipeline.report import Report
 from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
@@ -245,7 +246,9 @@ def _tuner_or_input(
         "fp32": timing_session(source, config.runtime),
         "tuned": timing_session(tuned.model_proto, config.runtime),
     }
-    decision = decide(time_paired(sessions, feeds_for(original, held[0])), ["tuned"])
+    shapes = {k: list(np.shape(v)) for k, v in held[0].items()}
+    feeds = latency_feeds(original, config, shapes)  # the speed plan's inputs
+    decision = decide(time_paired(sessions, feeds), ["tuned"])
     if decision.chosen == "tuned":
         tuned.report.notes.append(
             "the speed plan's placement without the sensitive nodes missed the budget; "

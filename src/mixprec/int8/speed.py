@@ -60,6 +60,10 @@ _RUN_SECONDS = 0.01
 #: Timing stops after this many seconds once _MIN_ROUNDS are done.
 _BUDGET_SECONDS = 1.0
 _MIN_ROUNDS, _MAX_ROUNDS, _WARMUP = 15, 60, 2
+#: From this many rounds on, a placement that can no longer be chosen stops being timed
+#: (slower than FP32 in the median and faster in at most :data:`_HOPELESS_SHARE` of the
+#: rounds), so the plan's cost grows with the model, not with the number of candidates.
+_PRUNE_AFTER, _HOPELESS_SHARE = 5, 0.2
 
 
 @dataclass(frozen=True)
@@ -80,9 +84,8 @@ def decide(times: Mapping[str, Sequence[float]], order: Sequence[str]) -> SpeedD
 
     Returns ``chosen == "fp32"`` when no placement is clearly faster.
     """
-    base = np.asarray(times["fp32"], dtype=np.float64)
     ms = {label: float(np.median(t)) * 1e3 for label, t in times.items()}
-    ratios = {label: np.asarray(t, dtype=np.float64) / base for label, t in times.items()}
+    ratios = {label: _paired(times, label) for label in times}
     ratio = {label: float(np.median(r)) for label, r in ratios.items()}
     share = {label: float(np.mean(r < 1.0)) for label, r in ratios.items()}
     faster = [
@@ -95,14 +98,28 @@ def decide(times: Mapping[str, Sequence[float]], order: Sequence[str]) -> SpeedD
             f"no INT8 placement was {MARGIN:.0%} faster than FP32 in the median and in "
             f"{MAJORITY:.0%} of the rounds: the model stays float"
         )
-        return SpeedDecision("fp32", ms, ratio, share, len(base), why)
+        return SpeedDecision("fp32", ms, ratio, share, len(times["fp32"]), why)
     best = min(faster, key=lambda label: ratio[label])
     chosen = next(label for label in faster if ratio[label] <= ratio[best] + BAND)
     why = f"{ratio[chosen]:.2f}x FP32 (median paired ratio; faster in {share[chosen]:.0%} "
     why += "of rounds)"
     if chosen != best:
         why += f"; {best!r} ({ratio[best]:.2f}x) is within {BAND:.0%} and does less in INT8"
-    return SpeedDecision(chosen, ms, ratio, share, len(base), why)
+    return SpeedDecision(chosen, ms, ratio, share, len(times["fp32"]), why)
+
+
+def _paired(times: Mapping[str, Sequence[float]], label: str) -> np.ndarray:
+    """Per-round ratios of ``label`` to FP32 (a placement dropped early has the first
+    rounds only)."""
+    own = np.asarray(times[label], dtype=np.float64)
+    return own / np.asarray(times["fp32"][: len(own)], dtype=np.float64)
+
+
+def _hopeless(times: Mapping[str, Sequence[float]], label: str) -> bool:
+    """A placement :func:`decide` can no longer choose: slower than FP32 in the median
+    and faster in at most :data:`_HOPELESS_SHARE` of the rounds so far."""
+    ratios = _paired(times, label)
+    return float(np.median(ratios)) >= 1.0 and float(np.mean(ratios < 1.0)) <= _HOPELESS_SHARE
 
 
 def _depthwise(model: ir.Model) -> list[str]:
@@ -168,7 +185,9 @@ def time_paired(
     sessions: Mapping[str, Session], feeds: Mapping[str, np.ndarray]
 ) -> dict[str, list[float]]:
     """Seconds per run of each session, round by round (rotating order; ``"fp32"`` is
-    the reference the rounds pair with)."""
+    the reference the rounds pair with). After :data:`_PRUNE_AFTER` rounds a placement
+    that can no longer be chosen drops out (its list stops there); when none is left,
+    timing stops."""
     runners = {label: s.run for label, s in sessions.items()}
     start = time.perf_counter()
     runners["fp32"](feeds)
@@ -177,7 +196,7 @@ def time_paired(
     times: dict[str, list[float]] = {label: [] for label in labels}
     began = time.perf_counter()
     rounds = 0
-    while rounds < _MAX_ROUNDS + _WARMUP:
+    while rounds < _MAX_ROUNDS + _WARMUP and len(labels) > 1:
         order = labels[rounds % len(labels) :] + labels[: rounds % len(labels)]
         for label in order:
             start = time.perf_counter()
@@ -187,6 +206,8 @@ def time_paired(
                 times[label].append((time.perf_counter() - start) / repeat)
         rounds += 1
         done = rounds - _WARMUP
+        if done >= _PRUNE_AFTER:
+            labels = [x for x in labels if x == "fp32" or not _hopeless(times, x)]
         if done >= _MIN_ROUNDS and time.perf_counter() - began >= _BUDGET_SECONDS:
             break
     return times
@@ -204,8 +225,8 @@ def choose_placement(
     user deploys on (ONNX Runtime by default).
 
     Returns the placement to use (:data:`STAY_FLOAT` when none is clearly faster) and
-    what was measured (``ms``, ``ratio``, ``faster_share``, ``rounds``, ``chosen``,
-    ``summary``).
+    what was measured (``ms``, ``ratio``, ``faster_share``, ``rounds``, ``dropped``: the
+    rounds of each placement dropped early, ``chosen``, ``summary``).
     """
     sessions = {"fp32": session(fp32, runtime)}
     refused: dict[str, str] = {}
@@ -217,17 +238,24 @@ def choose_placement(
             refused[label] = str(e)
             sessions.pop(label, None)
     placements = {k: v for k, v in placements.items() if k not in refused}
+    dropped: dict[str, int] = {}
     if not placements:
         decision = SpeedDecision("fp32", {}, {}, {}, 0, "the runtime refused every placement")
     else:
-        decision = decide(time_paired(sessions, feeds), list(placements))
+        times = time_paired(sessions, feeds)
+        decision = decide(times, list(placements))
+        dropped = {k: len(v) for k, v in times.items() if len(v) < len(times["fp32"])}
     chosen = placements[decision.chosen] if decision.chosen != "fp32" else STAY_FLOAT
     shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in feeds.items())
     where = (runtime or RuntimeOptions()).name
     summary = (
         f"INT8 placement timed in {where} on this CPU at {shapes} (ms, median of {decision.rounds} "
         "interleaved rounds): "
-        + ", ".join(f"{label} {value:.2f}" for label, value in decision.ms.items())
+        + ", ".join(
+            f"{label} {value:.2f}"
+            + (f" (dropped after {dropped[label]} rounds)" if label in dropped else "")
+            for label, value in decision.ms.items()
+        )
         + f"; chose {decision.chosen!r}: {decision.why}"
         + "".join(f"; {label!r} refused by the runtime: {why}" for label, why in refused.items())
     )
@@ -236,6 +264,7 @@ def choose_placement(
         "ratio": decision.ratio,
         "faster_share": decision.faster_share,
         "rounds": decision.rounds,
+        "dropped": dropped,
         "chosen": decision.chosen,
         "runtime": where,
         "refused": refused,

@@ -49,6 +49,7 @@ __all__ = [
     "config_dict",
     "fill_report",
     "int8_node_reports",
+    "latency_feeds",
     "plan_model",
     "resolve_qconfig",
     "run_quantize",
@@ -226,14 +227,23 @@ def timed_placement(
         )
         return ir.to_proto(QuantizePipeline(trial).run(copy, start="annotate", until="apply"))
 
+    feeds = latency_feeds(model, config, calibration_of(model).input_shapes)
+    placements = candidate_placements(model, tuple(config.exclude_nodes))
+    return choose_placement(original, placements, build, feeds, config.runtime)
+
+
+def latency_feeds(
+    model: ir.Model, config: QuantizeConfig, shapes: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The inputs placements are timed on (the speed plan, the guard's repair): generated
+    at ``config.latency_shapes``, else ``config.shapes``, else ``shapes`` (the data's)."""
     shapes = {
-        **calibration_of(model).input_shapes,
+        **{k: list(v) for k, v in shapes.items()},
         **{k: list(v) for k, v in config.shapes.items()},
         **{k: list(v) for k, v in config.latency_shapes.items()},
     }
     feeds, _ = make_inputs(model, shapes=shapes, seed=0)
-    placements = candidate_placements(model, tuple(config.exclude_nodes))
-    return choose_placement(original, placements, build, feeds_for(model, feeds), config.runtime)
+    return feeds_for(model, feeds)
 
 
 def config_dict(config: QuantizeConfig) -> dict[str, object]:
