@@ -138,7 +138,13 @@ def _ort(args: argparse.Namespace, unsigned: bool) -> Callable[[], dict[str, Any
             # quant_pre_process and quantize_static write temporary models (and their
             # external data) into the current directory: keep them in the temp folder.
             with contextlib.chdir(folder):
-                quant_pre_process(source, pre)
+                try:
+                    quant_pre_process(source, pre)
+                except Exception as exc:  # noqa: BLE001 - ORT's symbolic shape inference
+                    # gives up on some models ("Incomplete symbolic shape inference"):
+                    # ORT's documented way on is to skip that step, as a user would
+                    notes["pre_process"] = f"skip_symbolic_shape=True ({type(exc).__name__})"
+                    quant_pre_process(source, pre, skip_symbolic_shape=True)
                 quantize_static(pre, out, reader, **options)
         return {"options": {k: str(v) for k, v in options.items()}, **notes}
 
