@@ -10,7 +10,7 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml
-	$(BIN)/python -m pip install --quiet -e ".[test,torch,ray,openvino,docs]"
+	$(BIN)/python -m pip install --quiet -e ".[test,torch,ray,openvino,docs,llm]"
 	touch $(STAMP)
 
 # System packages, installed when missing (as root, with apt-get): Graphviz lays out the

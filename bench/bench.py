@@ -1,7 +1,8 @@
 """Benchmark mixprec against peer FP16/BF16 converters on real pretrained models.
 
     python bench/bench.py [--models a,b] [--converters x,y] [--timeout 600] [--no-latency]
-                          [--int8-only | --bf16-only] [--no-int8] [--no-bf16] [--quantizers t,u]
+                          [--int8-only | --bf16-only | --weights-only] [--no-int8] [--no-bf16]
+                          [--quantizers t,u] [--weight-tools v,w]
 
 Needs the corpus (bench/fetch.py) and the derived models (bench/export_minilm.py,
 bench/train_mnist.py). Every conversion runs in its own subprocess (bench/convert_one.py)
@@ -9,7 +10,9 @@ with a timeout; the rest is measured here. The INT8 part (int8.py, quantize_one.
 the INT8 quantizers the same way on the same models; the bf16 part (bf16.py) runs the FP32
 model, OpenVINO's blanket bf16 and mixprec's bf16 in OpenVINO. Writes
 bench/results/<date>.json, .md and .png (<date>-int8.json and .md with --int8-only,
-<date>-bf16.json and .md with --bf16-only) and prints the markdown.
+<date>-bf16.json and .md with --bf16-only) and prints the markdown. --weights-only runs
+only the weight-only part (weights.py: INT4/INT8 weight-only quantizers on SmolLM2-135M
+with its KV cache and on MiniLM) into <date>-weights.json and .md.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import bf16
 import numpy as np
 import onnx
 import report_int8
+import report_weights
 from common import BENCH_DIR, REPO_ROOT, RESULTS_DIR, cache_dir, result_row, run_measured
 from emulate import emulator
 from evaluate import Baseline, evaluate, first_line, make_baseline
@@ -39,6 +43,7 @@ from metrics import macs_by_name, runtime_shapes
 
 import int8
 import report
+import weights
 from models import MODELS, ModelSpec
 
 JOBS: list[tuple[str, str]] = [
@@ -55,7 +60,7 @@ JOBS: list[tuple[str, str]] = [
 PACKAGES = ("mixprec", "onnx", "onnxruntime", "onnxconverter-common", "nvidia-modelopt",
             "polygraphy", "onnx-graphsurgeon", "onnxscript", "onnxslim", "onnx-ir", "torch",
             "nncf", "openvino", "transformers", "tokenizers", "numpy", "ml_dtypes", "protobuf",
-            "matplotlib")
+            "matplotlib", "gguf", "accelerate")
 
 
 def versions() -> dict[str, str | None]:
@@ -168,10 +173,15 @@ def main(argv: list[str] | None = None) -> int:
                       help="run only the INT8 part (results in <date>-int8.json/.md)")
     part.add_argument("--bf16-only", action="store_true",
                       help="run only the bf16 part (results in <date>-bf16.json/.md)")
+    part.add_argument("--weights-only", action="store_true",
+                      help="run only the weight-only part (results in <date>-weights.json/.md)")
     parser.add_argument("--no-int8", action="store_true", help="skip the INT8 part")
     parser.add_argument("--no-bf16", action="store_true",
                         help="skip the bf16 part (OpenVINO blanket bf16 vs mixprec bf16)")
     parser.add_argument("--quantizers", help="comma-separated subset of: " + ",".join(int8.TOOLS))
+    parser.add_argument("--weight-tools",
+                        help="weight-only part: comma-separated subset of: "
+                        + ",".join(weights.TOOLS))
     args = parser.parse_args(argv)
     if (args.int8_only and args.no_int8) or (args.bf16_only and args.no_bf16):
         parser.error("--int8-only/--bf16-only contradicts --no-int8/--no-bf16")
@@ -193,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             "machine": machine(), "versions": versions(), "emulation": emulate_name,
             "timeout_s": args.timeout, "threads": 2, "jobs": jobs, "int8_tools": tools,
             "bf16_part": with_bf16}
+    if args.weights_only:
+        return weights_part(info, work, args, started)
     print(f"bench: {len(specs)} models x ({len(jobs)} conversions + {len(tools)} INT8 "
           f"quantizers{' + the bf16 part' if with_bf16 else ''}); work dir {work}", flush=True)
 
@@ -268,6 +280,32 @@ def main(argv: list[str] | None = None) -> int:
     stem.with_suffix(".md").write_text(markdown)
     print(markdown)
     print(f"bench: wrote {stem}{written} in {info['elapsed_s']:.0f}s")
+    return 0
+
+
+def weights_part(info: dict[str, Any], work: Path, args: argparse.Namespace,
+                 started: float) -> int:
+    """The weight-only part alone: <date>-weights.json and .md."""
+    picked = args.weight_tools.split(",") if args.weight_tools else None
+    tools = [t for t in weights.TOOLS if picked is None or t in picked]
+    info.update(jobs=[], int8_tools=[], bf16_part=False, weight_tools=tools)
+    print(f"bench: weight-only part, {len(tools)} tools on smollm2 and minilm; work dir {work}",
+          flush=True)
+    found = weights.part(work, tools, args.timeout)
+    info["elapsed_s"] = time.perf_counter() - started
+    args.results.mkdir(parents=True, exist_ok=True)
+    stem = args.results / f"{info['date']}-weights"
+    stem.with_suffix(".json").write_text(
+        json.dumps(_json_safe({**info, "weights": found}), indent=1))
+    m = info["machine"]
+    markdown = "\n".join([
+        f"# mixprec benchmark, weight-only part, {info['date']}", "",
+        f"Machine: {m['cpu']}, {m['usable_cores']} usable cores, {m['memory_gib']} GiB.",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v), "",
+        report_weights.render(found), f"Total bench.py time: {info['elapsed_s']:.0f} s.", ""])
+    stem.with_suffix(".md").write_text(markdown)
+    print(markdown)
+    print(f"bench: wrote {stem}.json, .md in {info['elapsed_s']:.0f}s")
     return 0
 
 

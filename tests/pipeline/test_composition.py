@@ -136,6 +136,7 @@ def test_public_surface_is_pinned():
             "Report",
             "TuneResult",
             "ValidationReport",
+            "WeightsConfig",
             "batch",
             "convert",
             "default_policy",

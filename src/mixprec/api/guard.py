@@ -1,10 +1,14 @@
 """The INT8 accuracy guard around :func:`mixprec.quantize` (on by default).
 
 1. Hold out samples (``eval_data``, else a seeded random fifth of the calibration
-   samples when there are at least five; fewer: every sample both calibrates and checks,
-   with a warning). Ranges never see the held-out samples.
+   samples, at most 64, when there are at least five; fewer: every sample both
+   calibrates and checks, with a warning). Ranges never see the held-out samples. The
+   samples stream from their source at each pass (:mod:`mixprec.pipeline.held_out`): only
+   the held-out samples' FP32 outputs and labels are kept.
 2. Quantize as asked (speed plan included) and hold each output to its check
-   (:mod:`mixprec.tune.guard`) against the user's FP32 model in the deployment's runtime.
+   (:mod:`mixprec.tune.guard`: top-1 on class scores, cosine on embeddings, rel L2
+   elsewhere, each with the reason for its kind; or the user's metric, given the
+   samples' labels) against the user's FP32 model in the deployment's runtime.
 3. On a miss, the tuner's search (:func:`mixprec.tune`, target int8, the guard's checks
    as its metric) runs on the first half of the held-out samples and names the
    Conv/MatMul/Gemm nodes to keep float; quantize again without them (speed plan
@@ -23,7 +27,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -31,12 +35,14 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.api.tune import tune_with_options
+from mixprec.core.output_kinds import OutputKind
 from mixprec.int8.config import QuantizeConfig
 from mixprec.int8.speed import decide, time_paired
 from mixprec.int8.speed import session as timing_session
-from mixprec.io.feeds import calibration_feeds, feeds_for, iter_calibration_npz
+from mixprec.io.feeds import feeds_for
 from mixprec.io.models import load_input
 from mixprec.pipeline.convert import CalibrationData
+from mixprec.pipeline.held_out import Samples, split_for_guard
 from mixprec.pipeline.quantize import latency_feeds, run_quantize
 from mixprec.pipeline.report import Report
 from mixprec.runtime.emulate import emulate_low_precision
@@ -51,8 +57,8 @@ from mixprec.tune.guard import (
     guard_metric,
     output_kinds,
     search_and_grade,
-    split_samples,
 )
+from mixprec.tune.metrics import Labels
 
 __all__ = ["EvalData", "guarded_quantize", "quantize_once"]
 
@@ -82,7 +88,7 @@ def _copy(source: onnx.ModelProto) -> ir.Model:
 
 
 def _outputs(
-    model: ir.Model, samples: list[dict[str, Any]], runtime: RuntimeOptions | None = None
+    model: ir.Model, samples: Iterable[dict[str, Any]], runtime: RuntimeOptions | None = None
 ) -> list[dict[str, Any]]:
     """The model's outputs in the deployment's engine (``runtime``; the FP32 reference
     passes None: ONNX Runtime). A bf16 fallback runs as its FP32 emulation (every bf16
@@ -104,34 +110,58 @@ def _outputs(
     return [session.run(feeds_for(model, s)) for s in samples]
 
 
+#: What the guard holds of the held-out samples: the samples (streamed), their FP32
+#: outputs and their labels.
+Held = tuple[Samples, list[dict[str, Any]], Labels | None]
+
+
 def _checked(
-    reference: list[dict[str, Any]],
     work: ir.Model,
-    held: list[dict[str, Any]],
+    held: Held,
     config: QuantizeConfig,
-    how: tuple[dict[str, str], GuardBudget],
+    how: tuple[dict[str, OutputKind], GuardBudget],
 ) -> list[OutputCheck]:
-    """The guard's checks of ``work``; a model the runtime refuses to run (a placement
-    that changed a value-dependent length inside the graph) misses every check with the
-    runtime's reason, and the repair goes on as for any miss."""
+    """The guard's checks of ``work`` on the samples of ``held``; a model the runtime
+    refuses to run (a placement that changed a value-dependent length inside the graph)
+    misses every check with the runtime's reason, and the repair goes on as for any
+    miss."""
     kinds, budget = how
+    samples, reference, labels = held
     user = _user_metric(config)
     try:
-        got = _outputs(work, held, config.runtime)
-        return check_outputs(reference, got, kinds, budget, user)
+        got = _outputs(work, samples, config.runtime)
+        return check_outputs(reference, got, kinds, budget, user, labels)
     except RuntimeRunError as e:
         if user is not None:
             return [OutputCheck(user.name, "metric", math.nan, user.budget, False, str(e))]
         return [
-            OutputCheck(name, kind, math.nan, budget.limit(kind), False, str(e))
-            for name, kind in kinds.items()
+            OutputCheck(
+                name, k.check, math.nan, budget.limit(k.check), False, str(e), reason=k.reason
+            )
+            for name, k in kinds.items()
         ]
 
 
-def _eval_samples(eval_data: EvalData, model: ir.Model) -> list[dict[str, Any]]:
-    if isinstance(eval_data, str | os.PathLike):
-        return list(iter_calibration_npz(eval_data, model))
-    return list(calibration_feeds(eval_data) or [])
+def _reference(model: ir.Model, samples: Samples) -> Held:
+    """The held-out samples' FP32 outputs and labels (their arrays that are not model
+    inputs; None when none has any), in one pass over them."""
+    inputs = {v.name for v in model.graph.inputs}
+    found: list[dict[str, Any]] = []
+
+    def tee(items: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        for sample in items:
+            found.append({k: v for k, v in sample.items() if k not in inputs})
+            yield sample
+
+    outputs = _outputs(model, tee(samples))
+    return samples, outputs, found if any(found) else None
+
+
+def _part(held: Held, positions: list[int]) -> Held:
+    """The held-out samples at ``positions``, with their FP32 outputs and labels."""
+    samples, reference, labels = held
+    picked = [labels[k] for k in positions] if labels is not None else None
+    return samples.only(positions), _pick(reference, positions), picked
 
 
 def guarded_quantize(
@@ -145,44 +175,41 @@ def guarded_quantize(
     with the tuner on a miss."""
     say = progress or (lambda _msg: None)
     original = _copy(source)
-    samples = list(calibration_feeds(calibration_data) or [])
-    calib: list[dict[str, Any]] | None
-    if eval_data is not None:
-        calib, held, in_sample = samples or None, _eval_samples(eval_data, original), False
-    else:
-        calib, held, in_sample = split_samples(samples)
-    budget = GuardBudget.of(config.guard_drop, config.guard_rel_l2)
+    split = split_for_guard(calibration_data, eval_data, original)
+    calib = split.calibration
+    budget = GuardBudget.of(config.guard_drop, config.guard_rel_l2, config.guard_cosine)
     kinds = output_kinds(original)
     clock = time.perf_counter()
-    reference = _outputs(original, held)
+    held = _reference(original, split.held)
+    count = len(held[1])
     spent = {"guard": time.perf_counter() - clock}
     work, report = quantize_once(source, config, calib, progress)
-    say(f"checking the INT8 model on {len(held)} held-out sample(s)")
+    say(f"checking the INT8 model on {count} held-out sample(s)")
     clock = time.perf_counter()
-    first = _checked(reference, work, held, config, (kinds, budget))
+    first = _checked(work, held, config, (kinds, budget))
     spent["guard"] += time.perf_counter() - clock
-    guard = _guard_info(len(calib or []), len(held), in_sample, eval_data is not None)
+    calibrated = len(calib) if calib is not None else 0
+    guard = _guard_info(calibrated, count, split.in_sample, split.given)
+    guard["kinds"] = {name: {"check": k.spec, "reason": k.reason} for name, k in kinds.items()}
     if all(c.passed for c in first):
         report.timings = {**report.timings, **spent}
         return work, _finish(report, guard, first, (), first)
     spent["first quantize"] = sum(report.timings.values())
     clock = time.perf_counter()
     say(f"INT8 misses the budget ({_worst(first).text()}): searching for nodes to keep float")
-    search, grade = search_and_grade(list(range(len(held))))
+    search, grade = search_and_grade(list(range(count)))
     guard.update(search_samples=len(search), graded_samples=len(grade))
-    tuned = _repair(
-        source, config, (calib, _pick(held, search)), _pick(reference, search), progress
-    )
+    tuned = _repair(source, config, calib, _part(held, search), progress)
     names = tuple(s.name for s in tuned.kept_float)
     repaired = dataclasses.replace(
         config, exclude_nodes=config.exclude_nodes + tuple(f"^{re.escape(n)}$" for n in names)
     )
-    graded, graded_ref = _pick(held, grade), _pick(reference, grade)
+    graded = _part(held, grade)
     work, report = quantize_once(source, repaired, calib, progress)
-    final = _checked(graded_ref, work, graded, config, (kinds, budget))
+    final = _checked(work, graded, config, (kinds, budget))
     if not all(c.passed for c in final) and tuned.passed:
-        work, report = _tuner_or_input(source, config, tuned, (calib, held), progress)
-        final = _checked(graded_ref, work, graded, config, (kinds, budget))
+        work, report = _tuner_or_input(source, config, tuned, (calib, held[0]), progress)
+        final = _checked(work, graded, config, (kinds, budget))
     # where the time went (the report's stages are the last quantization's)
     spent["repair"] = max(0.0, time.perf_counter() - clock - sum(report.timings.values()))
     report.timings = {**report.timings, **spent}
@@ -197,32 +224,32 @@ def _user_metric(config: QuantizeConfig) -> UserMetric | None:
     return UserMetric(config.metric, float(config.metric_budget), name)
 
 
-def _pick(items: list[dict[str, Any]], indices: list[int]) -> list[dict[str, Any]]:
+def _pick(items: list[Any], indices: list[int]) -> list[Any]:
     return [items[k] for k in indices]
 
 
 def _repair(
     source: onnx.ModelProto,
     config: QuantizeConfig,
-    data: tuple[list[dict[str, Any]] | None, list[dict[str, Any]]],
-    reference: list[dict[str, Any]],
+    calib: Samples | None,
+    search: Held,
     progress: Say | None,
 ) -> Any:
-    """The tuner's search for the nodes to keep float, on the search samples ``data[1]``
-    (calibrating on ``data[0]``), the guard's checks as its metric."""
-    calib, search = data
+    """The tuner's search for the nodes to keep float, on the search samples ``search``
+    (with their FP32 outputs and labels; calibrating on ``calib``), the guard's checks as
+    its metric."""
+    samples, reference, labels = search
     kinds = output_kinds(_copy(source))
-    budget = GuardBudget.of(config.guard_drop, config.guard_rel_l2)
+    budget = GuardBudget.of(config.guard_drop, config.guard_rel_l2, config.guard_cosine)
     options = {
         f.name: getattr(config, f.name)
         for f in dataclasses.fields(config)
         if f.name not in ("guard", "log_dir")
     }
+    metric = guard_metric(reference, kinds, budget, _user_metric(config), labels)
     return tune_with_options(
-        source, "int8", search, calibration_data=calib,
-        metric=guard_metric(reference, kinds, budget, _user_metric(config)), budget=1.0,
-        progress=progress,
-        options=options,
+        source, "int8", samples, calibration_data=calib, metric=metric, budget=1.0,
+        progress=progress, options=options,
     )  # fmt: skip
 
 
@@ -230,7 +257,7 @@ def _tuner_or_input(
     source: onnx.ModelProto,
     config: QuantizeConfig,
     tuned: Any,
-    data: tuple[list[dict[str, Any]] | None, list[dict[str, Any]]],
+    data: tuple[Samples | None, Samples],
     progress: Say | None,
 ) -> tuple[ir.Model, Report]:
     """The speed plan's placement without the sensitive nodes missed the budget: the
@@ -246,7 +273,7 @@ def _tuner_or_input(
         "fp32": timing_session(source, config.runtime),
         "tuned": timing_session(tuned.model_proto, config.runtime),
     }
-    shapes = {k: list(np.shape(v)) for k, v in held[0].items()}
+    shapes = {k: list(np.shape(v)) for k, v in feeds_for(original, held.first()).items()}
     feeds = latency_feeds(original, config, shapes)  # the speed plan's inputs
     decision = decide(time_paired(sessions, feeds), ["tuned"])
     if decision.chosen == "tuned":
@@ -318,6 +345,9 @@ def _finish(
     }
     where = f"{guard['eval']}, {guard['eval_samples']} sample(s)"
     report.notes.append(f"accuracy guard ({where}): {summary}")
+    report.notes.extend(  # each output's check and why it gets that one
+        f"accuracy guard on {c.output!r}: {c.text()} ({c.reason})" for c in checks if c.reason
+    )
     return report
 
 

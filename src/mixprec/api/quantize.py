@@ -17,6 +17,7 @@ from typing import Any
 import onnx_ir as ir
 
 from mixprec.api.guard import EvalData, guarded_quantize, quantize_once
+from mixprec.api.weights import quantize_weights
 from mixprec.core.errors import MixprecError
 from mixprec.int8.config import QuantizeConfig
 from mixprec.io.external import input_files
@@ -39,10 +40,13 @@ def quantize(
     progress: Callable[[str], None] | None = None,
     base_dir: str | os.PathLike[str] | None = None,
     eval_data: EvalData | None = None,
+    weights: Any = None,
     **options: Any,
 ) -> Any:
     """Post-training INT8 quantization: static (calibrated Q/DQ pairs) or dynamic (MatMul
-    weights INT8, activations quantized at run time), chosen by ``mode``.
+    weights INT8, activations quantized at run time), chosen by ``mode``; or, with
+    ``weights="int4"`` / ``"int8"``, weight-only quantization: MatMul weights in blocks,
+    activations float (:func:`mixprec.api.weights.quantize_weights` lists its options).
 
     Args:
         model: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``; never mutated.
@@ -54,18 +58,27 @@ def quantize(
         base_dir: the folder an in-memory model's external data is read from (as for
             :func:`~mixprec.convert`); a path's own folder otherwise.
         eval_data: samples the accuracy guard checks the INT8 model on (same forms as
-            ``calibration_data``, or a path as ``--eval-data``); by default a seeded random fifth
-            of the calibration samples is held out (:mod:`mixprec.api.guard`).
+            ``calibration_data``, or a path as ``--eval-data``; arrays that are not model
+            inputs are labels for ``metric``); by default a seeded random fifth of the
+            calibration samples (at most 64) is held out, streamed from its source
+            (:mod:`mixprec.pipeline.held_out`).
+        weights: "int4" or "int8" (or a :class:`~mixprec.weights.config.WeightsConfig`):
+            weight-only quantization instead of INT8; ``options`` are then its fields and
+            the INT8 ones are refused.
         **options: the fields of :class:`QuantizeConfig` (``method``, ``mode``,
-            ``activations``, ``per_channel``, ``fallback``, ``bias_correction``, ``speed``,
-            ``exclude_nodes``, ``shapes``, ``latency_shapes``, ``placement``, ``guard``,
-            ``guard_drop``, ``guard_rel_l2``, ``fold_batchnorm``, ``check``, ``log_dir``).
+            ``activations``, ``per_channel``, ``fallback``, ``bias_correction``,
+            ``rounding`` ("nearest" or "learned": AdaRound), ``equalize``, ``smooth``,
+            ``speed``, ``exclude_nodes``, ``shapes``, ``latency_shapes``,
+            ``placement``, ``guard``, ``guard_drop``, ``guard_rel_l2``, ``guard_cosine``,
+            ``metric``, ``metric_budget``, ``fold_batchnorm``, ``check``, ``log_dir``).
             The accuracy guard is on by default: ``report.guard["passed"]`` says whether
-            the result holds top-1 >= 0.99 / rel L2 <= 0.1 (``guard_drop`` /
-            ``guard_rel_l2``) on held-out samples, after moving the sensitive nodes back
-            to float if needed; ``guard=False`` warns.
-            ``max_drop`` / ``max_rel_l2`` are the same budgets under the CLI's names
-            (``--max-drop``, ``--max-rel-l2``). The tuner itself is
+            the result holds top-1 >= 0.99 on class scores, mean cosine >= 0.99 on
+            embeddings, rel L2 <= 0.1 elsewhere (``guard_drop`` / ``guard_cosine`` /
+            ``guard_rel_l2``; each output's kind and why: :mod:`mixprec.core.output_kinds`)
+            on held-out samples, after moving the sensitive nodes back to float if needed;
+            ``guard=False`` warns. ``max_drop`` / ``max_rel_l2`` / ``min_cosine`` are the
+            same budgets under the CLI's names (``--max-drop``, ``--max-rel-l2``,
+            ``--min-cosine``). The tuner itself is
             :func:`mixprec.tune` with target "int8".
 
     Returns:
@@ -76,6 +89,13 @@ def quantize(
         >>> result.save("model_int8.onnx")                                      # doctest: +SKIP
     """
     options = _guard_spellings(options)
+    if weights is not None:
+        if config is not None:
+            raise MixprecError("give weights= or config= (INT8 options), not both")
+        return quantize_weights(
+            model, calibration_data, weights, progress=progress, base_dir=base_dir,
+            eval_data=eval_data, **options,
+        )  # fmt: skip
     config = resolve_qconfig(config, options)
     t0 = time.perf_counter()
     if progress is not None:
@@ -110,9 +130,15 @@ def _unguarded(config: QuantizeConfig) -> str:
 
 
 def _guard_spellings(options: dict[str, Any]) -> dict[str, Any]:
-    """``max_drop`` / ``max_rel_l2``, the CLI's ``--max-drop`` / ``--max-rel-l2``, are the
-    guard's budgets (``guard_drop`` / ``guard_rel_l2``): one meaning for each name."""
-    for short, field in (("max_drop", "guard_drop"), ("max_rel_l2", "guard_rel_l2")):
+    """``max_drop`` / ``max_rel_l2`` / ``min_cosine``, the CLI's ``--max-drop`` /
+    ``--max-rel-l2`` / ``--min-cosine``, are the guard's budgets (``guard_drop`` /
+    ``guard_rel_l2`` / ``guard_cosine``): one meaning for each name."""
+    spellings = (
+        ("max_drop", "guard_drop"),
+        ("max_rel_l2", "guard_rel_l2"),
+        ("min_cosine", "guard_cosine"),
+    )
+    for short, field in spellings:
         if short not in options:
             continue
         value = options.pop(short)

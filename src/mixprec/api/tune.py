@@ -13,7 +13,6 @@ from typing import Any
 from mixprec.core.errors import MixprecError
 from mixprec.io.models import ModelLike, load_input
 from mixprec.report.tune_plot import write_tune_log
-from mixprec.tune.metrics import Candidate
 from mixprec.tune.result import TuneResult
 from mixprec.tune.run import TuneRequest, tune_model
 from mixprec.tune.targets import make_target
@@ -26,13 +25,14 @@ def tune(
     target: str | None = "fp16",
     data: Any = None,
     *,
-    metric: str | Callable[[Candidate], float] = "rel-l2",
+    metric: str | Callable[..., float] = "rel-l2",
     budget: float | str | None = None,
     calibration_data: Mapping[str, Any] | Iterable[Mapping[str, Any]] | None = None,
     max_evaluations: int | None = None,
     progress: Callable[[str], None] | None = None,
     threads: int = 2,
     mode: str = "emulated",
+    metric_budget: float | None = None,
     **options: Any,
 ) -> TuneResult:
     """Find the model that keeps the most MACs in low precision (or INT8) within a budget.
@@ -44,13 +44,19 @@ def tune(
             them, or a path (an ``.npz`` with a leading sample axis, or a folder of
             ``.npz``). They are also the calibration data unless ``calibration_data``.
         metric: "rel-l2" (default), "max-abs", "top1", "cosine" (against the FP32
-            model's outputs), or a callable taking a :class:`Candidate` and returning a
-            score, higher is better.
+            model's outputs), or a callable taking a
+            :class:`~mixprec.tune.metrics.Candidate` and returning a score, higher is
+            better; with ``metric_budget``, your own score as the INT8
+            guard takes it: ``FUNCTION(fp32_outputs, outputs[, labels])`` (one dict per
+            sample; ``labels``: each sample's arrays that are not model inputs), a
+            callable or ``"MODULE:FUNCTION"`` / ``"FILE.py:FUNCTION"``.
         budget: the bound on a built-in metric (default per target: rel-l2 1e-2 fp16,
             8e-2 bf16, 1e-1 int8; top1 0.99; cosine 0.9999/0.999/0.99); for a callable,
             the accepted drop from the FP32 score: a number, or "N%" (relative).
         calibration_data: samples for calibration, when they differ from ``data``.
         max_evaluations: the most model evaluations (subset and full together).
+        metric_budget: the lowest accepted value of your own score (``--metric-budget``):
+            the same loader and scoring as ``quantize(metric=, metric_budget=)``.
         progress: called with a short message at each phase.
         threads: ONNX Runtime intra-op threads.
         mode: how fp16/bf16 candidates run: "emulated" (default: float32 with every
@@ -81,6 +87,7 @@ def tune(
         threads=threads,
         mode=mode,
         options=options,
+        metric_budget=metric_budget,
     )
 
 
@@ -90,13 +97,14 @@ def tune_with_options(
     data: Any,
     *,
     options: dict[str, Any],
-    metric: str | Callable[[Candidate], float] = "rel-l2",
+    metric: str | Callable[..., float] = "rel-l2",
     budget: float | str | None = None,
     calibration_data: Mapping[str, Any] | Iterable[Mapping[str, Any]] | None = None,
     max_evaluations: int | None = None,
     progress: Callable[[str], None] | None = None,
     threads: int = 2,
     mode: str = "emulated",
+    metric_budget: float | None = None,
 ) -> TuneResult:
     """:func:`tune` with the target's options as a dict (``convert``'s or ``quantize``'s:
     a ``mode`` there is quantize's INT8 mode, apart from the tuner's own ``mode``)."""
@@ -118,6 +126,7 @@ def tune_with_options(
         max_evaluations=max_evaluations,
         threads=threads,
         shapes=options.get("shapes"),
+        metric_budget=metric_budget,
     )
     work, input_kind = load_input(model)
     result = tune_model(work, input_kind, request, progress, started=t0)

@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_BINS",
     "OBSERVERS",
     "AbsMaxObserver",
+    "ChannelObserver",
     "HistogramObserver",
     "MinMaxObserver",
     "Observer",
@@ -227,6 +228,57 @@ OBSERVERS: dict[str, type[Observer]] = {
     "minmax": MinMaxObserver,
     "histogram": HistogramObserver,
 }
+
+
+class ChannelObserver:
+    """Per-channel ``max |x|`` of one tensor over samples and, when ``rows`` > 0, up to
+    ``rows`` rows of each sample (last axis: channels; SmoothQuant reads both).
+
+    Args:
+        axis: The channel axis of :meth:`update`'s arrays, or None (no absmax from data).
+        rows: Rows kept per sample, drawn without replacement by a generator seeded
+            with the sample's index (0: none).
+    """
+
+    def __init__(self, axis: int | None, rows: int = 0) -> None:
+        self.axis = axis
+        self.rows = rows
+        self.absmax: np.ndarray | None = None
+        self.kept: list[np.ndarray] = []
+
+    def update(self, array: np.ndarray) -> None:
+        """One sample's whole tensor: its channel absmax (when ``axis``) and rows."""
+        if np.ndim(array) == 0:
+            return
+        if self.axis is not None:
+            axis = self.axis % np.ndim(array)
+            others = tuple(i for i in range(np.ndim(array)) if i != axis)
+            self.update_absmax(np.max(np.abs(array), axis=others))
+        self.update_rows(array)
+
+    def update_absmax(self, absmax: np.ndarray) -> None:
+        """One sample's per-channel ``max |x|`` (reduced elsewhere: the probes)."""
+        absmax = np.asarray(absmax, np.float32).reshape(-1)
+        if self.absmax is None:
+            self.absmax = absmax
+        elif self.absmax.shape == absmax.shape:  # else not a per-channel quantity
+            self.absmax = np.fmax(self.absmax, absmax)
+
+    def update_rows(self, array: np.ndarray) -> None:
+        """Keeps up to ``rows`` rows of one sample's whole tensor."""
+        if self.rows <= 0 or np.ndim(array) == 0:
+            return
+        flat = np.asarray(array, np.float32).reshape(-1, np.shape(array)[-1])
+        if self.kept and self.kept[0].shape[1] != flat.shape[1]:
+            return
+        if len(flat) > self.rows:
+            rng = np.random.default_rng(len(self.kept))
+            flat = flat[np.sort(rng.choice(len(flat), self.rows, replace=False))]
+        self.kept.append(flat.copy())
+
+    def kept_rows(self) -> np.ndarray | None:
+        """The kept rows, ``[rows, channels]``, or None."""
+        return np.concatenate(self.kept) if self.kept else None
 
 
 def make_observer(kind: str, bins: int = DEFAULT_BINS) -> Observer:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +33,7 @@ from onnx import helper
 from mixprec.calibrate.observers import (
     DEFAULT_BINS,
     OBSERVERS,
+    ChannelObserver,
     Observer,
     TensorStats,
     channel_range,
@@ -49,7 +50,7 @@ from mixprec.io.protos import weightless_proto
 from mixprec.runtime.emulate import element_types
 from mixprec.runtime.probes import ProbeSession, VariantRunner
 
-__all__ = ["CalibrationResult", "calibrate", "collect_absmax"]
+__all__ = ["CalibrationResult", "calibrate", "collect_absmax", "stream_tensors"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,10 @@ class CalibrationResult:
         observer: The observer kind used.
         channel_means: Per-channel means of the tensors asked for (``channel_means=`` of
             :func:`calibrate`), averaged over samples (bias correction reads them).
+        channel_absmax: Per-channel ``max |x|`` over all samples of the tensors asked for
+            (``channel_absmax=``; SmoothQuant reads them).
+        rows: A sample of rows (last axis: channels) of the tensors asked for (``rows=``),
+            ``[rows, channels]``, at most the asked number from each sample.
     """
 
     stats: dict[str, TensorStats] = field(default_factory=dict)
@@ -80,6 +85,8 @@ class CalibrationResult:
     samples: int = 0
     observer: str = "absmax"
     channel_means: dict[str, np.ndarray] = field(default_factory=dict)
+    channel_absmax: dict[str, np.ndarray] = field(default_factory=dict)
+    rows: dict[str, np.ndarray] = field(default_factory=dict)
 
     def absmax(self) -> dict[str, float]:
         """``max |x|`` over all samples by tensor name (what the painter reads)."""
@@ -123,12 +130,19 @@ def _weight_stats(array: np.ndarray, kind: str, bins: int, axis: int | None) -> 
 
 
 def static_stats(
-    model: ir.Model, external: Mapping[str, np.ndarray], kind: str, bins: int
+    model: ir.Model,
+    external: Mapping[str, np.ndarray],
+    kind: str,
+    bins: int,
+    only: Collection[str] | None = None,
 ) -> dict[str, TensorStats]:
-    """Statistics of initializers and Constant tensors of every graph, from their data."""
+    """Statistics of initializers and Constant tensors of every graph, from their data
+    (of the names in ``only`` when given)."""
     found: dict[str, TensorStats] = {}
     for graph in all_graphs(model.graph):
         for name, value in graph.initializers.items():
+            if only is not None and name not in only:
+                continue
             try:
                 array = external[name] if name in external else value.const_value.numpy()  # type: ignore[union-attr]
             except Exception as e:  # placeholders without data, unreadable tensors
@@ -140,6 +154,8 @@ def static_stats(
                     release_mapped_pages(model)  # read once: let a mapped file's pages go
         for node in graph:
             if not is_constant_node(node) or not node.outputs[0].name:
+                continue
+            if only is not None and node.outputs[0].name not in only:
                 continue
             array = _constant_array(node)
             if array is not None and is_float_array(array):
@@ -181,6 +197,22 @@ class _Observed:
         self.mean_axes: dict[str, int] = {}  # tensors whose per-channel mean is wanted
         self.mean_sums: dict[str, np.ndarray] = {}
         self.mean_counts: dict[str, int] = {}
+        self.channels: dict[str, ChannelObserver] = {}  # channel absmax, kept rows
+
+    def want_channels(
+        self, absmax: Mapping[str, int] | None, rows: Mapping[str, int] | None
+    ) -> None:
+        """Per-channel ``max |x|`` of ``absmax`` (tensor -> axis); ``rows`` (tensor ->
+        rows per sample) kept."""
+        for name in {*(absmax or {}), *(rows or {})}:
+            axis = (absmax or {}).get(name)
+            self.channels[name] = ChannelObserver(axis, (rows or {}).get(name, 0))
+
+    def channel_results(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """(per-channel ``max |x|``, kept rows) by tensor name."""
+        absmax = {n: c.absmax for n, c in self.channels.items() if c.absmax is not None}
+        rows = {n: kept for n, c in self.channels.items() if (kept := c.kept_rows()) is not None}
+        return absmax, rows
 
     def channel_mean(self, name: str, mean: np.ndarray) -> None:
         """Adds one sample's per-channel mean of ``name``."""
@@ -211,6 +243,8 @@ class _Observed:
                 axis %= np.ndim(array)
                 others = tuple(i for i in range(np.ndim(array)) if i != axis)
                 self.channel_mean(name, np.asarray(np.mean(array, axis=others, dtype=np.float64)))
+            if name in self.channels:
+                self.channels[name].update(np.asarray(array))
 
     def reduced(self, name: str, lo: float, hi: float, shape: list[int]) -> None:
         self.shapes.setdefault(name, shape)
@@ -238,9 +272,13 @@ class _SampleRunner:
         external: Mapping[str, np.ndarray],
         use_probes: bool,
         means: Mapping[str, int] | None = None,
+        absmax: Mapping[str, int] | None = None,
+        fetch: Collection[str] = (),
     ) -> None:
         self._model = model
         self._means = dict(means or {})
+        self._absmax = dict(absmax or {})
+        self._whole = set(fetch)  # tensors fetched whole (kept rows)
         self._candidates = candidates
         self._chunk_size = chunk_size
         self._threads = threads
@@ -259,7 +297,13 @@ class _SampleRunner:
         pending = self._candidates
         if self._use_probes and self._probe is None:
             self._probe = ProbeSession.create(
-                self._model, self._candidates, self._threads, self._external, means=self._means
+                self._model,
+                self._candidates,
+                self._threads,
+                self._external,
+                means=self._means,
+                absmax=self._absmax,
+                fetch=self._whole,
             )
             self._use_probes = self._probe is not None
         if self._probe is not None:
@@ -270,6 +314,14 @@ class _SampleRunner:
             else:
                 for name, mean in self._probe.last_means.items():
                     observed.channel_mean(name, mean)
+                for name, absmax in self._probe.last_absmax.items():
+                    observed.channels[name].update_absmax(absmax)
+                for name, array in self._probe.last_fetched.items():
+                    channel = observed.channels[name]
+                    if name in self._probe.last_absmax:
+                        channel.update_rows(array)
+                    else:  # no probe (rank unknown): from the fetched tensor
+                        channel.update(array)
                 pending = []
                 for name, dtype in self._candidates:
                     lo, hi, shape = reduced.get(name, (math.nan, math.nan, []))
@@ -366,6 +418,9 @@ def calibrate(
     external: Mapping[str, np.ndarray] | None = None,
     shapes_out: dict[str, list[int]] | None = None,
     channel_means: Mapping[str, int] | None = None,
+    channel_absmax: Mapping[str, int] | None = None,
+    rows: Mapping[str, int] | None = None,
+    only: Collection[str] | None = None,
 ) -> CalibrationResult:
     """Runs the FP32 model on every sample of ``data`` and observes every float tensor.
 
@@ -392,6 +447,9 @@ def calibrate(
         shapes_out: When given, filled with the first sample's shape of each tensor.
         channel_means: Tensor -> channel axis: also average each sample's per-channel
             mean of these (``result.channel_means``).
+        channel_absmax: Tensor -> channel axis: also their per-channel ``max |x|``.
+        rows: Tensor -> count: also keep up to ``count`` rows of each sample (fetched whole).
+        only: Measure only these tensors (graph inputs, node outputs, weights), not all.
 
     Returns:
         The :class:`CalibrationResult` (``.stats``, ``.shapes``, ``.samples``,
@@ -416,10 +474,11 @@ def calibrate(
     # Read for types, constants and inputs; probes are added only while serializing.
     work = model if isinstance(model, ir.Model) else ir.from_proto(model)
     result = CalibrationResult(observer=observer)
-    result.stats.update(static_stats(work, ext, observer, bins))
-    candidates = _candidates(work, set(result.stats))
+    result.stats.update(static_stats(work, ext, observer, bins, only))
+    candidates = [c for c in _candidates(work, set(result.stats)) if only is None or c[0] in only]
     observed = _Observed(observer, bins, result.shapes)
     observed.mean_axes = dict(channel_means or {})
+    observed.want_channels(channel_absmax, rows)
     runner = _SampleRunner(
         work,
         candidates,
@@ -428,12 +487,14 @@ def calibrate(
         external=ext,
         use_probes=not OBSERVERS[observer].needs_data,
         means=channel_means,
+        absmax=channel_absmax,
+        fetch=set(rows or {}),
     )
     try:
         for sample in samples:
             feeds = feeds_for(work, sample)
-            for name, array in feeds.items():
-                observed.array(name, array)
+            for name in feeds.keys() if only is None else feeds.keys() & only:
+                observed.array(name, feeds[name])
             runner.measure(feeds, observed)
             result.samples += 1
     finally:
@@ -442,6 +503,7 @@ def calibrate(
         raise MixprecError("calibration data holds no sample")
     result.stats.update({name: obs.stats() for name, obs in observed.observers.items()})
     result.channel_means = observed.means()
+    result.channel_absmax, result.rows = observed.channel_results()
     if shapes_out is not None:
         shapes_out.update(result.shapes)
     return result
@@ -477,3 +539,58 @@ def collect_absmax(
         shapes_out=shapes_out,
         external=external,
     ).absmax()
+
+
+class _Handed(_Observed):
+    """Hands each fetched tensor of the current sample to a callback instead of observing."""
+
+    def __init__(self, consume: Callable[[int, str, np.ndarray], None]) -> None:
+        super().__init__("absmax", DEFAULT_BINS, {})
+        self.consume = consume
+        self.index = 0
+
+    def array(self, name: str, array: np.ndarray) -> None:
+        self.consume(self.index, name, np.asarray(array))
+
+
+def stream_tensors(
+    model: ir.Model,
+    samples: Iterable[Feeds],
+    names: Sequence[str],
+    consume: Callable[[int, str, np.ndarray], None],
+    *,
+    threads: int = 2,
+    chunk_size: int = 2000,
+    external: Mapping[str, np.ndarray] | None = None,
+) -> int:
+    """Runs the FP32 ``model`` on each sample and calls ``consume(sample_index, name, array)``
+    for each float tensor of ``names`` (graph inputs from the feeds; the others fetched
+    as :func:`calibrate` fetches them: in chunks of about :data:`FETCH_BYTES`, bisected
+    when ONNX Runtime refuses one). Each array is dropped once ``consume`` returns, so
+    memory holds one sample's fetched chunk at a time. Names that are not float tensors
+    of the main graph are skipped. Returns the number of samples run.
+    """
+    wanted = set(names)
+    inputs = {v.name for v in model.graph.inputs if v.name}
+    candidates = [(n, t) for n, t in _candidates(model, inputs) if n in wanted]
+    handed = _Handed(consume)
+    runner = _SampleRunner(
+        model,
+        candidates,
+        chunk_size=chunk_size,
+        threads=threads,
+        external=dict(external or {}),
+        use_probes=False,
+    )
+    try:
+        for sample in samples:
+            feeds = feeds_for(model, sample)
+            for name in wanted & inputs:
+                if name in feeds and is_float_array(feeds[name]):
+                    consume(handed.index, name, np.asarray(feeds[name]))
+            if candidates:
+                runner.measure(feeds, handed)
+            handed.index += 1
+    finally:
+        runner.close()
+    return handed.index

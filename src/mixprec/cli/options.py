@@ -13,6 +13,7 @@ from typing import Any
 from mixprec.core.ops import parse_dtype
 from mixprec.io.feeds import iter_calibration_npz
 from mixprec.io.models import load_model
+from mixprec.io.samples import NpzSamples
 from mixprec.runtime.engine import PERFORMANCE_HINTS, PRECISIONS, RUNTIME_NAMES, RuntimeOptions
 
 __all__ = [
@@ -296,9 +297,11 @@ def load_feeds(path: str | None, model_path: str) -> list[dict[str, Any]] | None
     return list(iter_calibration_npz(path, load_model(model_path)))
 
 
-def calibration_data(args: argparse.Namespace, feeds: Any) -> Any:
-    """``--calibration-data`` as a lazy stream of samples, else the ``--inputs`` samples."""
+def calibration_data(args: argparse.Namespace, feeds: Any, labels: bool = False) -> Any:
+    """``--calibration-data`` as samples read one at a time, afresh at each pass (the
+    accuracy guard reads them more than once), else the ``--inputs`` samples; ``labels``:
+    keep the arrays that are not model inputs (the guard's held-out labels)."""
     path = getattr(args, "calibration_data", None)
     if path is None:
         return feeds
-    return iter_calibration_npz(path, load_model(args.model))
+    return NpzSamples(path, load_model(args.model), labels=labels)

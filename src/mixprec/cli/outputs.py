@@ -39,12 +39,15 @@ PRECISION_KEY = "mixprec.precision"
 REASON_KEY = "mixprec.reason"
 
 #: Model Explorer node data: one number per precision and the page's colours.
-_EXPLORER_VALUE = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "int": 0, "cast": 1, "qdq": 2}
+_EXPLORER_VALUE = {
+    "fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4, "int": 0, "cast": 1, "qdq": 2
+}  # fmt: skip
 _EXPLORER_COLOR = {
     "fp32": "#e8eef7",
     "fp16": "#c9f0c9",
     "bf16": "#c8ecec",
     "int8": "#f5d7f0",
+    "int4": "#e2d4f7",
     "int": "#eeeeee",
     "cast": "#ffe2b0",
     "qdq": "#ffd0d0",

@@ -17,14 +17,20 @@ from mixprec.cli.options import (
     shape_arg,
 )
 from mixprec.cli.outputs import add_output_args, checked_output, validate_and_write
+from mixprec.cli.weights import add_weight_args, check_weight_args, cmd_weights
 from mixprec.core.errors import MixprecError
+from mixprec.int8.config import DEFAULT_SMOOTH
 from mixprec.int8.params import METHODS
 
 __all__ = ["add_quantize_parser", "cmd_quantize"]
 
 
 def add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
-    q = sub.add_parser("quantize", help="INT8 post-training quantization (static Q/DQ or dynamic)")
+    q = sub.add_parser(
+        "quantize",
+        help="INT8 post-training quantization (static Q/DQ or dynamic), or weight-only "
+        "INT4/INT8 (--weights)",
+    )
     q.add_argument("model", help="FP32 ONNX model")
     q.add_argument("-o", "--output", required=True, help="where to write the INT8 model")
     q.add_argument(
@@ -55,6 +61,32 @@ def add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="fold the mean output shift of weight rounding into Conv/Gemm biases",
     )
+    q.add_argument(
+        "--rounding",
+        choices=("nearest", "learned"),
+        default="nearest",
+        help="INT8 weight rounding: nearest (default), or learned: AdaRound per layer on "
+        "inputs captured from the first calibration samples (slower; static mode)",
+    )
+    q.add_argument(
+        "--equalize",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="cross-layer equalization before calibration: rescale Conv/Gemm channel pairs "
+        "so both weights use their INT8 grid alike (default: on with --per-tensor)",
+    )
+    smooth = q.add_mutually_exclusive_group()
+    smooth.add_argument(
+        "--smooth",
+        nargs="?",
+        const="auto",
+        default=None,
+        metavar="ALPHA|auto",
+        help="SmoothQuant: divide the outlier channels of MatMul/Gemm inputs, the weights "
+        "multiplied to match; auto (the default with calibration data) searches alpha per "
+        "input and smooths where it lowers the INT8 error; ALPHA in (0, 1) fixes it",
+    )
+    smooth.add_argument("--no-smooth", dest="smooth", action="store_const", const="off")
     q.add_argument(
         "--fallback",
         choices=("fp32", "fp16", "bf16"),
@@ -91,6 +123,7 @@ def add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
     add_quiet_arg(q)
     add_output_args(q)
     add_runtime_args(q, "the speed plan and the accuracy guard (the deployment's)")
+    add_weight_args(q)
     return q
 
 
@@ -107,7 +140,8 @@ def _add_check_args(p: argparse.ArgumentParser) -> None:
         "--eval-data",
         metavar="PATH",
         help="samples the accuracy guard checks the INT8 model on (forms as "
-        "--calibration-data); default: a seeded random fifth of the calibration samples, held out",
+        "--calibration-data; arrays that are not model inputs are labels for --metric); "
+        "default: a seeded random fifth of the calibration samples (at most 64), held out",
     )
     p.add_argument(
         "--max-drop",
@@ -125,12 +159,21 @@ def _add_check_args(p: argparse.ArgumentParser) -> None:
         help="the guard's bound on the relative L2 error of other outputs (default 0.1)",
     )
     p.add_argument(
+        "--min-cosine",
+        type=float,
+        default=None,
+        metavar="C",
+        help="the guard's bound on embeddings (pooled, normalized or named like one): mean "
+        "cosine to FP32 per row >= C (default 0.99)",
+    )
+    p.add_argument(
         "--metric",
         metavar="MODULE:FUNCTION",
         default=None,
         help="the guard judges by your own function instead of the per-output checks: "
-        "FUNCTION(fp32_outputs, int8_outputs) gets one dict of outputs per held-out sample "
-        "and returns a score, higher is better (MODULE importable, or FILE.py)",
+        "FUNCTION(fp32_outputs, int8_outputs[, labels]) gets one dict of outputs per held-out "
+        "sample (labels: one dict per sample of its arrays that are not model inputs) and "
+        "returns a score, higher is better (MODULE importable, or FILE.py)",
     )
     p.add_argument(
         "--metric-budget",
@@ -153,12 +196,30 @@ def _budget(value: float | None, flag: str) -> float | None:
     return value
 
 
+def _smooth(value: str | None) -> float | str | None:
+    """``--smooth [ALPHA|auto]`` / ``--no-smooth`` as the ``smooth`` option."""
+    if value is None:
+        return DEFAULT_SMOOTH
+    if value in ("auto", "off"):
+        return None if value == "off" else value
+    try:
+        alpha = float(value)
+    except ValueError:
+        alpha = -1.0
+    if not 0.0 < alpha < 1.0:
+        raise MixprecError(f"--smooth takes 'auto' or an alpha in (0, 1), not {value!r}")
+    return alpha
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
+    check_weight_args(args)
     out = checked_output(args)
     feeds = load_feeds(args.inputs, args.model)
+    if args.weights is not None:
+        return cmd_weights(args, out, feeds)
     result = quantize(
         args.model,
-        calibration_data(args, feeds),
+        calibration_data(args, feeds, labels=True),
         method=args.method,
         activations=args.activation_type,
         per_channel=not args.per_tensor,
@@ -171,9 +232,13 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         mode="dynamic" if args.dynamic else args.mode,
         fallback=args.fallback,
         bias_correction=args.bias_correction,
+        rounding=args.rounding,
+        equalize="auto" if args.equalize is None else args.equalize,
+        smooth=_smooth(args.smooth),
         guard=not args.no_guard,
         max_drop=_budget(args.max_drop, "--max-drop"),
         max_rel_l2=_budget(args.max_rel_l2, "--max-rel-l2"),
+        min_cosine=_budget(args.min_cosine, "--min-cosine"),
         metric=args.metric,
         metric_budget=args.metric_budget,
         eval_data=args.eval_data,

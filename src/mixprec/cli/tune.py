@@ -56,9 +56,18 @@ def add_tune_parser(sub: Any) -> argparse.ArgumentParser:
     )
     t.add_argument(
         "--metric",
-        choices=("rel-l2", "max-abs", "top1", "cosine"),
         default="rel-l2",
-        help="comparison with the FP32 outputs (default rel-l2)",
+        metavar="NAME|MODULE:FUNCTION",
+        help="comparison with the FP32 outputs: rel-l2 (default), max-abs, top1, cosine; or "
+        "your own FUNCTION(fp32_outputs, outputs[, labels]) with --metric-budget, as "
+        "quantize's --metric (labels: the --inputs arrays that are not model inputs)",
+    )
+    t.add_argument(
+        "--metric-budget",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --metric MODULE:FUNCTION: the lowest accepted score",
     )
     t.add_argument(
         "--budget",
@@ -88,7 +97,7 @@ def add_tune_parser(sub: Any) -> argparse.ArgumentParser:
 def cmd_tune(args: argparse.Namespace) -> int:
     out = checked_output(args)
     original = load_model(args.model)
-    samples = list(iter_calibration_npz(args.inputs, original))
+    samples = list(iter_calibration_npz(args.inputs, original, labels=True))
     calibration = (
         iter_calibration_npz(args.calibration_data, original) if args.calibration_data else None
     )
@@ -101,6 +110,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         samples,
         metric=args.metric,
         budget=args.budget,
+        metric_budget=args.metric_budget,
         calibration_data=calibration,
         max_evaluations=args.max_evaluations,
         mode=args.mode,

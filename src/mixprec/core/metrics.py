@@ -12,6 +12,7 @@ import ml_dtypes
 import numpy as np
 
 from mixprec.core.ops import TOLERANCES
+from mixprec.core.output_kinds import OutputKind, shape_class_axis
 
 __all__ = [
     "DEFAULT_RTOL",
@@ -21,6 +22,7 @@ __all__ = [
     "equal_share",
     "max_abs_error",
     "rel_l2_error",
+    "row_cosines",
     "top1_agreement",
 ]
 
@@ -50,10 +52,10 @@ class OutputComparison:
         max_abs_error: ``max |out - ref|`` over positions where both are finite.
         rel_l2_error: ``||out - ref||_2 / max(||ref||_2, tiny)`` over the same positions.
         ref_abs_max: ``max |ref|`` over finite reference values.
-        top1_agreement: Fraction of rows whose argmax over the last axis agrees, for
-            outputs that look like class scores (float, rank 2 or 3, last dim in
-            ``[2, 100000]``); ``None`` otherwise. Reported only; it does not affect
-            ``passed``.
+        top1_agreement: Fraction of rows whose argmax over the class axis agrees, for
+            class scores (:mod:`mixprec.core.output_kinds`: the graph's kinds when given,
+            else float outputs of rank 2 or 3 whose last dim is in ``[2, 100000]``);
+            ``None`` otherwise. Reported only; it does not affect ``passed``.
         passed: ``rel_l2_error <= rtol or max_abs_error <= atol``, no non-finite value
             where the reference is finite, and matching shapes.
         note: Why a comparison failed or was limited, or empty.
@@ -122,6 +124,21 @@ def cosine_similarity(ref: np.ndarray, out: np.ndarray) -> float:
     return 1.0 if na == nb == 0.0 else float(a @ b) / max(na * nb, 1e-300)
 
 
+def row_cosines(ref: np.ndarray, out: np.ndarray, axis: int = -1) -> np.ndarray:
+    """The cosine of each row (a vector along ``axis``: one embedding) of ``out`` to the
+    same row of ``ref``, in float64: 1 where both rows are zero, 0 where one of them is,
+    -1 where ``out`` is not finite."""
+    a = np.moveaxis(np.asarray(ref, dtype=np.float64), axis, -1)
+    b = np.moveaxis(np.asarray(out).astype(np.float64), axis, -1)
+    a, b = a.reshape(-1, a.shape[-1] if a.ndim else 1), b.reshape(-1, b.shape[-1] if b.ndim else 1)
+    finite = np.all(np.isfinite(b), axis=1)
+    a, b = np.where(np.isfinite(a), a, 0.0), np.where(np.isfinite(b), b, 0.0)
+    na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+    cos = np.sum(a * b, axis=1) / np.maximum(na * nb, 1e-300)
+    cos = np.where((na == 0) & (nb == 0), 1.0, cos)
+    return np.where(finite, cos, -1.0)
+
+
 def equal_share(ref: np.ndarray, out: np.ndarray) -> float:
     """The share of equal elements (integer outputs: counts, indices, masks)."""
     same = np.asarray(ref) == np.asarray(out)
@@ -129,8 +146,9 @@ def equal_share(ref: np.ndarray, out: np.ndarray) -> float:
 
 
 def _compare_one(
-    name: str, ref: np.ndarray, out: np.ndarray, rtol: float, atol: float
+    name: str, ref: np.ndarray, out: np.ndarray, tols: tuple[float, float], kind: OutputKind | None
 ) -> OutputComparison:
+    rtol, atol = tols
     if ref.dtype == object or out.dtype == object:
         return OutputComparison(name, 0.0, 0.0, 0.0, None, True, "not a tensor; not compared")
     ref_float = _is_float_dtype(ref.dtype)
@@ -167,10 +185,18 @@ def _compare_one(
     ref_norm = float(np.linalg.norm(a[mask])) if diff.size else 0.0
     rel = float(np.linalg.norm(diff)) / max(ref_norm, float(np.finfo(np.float64).tiny))
     top1: float | None = None
-    if 2 <= a.ndim <= 3 and 2 <= a.shape[-1] <= 100_000 and a.size:
-        top1 = top1_agreement(a, b)
+    axis = shape_class_axis(a.shape) if kind is None else _class_axis(kind, a.ndim)
+    if axis is not None and a.size:
+        top1 = top1_agreement(a, b, axis)
     passed = (rel <= rtol or max_abs <= atol) and not bad
     return OutputComparison(name, max_abs, rel, ref_abs_max, top1, passed, "; ".join(notes))
+
+
+def _class_axis(kind: OutputKind, ndim: int) -> int | None:
+    """The class axis of a top1 output of rank ``ndim`` (None: not class scores)."""
+    if kind.check != "top1" or ndim == 0 or not -ndim <= kind.axis < ndim:
+        return None
+    return kind.axis
 
 
 def compare_outputs(
@@ -179,6 +205,7 @@ def compare_outputs(
     *,
     rtol: float,
     atol: float = 1e-3,
+    kinds: Mapping[str, OutputKind] | None = None,
 ) -> list[OutputComparison]:
     """Compares converted-model outputs with reference outputs, in float64.
 
@@ -191,6 +218,9 @@ def compare_outputs(
         out: Converted-model outputs by name.
         rtol: Relative L2 tolerance.
         atol: Absolute tolerance.
+        kinds: The reference model's output kinds
+            (:func:`~mixprec.core.output_kinds.classify_outputs`): top-1 is reported on
+            the class axis of class scores only; without them, by shape.
 
     Returns:
         One comparison per reference output, in ``ref`` order.
@@ -201,5 +231,7 @@ def compare_outputs(
             note = "missing from the converted model's outputs"
             results.append(OutputComparison(name, math.inf, math.inf, 0.0, None, False, note))
             continue
-        results.append(_compare_one(name, np.asarray(ref_value), np.asarray(out[name]), rtol, atol))
+        kind = kinds.get(name) if kinds is not None else None
+        a, b = np.asarray(ref_value), np.asarray(out[name])
+        results.append(_compare_one(name, a, b, (rtol, atol), kind))
     return results

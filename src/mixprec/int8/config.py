@@ -14,11 +14,13 @@ from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
 from mixprec.core.policy import default_policy
 from mixprec.int8.params import METHODS
+from mixprec.int8.rounding import ROUNDINGS
 from mixprec.runtime.cpu import cpu_features
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import runtime_options
 
 __all__ = [
+    "DEFAULT_SMOOTH",
     "DYNAMIC_MAC_SHARE",
     "FALLBACKS",
     "MODES",
@@ -34,9 +36,18 @@ _ACTIVATIONS = ("auto", "u8", "s8")
 PER_CHANNEL_OPSET = 13
 MODES = ("static", "dynamic", "auto")
 #: How ops without weights join INT8 (:class:`~mixprec.int8.plan.AnnotateInt8Pass`).
-PLACEMENTS = ("chains", "every")
+PLACEMENTS = ("chains", "every", "weighted")
+#: ``QuantizeConfig.smooth`` unless told otherwise (see its doc).
+DEFAULT_SMOOTH: float | str | None = "auto"
 #: mode="auto" goes dynamic when weighted MatMul/Gemm hold at least this MAC share.
 DYNAMIC_MAC_SHARE = 0.8
+
+
+def _check_smooth(smooth: object) -> None:
+    if smooth is None or smooth == "auto":
+        return
+    if isinstance(smooth, bool) or not isinstance(smooth, int | float) or not 0 < smooth < 1:
+        raise MixprecError(f"smooth must be 'auto', an alpha in (0, 1) or None, not {smooth!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +75,11 @@ class QuantizeConfig:
             stays float); "off" quantizes all.
         latency_shapes: input shapes the speed plan times at (the deployment's, e.g. a
             serving batch); by default ``shapes``, else the calibration sample's.
-        placement: "chains" (ops without weights join INT8 when an INT8 node feeds them)
-            or "every" (wherever they have a float input); the speed plan may choose.
+        placement: "chains" (ops without weights join INT8 when an INT8 node feeds them),
+            "every" (wherever they have a float input) or "weighted" (only Conv/MatMul/Gemm;
+            a MatMul/Gemm output then stays float: MatMulIntegerToFloat, what transformers
+            need, whose MatMul outputs hold outliers one INT8 scale cannot); the speed plan
+            may choose.
         mode: "static" (calibrated Q/DQ pairs), "dynamic" (MatMul/Gemm weights INT8
             offline, activations quantized per call at run time; no calibration) or
             "auto": dynamic when MatMul/Gemm with constant weights hold >= 80% of the
@@ -73,6 +87,24 @@ class QuantizeConfig:
             static scale cannot hold), else static.
         bias_correction: fold the mean output shift of weight rounding into Conv/Gemm
             biases (static mode; the calibration also averages their inputs' channel means).
+        rounding: how INT8 weights are rounded (static mode): "nearest", or "learned":
+            AdaRound per Conv/Gemm/MatMul (:mod:`mixprec.int8.rounding`) on input rows
+            captured from the first calibration samples, each code up or down to lower
+            the layer's output error. Costs a capture and an optimisation per layer.
+        equalize: cross-layer equalization before calibration
+            (:class:`~mixprec.int8.equalize.EqualizeLayersPass`): rescale the channels of
+            Conv/Gemm pairs so both weights use their INT8 grid alike, with high-bias
+            absorption where BatchNormalization statistics exist. True, False or "auto":
+            with per-tensor weight scales only (all-INT8 PP-OCR cls per-tensor: rel L2
+            0.248 -> 0.156, det 0.457 -> 0.428; per-channel: cls 0.091 -> 0.095 with
+            top-1 0.984 -> 0.938, MTCNN's box heads worse either way; docs/guides/quantize.md).
+        smooth: SmoothQuant before calibration (:class:`~mixprec.int8.smooth.SmoothQuantPass`):
+            divide the outlier channels of MatMul/Gemm activation inputs by per-channel
+            scales folded into the producer (a layer norm) or a float ``Mul``, the weight
+            rows multiplied by them. "auto" searches the strength alpha per input on the
+            calibration samples and smooths only where it lowers the layer's INT8 error;
+            a number in (0, 1) is alpha for every input with outlier channels; None: off.
+            Needs calibration data.
         fallback: precision of the nodes left out of INT8: "fp32", or "fp16"/"bf16" painted
             by the FP16/BF16 painter around the integer kernels (:mod:`mixprec.pipeline.fallback`).
         guard: the accuracy guard (:func:`mixprec.quantize`): check the INT8 model against
@@ -81,9 +113,12 @@ class QuantizeConfig:
         guard_drop: the guard's accepted drop of top-1 agreement on class scores
             (agreement >= 1 - drop; None: 0.01) and of equal elements on integer outputs.
         guard_rel_l2: the guard's bound on other outputs' relative L2 (None: 0.1).
+        guard_cosine: the guard's bound on embeddings' mean cosine to FP32 (None: 0.99).
         metric: the user's own measure instead of the per-output checks: a callable
-            ``score(fp32_outputs, int8_outputs) -> float`` (one dict per held-out sample;
-            higher is better) or ``"MODULE:FUNCTION"`` / ``"FILE.py:FUNCTION"``.
+            ``score(fp32_outputs, int8_outputs[, labels]) -> float`` (one dict per
+            held-out sample; ``labels``, when it takes them: the eval data's arrays that
+            are not model inputs; higher is better) or ``"MODULE:FUNCTION"`` /
+            ``"FILE.py:FUNCTION"``.
         metric_budget: the lowest accepted score of ``metric`` (required with it).
         runtime: the engine the speed plan times placements in and the guard runs the
             result in (the deployment's): ONNX Runtime by default, or OpenVINO
@@ -104,9 +139,13 @@ class QuantizeConfig:
     mode: str = "auto"
     fallback: str = "fp32"
     bias_correction: bool = False
+    rounding: str = "nearest"
+    equalize: bool | str = "auto"
+    smooth: float | str | None = DEFAULT_SMOOTH
     guard: bool = True
     guard_drop: float | None = None
     guard_rel_l2: float | None = None
+    guard_cosine: float | None = None
     runtime: RuntimeOptions = dataclasses.field(default_factory=RuntimeOptions)
     metric: Any = None
     metric_budget: float | None = None
@@ -130,7 +169,7 @@ class QuantizeConfig:
             if not isinstance(self.log_dir, str | os.PathLike):
                 raise MixprecError(f"log_dir must be a path, not {type(self.log_dir).__name__}")
             object.__setattr__(self, "log_dir", Path(self.log_dir))
-        for name in ("guard_drop", "guard_rel_l2"):
+        for name in ("guard_drop", "guard_rel_l2", "guard_cosine"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not 0.0 < float(value) < 1.0):
                 raise MixprecError(f"{name} must lie in (0, 1), got {value!r}")
@@ -146,6 +185,13 @@ class QuantizeConfig:
             )
         if self.speed not in ("auto", "off"):
             raise MixprecError(f"speed must be 'auto' or 'off', not {self.speed!r}")
+        if not isinstance(self.equalize, bool) and self.equalize != "auto":
+            raise MixprecError(f"equalize must be True, False or 'auto', not {self.equalize!r}")
+        _check_smooth(self.smooth)
+        if self.rounding not in ROUNDINGS:
+            raise MixprecError(
+                f"rounding must be one of {', '.join(ROUNDINGS)}, not {self.rounding!r}"
+            )
         if self.method not in METHODS:
             raise MixprecError(f"method must be one of {', '.join(METHODS)}, not {self.method!r}")
         if self.activations not in _ACTIVATIONS:
@@ -155,6 +201,13 @@ class QuantizeConfig:
         if isinstance(self.exclude_nodes, str):
             raise MixprecError("exclude_nodes must be a list of names or patterns")
         object.__setattr__(self, "exclude_nodes", tuple(self.exclude_nodes))
+
+    @property
+    def equalizes(self) -> bool:
+        """Whether cross-layer equalization runs (``equalize`` with "auto" resolved)."""
+        if self.equalize == "auto":
+            return not self.per_channel and self.mode != "dynamic"
+        return bool(self.equalize)
 
     @property
     def unsigned(self) -> bool:

@@ -10,8 +10,10 @@ Rules:
 - every other INT8-capable op runs in INT8 when one of its float inputs comes from an
   INT8 node, so Q/DQ pairs sit only where ONNX Runtime can keep the integer domain
   (placement "chains"); with placement "every", whenever it has a float input, as ONNX
-  Runtime's ``quantize_static`` places Q/DQ (the speed plan times both);
-- excluded nodes, custom domains and nodes inside subgraphs stay float.
+  Runtime's ``quantize_static`` places Q/DQ (the speed plan times both); with placement
+  "weighted", never (only Conv/MatMul/Gemm, and a Relu/Clip they absorb);
+- excluded nodes, custom domains, nodes inside subgraphs and nodes marked
+  :data:`KEEP_FLOAT` (a pass's own helper, such as SmoothQuant's ``Mul``) stay float.
 """
 
 from __future__ import annotations
@@ -25,10 +27,20 @@ from mixprec.core.graphs import NodeExclusions, iter_nodes
 from mixprec.core.ops import is_onnx_domain
 from mixprec.core.registry import node_info
 
-__all__ = ["INT8", "AnnotateInt8Pass", "Int8Decision", "dynamic_candidate", "int8_decision"]
+__all__ = [
+    "INT8",
+    "KEEP_FLOAT",
+    "AnnotateInt8Pass",
+    "Int8Decision",
+    "dynamic_candidate",
+    "int8_decision",
+]
 
 #: ``node.meta`` key of the INT8 decision.
 INT8 = "mixprec.int8"
+#: ``node.metadata_props`` key of a node that stays float whatever the plan (the value
+#: says why); kept in the saved model, where it tells the reader what the node is for.
+KEEP_FLOAT = "mixprec.keep_float"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,8 +77,8 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
         exclude_nodes: node names or regular expressions kept float.
         dynamic: plan dynamic INT8 (:mod:`mixprec.int8.dynamic`): only MatMul/Gemm with a
             constant 2-D weight, activations quantized at run time.
-        placement: "chains" (an op without weights runs INT8 when an INT8 node feeds it)
-            or "every" (whenever it has a float input).
+        placement: "chains" (an op without weights runs INT8 when an INT8 node feeds it),
+            "every" (whenever it has a float input) or "weighted" (never).
     """
 
     def __init__(
@@ -80,9 +92,10 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
         self._exclude = NodeExclusions(exclude_nodes)
         self._dynamic = dynamic
         self._every = placement == "every"
+        self._weighted = placement == "weighted"
 
     def _excluded(self, node: ir.Node) -> str | None:
-        return self._exclude.reason(node)
+        return node.metadata_props.get(KEEP_FLOAT) or self._exclude.reason(node)
 
     def call(self, model: ir.Model) -> ir.passes.PassResult:
         for node in iter_nodes(model.graph):
@@ -129,6 +142,8 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
         ]
         if self._every and role != "absorbed":
             return Int8Decision(True, role, f"{role}: INT8 wherever it has a float input")
+        if self._weighted and role != "absorbed":
+            return Int8Decision(False, role, "placement 'weighted': only Conv/MatMul/Gemm")
         if not fed:
             return Int8Decision(False, role, "not fed by an INT8 node: stays float")
         return Int8Decision(True, role, f"{role}: stays in the integer domain")

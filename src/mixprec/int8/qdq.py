@@ -28,6 +28,7 @@ from mixprec.calibrate.observers import TensorStats
 from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import UniqueNames, add_initializer
 from mixprec.core.ops import trans_b, weight_out_axis
+from mixprec.int8.adaround import ROUNDING, LearnedCodes
 from mixprec.int8.bias import output_shift
 from mixprec.int8.params import QParams, activation_qparams, quantize_bias, quantize_weight
 from mixprec.int8.plan import INT8, Int8Decision, int8_decision, weight_index
@@ -52,6 +53,7 @@ class QuantizeQDQResult(ir.passes.PassResult):
     float_biases: list[str] = dataclasses.field(default_factory=list)
     left_float: dict[str, str] = dataclasses.field(default_factory=dict)
     corrected_biases: int = 0
+    learned_weights: int = 0  # weights written with learned rounding codes
 
 
 def _activation_inputs(node: ir.Node, role: str | None) -> list[int]:
@@ -133,6 +135,8 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
                     wanted.append(value)
             for value in node.outputs:
                 if value.dtype != ir.DataType.FLOAT or _absorbed_by_next(value):
+                    continue
+                if _float_output(node, value):
                     continue
                 wanted.append(value)
         qparams: dict[ir.Value, QParams] = {}
@@ -262,6 +266,10 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
             result.left_float[node.name or node.op_type] = quantized
             return
         data, params = quantized
+        learned = node.meta.get(ROUNDING)
+        if isinstance(learned, LearnedCodes) and learned.fits(data, params.scale):
+            data = learned.codes  # AdaRound's choice (mixprec.int8.rounding)
+            result.learned_weights += 1
         base = weight.name or f"{node.name}_weight"
         data_value = self._initializer(f"{base}_int8", data)
         node.replace_input_with(1, self._dq(data_value, params, base, at_top=True))
@@ -400,6 +408,33 @@ def _is_int8(node: ir.Node) -> bool:
 
 def _is_const(value: ir.Value) -> bool:
     return const_tensor(value) is not None
+
+
+def _float_output(node: ir.Node, value: ir.Value) -> bool:
+    """A MatMul output that no INT8 node reads stays float: ONNX Runtime runs
+    ``DQ(x), DQ(w) -> MatMul`` as MatMulIntegerToFloat, and a Q/DQ pair there would only
+    add rounding (on MiniLM, all-INT8 MatMuls with float outputs keep the sentence
+    embedding at cosine 0.990 to FP32; quantized outputs, 0.947). Not where ONNX Runtime
+    would fuse the MatMul and a bias Add into a float Gemm first (:func:`_gemm_fusion`)."""
+    if node.op_type != "MatMul" or node_role(node) != "weighted":
+        return False
+    if any(_is_int8(use.node) for use in value.uses()):
+        return False
+    return not _gemm_fusion(node, value)
+
+
+def _gemm_fusion(node: ir.Node, value: ir.Value) -> bool:
+    """Whether ONNX Runtime's MatMulAddFusion (a basic optimization, run before its QDQ
+    fusions) would turn ``node`` and the constant Add reading ``value`` into a Gemm: it
+    does when the input's shape is static, and the Gemm then runs in float on
+    dequantized weights."""
+    uses = list(value.uses())
+    if len(uses) != 1 or uses[0].node.op_type != "Add" or value.is_graph_output():
+        return False
+    if not any(v is not value and v is not None and _is_const(v) for v in uses[0].node.inputs):
+        return False
+    shape = node.inputs[0].shape if node.inputs[0] is not None else None
+    return shape is not None and all(isinstance(d, int) for d in shape)
 
 
 def _absorbed_by_next(value: ir.Value) -> bool:

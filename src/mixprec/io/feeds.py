@@ -2,8 +2,9 @@
 
 * :func:`resolve_input_shapes` is the one rule for symbolic input dims, used by
   ``convert``, ``validate`` and :func:`make_inputs`: a user shape wins; else declared dims;
-  a symbolic first dim (batch) becomes 1 and any other symbolic dim
-  :data:`DEFAULT_SYMBOLIC_DIM`, each with a note saying so.
+  a symbolic first dim (batch) becomes 1, the length of a KV-cache input
+  (``past_key_values.*``) 0, and any other symbolic dim :data:`DEFAULT_SYMBOLIC_DIM`,
+  each with a note saying so.
 * :func:`guessed_dims` says which dims were guessed, and what a sample at given shapes
   weighs (:data:`MAX_SAMPLE_BYTES` bounds what mixprec generates unasked).
 * :func:`make_inputs` generates one seeded feed dict from the signature.
@@ -15,6 +16,7 @@ whose functions are re-exported here.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -92,8 +94,9 @@ def resolve_input_shapes(
     """Concrete shapes of the graph inputs: the one rule for symbolic dims.
 
     A shape in ``shapes`` wins (checked against the declared rank and fixed dims).
-    Otherwise the declared dims are used; a symbolic or unknown first dim becomes 1 and
-    any other one :data:`DEFAULT_SYMBOLIC_DIM`, with one note per dim. Inputs of unknown
+    Otherwise the declared dims are used; a symbolic or unknown first dim becomes 1, the
+    length of a KV-cache input 0 (an empty cache) and any other one
+    :data:`DEFAULT_SYMBOLIC_DIM`, with one note per dim. Inputs of unknown
     rank and non-tensor inputs get no entry (a note names the former).
 
     Args:
@@ -146,6 +149,22 @@ def _symbols(declared: list[int | str | None] | None, dims: list[int]) -> dict[s
     return {d: v for d, v in zip(declared or [], dims, strict=False) if isinstance(d, str) and d}
 
 
+#: Graph inputs holding a decoder's KV cache (``past_key_values.0.key``, ``past_value``,
+#: ``kv_cache``...).
+_CACHE_NAME = re.compile(r"(^|[._/:-])past|kv_cache|key_cache|value_cache", re.IGNORECASE)
+
+
+def _cache_length_axis(name: str, declared: Sequence[int | str | None]) -> int | None:
+    """The length axis of a KV-cache input (its one symbolic dim after the batch), else
+    None. It is generated 0, an empty cache as at the first decoding step: with the ids
+    and the mask at one guessed length, a cache of that length too would make the mask
+    shorter than cache + ids."""
+    if not _CACHE_NAME.search(name) or len(declared) < 3:
+        return None
+    rest = [k for k, d in enumerate(declared) if k > 0 and not isinstance(d, int)]
+    return rest[0] if len(rest) == 1 else None
+
+
 def _guess(
     name: str,
     declared: list[int | str | None],
@@ -159,12 +178,17 @@ def _guess(
     concrete: list[int] = []
     symbolic = [k for k, d in enumerate(declared) if not isinstance(d, int)]
     inner = len(symbolic) == 1 and 0 < symbolic[0] < len(declared) - 1
+    cache = _cache_length_axis(name, declared)
     for k, d in enumerate(declared):
         if isinstance(d, int):
             concrete.append(d)
             continue
         if d and d in symbols:
             used, why = symbols[d], f"as {d!r} elsewhere"
+        elif k == cache:
+            used, why = 0, "a KV-cache length: an empty cache, the first decoding step"
+            if d:
+                symbols[d] = used
         else:
             batch = k == 0 or inner
             used, why = (1 if batch else DEFAULT_SYMBOLIC_DIM), "give --shape to choose"

@@ -2,7 +2,9 @@
 model's inputs.
 
 * :func:`load_inputs_npz` reads one feed dict from an ``.npz`` file;
-  :func:`iter_calibration_npz` streams many (a leading sample axis, or a folder).
+  :func:`iter_calibration_npz` streams many (a leading sample axis, or a folder);
+  :class:`NpzSamples` is such a path as a re-iterable stream (read afresh each time, its
+  length known without reading the arrays), labels kept when asked.
 * :func:`calibration_feeds` normalizes the forms ``calibration_data`` can take.
 * :func:`feeds_for` picks and casts the arrays a model takes.
 """
@@ -33,6 +35,7 @@ from mixprec.io.signature import (
 )
 
 __all__ = [
+    "NpzSamples",
     "calibration_feeds",
     "feeds_for",
     "iter_calibration_npz",
@@ -73,9 +76,15 @@ def _read_npz(path: Path, what: str = "inputs file") -> dict[str, np.ndarray]:
 
 
 def _check_arrays(
-    arrays: Mapping[str, np.ndarray], model: ir.Model, label: str, *, leading: int = 0
+    arrays: Mapping[str, np.ndarray],
+    model: ir.Model,
+    label: str,
+    *,
+    leading: int = 0,
+    labels: bool = False,
 ) -> dict[str, np.ndarray]:
-    """The arrays for ``model``'s inputs, cast to their dtypes; ``leading`` extra axes."""
+    """The arrays for ``model``'s inputs, cast to their dtypes; ``leading`` extra axes;
+    ``labels``: the other arrays too, as they are (else ignored with a warning)."""
     feeds: dict[str, np.ndarray] = {}
     inputs = graph_inputs(model)
     for value in inputs:
@@ -95,7 +104,9 @@ def _check_arrays(
             )
         feeds[name] = _cast_feed(name, array, dtype_of(value), label)
     extra_names = sorted(set(arrays) - {v.name for v in inputs})
-    if extra_names:
+    if labels:
+        feeds.update({name: np.asarray(arrays[name]) for name in extra_names})
+    elif extra_names:
         logger.warning("%s: ignoring arrays %s (not graph inputs)", label, extra_names)
     return feeds
 
@@ -123,7 +134,7 @@ def load_inputs_npz(path: str | os.PathLike[str], model: ModelArg) -> dict[str, 
 
 
 def iter_calibration_npz(
-    path: str | os.PathLike[str], model: ModelArg
+    path: str | os.PathLike[str], model: ModelArg, *, labels: bool = False
 ) -> Iterator[dict[str, np.ndarray]]:
     """Streams samples from ``path``, checked against ``model``'s inputs: the one reader
     behind every command's ``--inputs`` and ``--calibration-data``.
@@ -136,6 +147,10 @@ def iter_calibration_npz(
       input);
     * an ``.npz`` of one sample (every array has its input's declared rank).
 
+    With ``labels``, arrays that are not model inputs (labels, boxes) stay in each sample
+    (split along the leading sample axis like the inputs, when they have one of the same
+    length), for the user's metric; otherwise they are ignored with a warning.
+
     Raises:
         MixprecError: A missing path, an empty folder, missing inputs, wrong ranks, or
             inconsistent sample counts (raised before the first sample is yielded).
@@ -146,20 +161,96 @@ def iter_calibration_npz(
         files = sorted(f for f in p.iterdir() if f.suffix == ".npz" and f.is_file())
         if not files:
             raise MixprecError(f"samples folder {str(p)!r} holds no .npz file")
-        return (_check_arrays(_read_npz(f), m, f"samples file {f.name!r}") for f in files)
+        return (
+            _check_arrays(_read_npz(f), m, f"samples file {f.name!r}", labels=labels) for f in files
+        )
     label = f"samples file {p.name!r}"
     arrays = _read_npz(p, "samples file")
     if _one_sample(arrays, m):
-        return iter([_check_arrays(arrays, m, label)])
-    stacked = _check_arrays(arrays, m, label, leading=1)
-    counts = {name: a.shape[0] for name, a in stacked.items()}
+        return iter([_check_arrays(arrays, m, label, labels=labels)])
+    stacked = _check_arrays(arrays, m, label, leading=1, labels=labels)
+    inputs = {v.name for v in graph_inputs(m)}
+    counts = {name: a.shape[0] for name, a in stacked.items() if name in inputs}
     if len(set(counts.values())) > 1:
         shown = ", ".join(f"{k}: {v}" for k, v in counts.items())
         raise MixprecError(f"{label} has inconsistent sample counts ({shown})")
     n = next(iter(counts.values()), 0)
     if n == 0:
         raise MixprecError(f"{label} holds no sample")
-    return ({name: a[i] for name, a in stacked.items()} for i in range(n))
+    odd = sorted(k for k, a in stacked.items() if k not in inputs and np.shape(a)[:1] != (n,))
+    if odd:  # labels that cannot be split per sample
+        logger.warning("%s: ignoring arrays %s (no leading axis of %d samples)", label, odd, n)
+    kept = {k: a for k, a in stacked.items() if k not in odd}
+    return ({name: a[i] for name, a in kept.items()} for i in range(n))
+
+
+class NpzSamples:
+    """The samples of an ``.npz`` path (the forms :func:`iter_calibration_npz` reads), read
+    afresh each time they are iterated: a stream that can be read again, keeping nothing.
+
+    Args:
+        path: a folder of ``.npz`` files, or one ``.npz`` (a leading sample axis, or one
+            sample).
+        model: the model whose inputs the samples feed.
+        labels: keep the arrays that are not model inputs in each sample (for the user's
+            metric) instead of ignoring them with a warning.
+
+    Example:
+        >>> samples = NpzSamples("calib/", "model.onnx")     # doctest: +SKIP
+        >>> len(samples), next(iter(samples)).keys()         # doctest: +SKIP
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], model: ModelArg, *, labels: bool = False
+    ) -> None:
+        self.path = Path(path)
+        self.model = as_ir(model)
+        self.labels = labels
+        self._count: int | None = None
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return iter_calibration_npz(self.path, self.model, labels=self.labels)
+
+    def __len__(self) -> int:
+        """The sample count, from the folder listing or the arrays' headers (the arrays
+        themselves are not read)."""
+        if self._count is None:
+            self._count = _npz_count(self.path, self.model)
+        return self._count
+
+
+def _npz_count(path: Path, model: ir.Model) -> int:
+    if path.is_dir():
+        return sum(1 for f in path.iterdir() if f.suffix == ".npz" and f.is_file())
+    try:
+        with zipfile.ZipFile(path) as archive:
+            shapes = {
+                info.filename.removesuffix(".npy"): _npy_shape(archive, info.filename)
+                for info in archive.infolist()
+                if info.filename.endswith(".npy")
+            }
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return sum(1 for _ in iter_calibration_npz(path, model))  # its own error
+    ranks = [
+        (len(declared), len(shapes[v.name or ""]))
+        for v in graph_inputs(model)
+        if (declared := declared_dims(v)) is not None and (v.name or "") in shapes
+    ]
+    if ranks and all(want == got for want, got in ranks):
+        return 1  # one sample, as _one_sample reads it
+    leading = [shapes[v.name or ""] for v in graph_inputs(model) if (v.name or "") in shapes]
+    return int(leading[0][0]) if leading and leading[0] else 0
+
+
+def _npy_shape(archive: zipfile.ZipFile, member: str) -> tuple[int, ...]:
+    """An ``.npy`` member's shape, from its header."""
+    with archive.open(member) as f:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, _, _ = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, _, _ = np.lib.format.read_array_header_2_0(f)
+    return tuple(int(d) for d in shape)
 
 
 def _one_sample(arrays: Mapping[str, np.ndarray], model: ir.Model) -> bool:
@@ -222,11 +313,14 @@ def _sample(k: int, item: object) -> dict[str, np.ndarray]:
                 f"calibration sample {k}: input {name!r} is not a numeric array "
                 f"({type(value).__name__})"
             )
-        if array.size == 0:
-            raise MixprecError(f"calibration sample {k}: input {name!r} is empty {array.shape}")
-        if np.issubdtype(array.dtype, np.floating) and np.isnan(array).all():
+        if array.size and np.issubdtype(array.dtype, np.floating) and np.isnan(array).all():
             raise MixprecError(f"calibration sample {k}: input {name!r} is all NaN")
         out[name] = array
+    # an empty input is a zero-length state (a decoder's past of length 0) when another
+    # input carries data; a sample of empty arrays only measures nothing
+    if all(a.size == 0 for a in out.values()):
+        name, array = next(iter(out.items()))
+        raise MixprecError(f"calibration sample {k}: input {name!r} is empty {array.shape}")
     return out
 
 

@@ -15,7 +15,12 @@ from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import UniqueNames, iter_nodes
 from mixprec.core.ops import is_onnx_domain, weight_out_axis
 
-__all__ = ["FoldBatchNormPass", "FoldBatchNormResult"]
+__all__ = ["BN_STATS", "FoldBatchNormPass", "FoldBatchNormResult"]
+
+#: ``node.meta`` key on a Conv/ConvTranspose/Gemm a BatchNormalization was folded into: the
+#: per-channel mean and standard deviation of its output as the BN's own parameters give
+#: them (beta, |gamma|), for data-free high-bias absorption (:mod:`mixprec.int8.equalize`).
+BN_STATS = "mixprec.bn_stats"
 
 
 @dataclasses.dataclass
@@ -134,6 +139,7 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
         else:
             b = old_bias
         self._rewire(bn, producer, weight * factor.reshape(per_axis), b * factor + shift)
+        producer.meta[BN_STATS] = (bias.copy(), np.abs(scale))
         return None
 
     def _rewire(self, bn: ir.Node, producer: ir.Node, new_w: np.ndarray, new_b: np.ndarray) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import onnx
@@ -26,8 +26,18 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.ops import QDQ_OPS
 from mixprec.int8.config import DYNAMIC_MAC_SHARE, PER_CHANNEL_OPSET, QuantizeConfig
 from mixprec.int8.dynamic import QuantizeDynamicPass, QuantizeDynamicResult
+from mixprec.int8.equalize import EqualizeLayersPass, EqualizeLayersResult
 from mixprec.int8.plan import AnnotateInt8Pass, dynamic_candidate, int8_decision
 from mixprec.int8.qdq import QuantizeQDQPass, QuantizeQDQResult
+from mixprec.int8.rounding import SAMPLES as ROUNDING_SAMPLES
+from mixprec.int8.rounding import LearnedRoundingPass, LearnedRoundingResult
+from mixprec.int8.smooth import (
+    AUTO_MAC_SHARE,
+    SmoothQuantPass,
+    SmoothQuantResult,
+    head_of,
+    smoothable_share,
+)
 from mixprec.int8.speed import Placement, candidate_placements, choose_placement
 from mixprec.io.feeds import feeds_for, make_inputs
 from mixprec.passes.opset import upgrade_to
@@ -67,6 +77,8 @@ class QuantizePipeline(Pipeline):
         self.qconfig = qconfig
         #: Why mode "auto" became static or dynamic (set when the annotate stage is built).
         self.mode_choice: str | None = None
+        #: The samples learned rounding captures layer inputs from (kept at calibration).
+        self.rounding_samples: list[Any] | None = None
 
     def build(self, name: str, model: ir.Model) -> Stage:
         if name == "annotate" and self.qconfig.mode == "auto":
@@ -74,18 +86,29 @@ class QuantizePipeline(Pipeline):
             # quantize, the plan, the tuner, resolves "auto" the same way).
             self.qconfig, self.mode_choice = choose_mode(model, self.qconfig)
         q = self.qconfig
+        if name == "prepare" and q.equalizes:
+            # After BatchNormalization folding, before calibration: ranges are measured on
+            # the equalized model.
+            prepare = super().build(name, model)
+            return Stage(
+                name, *prepare.passes, EqualizeLayersPass(), common.RemoveUnusedNodesPass()
+            )
         if name == "calibrate":
             # Dynamic mode measures ranges at run time: given data only shows the shapes
             # (MAC counts, the speed plan's inputs).
             run = q.mode != "dynamic" or self.calibration_data is not None
+            data, smooth = self._smoothing(q, model)
+            if q.rounding == "learned" and q.mode != "dynamic" and data is not None:
+                # the apply stage captures layer inputs from these (a stream is re-chained)
+                self.rounding_samples, data = head_of(data, ROUNDING_SAMPLES)
             calibrate = CalibratePass(
                 q.shapes,
-                self.calibration_data,
+                data,
                 observer=self.config.observer,
                 run=run,
                 channel_means=q.bias_correction and q.mode != "dynamic",
             )
-            return Stage(name, calibrate)
+            return Stage(name, *smooth, calibrate)
         if name == "annotate":
             passes: list[ir.passes.PassBase] = []
             opset = model.opset_imports.get("", 1)
@@ -103,6 +126,7 @@ class QuantizePipeline(Pipeline):
         if name == "apply":
             return Stage(
                 name,
+                *self._rounding(q),
                 QuantizeQDQPass(
                     q.method,
                     unsigned=q.unsigned,
@@ -113,6 +137,45 @@ class QuantizePipeline(Pipeline):
                 common.RemoveUnusedNodesPass(),
             )
         return super().build(name, model)
+
+    def _rounding(self, q: QuantizeConfig) -> list[ir.passes.PassBase]:
+        """Learned rounding before the QDQ apply, on the samples kept at calibration (or,
+        for a pipeline started after it, the first samples of a list)."""
+        if q.rounding != "learned":
+            return []
+        samples = self.rounding_samples
+        if samples is None and isinstance(self.calibration_data, Mapping | Sequence):
+            samples = head_of(self.calibration_data, ROUNDING_SAMPLES)[0]
+        learned = LearnedRoundingPass(
+            samples or [],
+            per_channel=q.per_channel,
+            qmax=63 if q.reduce_range else 127,
+            method=q.method,
+            unsigned=q.unsigned,
+        )
+        return [learned]
+
+    def _smoothing(
+        self, q: QuantizeConfig, model: ir.Model
+    ) -> tuple[Any, list[ir.passes.PassBase]]:
+        """SmoothQuant before the range calibration (it changes the ranges), on the first
+        samples of the calibration data; returns the data the calibration then reads."""
+        data = self.calibration_data
+        if q.smooth is None or data is None:
+            return data, []
+        alpha = None if q.smooth == "auto" else float(q.smooth)
+        least = AUTO_MAC_SHARE if alpha is None else 0.0
+        head, data = head_of(data, 1)
+        if head and smoothable_share(model, head[0], q.exclude_nodes) >= least:
+            head, data = head_of(data)  # only now hold the first samples (a CNN never does)
+        smooth = SmoothQuantPass(
+            head,
+            alpha=alpha,
+            per_channel=q.per_channel,
+            exclude_nodes=q.exclude_nodes,
+            min_mac_share=least,
+        )
+        return data, [smooth, common.RemoveUnusedNodesPass()]
 
 
 def resolve_qconfig(config: QuantizeConfig | None, options: dict[str, Any]) -> QuantizeConfig:
@@ -222,8 +285,12 @@ def timed_placement(
     def build(placement: Placement) -> onnx.ModelProto:
         copy = ir.from_proto(base)
         copy.meta.update(model.meta)
-        trial = dataclasses.replace(
-            config, exclude_nodes=placement.exclude, placement=placement.ops, check=False
+        trial = dataclasses.replace(  # rounding changes no latency: nearest is enough here
+            config,
+            exclude_nodes=placement.exclude,
+            placement=placement.ops,
+            check=False,
+            rounding="nearest",
         )
         return ir.to_proto(QuantizePipeline(trial).run(copy, start="annotate", until="apply"))
 
@@ -323,6 +390,8 @@ def fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) -> 
     report.calibrated = pipeline.qconfig.mode != "dynamic"
     applied = pipeline.stages["apply"].result(QuantizeQDQResult)
     dynamic = pipeline.stages["apply"].result(QuantizeDynamicResult)
+    prepare = pipeline.stages.get("prepare")
+    equalized = prepare.result(EqualizeLayersResult) if prepare is not None else None
     if applied is not None:
         report.quantization = {
             "mode": "static",
@@ -340,6 +409,22 @@ def fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) -> 
             "weights_quantized": dynamic.weights,
             "left_float": dynamic.left_float,
         }
+    if equalized is not None and report.quantization is not None:
+        report.quantization["equalize"] = equalized.summary()
+        report.notes.append(equalized.note())
+    rounded = pipeline.stages["apply"].result(LearnedRoundingResult)
+    if rounded is not None and report.quantization is not None:
+        report.quantization["rounding"] = rounded.summary()
+        report.notes.append(rounded.note())
+    elif dynamic is not None and pipeline.qconfig.rounding == "learned":
+        report.notes.append("learned rounding is for static INT8: dynamic weights round to nearest")
+    calibrated = pipeline.stages.get("calibrate")
+    smoothed = calibrated.result(SmoothQuantResult) if calibrated is not None else None
+    if smoothed is not None and report.quantization is not None:
+        if smoothed.inputs or smoothed.skipped:
+            report.quantization["smooth"] = smoothed.to_dict()
+        if smoothed.inputs:
+            report.notes.append(smoothed.summary())
     # The share is over every Conv/MatMul/Gemm MAC of the model, INT8-planned or not.
     macs = {n.name: n.macs for n in report.nodes if n.macs}
     try:

@@ -10,15 +10,15 @@ from dataclasses import dataclass, field
 __all__ = ["NodeReport", "Report"]
 
 
-#: Node precisions that count as reduced: fp16/bf16 ("low") and INT8.
-_LOW = frozenset({"low", "int8"})
+#: Node precisions that count as reduced: fp16/bf16 ("low"), INT8 and weight-only int4/int8.
+_LOW = frozenset({"low", "int8", "int4"})
 
 
 @dataclass(frozen=True)
 class NodeReport:
     name: str
     op_type: str
-    precision: str  # "low" | "int8" | "fp32"
+    precision: str  # "low" | "int8" | "int4" (weight-only) | "fp32"
     op_class: str
     step: str
     reason: str

@@ -45,6 +45,7 @@ PRECISION_LABELS = {
     "fp16": "FP16",
     "bf16": "BF16",
     "int8": "INT8",
+    "int4": "INT4",
     "int": "integer / shape",
     "cast": "Cast",
     "qdq": "Q / DQ",
@@ -159,8 +160,8 @@ def node_precision(
     if not any(_is_float(v, dtypes) for v in [*node.inputs, *node.outputs]):
         return "int"
     if row is not None:
-        if row.precision == "int8":
-            return "int8"
+        if row.precision in ("int8", "int4"):  # INT8, or weight-only int8/int4
+            return row.precision
         if row.precision == "low":
             return "bf16" if target == "bfloat16" else "fp16"
         return "fp32"

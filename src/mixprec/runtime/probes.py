@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -50,12 +50,20 @@ class ProbeSession:
         session: ort.InferenceSession,
         probes: list[tuple[str, str, str, str]],
         means: dict[str, str] | None = None,
+        absmax: dict[str, str] | None = None,
+        fetched: Sequence[str] = (),
     ):
         self._session = session
         self._probes = probes  # (tensor, min output, max output, shape output)
         self._means = means or {}  # tensor -> its per-channel mean output
+        self._absmax = absmax or {}  # tensor -> its per-channel max |x| output
+        self._fetched = list(fetched)  # tensors that are outputs themselves
         #: Per-channel means of the last :meth:`run`, by tensor name.
         self.last_means: dict[str, np.ndarray] = {}
+        #: Per-channel ``max |x|`` of the last :meth:`run`, by tensor name.
+        self.last_absmax: dict[str, np.ndarray] = {}
+        #: The whole tensors asked for (``fetch=``) of the last :meth:`run`, by name.
+        self.last_fetched: dict[str, np.ndarray] = {}
 
     @classmethod
     def create(
@@ -65,11 +73,14 @@ class ProbeSession:
         threads: int,
         external: Mapping[str, np.ndarray] | None = None,
         means: Mapping[str, int] | None = None,
+        absmax: Mapping[str, int] | None = None,
+        fetch: Collection[str] = (),
     ) -> ProbeSession | None:
         """The probe session, or None when ONNX Runtime cannot build it.
 
         ``means`` (tensor -> channel axis) adds a per-channel ``ReduceMean`` of those
-        tensors whose rank is known.
+        tensors whose rank is known, ``absmax`` a per-channel ``ReduceMax(Abs(x))``;
+        the tensors in ``fetch`` become outputs themselves (keep them few and small).
 
         The probes are inserted into ``model`` only while it is serialized (without its
         large weights, which ORT gets in memory) and removed again: ``model`` is left as
@@ -77,7 +88,8 @@ class ProbeSession:
         """
         by_name = {v.name: v for n in model.graph for v in n.outputs if v.name}
         probes: list[tuple[str, str, str, str]] = []
-        mean_outputs: dict[str, str] = {}
+        channel_outputs: dict[str, dict[str, str]] = {"mean": {}, "absmax": {}}
+        fetched: list[str] = []
         added: list[ir.Node] = []
         outputs_before = len(model.graph.outputs)
         try:
@@ -91,19 +103,28 @@ class ProbeSession:
                 added.extend(nodes)
                 model.graph.outputs.extend(n.outputs[0] for n in nodes)
                 probes.append((name, *(n.outputs[0].name or "" for n in nodes)))  # type: ignore[arg-type]
-                if means and name in means and value.shape is not None:
+                for kind, axes in (("mean", means), ("absmax", absmax)):
+                    if not axes or name not in axes or value.shape is None:
+                        continue
                     opset = onnx_opset(model.opset_imports, 13)
-                    mean = _mean_node(value, means[name], len(value.shape), k, opset)
-                    model.graph.insert_after(nodes[-1], mean)
-                    added.extend(mean)
-                    model.graph.outputs.append(mean[-1].outputs[0])
-                    mean_outputs[name] = mean[-1].outputs[0].name or ""
+                    rank = len(value.shape)
+                    reduce = _channel_nodes(kind, value, axes[name], rank, k, opset)
+                    model.graph.insert_after(nodes[-1], reduce)
+                    added.extend(reduce)
+                    model.graph.outputs.append(reduce[-1].outputs[0])
+                    channel_outputs[kind][name] = reduce[-1].outputs[0].name or ""
+                if name in fetch:
+                    fetched.append(name)
+                    if not value.is_graph_output():
+                        model.graph.outputs.append(value)
             folder = model.meta.get(DATA_FOLDER)
             # ORT parses no weight bytes: it maps the model's own data files (no copy) and
             # takes other large weights from memory.
             augmented, detached = weightless_proto(model, data_folder=folder)
         finally:
-            del model.graph.outputs[outputs_before:]
+            # One by one: onnx_ir 1.1 leaves values deleted by a slice marked as outputs.
+            while len(model.graph.outputs) > outputs_before:
+                model.graph.outputs.pop()
             for node in reversed(added):
                 model.graph.remove(node, safe=True)
         detached.update(external or {})
@@ -119,7 +140,7 @@ class ProbeSession:
         except MixprecError as e:
             logger.debug("range analysis: probe session failed (%s); fetching tensors", e)
             return None
-        return cls(session, probes, mean_outputs)
+        return cls(session, probes, channel_outputs["mean"], channel_outputs["absmax"], fetched)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, tuple[float, float, list[int]]]:
         """``(min, max, shape)`` by tensor name for one sample.
@@ -128,8 +149,11 @@ class ProbeSession:
             MixprecError: ONNX Runtime fails on this sample.
         """
         wanted = [o for _, lo, hi, shape in self._probes for o in (lo, hi, shape)]
-        outs = run_session(self._session, feeds, [*wanted, *self._means.values()])
+        channels = [*self._means.values(), *self._absmax.values()]
+        outs = run_session(self._session, feeds, [*wanted, *channels, *self._fetched])
         self.last_means = {name: np.asarray(outs[out]) for name, out in self._means.items()}
+        self.last_absmax = {name: np.asarray(outs[out]) for name, out in self._absmax.items()}
+        self.last_fetched = {name: np.asarray(outs[name]) for name in self._fetched}
         return {
             name: (
                 float(np.asarray(outs[lo], dtype=np.float64)),
@@ -156,13 +180,23 @@ def _probe_nodes(value: ir.Value, dtype: ir.DataType, k: int) -> list[ir.Node]:
 _KEPT_SESSIONS = 8
 
 
-def _mean_node(value: ir.Value, axis: int, rank: int, k: int, opset: int) -> list[ir.Node]:
-    """``ReduceMean`` of ``value`` over every axis but ``axis`` (output ``__mp_mean_k``)."""
+def _channel_nodes(
+    kind: str, value: ir.Value, axis: int, rank: int, k: int, opset: int
+) -> list[ir.Node]:
+    """Per-channel ``ReduceMean`` (kind "mean") or ``ReduceMax`` of ``Abs`` (kind "absmax")
+    of ``value`` over every axis but ``axis`` (output ``__mp_{kind}_k``)."""
     axes = [i for i in range(rank) if i != axis % rank]
-    out = ir.Value(name=f"__mp_mean_{k}", type=ir.TensorType(ir.DataType.FLOAT))
+    out = ir.Value(name=f"__mp_{kind}_{k}", type=ir.TensorType(ir.DataType.FLOAT))
+    first: list[ir.Node] = []
+    op = "ReduceMean"
+    if kind == "absmax":
+        op = "ReduceMax"
+        magnitude = ir.Value(name=f"__mp_abs_{k}", type=ir.TensorType(ir.DataType.FLOAT))
+        first = [ir.Node("", "Abs", [value], outputs=[magnitude], name=magnitude.name)]
+        value = magnitude
     if opset >= 18:  # axes became an input
         given = ir.Value(
-            name=f"__mp_mean_axes_{k}",
+            name=f"__mp_{kind}_axes_{k}",
             type=ir.TensorType(ir.DataType.INT64),
             shape=ir.Shape([len(axes)]),
         )
@@ -176,15 +210,15 @@ def _mean_node(value: ir.Value, axis: int, rank: int, k: int, opset: int) -> lis
         )
         node = ir.Node(
             "",
-            "ReduceMean",
+            op,
             [value, given],
             attributes=[ir.AttrInt64("keepdims", 0)],
             outputs=[out],
             name=out.name,
         )
-        return [const, node]
+        return [*first, const, node]
     attrs = [ir.AttrInt64s("axes", axes), ir.AttrInt64("keepdims", 0)]
-    return [ir.Node("", "ReduceMean", [value], attributes=attrs, outputs=[out], name=out.name)]
+    return [*first, ir.Node("", op, [value], attributes=attrs, outputs=[out], name=out.name)]
 
 
 class VariantRunner:

@@ -14,6 +14,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import all_graphs, iter_nodes
 from mixprec.core.metrics import DEFAULT_RTOL, OutputComparison, compare_outputs
 from mixprec.core.ops import DTYPE_ATTRS
+from mixprec.core.output_kinds import classify_outputs
 from mixprec.core.registry import node_info
 from mixprec.io.feeds import feeds_for
 from mixprec.runtime.emulate import emulate_low_precision
@@ -219,7 +220,8 @@ def validate_models(
         described = {**ENGINES["ort"].describe(plan.options), "precision": "FP32 emulation"}
         if fallback and plan.emulated:
             fallback = f"{fallback}; emulated the {low_dtype} model in float32 instead"
-    comparisons = compare_outputs(reference, result, rtol=tol, atol=atol)
+    kinds = classify_outputs(ir.from_proto(original))  # top-1 on class scores only
+    comparisons = compare_outputs(reference, result, rtol=tol, atol=atol, kinds=kinds)
     shapes = {k: [int(d) for d in np.shape(v)] for k, v in feeds_for(original, feeds).items()}
     return ValidationReport(
         kind, low_dtype, tol, atol, tuple(comparisons), fallback, shapes, tuple(notes), described

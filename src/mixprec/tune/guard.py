@@ -3,19 +3,26 @@ and one score the checks and the tuner share.
 
 :func:`mixprec.quantize` holds out samples it never calibrates on (or takes
 ``eval_data``), runs the INT8 model and the user's FP32 model on them in ONNX Runtime,
-and holds each output to the check its kind calls for:
+and holds each output to the check its kind calls for
+(:mod:`mixprec.core.output_kinds` says which, and why):
 
-* class scores (a float output that a Softmax/LogSoftmax produces, through shape-only
-  ops): top-1 agreement over **the Softmax's own axis** (kind ``"top1@AXIS"``; a
-  segmentation ``Softmax(axis=1)`` is read across channels), at least ``1 - drop``
-  (default 0.99); an axis of size 1 is never a class axis (rel L2 instead);
+* class scores (a Softmax/LogSoftmax output, or plain logits: Gemm/MatMul, or a Conv
+  before a global pool): top-1 agreement on **the class axis** (kind ``"top1@AXIS"``
+  when it is not the last; a segmentation ``Softmax(axis=1)`` is read across channels),
+  at least ``1 - drop`` (default 0.99); an axis of size 1 is never a class axis;
+* embeddings (pooled encoder outputs, normalized vectors, outputs named like one): the
+  mean cosine of each row (one embedding) to FP32's, over every held-out row, at least
+  ``cosine`` (default 0.99: on MiniLM's sentence embeddings dynamic all-INT8 scores 0.994
+  with the nearest neighbour of 32 held-out sentences unchanged for every one, while the
+  static all-INT8 variants score 0.82-0.86 and change 3-12% of them);
 * other float outputs: relative L2 on the worst held-out sample (as :func:`validate`
   reports), at most ``rel_l2`` (default 0.1);
 * integer outputs (an ArgMax, a length): the share of equal elements, at least
   ``1 - drop`` (default 0.99).
 
 The defaults are the int8 rows of :data:`mixprec.core.ops.TOLERANCES`. An output whose
-shape changed (a value-dependent length) is a miss, never an error.
+shape changed (a value-dependent length) is a miss, never an error. The user's own
+metric (:class:`UserMetric`) replaces the per-output checks.
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ from typing import TypeVar
 import numpy as np
 import onnx_ir as ir
 
-from mixprec.core.metrics import equal_share, rel_l2_error, top1_agreement
+from mixprec.core.metrics import equal_share, rel_l2_error, row_cosines, top1_agreement
 from mixprec.core.ops import tolerance
-from mixprec.tune.metrics import Candidate, shape_miss
+from mixprec.core.output_kinds import OutputKind, classify_outputs
+from mixprec.pipeline.held_out import GUARD_MIN_SAMPLES, held_out_indices
+from mixprec.tune.metrics import Candidate, Labels, call_user_metric, shape_miss
 
 __all__ = [
     "GUARD_MIN_SAMPLES",
@@ -47,35 +56,41 @@ __all__ = [
 ]
 
 Outputs = Mapping[str, np.ndarray]
+Kinds = Mapping[str, OutputKind | str]
 _T = TypeVar("_T")
-#: Samples are held out of the calibration only when there are at least this many.
-GUARD_MIN_SAMPLES = 5
-#: The share held out (at least one sample).
-HELD_OUT_SHARE = 0.2
-_SHAPE_ONLY = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity"})
-_LABELS = {"top1": "top-1", "rel-l2": "rel L2", "match": "equal elements", "metric": "score"}
+_LABELS = {
+    "top1": "top-1",
+    "rel-l2": "rel L2",
+    "cosine": "cosine",
+    "match": "equal elements",
+    "metric": "score",
+}
 
 
 @dataclass(frozen=True)
 class UserMetric:
     """The user's own measure of the INT8 model (``--metric MODULE:FUNCTION``,
-    ``quantize(metric=callable)``): ``score(fp32_outputs, int8_outputs)`` gets one dict of
-    outputs by name per held-out sample, in order, and returns a number, higher is
-    better; the guard passes when it is at least ``budget``. It replaces the per-output
-    checks, in the guard and in the repair's search alike."""
+    ``quantize(metric=callable)``): ``score(fp32_outputs, int8_outputs[, labels])`` gets
+    one dict of outputs by name per held-out sample, in order, and, when it takes a third
+    argument, the samples' labels (:func:`~mixprec.tune.metrics.call_user_metric`); it
+    returns a number, higher is better; the guard passes when it is at least ``budget``.
+    It replaces the per-output checks, in the guard and in the repair's search alike."""
 
-    score: Callable[[Sequence[Outputs], Sequence[Outputs]], float]
+    score: Callable[..., float]
     budget: float
     name: str = "metric"
 
 
 def user_check(
-    metric: UserMetric, reference: Sequence[Outputs], outputs: Sequence[Outputs]
+    metric: UserMetric,
+    reference: Sequence[Outputs],
+    outputs: Sequence[Outputs],
+    labels: Labels | None = None,
 ) -> OutputCheck:
     """The user's metric as the guard's one check (a failing metric is a miss, with why)."""
     try:
-        value = float(metric.score(list(reference), list(outputs)))
-        best = float(metric.score(list(reference), list(reference)))
+        value = call_user_metric(metric.score, reference, outputs, labels)
+        best = call_user_metric(metric.score, reference, reference, labels)
     except Exception as e:  # the user's code: its failure is a measured miss
         return OutputCheck(metric.name, "metric", math.nan, metric.budget, False, repr(e))
     ok = math.isfinite(value) and value >= metric.budget
@@ -88,17 +103,27 @@ class GuardBudget:
 
     top1: float
     rel_l2: float
+    cosine: float = 0.99
 
     @classmethod
-    def of(cls, drop: float | None, rel_l2: float | None) -> GuardBudget:
-        """Top-1 agreement >= 1 - ``drop`` and rel L2 <= ``rel_l2``; None: the int8
-        defaults of :data:`~mixprec.core.ops.TOLERANCES`."""
+    def of(
+        cls, drop: float | None, rel_l2: float | None, cosine: float | None = None
+    ) -> GuardBudget:
+        """Top-1 agreement >= 1 - ``drop``, rel L2 <= ``rel_l2`` and mean cosine >=
+        ``cosine``; None: the int8 defaults of :data:`~mixprec.core.ops.TOLERANCES`."""
         top1, rel = tolerance("top1", "int8"), tolerance("rel-l2", "int8")
-        assert top1 is not None and rel is not None
-        return cls(top1 if drop is None else 1.0 - drop, rel if rel_l2 is None else rel_l2)
+        cos = tolerance("cosine", "int8")
+        assert top1 is not None and rel is not None and cos is not None
+        return cls(
+            top1 if drop is None else 1.0 - drop,
+            rel if rel_l2 is None else rel_l2,
+            cos if cosine is None else cosine,
+        )
 
     def limit(self, kind: str) -> float:
-        return self.rel_l2 if kind == "rel-l2" else self.top1
+        if kind == "rel-l2":
+            return self.rel_l2
+        return self.cosine if kind == "cosine" else self.top1
 
 
 @dataclass(frozen=True)
@@ -112,6 +137,7 @@ class OutputCheck:
     passed: bool
     note: str = ""
     best: float = 1.0  # the user's metric: the FP32 model's own score (slack 1 there)
+    reason: str = ""  # why the output gets this check (its kind)
 
     def needs(self) -> str:
         """``top-1 >= 0.99 on 'probs'`` (the user's metric: ``score >= 0.9 of 'f1'``)."""
@@ -142,63 +168,31 @@ class OutputCheck:
         return asdict(self)
 
 
-def output_kinds(model: ir.Model) -> dict[str, str]:
-    """Each graph output's check: "top1" (class scores on the last axis), "top1@AXIS" (on
-    a Softmax's own axis), "rel-l2" or "match"."""
-    kinds = {}
-    for value in model.graph.outputs:
-        dtype = value.dtype
-        if dtype is not None and not dtype.is_floating_point():
-            kinds[value.name or ""] = "match"
-            continue
-        axis = _softmax_axis(value)
-        kinds[value.name or ""] = "rel-l2" if axis is None else _top1_kind(value, axis)
-    return kinds
+def output_kinds(model: ir.Model) -> dict[str, OutputKind]:
+    """Each graph output's kind and why (:func:`~mixprec.core.output_kinds.classify_outputs`):
+    its check is ``kind.spec``: "top1" (class scores on the last axis), "top1@AXIS",
+    "cosine", "rel-l2" or "match"."""
+    return classify_outputs(model)
 
 
-def _top1_kind(value: ir.Value, axis: int) -> str:
-    """``top1`` on ``axis`` of ``value``, or rel-l2 when that axis has size 1."""
-    shape = value.shape
-    if shape is None or not len(shape):
-        return "top1" if axis == -1 else f"top1@{axis}"
-    axis %= len(shape)
-    dim = shape[axis]
-    if isinstance(dim, int) and dim < 2:
-        return "rel-l2"  # one class: its arg-max always agrees
-    return "top1" if axis == len(shape) - 1 else f"top1@{axis}"
-
-
-def _softmax_axis(value: ir.Value) -> int | None:
-    """The axis of the Softmax/LogSoftmax that produces ``value`` through shape-only ops
-    (None: not class scores). Through a reshape the axis is the last one, as before."""
-    node = value.producer()
-    reshaped = False
-    while node is not None and node.op_type in _SHAPE_ONLY and node.inputs:
-        reshaped = True
-        first = node.inputs[0]
-        node = first.producer() if first is not None else None
-    if node is None or node.op_type not in ("Softmax", "LogSoftmax"):
-        return None
-    attr = node.attributes.get("axis")
-    axis = attr.as_int() if attr is not None else -1
-    return -1 if reshaped else axis
-
-
-def _split_kind(kind: str) -> tuple[str, int]:
+def _split_kind(kind: OutputKind | str) -> tuple[str, int, str]:
+    """(check, axis, reason) of a kind, or of its spelling (``"top1@1"``)."""
+    if isinstance(kind, OutputKind):
+        return kind.check, kind.axis, kind.reason
     base, _, axis = kind.partition("@")
-    return base, int(axis) if axis else -1
+    return base, int(axis) if axis else -1, ""
 
 
 def split_samples(samples: list[_T], seed: int = 0) -> tuple[list[_T], list[_T], bool]:
-    """``(calibrate, held_out, in_sample)``: a seeded random :data:`HELD_OUT_SHARE` held
-    out (at least one) when there are :data:`GUARD_MIN_SAMPLES` or more, each list in
-    the samples' order; otherwise every sample both calibrates and checks (``in_sample``
-    True). Random, not the last fifth: ordered data (a sorted folder, one class after
-    another) would bias the check."""
+    """``(calibrate, held_out, in_sample)`` of a list, by the guard's draw
+    (:func:`~mixprec.pipeline.held_out.held_out_indices`: a seeded random
+    share, at least one) when there are :data:`GUARD_MIN_SAMPLES` or
+    more, each list in the samples' order; otherwise every sample both calibrates and
+    checks (``in_sample`` True). The guard itself streams the same draw
+    (:func:`~mixprec.pipeline.held_out.split_for_guard`)."""
     if len(samples) < GUARD_MIN_SAMPLES:
         return samples, samples, True
-    count = max(1, round(len(samples) * HELD_OUT_SHARE))
-    chosen = set(np.random.default_rng(seed).choice(len(samples), count, replace=False).tolist())
+    chosen = set(held_out_indices(len(samples), seed))
     held = [s for k, s in enumerate(samples) if k in chosen]
     return [s for k, s in enumerate(samples) if k not in chosen], held, False
 
@@ -217,26 +211,29 @@ def search_and_grade(held: list[_T]) -> tuple[list[_T], list[_T]]:
 def check_outputs(
     reference: Sequence[Outputs],
     outputs: Sequence[Outputs],
-    kinds: Mapping[str, str],
+    kinds: Kinds,
     budget: GuardBudget,
     metric: UserMetric | None = None,
+    labels: Labels | None = None,
 ) -> list[OutputCheck]:
-    """Every output of ``outputs`` against the FP32 ``reference``, sample by sample; the
-    user's ``metric`` instead, when given."""
+    """Every output of ``outputs`` against the FP32 ``reference``, sample by sample, by its
+    kind (an :class:`~mixprec.core.output_kinds.OutputKind` or its spelling); the user's
+    ``metric`` instead (given the samples' ``labels``), when given."""
     if metric is not None:
-        return [user_check(metric, reference, outputs)]
+        return [user_check(metric, reference, outputs, labels)]
     miss = shape_miss(reference, outputs)
     checks = []
     for name, spelled in kinds.items():
-        kind, axis = _split_kind(spelled)
+        kind, axis, why = _split_kind(spelled)
         limit = budget.limit(kind)
         if miss is not None:
-            checks.append(OutputCheck(name, kind, math.nan, limit, False, miss))
+            checks.append(OutputCheck(name, kind, math.nan, limit, False, miss, reason=why))
             continue
         ref, got = [r[name] for r in reference], [o[name] for o in outputs]
         value = _measure(kind, ref, got, axis)
         ok = value <= limit if kind == "rel-l2" else value >= limit
-        checks.append(OutputCheck(name, kind, value, limit, bool(ok and not math.isnan(value))))
+        passed = bool(ok and not math.isnan(value))
+        checks.append(OutputCheck(name, kind, value, limit, passed, reason=why))
     return checks
 
 
@@ -251,6 +248,9 @@ def _measure(kind: str, ref: list[np.ndarray], got: list[np.ndarray], axis: int 
         rows = [max(np.asarray(r).size // max(np.shape(r)[axis], 1), 1) for r, _ in pairs]
         shares = [top1_agreement(r, g, axis) for r, g in pairs]
         return sum(v * n for v, n in zip(shares, rows, strict=True)) / max(sum(rows), 1)
+    if kind == "cosine":  # the mean over every held-out row: one embedding each
+        cosines = np.concatenate([row_cosines(r, g, axis) for r, g in pairs] or [np.ones(1)])
+        return float(np.mean(cosines))
     # the worst sample, as validate() reports: a few held-out samples pooled into one
     # norm let one bad sample hide behind good ones (MiniLM passed at 0.0985 pooled over
     # 3 samples and measured 0.105 on other inputs)
@@ -264,14 +264,17 @@ def guard_score(checks: Sequence[OutputCheck]) -> float:
 
 def guard_metric(
     reference: Sequence[Outputs],
-    kinds: Mapping[str, str],
+    kinds: Kinds,
     budget: GuardBudget,
     metric: UserMetric | None = None,
+    labels: Labels | None = None,
 ) -> Callable[[Candidate], float]:
     """The guard as a tuner metric (higher is better; the FP32 model scores 1, so an
-    accepted drop of 1 means "every check passes")."""
+    accepted drop of 1 means "every check passes"); ``labels``: the samples' labels, for
+    the user's ``metric``."""
 
     def guard(candidate: Candidate) -> float:
-        return guard_score(check_outputs(reference, candidate.outputs, kinds, budget, metric))
+        outputs = candidate.outputs
+        return guard_score(check_outputs(reference, outputs, kinds, budget, metric, labels))
 
     return guard

@@ -14,11 +14,18 @@ A callable metric gets a :class:`Candidate` (its outputs on the tuning data, and
 run it on any other input, e.g. labelled data the caller holds) and returns a score,
 higher is better (accuracy, BLEU, a negated loss). Its budget is the accepted drop from
 the FP32 model's score: a number (absolute drop) or a string ``"N%"`` (relative drop).
+
+The user's own score, as the INT8 guard takes it (``--metric MODULE:FUNCTION
+--metric-budget S``, ``metric_budget=``): ``FUNCTION(fp32_outputs, outputs[, labels])``
+gets one dict of outputs per sample and returns a number, higher is better; the budget is
+its lowest accepted value. The guard and ``tune`` load it (:func:`~mixprec.core.callables.
+load_callable`) and call it (:func:`call_user_metric`) the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from mixprec.core.callables import load_callable
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import (
     cosine_similarity,
@@ -34,12 +42,25 @@ from mixprec.core.metrics import (
     top1_agreement,
 )
 from mixprec.core.ops import TOLERANCES
+from mixprec.core.output_kinds import OutputKind
 from mixprec.io.feeds import feeds_for
 from mixprec.runtime.ort import run_session
 
-__all__ = ["BUILTIN_METRICS", "MISS", "Budget", "Candidate", "Metric", "resolve_metric"]
+__all__ = [
+    "BUILTIN_METRICS",
+    "MISS",
+    "Budget",
+    "Candidate",
+    "Labels",
+    "Metric",
+    "call_user_metric",
+    "resolve_metric",
+    "score_budget",
+]
 
 Outputs = Mapping[str, np.ndarray]
+#: One dict per sample of its arrays that are not model inputs (labels, boxes).
+Labels = Sequence[Mapping[str, np.ndarray]]
 logger = logging.getLogger(__name__)
 _NUMPY_FLOATS: dict[str, np.dtype[Any]] = {
     "tensor(float)": np.dtype(np.float32),
@@ -126,23 +147,41 @@ def max_abs(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
     return max((max_abs_error(a, b) for a, b in _pooled(ref, out).values()), default=0.0)
 
 
-def top1(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
+def top1(
+    ref: Sequence[Outputs], out: Sequence[Outputs], kinds: Mapping[str, OutputKind] | None = None
+) -> float:
+    """The lowest top-1 agreement over the class-score outputs: those the model's output
+    ``kinds`` call class scores, on their class axis; without them, float outputs of rank
+    >= 2 with >= 2 on the last axis."""
     agreements = []
     for name in ref[0]:
         shape = np.shape(ref[0][name])
-        if np.asarray(ref[0][name]).dtype.kind != "f" or len(shape) < 2 or shape[-1] < 2:
+        axis = _class_axis(name, ref[0][name], kinds)
+        if axis is None:
             continue
         per_sample = [
-            (top1_agreement(r[name], o[name]), np.asarray(r[name]).size // shape[-1])
+            (top1_agreement(r[name], o[name], axis), np.asarray(r[name]).size // shape[axis])
             for r, o in zip(ref, out, strict=True)
         ]
         rows = sum(n for _, n in per_sample)
         agreements.append(sum(v * n for v, n in per_sample) / max(rows, 1))
     if not agreements:
         raise MixprecError(
-            "metric top1 needs an output of class scores (float, rank >= 2, last axis >= 2)"
+            "metric top1 needs an output of class scores (a Softmax/LogSoftmax output or "
+            "plain logits, with a class axis of 2 or more; see mixprec.core.output_kinds)"
         )
     return min(agreements)
+
+
+def _class_axis(name: str, value: np.ndarray, kinds: Mapping[str, OutputKind] | None) -> int | None:
+    shape = np.shape(value)
+    if kinds is not None and name in kinds:
+        kind = kinds[name]
+        fits = kind.check == "top1" and -len(shape) <= kind.axis < len(shape)
+        return kind.axis if fits and shape[kind.axis] >= 2 else None
+    if np.asarray(value).dtype.kind != "f" or len(shape) < 2 or shape[-1] < 2:
+        return None
+    return -1
 
 
 def cosine(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
@@ -150,6 +189,38 @@ def cosine(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
 
 
 Compare = Callable[[Sequence[Outputs], Sequence[Outputs]], float]
+
+
+def _takes_labels(function: Callable[..., float]) -> bool:
+    """Whether ``function`` takes a third positional argument (or ``*args``)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: two arguments
+        return False
+    kinds = [p.kind for p in parameters]
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return inspect.Parameter.VAR_POSITIONAL in kinds or sum(k in positional for k in kinds) >= 3
+
+
+def call_user_metric(
+    function: Callable[..., float],
+    reference: Sequence[Outputs],
+    outputs: Sequence[Outputs],
+    labels: Labels | None = None,
+) -> float:
+    """The user's score: ``function(fp32_outputs, outputs)``, or ``function(fp32_outputs,
+    outputs, labels)`` when it takes a third argument, each a list with one entry per
+    sample; ``labels`` is None when no sample carries arrays other than model inputs.
+
+    Example:
+        >>> def accuracy(fp32, int8, labels):                                # doctest: +SKIP
+        ...     hits = [o["logits"].argmax(-1) == l["label"] for o, l in zip(int8, labels)]
+        ...     return float(np.mean(np.concatenate(hits)))
+    """
+    given = list(labels) if labels is not None and any(labels) else None
+    if _takes_labels(function):
+        return float(function(list(reference), list(outputs), given))
+    return float(function(list(reference), list(outputs)))
 
 
 def _guarded(compare: Compare, miss: float) -> Compare:
@@ -207,6 +278,7 @@ class Metric:
     higher_is_better: bool
     compare: Callable[[Sequence[Outputs], Sequence[Outputs]], float] | None = None
     user: Callable[[Candidate], float] | None = None
+    score: Callable[..., float] | None = None  # the user's own score (the guard's form)
 
     @property
     def builtin(self) -> bool:
@@ -218,15 +290,50 @@ class Metric:
         return MISS[self.name] if self.builtin else -math.inf
 
 
-def resolve_metric(metric: str | Callable[[Candidate], float]) -> Metric:
+def resolve_metric(
+    metric: str | Callable[..., float],
+    metric_budget: float | None = None,
+    kinds: Mapping[str, OutputKind] | None = None,
+) -> Metric:
+    """A built-in name, a callable taking a :class:`Candidate`, or, with ``metric_budget``,
+    the user's own score (a callable or ``"MODULE:FUNCTION"`` / ``"FILE.py:FUNCTION"``,
+    as the INT8 guard's ``--metric``). ``kinds``: the model's output kinds, which tell
+    ``top1`` the class scores and their class axis."""
+    if metric_budget is not None:
+        if isinstance(metric, str) and metric in _FUNCTIONS:
+            raise MixprecError(
+                f"--metric-budget goes with your own metric (MODULE:FUNCTION); built-in "
+                f"{metric} takes --budget"
+            )
+        score = load_callable(metric) if isinstance(metric, str) else metric
+        if not callable(score):
+            raise MixprecError(f"metric must be a callable or 'MODULE:FUNCTION', not {metric!r}")
+        name = getattr(score, "__name__", type(score).__name__)
+        return Metric(str(name), True, score=score)
+    if isinstance(metric, str) and ":" in metric and metric not in _FUNCTIONS:
+        raise MixprecError(f"--metric {metric!r} needs --metric-budget S (its lowest score)")
     if callable(metric):
         name = getattr(metric, "__name__", type(metric).__name__)
         return Metric(str(name), True, user=metric)
     if not isinstance(metric, str) or metric not in _FUNCTIONS:
         raise MixprecError(
-            f"unknown metric {metric!r}; use one of {', '.join(_FUNCTIONS)} or a callable"
+            f"unknown metric {metric!r}; use one of {', '.join(_FUNCTIONS)}, a callable, or "
+            "your own MODULE:FUNCTION with metric_budget (--metric-budget)"
         )
+    if metric == "top1" and kinds is not None:
+
+        def top1_on_class_axes(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
+            return top1(ref, out, kinds)
+
+        compare = _guarded(top1_on_class_axes, MISS["top1"])
+        return Metric(metric, True, compare=compare)
     return Metric(metric, BUILTIN_METRICS[metric][0], compare=_FUNCTIONS[metric])
+
+
+def score_budget(metric: Metric, metric_budget: float) -> Budget:
+    """The user's own score's budget: its lowest accepted value, as the guard holds it."""
+    limit = _number(metric_budget, "metric_budget")
+    return Budget(limit, True, f"{metric.name} >= {limit:g}")
 
 
 def resolve_budget(

@@ -23,6 +23,7 @@ import onnx_ir as ir
 
 from mixprec.calibrate.measure import CALIBRATION
 from mixprec.core.errors import MixprecError
+from mixprec.core.output_kinds import classify_outputs
 from mixprec.io.feeds import (
     calibration_feeds,
     feeds_for,
@@ -36,7 +37,14 @@ from mixprec.pipeline.quantize import fill_report
 from mixprec.pipeline.report import Report
 from mixprec.runtime.fit import fit_shapes
 from mixprec.runtime.ort import run_model, run_session, session_for
-from mixprec.tune.metrics import Candidate, Metric, resolve_budget, resolve_metric
+from mixprec.tune.metrics import (
+    Candidate,
+    Labels,
+    Metric,
+    resolve_budget,
+    resolve_metric,
+    score_budget,
+)
 from mixprec.tune.result import TuneResult
 from mixprec.tune.search import Search
 from mixprec.tune.sensitivity import NodeSensitivity, measure_sensitivity, rank
@@ -63,8 +71,9 @@ class TuneRequest:
 
     target: FloatTarget | Int8Target
     data: Data
-    metric: str | Callable[[Candidate], float] = "rel-l2"
+    metric: str | Callable[..., float] = "rel-l2"
     budget: float | str | None = None
+    metric_budget: float | None = None
     calibration_data: Mapping[str, Any] | Iterable[Mapping[str, Any]] | None = None
     max_evaluations: int | None = None
     threads: int = 2
@@ -81,7 +90,7 @@ def load_samples(data: Data, model: ir.Model, shapes: Any) -> list[dict[str, np.
         )
         return [_generated_sample(model, shapes)]
     if isinstance(data, str | os.PathLike):
-        return list(iter_calibration_npz(data, model))
+        return list(iter_calibration_npz(data, model, labels=True))
     found = calibration_feeds(data)
     samples = list(found) if found is not None else []
     if not samples:
@@ -113,8 +122,7 @@ def _reference(
     with session_for(fp32, threads) as session:
         reference = [run_session(session, s, None) for s in samples]
         score = None
-        if not metric.builtin:
-            assert metric.user is not None
+        if metric.user is not None:
             score = float(metric.user(Candidate(fp32, session, samples)))
     return reference, score
 
@@ -124,11 +132,13 @@ def _search(
     calibrated: ir.Model,
     samples: list[dict[str, np.ndarray]],
     say: Callable[[str], None],
+    labels: Labels | None = None,
 ) -> tuple[Search, int]:
     """The search over the candidates of ``calibrated`` annotated with the default policy,
-    its budget resolved against the FP32 reference; and the candidate count."""
+    its budget resolved against the FP32 reference (the user's own score: its lowest
+    accepted value, given the samples' ``labels``); and the candidate count."""
     target, threads = request.target, request.threads
-    metric = resolve_metric(request.metric)
+    metric = resolve_metric(request.metric, request.metric_budget, classify_outputs(calibrated))
     fp32 = ir.to_proto(calibrated)
     reference, reference_score = _reference(fp32, samples, metric, threads)
     base = ir.from_proto(fp32)
@@ -148,7 +158,13 @@ def _search(
         target, base, list(candidates), measure, metric, samples, reference, None,
         request.max_evaluations, threads,
     )  # fmt: skip
-    search.budget = resolve_budget(metric, request.budget, target.name, reference_score)
+    if metric.score is not None and request.metric_budget is not None:
+        if request.budget is not None:
+            raise MixprecError("give budget= (a built-in metric) or metric_budget=, not both")
+        search.budget = score_budget(metric, request.metric_budget)
+        search.labels = labels
+    else:
+        search.budget = resolve_budget(metric, request.budget, target.name, reference_score)
     return search, len(candidates)
 
 
@@ -170,8 +186,10 @@ def tune_model(
     pipeline = request.target.pipeline((), data, check=False)
     calibrated = pipeline.run(work, until="calibrate")
     plain = sum(pipeline.timings.values())
+    inputs = {v.name for v in calibrated.graph.inputs}
+    labels = [{k: v for k, v in s.items() if k not in inputs} for s in samples]
     samples = [feeds_for(calibrated, s) for s in samples]  # cast once to the input dtypes
-    search, n = _search(request, calibrated, samples, say)
+    search, n = _search(request, calibrated, samples, say, labels)
     say(f"searching over {n} candidate(s)")
     subset = max(1, len(samples) // 4) if len(samples) >= 4 else 0
     # The give-back refinement stops once tuning has taken REFINE_TIME_FACTOR times a

@@ -45,7 +45,7 @@ from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.engine import RuntimeOptions, RuntimeRunError
 from mixprec.runtime.engines import engine_for
 from mixprec.runtime.ort import OrtLoadError, make_session
-from mixprec.tune.metrics import Budget, Candidate, Metric, shape_miss
+from mixprec.tune.metrics import Budget, Candidate, Labels, Metric, call_user_metric, shape_miss
 from mixprec.tune.result import Step
 from mixprec.tune.sensitivity import NodeSensitivity
 
@@ -106,6 +106,7 @@ class Search:
         self.full: dict[int, Step] = {}  # by k, the ranked prefix moved to float
         self.passing: list[tuple[tuple[str, ...], Step]] = []  # full-set passes
         self.deadline = math.inf  # the give-back refinement stops here (perf_counter)
+        self.labels: Labels | None = None  # per sample, for the user's own score
         self.moved_share: list[float] = []
         self.energy: list[float] = []
 
@@ -248,14 +249,12 @@ class Search:
         """
         samples = [self.samples[i] for i in idx]
         candidate = Candidate(proto, session, samples)
-        if not self.metric.builtin:
-            assert self.metric.user is not None
+        if self.metric.user is not None:
             try:
                 return float(self.metric.user(candidate)), [], ""
             except RuntimeRunError as exc:
                 return self.metric.miss, [], str(exc)
-        compare = self.metric.compare
-        assert compare is not None
+        compare = self.metric.compare or self._user_score(idx)
         ref = [self.reference[i] for i in idx]
         outs: list[dict[str, np.ndarray] | None] = []
         note = ""
@@ -266,13 +265,33 @@ class Search:
                 outs.append(None)
                 note = note or str(exc)
         each = []
-        if full:
+        if full and self.metric.builtin:
             for r, o in zip(ref, outs, strict=True):
                 each.append(self.metric.miss if o is None else compare([r], [o]))
         ran = [o for o in outs if o is not None]
         if note:
             return self.metric.miss, each, note
         return compare(ref, ran), each, shape_miss(ref, ran) or ""
+
+    def _user_score(
+        self, idx: list[int]
+    ) -> Callable[[Sequence[dict[str, np.ndarray]], Sequence[dict[str, np.ndarray]]], float]:
+        """The user's own score (``metric_budget``) on the samples ``idx``, with their
+        labels, as a comparison of outputs (a failing score is a miss)."""
+        score = self.metric.score
+        assert score is not None
+        labels = [self.labels[i] for i in idx] if self.labels is not None else None
+
+        def compare(
+            ref: Sequence[dict[str, np.ndarray]], out: Sequence[dict[str, np.ndarray]]
+        ) -> float:
+            try:
+                return call_user_metric(score, ref, out, labels)
+            except Exception as exc:  # the user's code: its failure is a measured miss
+                logger.info("tune: %s raised %r: scored as a miss", self.metric.name, exc)
+                return self.metric.miss
+
+        return compare
 
     def run(self, subset_size: int) -> tuple[str, ...] | None:
         """The nodes to move to float: the passing candidate with the largest MAC share

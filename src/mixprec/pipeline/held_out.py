@@ -1,0 +1,210 @@
+"""The accuracy guard's samples, streamed: the held-out draw, and samples read again from
+their source instead of kept in memory.
+
+The guard reads its samples several times (the FP32 reference, the calibration, the INT8
+check, the repair's search and its grading). A source is read afresh each time:
+
+* a list or tuple of feed dicts (already in memory: only the user's references are held);
+* a path (a folder of ``.npz``, or an ``.npz`` with a leading sample axis), as
+  :class:`~mixprec.io.samples.NpzSamples`: re-read each time, its length from the
+  listing or the array headers; arrays that are not model inputs stay in each sample as
+  its labels (for the user's metric);
+* any other iterable that starts over when iterated again (``iter(x) is not x``: a
+  dataset class with ``__iter__``): iterated again, counted once when it has no ``len``;
+* one feed dict;
+* a one-shot iterator (a generator): it cannot be read twice, so its samples are kept in
+  memory, at most :data:`MAX_ONE_SHOT` of them, with a warning naming the forms that
+  stream.
+
+The held-out draw is decided from the sample count alone, before any sample is read: a
+seeded random :data:`HELD_OUT_SHARE` of the samples (at least one, at most
+:data:`MAX_HELD_OUT`) when there are :data:`GUARD_MIN_SAMPLES` or more, so each sample's
+part (calibration or check) is known as it streams by. Random, not the last fifth: ordered
+data (a sorted folder, one class after another) would bias the check.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from mixprec.io.feeds import calibration_feeds
+from mixprec.io.samples import NpzSamples
+
+__all__ = [
+    "GUARD_MIN_SAMPLES",
+    "HELD_OUT_SHARE",
+    "MAX_HELD_OUT",
+    "MAX_ONE_SHOT",
+    "GuardSplit",
+    "Samples",
+    "held_out_indices",
+    "label_dicts",
+    "samples_of",
+    "split_for_guard",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Samples are held out of the calibration only when there are at least this many.
+GUARD_MIN_SAMPLES = 5
+#: The share held out (at least one sample) ...
+HELD_OUT_SHARE = 0.2
+#: ... and at most this many: enough to resolve a 2% top-1 change on one-image samples,
+#: and a bound on the FP32 outputs the guard keeps, whatever the number of samples.
+MAX_HELD_OUT = 64
+#: A one-shot iterator's samples are kept in memory (it cannot be read twice), at most
+#: this many: the rest is not read.
+MAX_ONE_SHOT = 1024
+
+Feeds = dict[str, np.ndarray]
+
+
+class Samples:
+    """Samples read afresh from their source at each iteration (validated as calibration
+    samples are); :meth:`only` and :meth:`without` are views by position, still streamed.
+
+    Args:
+        read: returns a new iterable of the source's items (feed dicts).
+        count: the number of samples, when known without reading them.
+        indexable: the source's items, when they are a sequence (views then index it
+            instead of streaming past the samples they skip).
+        checked: ``read`` yields samples already checked (a view of checked samples).
+    """
+
+    def __init__(
+        self,
+        read: Callable[[], Iterable[Any]],
+        count: int | None = None,
+        indexable: Sequence[Any] | None = None,
+        checked: bool = False,
+    ) -> None:
+        self._read = read
+        self._count = count
+        self._items = indexable
+        self._checked = checked
+
+    def __iter__(self) -> Iterator[Feeds]:
+        if self._checked:
+            return iter(self._read())
+        found = calibration_feeds(self._read())
+        return iter(()) if found is None else found
+
+    def __len__(self) -> int:
+        if self._count is None:  # a re-iterable source without len: one counting pass
+            self._count = sum(1 for _ in self._read())
+        return self._count
+
+    def only(self, positions: Collection[int]) -> Samples:
+        """The samples at ``positions`` (in this view's order), in order."""
+        wanted = sorted(set(positions))
+        if self._items is not None:
+            items = self._items
+            picked = [items[k] for k in wanted]
+            return Samples(lambda: picked, len(picked), picked)
+        keep = frozenset(wanted)
+        return Samples(lambda: _filtered(self, keep.__contains__), len(wanted), checked=True)
+
+    def without(self, positions: Collection[int]) -> Samples:
+        """Every sample but those at ``positions``, in order."""
+        drop = frozenset(positions)
+        if self._items is not None:
+            items = self._items
+            kept = [s for k, s in enumerate(items) if k not in drop]
+            return Samples(lambda: kept, len(kept), kept)
+        count = None if self._count is None else self._count - len(drop)
+        return Samples(lambda: _filtered(self, lambda k: k not in drop), count, checked=True)
+
+    def first(self) -> Feeds:
+        """The first sample (the repair's timing input)."""
+        return next(iter(self))
+
+
+def _filtered(samples: Samples, keep: Callable[[int], bool]) -> Iterator[Feeds]:
+    return (s for k, s in enumerate(samples) if keep(k))
+
+
+def samples_of(data: Any, model: ir.Model, what: str = "calibration_data") -> Samples | None:
+    """``data`` (any form ``calibration_data`` / ``eval_data`` takes) as :class:`Samples`
+    read afresh each time; None stays None. A one-shot iterator is kept in memory (at
+    most :data:`MAX_ONE_SHOT` samples), with a warning."""
+    if data is None:
+        return None
+    if isinstance(data, str | os.PathLike):
+        data = NpzSamples(data, model, labels=True)
+    if isinstance(data, Mapping):
+        one = [data]
+        return Samples(lambda: one, 1, one)
+    if isinstance(data, Sequence) and not isinstance(data, str | bytes):
+        return Samples(lambda: data, len(data), data)
+    if not isinstance(data, Iterable) or isinstance(data, np.ndarray):
+        return Samples(lambda: data)  # calibration_feeds says what is wrong, when read
+    if iter(data) is not data:
+        count = len(data) if hasattr(data, "__len__") else None  # type: ignore[arg-type]
+        return Samples(lambda: data, count)
+    kept = list(itertools.islice(data, MAX_ONE_SHOT + 1))
+    more = len(kept) > MAX_ONE_SHOT
+    logger.warning(
+        "%s is a one-shot iterator: the accuracy guard reads its samples more than once, so "
+        "%s kept in memory; give a list, a path, or an object whose __iter__ starts over "
+        "to stream them",
+        what,
+        f"only its first {MAX_ONE_SHOT} samples are read and" if more else "they are",
+    )
+    kept = kept[:MAX_ONE_SHOT]
+    return Samples(lambda: kept, len(kept), kept)
+
+
+def held_out_indices(count: int, seed: int = 0) -> list[int]:
+    """The positions held out of ``count`` samples (:data:`GUARD_MIN_SAMPLES` or more): a
+    seeded random :data:`HELD_OUT_SHARE`, at least one and at most :data:`MAX_HELD_OUT`,
+    sorted. The same draw every run."""
+    size = min(MAX_HELD_OUT, max(1, round(count * HELD_OUT_SHARE)))
+    return sorted(np.random.default_rng(seed).choice(count, size, replace=False).tolist())
+
+
+@dataclass(frozen=True)
+class GuardSplit:
+    """The guard's two streams: what calibrates, and what the INT8 model is checked on.
+
+    Attributes:
+        calibration: the calibration samples (None: none given).
+        held: the samples the check runs on.
+        in_sample: too few samples to hold any out: every one calibrates and checks.
+        given: ``held`` is the user's ``eval_data``.
+    """
+
+    calibration: Samples | None
+    held: Samples
+    in_sample: bool
+    given: bool
+
+
+def split_for_guard(calibration_data: Any, eval_data: Any, model: ir.Model) -> GuardSplit:
+    """The guard's streams for ``model``: ``eval_data`` when given, else the held-out draw
+    (:func:`held_out_indices`) of ``calibration_data``; nothing is read but counted."""
+    calib = samples_of(calibration_data, model)
+    if eval_data is not None:
+        held = samples_of(eval_data, model, "eval_data")
+        assert held is not None
+        return GuardSplit(calib, held, False, True)
+    if calib is None:
+        raise ValueError("the guard needs calibration_data or eval_data")  # internal order
+    count = len(calib)
+    if count < GUARD_MIN_SAMPLES:
+        return GuardSplit(calib, calib, True, False)
+    held_out = held_out_indices(count)
+    return GuardSplit(calib.without(held_out), calib.only(held_out), False, False)
+
+
+def label_dicts(samples: Iterable[Mapping[str, Any]], inputs: Collection[str]) -> list[Feeds]:
+    """Each sample's arrays that are not model ``inputs`` (labels, boxes), one dict per
+    sample, in order."""
+    return [{k: np.asarray(v) for k, v in s.items() if k not in inputs} for s in samples]

@@ -1,0 +1,317 @@
+"""The language-model guard of weight-only quantization, and its repair by sensitivity.
+
+A language model here takes ``input_ids`` and has an output ``logits`` whose last axis is
+the vocabulary. On the check windows (held out of the calibration text by the guard's
+seeded draw, or ``eval_data``), the guard runs the FP32 and the quantized model and
+compares the next-token distributions at every position but the last:
+
+* mean KL(P_fp32 || P_quantized) in nats per token;
+* top-1 next-token agreement (the share of positions where both pick the same token);
+* perplexity of each (exp of the mean negative log-likelihood of the window's own next
+  token), and its relative rise; only where the windows are real tokens (text or given
+  samples), not a generated input.
+
+A miss is repaired: the quantized linear layers, most sensitive first
+(:func:`rank_for_repair`), go to 8 bits in steps (the top 1/8, 1/4, 1/2, all), then to
+float in the same steps (the lm_head and embeddings keep their precision), each
+step quantized again (``context.requantize``) and checked, until the budgets are met or
+the steps run out; a miss after that leaves ``passed`` False (the CLI writes nothing and
+exits 1, as the INT8 guard).
+
+Budgets (:data:`DEFAULT_MAX_KL`, :data:`DEFAULT_MAX_DROP`, :data:`DEFAULT_MAX_PPL_RISE`)
+were chosen on SmolLM2-135M (docs/guides/weights.md): int8 everywhere is well inside them;
+int4 RTN without repair is outside.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from mixprec.core.errors import MixprecError
+from mixprec.io.feeds import Feeds, feeds_for
+from mixprec.io.signature import declared_dims, graph_inputs
+from mixprec.pipeline.weights import GuardContext, WeightsReport
+from mixprec.runtime.engine import RuntimeLoadError, RuntimeRunError
+from mixprec.runtime.engines import engine_for
+from mixprec.weights.config import LayerChoice, WeightsConfig
+from mixprec.weights.sensitivity import rank_layers
+
+__all__ = [
+    "DEFAULT_MAX_DROP",
+    "DEFAULT_MAX_KL",
+    "DEFAULT_MAX_PPL_RISE",
+    "LOGITS",
+    "LmBudget",
+    "is_language_model",
+    "lm_guard",
+    "next_token_stats",
+    "rank_for_repair",
+]
+
+#: The output whose last axis is the vocabulary.
+LOGITS = "logits"
+#: Default budgets (module doc): mean KL per token in nats ...
+DEFAULT_MAX_KL = 0.05
+#: ... the accepted drop of top-1 next-token agreement below 1 ...
+DEFAULT_MAX_DROP = 0.2
+#: ... and the accepted relative rise of perplexity.
+DEFAULT_MAX_PPL_RISE = 0.05
+#: How a promoted layer's reason starts.
+REPAIRED = "guard repair"
+#: The repair's steps: these shares of the ranked int4 layers go to 8 bits, then float.
+REPAIR_SHARES = (0.125, 0.25, 0.5, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class LmBudget:
+    """What the quantized model must keep: mean KL <= ``max_kl``, agreement >=
+    ``1 - max_drop``, perplexity <= FP32's x (1 + ``max_ppl_rise``)."""
+
+    max_kl: float = DEFAULT_MAX_KL
+    max_drop: float = DEFAULT_MAX_DROP
+    max_ppl_rise: float = DEFAULT_MAX_PPL_RISE
+
+    @classmethod
+    def of(cls, config: WeightsConfig) -> LmBudget:
+        """The config's budgets, the defaults where it sets none."""
+        return cls(
+            DEFAULT_MAX_KL if config.guard_kl is None else config.guard_kl,
+            DEFAULT_MAX_DROP if config.guard_drop is None else config.guard_drop,
+            DEFAULT_MAX_PPL_RISE if config.guard_perplexity is None else config.guard_perplexity,
+        )
+
+
+def is_language_model(model: ir.Model) -> bool:
+    """It takes ``input_ids`` and outputs ``logits`` of rank 3 (or undeclared rank)."""
+    if not any(v.name == "input_ids" for v in graph_inputs(model)):
+        return False
+    for output in model.graph.outputs:
+        if output.name == LOGITS:
+            dims = declared_dims(output)
+            return dims is None or len(dims) == 3
+    return False
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float32, copy=False)
+    shifted = x - x.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def next_token_stats(
+    reference: np.ndarray, logits: np.ndarray, ids: np.ndarray
+) -> dict[str, float]:
+    """Sums over the positions but the last of one window (``[batch, seq, vocab]``
+    log-probabilities ``reference`` of FP32, raw ``logits`` of the model, ``ids``
+    ``[batch, seq]``): ``kl``, ``agree``, ``nll_fp32``, ``nll``, ``tokens``."""
+    logq = _log_softmax(logits[:, :-1])
+    logp = reference[:, :-1]
+    target = ids[:, 1:, None].astype(np.int64)
+    return {
+        "kl": float((np.exp(logp) * (logp - logq)).sum(dtype=np.float64)),
+        "agree": float((logp.argmax(-1) == logq.argmax(-1)).sum()),
+        "nll_fp32": -float(np.take_along_axis(logp, target, -1).sum(dtype=np.float64)),
+        "nll": -float(np.take_along_axis(logq, target, -1).sum(dtype=np.float64)),
+        "tokens": float(target.size),
+    }
+
+
+class _Checker:
+    """The FP32 reference on the check windows, kept once; measures a candidate."""
+
+    def __init__(self, context: GuardContext) -> None:
+        self.config = context.config
+        self.feeds = [feeds_for(context.source, s) for s in context.samples]
+        fp32 = self._logits(context.source, "ONNX Runtime cannot run the FP32 model")
+        self.reference = [_log_softmax(x) for x in fp32]
+        self.real_tokens = "generated" not in context.where
+        self.where = context.where
+
+    def _logits(self, model: onnx.ModelProto, what: str) -> list[np.ndarray]:
+        try:
+            session = engine_for(self.config.runtime).session(model, self.config.runtime)
+            return [np.asarray(session.run(f)[LOGITS]) for f in self.feeds]
+        except (RuntimeLoadError, RuntimeRunError) as e:
+            raise MixprecError(f"{what}: {e}") from None
+
+    def measure(self, model: ir.Model) -> dict[str, Any]:
+        got = self._logits(ir.to_proto(model), _CANNOT_RUN)
+        total: dict[str, float] = {}
+        for ref, logits, f in zip(self.reference, got, self.feeds, strict=True):
+            for k, v in next_token_stats(ref, logits, f["input_ids"]).items():
+                total[k] = total.get(k, 0.0) + v
+        n = max(total.get("tokens", 0.0), 1.0)
+        ppl32, ppl = math.exp(total["nll_fp32"] / n), math.exp(total["nll"] / n)
+        finite = all(np.isfinite(x).all() for x in got)
+        return {
+            "kl": total["kl"] / n if finite else math.inf,
+            "agreement": total["agree"] / n,
+            "perplexity_fp32": ppl32,
+            "perplexity": ppl if finite else math.inf,
+            "perplexity_rise": (ppl / ppl32 - 1.0) if finite else math.inf,
+            "tokens": int(n),
+            "windows": len(self.feeds),
+        }
+
+    def misses(self, stats: dict[str, Any], budget: LmBudget) -> list[str]:
+        """Why ``stats`` misses ``budget`` (empty: it passes)."""
+        why = []
+        if not stats["kl"] <= budget.max_kl:
+            why.append(f"KL {stats['kl']:.3g} > {budget.max_kl:g} (--max-kl)")
+        if stats["agreement"] < 1.0 - budget.max_drop:
+            why.append(
+                f"agreement {stats['agreement']:.3f} < {1.0 - budget.max_drop:g} (--max-drop)"
+            )
+        if self.real_tokens and not stats["perplexity_rise"] <= budget.max_ppl_rise:
+            why.append(
+                f"perplexity +{stats['perplexity_rise']:.1%} > +{budget.max_ppl_rise:.0%} "
+                "(--max-perplexity-rise)"
+            )
+        return why
+
+
+_CANNOT_RUN = "ONNX Runtime cannot run the weight-only model (not written)"
+
+
+def _quantized_linear(report: WeightsReport) -> dict[str, str]:
+    """The weight-quantized MatMuls (not the lm_head) and their precision."""
+    return {
+        n.name: n.precision
+        for n in report.nodes
+        if n.op_type == "MatMul" and n.precision in ("int4", "int8") and n.op_class == "linear"
+    }
+
+
+def rank_for_repair(
+    source: onnx.ModelProto, config: WeightsConfig, samples: Sequence[Feeds], names: Sequence[str]
+) -> tuple[list[tuple[str, float]], str]:
+    """The repair's seam: ``names`` (quantized linear MatMuls of ``source``), most
+    sensitive first, each with its score, and what the score is: the output error 8 bits
+    saves per weight on ``samples`` (:func:`mixprec.weights.sensitivity.rank_layers`)."""
+    wanted = set(names)
+    ranked = [(n, s) for n, s in rank_layers(source, config, samples) if n in wanted]
+    return ranked, "output error 8 bits saves per weight"
+
+
+def _steps(count: int, int4: bool) -> list[tuple[int, str]]:
+    """(how many of the ranked layers, to what) per repair step: 8 bits first where some
+    are int4, then float."""
+    if not count:
+        return []
+    counts = sorted({max(1, math.ceil(count * s)) for s in REPAIR_SHARES})
+    return ([(k, "int8") for k in counts] if int4 else []) + [(k, "float") for k in counts]
+
+
+def _layers(
+    ranked: list[tuple[str, float]],
+    now: dict[str, str],
+    step: tuple[int, str],
+    what: str,
+    missed: str,
+) -> dict[str, LayerChoice]:
+    """The first ``k`` ranked layers at ``to`` (int8: those at int4 now); with ``to``
+    float, the rest of the int4 ones at 8 bits (the 8-bit steps before it all missed)."""
+    k, to = step
+    layers = {}
+    for rank, (name, score) in enumerate(ranked, 1):
+        precision = to if rank <= k else "int8"
+        if precision == now.get(name) or (rank > k and to == "int8"):
+            continue
+        why = f"{REPAIRED}: sensitivity rank {rank} of {len(ranked)} ({what} {score:.3g}); {missed}"
+        layers[name] = LayerChoice(precision, why)
+    return layers
+
+
+def lm_guard(
+    model: ir.Model, report: WeightsReport, context: GuardContext, *, where: str | None = None
+) -> tuple[ir.Model, WeightsReport]:
+    """The :data:`~mixprec.pipeline.weights.WeightsGuard` of a language model (module
+    doc): measure, repair on a miss, and set ``report.guard``; ``where`` names the check
+    windows (default: ``context.where``)."""
+    if where is not None:
+        context = dataclasses.replace(context, where=where)
+    checker = _Checker(context)
+    budget = LmBudget.of(context.config)
+    first = checker.measure(model)
+    misses = checker.misses(first, budget)
+    steps: list[dict[str, Any]] = []
+    stats, final_misses = first, misses
+    if misses:
+        now = _quantized_linear(report)
+        ranked, what = rank_for_repair(context.source, context.config, context.samples, list(now))
+        for k, to in _steps(len(ranked), "int4" in now.values()):
+            layers = _layers(ranked, now, (k, to), what, "; ".join(misses))
+            config = dataclasses.replace(context.config, layers={**context.config.layers, **layers})
+            model, report = context.requantize(config)
+            stats = checker.measure(model)
+            final_misses = checker.misses(stats, budget)
+            steps.append({"layers": k, "to": to, **stats, "passed": not final_misses})
+            if not final_misses:
+                break
+    passed = not final_misses
+    report.guard = {
+        "passed": passed,
+        "kind": "language model",
+        "eval": context.where,
+        "budget": dataclasses.asdict(budget),
+        "first": first,
+        **stats,
+        "repair": steps,
+        "promoted": {
+            n.name: [n.precision, n.reason]
+            for n in report.nodes
+            if n.reason.startswith("guard repair")
+        },
+        "enforced": True,
+        "summary": _summary(report, first, stats, steps, final_misses, checker),
+    }
+    return model, report
+
+
+def _measured(stats: dict[str, Any], real_tokens: bool) -> str:
+    text = f"KL {stats['kl']:.3g}, agreement {stats['agreement']:.3f}"
+    if real_tokens:
+        text += (
+            f", perplexity {stats['perplexity']:.3g} vs FP32 {stats['perplexity_fp32']:.3g}"
+            f" ({stats['perplexity_rise']:+.1%})"
+        )
+    return text
+
+
+def _summary(
+    report: WeightsReport,
+    first: dict[str, Any],
+    stats: dict[str, Any],
+    steps: list[dict[str, Any]],
+    misses: list[str],
+    checker: _Checker,
+) -> str:
+    """The command's last line: the bits, what was measured, the repair, the size."""
+    counts: dict[str, int] = {}
+    for row in report.nodes:
+        if row.op_type == "MatMul":
+            counts[row.precision] = counts.get(row.precision, 0) + 1
+    done = ", ".join(f"{k} {'float' if p == 'fp32' else p}" for p, k in sorted(counts.items()))
+    where = f"{stats['windows']} {checker.where} ({stats['tokens']} tokens)"
+    text = f"weight-only MatMul {done}; next tokens vs FP32 on {where}: "
+    text += _measured(stats, checker.real_tokens)
+    if steps:
+        last = steps[-1]
+        text += (
+            f"; repaired by sensitivity in {len(steps)} step(s) from "
+            f"{_measured(first, checker.real_tokens)}"
+            f": the {last['layers']} most sensitive int4 layers to {last['to']}"
+        )
+    before, after = report.param_bytes_before, report.param_bytes_after
+    if before:
+        text += f"; {after / 1e6:.1f} MB ({after / before:.2f}x FP32)"
+    if misses:
+        text += f"; language-model guard FAILED ({'; '.join(misses)})"
+    return text

@@ -1,0 +1,465 @@
+"""Weight-only INT4/INT8, composed: prepare -> select -> quantize and apply -> cleanup ->
+check (ONNX checker) -> the model loads and runs in ONNX Runtime -> the output check.
+
+The stages are the shared :class:`~mixprec.pipeline.stages.Pipeline`'s with the weight
+passes swapped in: ``annotate`` is :class:`~mixprec.weights.select.SelectWeightsPass`,
+``apply`` is :class:`~mixprec.weights.apply.QuantizeWeightsPass`. RTN reads no data, so
+``calibrate`` does not run; a data-aware method's statistics pass goes there.
+
+**The guard hook.** After quantizing, :func:`run_weights` hands the model to a
+:data:`WeightsGuard`: ``guard(model, report, context) -> (model, report)``. The default,
+:func:`output_check`, compares every output with the FP32 model's on the check samples
+(rel L2 and top-1 agreement, :mod:`mixprec.core.metrics`) and fails only where a budget
+was given (``guard_drop`` / ``guard_rel_l2``) or an output goes non-finite. A language
+model guard (next-token KL, perplexity) replaces it, and repairs through
+``context.requantize(config)`` (e.g. a ``layers`` map with the worst layers at 8 bits).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import onnx_ir.passes.common as common
+
+from mixprec.core.config import ConvertConfig
+from mixprec.core.errors import MixprecError
+from mixprec.core.metrics import compare_outputs
+from mixprec.core.policy import default_policy
+from mixprec.io.feeds import calibration_feeds, feeds_for, iter_calibration_npz, make_inputs
+from mixprec.passes.cleanup import annotated_values
+from mixprec.pipeline.convert import CalibrationData, notes_about_input, param_bytes
+from mixprec.pipeline.report import NodeReport, Report
+from mixprec.pipeline.stages import Pipeline, Stage
+from mixprec.runtime.engine import RuntimeLoadError, RuntimeRunError
+from mixprec.runtime.engines import engine_for
+from mixprec.weights.apply import QuantizeWeightsPass, QuantizeWeightsResult
+from mixprec.weights.config import WeightsConfig
+from mixprec.weights.methods import WeightMethod, resolve_method
+from mixprec.weights.select import SelectWeightsPass, class_score_outputs, weight_decision
+from mixprec.weights.sensitivity import plan_layers
+from mixprec.weights.stats import WeightsData
+
+__all__ = [
+    "CHECK_SAMPLES",
+    "GuardContext",
+    "WeightsGuard",
+    "WeightsPipeline",
+    "WeightsReport",
+    "output_check",
+    "quantize_weights_once",
+    "run_weights",
+]
+
+Say = Callable[[str], None]
+Outputs = dict[str, np.ndarray]
+#: At most this many samples are run for the output check.
+CHECK_SAMPLES = 4
+#: Output IR versions are lowered to this (or to what the opsets need, if more): ONNX
+#: Runtime 1.31 refuses IR 14, which onnx 1.23 writes by default.
+_LOADABLE_IR = 10
+
+
+class WeightsPipeline(Pipeline):
+    """The staged pipeline with the weight-only select and apply stages."""
+
+    def __init__(self, config: WeightsConfig, method: WeightMethod, **kwargs: Any) -> None:
+        base = ConvertConfig(
+            policy=default_policy("fp16"),
+            calibrate=False,
+            shapes=config.shapes,
+            fold_batchnorm=False,
+            upgrade_opset=False,
+            check=config.check,
+            log_dir=config.log_dir,
+        )
+        super().__init__(base, **kwargs)
+        self.weights = config
+        self.method = method
+
+    def build(self, name: str, model: ir.Model) -> Stage:
+        if name == "annotate":
+            return Stage(name, SelectWeightsPass(self.weights))
+        if name == "apply":
+            apply = QuantizeWeightsPass(self.weights, self.method)
+            return Stage(name, apply, common.RemoveUnusedNodesPass())
+        return super().build(name, model)
+
+
+@dataclasses.dataclass
+class WeightsReport(Report):
+    """The report of a weight-only run (its summary reads differently from fp16/INT8)."""
+
+    def format_summary(self, *, max_fp32: int = 25) -> str:
+        q = self.quantization or {}
+        weighted = [n for n in self.nodes if n.op_class != "none"]  # not activations
+        rows = _count_rows(weighted)
+        rows += [
+            ("blocks", f"{q.get('block_size')} weights, {q.get('scheme')}, {q.get('method')}"),
+            ("accuracy_level", "; ".join(_levels(q))),
+            ("parameter bytes", _bytes_row(self.param_bytes_before, self.param_bytes_after)),
+        ]
+        if self.timings:
+            rows.append(("time", f"{sum(self.timings.values()):.2f} s"))
+        width = max(len(k) for k, _ in rows)
+        lines = [f"mixprec: {self.target} (MatMulNBits / GatherBlockQuantized), activations float"]
+        lines += [f"  {k.ljust(width)}  {v}" for k, v in rows]
+        kept = [n for n in weighted if n.precision == "fp32"]
+        if kept:
+            lines.append(f"kept float ({len(kept)} nodes), by reason:")
+            by_reason = Counter(n.reason for n in kept)
+            for reason, k in by_reason.most_common(max_fp32):
+                names = [n.name or n.op_type for n in kept if n.reason == reason]
+                more = f", +{len(names) - 3}" if len(names) > 3 else ""
+                lines.append(f"  {k:4d}  {reason}: {', '.join(names[:3])}{more}")
+        lines += [f"note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def _levels(quantization: Mapping[str, object]) -> list[str]:
+    levels = quantization.get("levels")
+    if not isinstance(levels, Mapping):
+        return []
+    return [f"{why} for {', '.join(k for k, w in levels.items() if w == why)}"
+            for why in dict.fromkeys(levels.values())]  # fmt: skip
+
+
+def _count_rows(nodes: list[NodeReport]) -> list[tuple[str, str]]:
+    rows = []
+    for op, label in (("MatMul", "MatMul weights"), ("Gather", "embedding tables")):
+        counts = Counter(n.precision for n in nodes if n.op_type == op)
+        if counts:
+            text = ", ".join(f"{k} {_LABELS.get(p, p)}" for p, k in sorted(counts.items()))
+            shared = sum(1 for n in nodes if n.op_type == op and _SHARED in n.reason)
+            rows.append(
+                (label, text + (f" ({shared} sharing the lm_head's codes)" if shared else ""))
+            )
+    return rows or [("MatMul weights", "none")]
+
+
+#: What a tied embedding's reason says (:func:`mixprec.weights.select`).
+_SHARED = "shares the lm_head's"
+_LABELS = {"fp32": "float"}
+
+
+def _bytes_row(before: int, after: int) -> str:
+    ratio = f" ({after / before:.2f}x)" if before else ""
+    return f"{before / 1e6:.2f} MB -> {after / 1e6:.2f} MB{ratio}"
+
+
+def quantize_weights_once(
+    source: onnx.ModelProto,
+    config: WeightsConfig,
+    method: WeightMethod,
+    progress: Say | None,
+    data: WeightsData | None = None,
+) -> tuple[ir.Model, WeightsReport]:
+    """One weight-only quantization of ``source`` (the input as loaded, external data
+    read), without checks. The work model shares ``source``'s weight bytes (no copy):
+    the passes replace tensors, never write into them, so ``source`` stays as given.
+    ``data``: the calibration samples a data-aware method and the sensitivity ranking
+    read (their statistics are collected once and kept in it for a requantization)."""
+    work = ir.from_proto(source)
+    target = f"{config.precision} weights"  # not "int8": that is INT8 with activations
+    report = WeightsReport(target=target, policy={"weights": config_dict(config)})
+    report.notes.extend(notes_about_input(work))
+    report.param_bytes_before = param_bytes(work)
+    pipeline = WeightsPipeline(config, method, progress=progress)
+    pipeline.keep_annotations = annotated_values(work)
+    work = pipeline.run(work, until="prepare")
+    # no calibrate stage: the layer statistics need the select pass's decisions first
+    work = pipeline.run(work, start="annotate", until="annotate")
+    clock = time.perf_counter()
+    mixing = config.bits == 4 and config.ratio != 1.0
+    notes, mixed = plan_layers(work, config, method, data if method.needs_data or mixing else None)
+    planned = time.perf_counter() - clock
+    report.notes.extend(notes)
+    work = pipeline.run(work, start="apply")
+    report.timings = dict(pipeline.timings)
+    report.timings["statistics and sensitivity"] = planned
+    applied = pipeline.stages["apply"].result(QuantizeWeightsResult)
+    report.nodes = _node_reports(work)
+    if applied is None or not applied.quantized:
+        raise MixprecError(_nothing_to_do(report.nodes))
+    report.quantization = _quantization(config, method, applied)
+    if mixed:
+        report.quantization["mixed"] = mixed
+    report.param_bytes_after = param_bytes(work)
+    note = _loadable_ir_version(work)
+    if note:
+        report.notes.append(note)
+    return work, report
+
+
+def _nothing_to_do(rows: list[NodeReport]) -> str:
+    """Why no weight was quantized, in one line."""
+    kept = [r for r in rows if r.op_class != "none"]
+    if not kept:
+        return (
+            "no MatMul with a constant 2-D float32 weight and no embedding table to quantize: "
+            "weight-only quantization has nothing to do (nothing written)"
+        )
+    reasons = Counter(r.reason for r in kept).most_common(2)
+    why = "; ".join(f"{k}x {reason}" for reason, k in reasons)
+    return f"every weight stays float ({why}): nothing to quantize (nothing written)"
+
+
+def _node_reports(model: ir.Model) -> list[NodeReport]:
+    rows = []
+    for node in model.graph:
+        d = weight_decision(node)
+        if d is None:
+            continue
+        op = {"MatMulNBits": "MatMul", "GatherBlockQuantized": "Gather"}.get(node.op_type)
+        precision = d.precision if d.quantized else "fp32"
+        rows.append(
+            NodeReport(node.name or "", op or node.op_type, precision, d.role, "weights", d.reason)
+        )
+    return rows
+
+
+def _quantization(
+    config: WeightsConfig, method: WeightMethod, applied: QuantizeWeightsResult
+) -> dict[str, object]:
+    return {
+        "kind": "weights",
+        "bits": config.bits,
+        "block_size": config.block_size,
+        "scheme": "symmetric" if config.symmetric else "asymmetric",
+        "method": method.name,
+        "levels": {f"int{bits}": why for bits, why in sorted(applied.levels.items())},
+        "quantized": applied.quantized,
+        "left_float": applied.left_float,
+        "float_weight_bytes": applied.float_bytes,
+        "packed_bytes": applied.packed_bytes,
+        "shared_tables": applied.shared_tables,
+    }
+
+
+def config_dict(config: WeightsConfig) -> dict[str, object]:
+    """The config as the report's policy shows it (plain JSON values)."""
+    data = dataclasses.asdict(config)
+    data["layers"] = {k: [v.precision, v.reason] for k, v in config.layers.items()}
+    data["shapes"] = {k: list(v) for k, v in config.shapes.items()}
+    data["log_dir"] = str(config.log_dir) if config.log_dir else None
+    return data
+
+
+def _loadable_ir_version(model: ir.Model) -> str | None:
+    """Lower an IR version above what the opsets need to :data:`_LOADABLE_IR` (ONNX
+    Runtime 1.31 refuses 14); the note saying so, or None."""
+    opsets = [onnx.helper.make_opsetid(d, v) for d, v in model.opset_imports.items()]
+    needed = onnx.helper.find_min_ir_version_for(opsets, ignore_unknown=True)
+    target = max(_LOADABLE_IR, needed)
+    if model.ir_version <= target:
+        return None
+    old, model.ir_version = model.ir_version, target
+    return (
+        f"ir_version {old} lowered to {target}, all its opsets need (ONNX Runtime 1.31 reads <= 13)"
+    )
+
+
+# --- the check samples and the guard hook ----------------------------------------------------
+
+
+@dataclasses.dataclass
+class GuardContext:
+    """What a :data:`WeightsGuard` gets beside the model.
+
+    Attributes:
+        source: the user's FP32 model as loaded.
+        samples: the check samples (at most :data:`CHECK_SAMPLES`).
+        where: where they came from, for the report ("eval data", ...).
+        config: the options of the run.
+        requantize: quantize ``source`` again with another config (a repair).
+    """
+
+    source: onnx.ModelProto
+    samples: list[dict[str, np.ndarray]]
+    where: str
+    config: WeightsConfig
+    requantize: Callable[[WeightsConfig], tuple[ir.Model, WeightsReport]]
+
+
+#: ``guard(model, report, context) -> (model, report)``: checks (and may repair) the
+#: quantized model; sets ``report.guard`` (``passed``, ``summary``).
+WeightsGuard = Callable[[ir.Model, WeightsReport, GuardContext], tuple[ir.Model, WeightsReport]]
+
+
+def check_samples(
+    model: ir.Model,
+    calibration_data: CalibrationData | None,
+    eval_data: CalibrationData | str | os.PathLike[str] | None,
+    shapes: Mapping[str, tuple[int, ...]],
+) -> tuple[list[dict[str, np.ndarray]], str]:
+    """The samples the output check runs on, and where they came from: ``eval_data``,
+    else the calibration samples (RTN reads none of them), else one generated input."""
+    found: Iterator[dict[str, np.ndarray]] | None
+    if isinstance(eval_data, str | os.PathLike):
+        found, where = iter_calibration_npz(eval_data, model), "eval samples"
+    elif eval_data is not None:
+        found, where = calibration_feeds(eval_data), "eval samples"
+    else:
+        found, where = calibration_feeds(calibration_data), "calibration samples"
+    samples = [dict(s) for s in itertools.islice(found or (), CHECK_SAMPLES)]
+    if samples:
+        return samples, where
+    feeds, _ = make_inputs(model, shapes={k: list(v) for k, v in shapes.items()}, seed=0)
+    return [feeds], "generated input (give calibration or eval data for a real check)"
+
+
+def _outputs(
+    model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], config: WeightsConfig, what: str
+) -> list[Outputs]:
+    """``model``'s outputs on each feed dict, in ONNX Runtime; one line when it cannot."""
+    try:
+        session = engine_for(config.runtime).session(model, config.runtime)
+        return [session.run(f) for f in feeds]
+    except (RuntimeLoadError, RuntimeRunError) as e:
+        raise MixprecError(f"{what}: {e}") from None
+
+
+def output_check(
+    model: ir.Model, report: WeightsReport, context: GuardContext
+) -> tuple[ir.Model, WeightsReport]:
+    """The default :data:`WeightsGuard`: each output against FP32 on the check samples.
+
+    Per output: the worst rel L2 over the samples and, for class scores (an lm_head's or
+    a Softmax's output of rank 2-3), the top-1 agreement over the last axis. It fails on non-finite
+    values where FP32 is finite, and on a budget given (``guard_rel_l2``, ``guard_drop``);
+    without budgets it only reports (the language-model guard sets real ones).
+    """
+    config = context.config
+    feeds = [feeds_for(model, s) for s in context.samples]
+    got = _outputs(ir.to_proto(model), feeds, config, _CANNOT_RUN)
+    reference = _outputs(context.source, feeds, config, "ONNX Runtime cannot run the FP32 model")
+    checks = _checks(reference, got, config, class_score_outputs(model))
+    passed = all(c["passed"] for c in checks)
+    report.guard = {
+        "passed": passed,
+        "checks": checks,
+        "samples": len(feeds),
+        "eval": context.where,
+        "enforced": config.guard_drop is not None or config.guard_rel_l2 is not None,
+        "summary": _summary(report, checks, passed, len(feeds), context.where),
+    }
+    return model, report
+
+
+_CANNOT_RUN = "ONNX Runtime cannot run the weight-only model (not written)"
+
+
+def _checks(
+    reference: list[Outputs], got: list[Outputs], config: WeightsConfig, classes: set[str]
+) -> list[dict]:
+    """One check per output: worst rel L2, mean top-1 (``classes``: the outputs that hold
+    class scores), and why it failed ("" passed)."""
+    checks = []
+    for name in reference[0]:
+        rel, top1, why = 0.0, [], ""
+        for ref, out in zip(reference, got, strict=True):
+            if name not in out:
+                why = "missing from the weight-only model's outputs"
+                break
+            (c,) = compare_outputs({name: ref[name]}, {name: out[name]}, rtol=1.0, atol=0.0)
+            rel = max(rel, c.rel_l2_error)
+            if name in classes and c.top1_agreement is not None:
+                top1.append(c.top1_agreement)
+            if not np.isfinite(c.rel_l2_error) or "non-finite" in c.note:
+                why = c.note or "non-finite values"
+        agreement = float(np.mean(top1)) if top1 else None
+        why = why or _over_budget(rel, agreement, config)
+        checks.append(
+            {"output": name, "rel_l2": rel, "top1": agreement, "passed": not why, "note": why}
+        )
+    return checks
+
+
+def _over_budget(rel: float, top1: float | None, config: WeightsConfig) -> str:
+    if config.guard_rel_l2 is not None and rel > config.guard_rel_l2:
+        return f"rel L2 {rel:.3g} > {config.guard_rel_l2:g} (--max-rel-l2)"
+    if config.guard_drop is not None and top1 is not None and top1 < 1.0 - config.guard_drop:
+        return f"top-1 {top1:.3g} < {1.0 - config.guard_drop:g} (--max-drop)"
+    return ""
+
+
+def _summary(report: WeightsReport, checks: list[dict], passed: bool, n: int, where: str) -> str:
+    """The command's last line: what became what, and each output against FP32."""
+    counts = Counter(row.precision for row in report.nodes if row.op_type == "MatMul")
+    done = ", ".join(f"{k} {p}" for p, k in sorted(counts.items()) if p != "fp32")
+    parts = []
+    for c in checks[:3]:
+        top1 = f", top-1 {c['top1']:.3g}" if c["top1"] is not None else ""
+        parts.append(f"{c['output']!r} rel L2 {c['rel_l2']:.3g}{top1}")
+    more = f", +{len(checks) - 3} more" if len(checks) > 3 else ""
+    verdict = "outputs vs FP32" if passed else "output check FAILED"
+    notes = "; ".join(c["note"] for c in checks if c["note"])
+    where = where.replace("samples", "sample", 1) if n == 1 else where
+    text = f"weight-only MatMul {done or 'none'}; {verdict} on {n} {where}: {', '.join(parts)}"
+    return text + more + (f" ({notes})" if notes else "")
+
+
+def run_weights(
+    source: onnx.ModelProto,
+    config: WeightsConfig,
+    *,
+    calibration_data: CalibrationData | None = None,
+    eval_data: CalibrationData | str | os.PathLike[str] | None = None,
+    progress: Say | None = None,
+    guard: WeightsGuard | None = None,
+) -> tuple[ir.Model, WeightsReport]:
+    """Weight-only quantization of ``source`` (the input as loaded): quantize, check that
+    ONNX Runtime loads and runs the result, then ``guard`` (default :func:`output_check`;
+    ``config.guard=False``: only the load-and-run check). A model that ONNX Runtime cannot
+    load or run raises one line (:class:`MixprecError`)."""
+    say = progress or (lambda _msg: None)
+    data = _weights_data(calibration_data, config)  # a generator is read once, here
+    samples, where = check_samples(
+        ir.from_proto(source), data.samples if data else None, eval_data, config.shapes
+    )
+    method, why = resolve_method(config.method, has_data=data is not None)
+    model, report = quantize_weights_once(source, config, method, progress, data)
+    report.notes.append(why)
+    clock = time.perf_counter()
+    if config.guard:
+        say(f"checking the outputs against FP32 on {len(samples)} sample(s)")
+        again = functools.partial(_again, source, method, progress, data)
+        context = GuardContext(source, samples, where, config, again)
+        model, report = (guard or output_check)(model, report, context)
+    else:
+        _outputs(ir.to_proto(model), [feeds_for(model, samples[0])], config, _CANNOT_RUN)
+        report.notes.append("output check off (guard=False / --no-guard): loaded and run once")
+    report.timings["output check"] = time.perf_counter() - clock
+    return model, report
+
+
+def _again(
+    source: onnx.ModelProto,
+    method: WeightMethod,
+    progress: Say | None,
+    data: WeightsData | None,
+    config: WeightsConfig,
+) -> tuple[ir.Model, WeightsReport]:
+    return quantize_weights_once(source, config, method, progress, data)
+
+
+#: At most this many calibration samples are read for the layer statistics.
+STATS_SAMPLES = 32
+
+
+def _weights_data(
+    calibration_data: CalibrationData | None, config: WeightsConfig
+) -> WeightsData | None:
+    """The first :data:`STATS_SAMPLES` calibration samples, as a list (None: none given)."""
+    found = calibration_feeds(calibration_data)
+    samples = [dict(s) for s in itertools.islice(found or (), STATS_SAMPLES)]
+    return WeightsData(samples, threads=config.runtime.threads or 2) if samples else None

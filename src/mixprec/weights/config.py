@@ -1,0 +1,218 @@
+"""The weight-only options (:class:`WeightsConfig`), validated once, and the CPU facts
+that choose ``accuracy_level``."""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mixprec.core.errors import MixprecError
+from mixprec.runtime.cpu import CpuFeatures, cpu_features
+from mixprec.runtime.engine import RuntimeOptions
+from mixprec.runtime.engines import runtime_options
+from mixprec.weights.blocks import BITS, BLOCK_SIZES, BlockSpec
+from mixprec.weights.methods import AUTO, METHODS
+
+__all__ = [
+    "ACCURACY_LEVELS",
+    "PRECISIONS",
+    "LayerChoice",
+    "WeightsConfig",
+    "default_accuracy_level",
+    "parse_weights",
+]
+
+#: What a weight can become: 4 or 8 bits, or stay float.
+PRECISIONS = ("int4", "int8", "float")
+#: ``MatMulNBits`` accuracy levels: 0 unset (float compute), 1 fp32, 2 fp16, 3 bf16,
+#: 4 int8 (the activations are quantized per block to int8 inside the kernel).
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+_BITS = {"int4": 4, "int8": 8}
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerChoice:
+    """One node's precision chosen from outside the config's defaults (the mixed-bits
+    pass fills a map of these by sensitivity), and why."""
+
+    precision: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise MixprecError(
+                f"a layer's precision is one of {', '.join(PRECISIONS)}, not {self.precision!r}"
+            )
+
+
+def parse_weights(text: str | int) -> int:
+    """``"int4"``/``"int8"`` (also ``4``, ``8``, ``"4"``) as the bit count."""
+    key = str(text).strip().lower()
+    key = key if key.startswith("int") else f"int{key}"
+    if key not in _BITS:
+        raise MixprecError(f"weights must be int4 or int8, not {text!r}")
+    return _BITS[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightsConfig:
+    """The weight-only options, validated.
+
+    Attributes:
+        bits: 4 or 8: the bits of every MatMul weight the other fields do not set.
+        block_size: weights per scale along the input dimension K: 16, 32 (default), 64,
+            128 or 256 (ONNX Runtime's blocks; K need not divide, the last block is padded).
+        symmetric: a fixed zero point per block (2**(bits-1)) rather than one fitted to
+            the block's range. Default False: on the 37 linear layers of all-MiniLM-L6-v2,
+            asymmetric blocks give 7% less output error at 4 bits (block 32: rel L2 0.083
+            against 0.089) and 12% less at 8 bits, at the same speed within noise.
+        method: "rtn" (round to nearest) or "auto": the best registered method that the
+            data given allows (:mod:`mixprec.weights.methods`).
+        ratio: the share of linear-layer weights left at 4 bits when ``bits`` is 4 (0 to
+            1), the rest going to 8 bits by sensitivity (:mod:`mixprec.weights.sensitivity`);
+            None (default) lets the measured scores choose, within 0.35x the float size.
+        accuracy_level: ``MatMulNBits``' compute: 0 (float) or 4 (activations quantized to
+            int8 per block inside the kernel; 1-3 as ONNX Runtime defines them). None
+            chooses by this CPU (:func:`default_accuracy_level`).
+        lm_head: the output projection's precision ("int8" by default: a small LM loses
+            the most at 4 bits there), "int4" or "float".
+        embeddings: embedding tables (Gather of a constant table): "int8" (default),
+            "int4" or "float".
+        exclude_nodes: node names or regular expressions kept float.
+        layers: a precision per node name (:class:`LayerChoice`, or one of
+            :data:`PRECISIONS`), over the defaults above; exclusions still win.
+        shapes: concrete shapes for symbolic input dims (the checks' generated inputs).
+        guard: run the model on the samples and compare its outputs with FP32 (ONNX
+            Runtime): the report shows each output's rel L2 and top-1 agreement.
+        guard_drop: a top-1 agreement below 1 - drop fails the check (None: not enforced).
+        guard_rel_l2: a rel L2 above this fails the check (None: not enforced).
+        guard_kl: a language model's mean next-token KL(FP32 || quantized) in nats above
+            this fails the language-model guard (None: its default, 0.05).
+        guard_perplexity: a language model's accepted relative perplexity rise on the
+            check text (None: its default, 0.05). A language model's ``guard_drop``
+            bounds its top-1 next-token agreement (None: 0.2).
+        check: hold the result to the ONNX checker.
+        log_dir: folder for the graphs and the report.
+        runtime: the engine options the checks run with (ONNX Runtime; its threads).
+    """
+
+    bits: int = 4
+    block_size: int = 32
+    symmetric: bool = False
+    method: str = AUTO
+    ratio: float | None = None
+    accuracy_level: int | None = None
+    lm_head: str = "int8"
+    embeddings: str = "int8"
+    exclude_nodes: tuple[str, ...] = ()
+    layers: Mapping[str, LayerChoice] = dataclasses.field(default_factory=dict)
+    shapes: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    guard: bool = True
+    guard_drop: float | None = None
+    guard_rel_l2: float | None = None
+    guard_kl: float | None = None
+    guard_perplexity: float | None = None
+    check: bool = True
+    log_dir: Path | None = None
+    runtime: RuntimeOptions = dataclasses.field(default_factory=RuntimeOptions)
+
+    def __post_init__(self) -> None:
+        _check_int("bits", self.bits, BITS, "4 or 8")
+        sizes = ", ".join(str(b) for b in BLOCK_SIZES)
+        _check_int("block_size", self.block_size, BLOCK_SIZES, f"a power of two: {sizes}")
+        if not isinstance(self.symmetric, bool):
+            raise MixprecError(f"symmetric must be True or False, not {self.symmetric!r}")
+        if self.method != AUTO and self.method not in METHODS:
+            names = ", ".join([AUTO, *sorted(METHODS)])
+            raise MixprecError(f"weight method must be one of {names}, not {self.method!r}")
+        if self.accuracy_level is not None:
+            _check_int("accuracy_level", self.accuracy_level, ACCURACY_LEVELS, "0 to 4")
+        ratio = self.ratio
+        if ratio is not None and (
+            isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio <= 1
+        ):
+            raise MixprecError(f"ratio (weights at 4 bits) must lie in [0, 1], not {ratio!r}")
+        for name in ("lm_head", "embeddings"):
+            if getattr(self, name) not in PRECISIONS:
+                raise MixprecError(
+                    f"{name} must be one of {', '.join(PRECISIONS)}, not {getattr(self, name)!r}"
+                )
+        if isinstance(self.exclude_nodes, str):
+            raise MixprecError("exclude_nodes must be a list of names or patterns")
+        object.__setattr__(self, "exclude_nodes", tuple(self.exclude_nodes))
+        object.__setattr__(self, "layers", _layer_choices(self.layers))
+        object.__setattr__(self, "shapes", {k: tuple(v) for k, v in self.shapes.items()})
+        for name in ("guard_drop", "guard_rel_l2"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not 0.0 < float(value) < 1.0):
+                raise MixprecError(f"{name} must lie in (0, 1), got {value!r}")
+        for name in ("guard_kl", "guard_perplexity"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not 0.0 < float(value) < 10.0):
+                raise MixprecError(f"{name} must lie in (0, 10), got {value!r}")
+        if self.log_dir is not None:
+            object.__setattr__(self, "log_dir", Path(self.log_dir))
+        object.__setattr__(self, "runtime", runtime_options(self.runtime))
+        if self.runtime.name != "ort":
+            raise MixprecError(
+                f"weight-only models use ONNX Runtime's contrib ops (MatMulNBits): runtime "
+                f"{self.runtime.name!r} cannot run them; use ort"
+            )
+
+    @property
+    def precision(self) -> str:
+        """The default precision of a MatMul weight: "int4" or "int8"."""
+        return f"int{self.bits}"
+
+    def spec(self, precision: str) -> BlockSpec:
+        """The block spec of a weight going to ``precision`` ("int4" or "int8")."""
+        return BlockSpec(_BITS[precision], self.block_size, self.symmetric)
+
+    def level(self, bits: int) -> tuple[int, str]:
+        """The accuracy level of a ``bits``-bit MatMulNBits, and why."""
+        if self.accuracy_level is not None:
+            return self.accuracy_level, f"{self.accuracy_level} (as asked)"
+        return default_accuracy_level(bits)
+
+
+def _check_int(name: str, value: Any, allowed: tuple[int, ...], what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
+        raise MixprecError(f"{name} must be {what}, not {value!r}")
+
+
+def _layer_choices(layers: Mapping[str, LayerChoice | str]) -> dict[str, LayerChoice]:
+    if not isinstance(layers, Mapping):
+        raise MixprecError("layers must map node names to int4, int8 or float")
+    return {
+        str(name): choice if isinstance(choice, LayerChoice) else LayerChoice(choice, "layers=")
+        for name, choice in layers.items()
+    }
+
+
+#: Measured on this project's CPUs (ONNX Runtime 1.31/1.32, 2 threads, one 4096x4096
+#: MatMul at M=1, docs/guides/weights.md): int4 block 32 runs 1.7-2.3x faster at level 4
+#: than at 0, and 8-bit weights have no float-compute kernel at all (level 0 is 12-20x
+#: slower than the FP32 MatMul).
+_LEVEL_WHY = "4: int8 compute ({what}; measured 1.7-2.3x faster than float compute for int4)"
+
+
+def default_accuracy_level(bits: int, cpu: CpuFeatures | None = None) -> tuple[int, str]:
+    """``accuracy_level`` for this CPU, and why: 4 (int8 compute) wherever ONNX Runtime
+    has int8 kernels for it (x86 with AVX2, AVX-VNNI or AVX-512; ARM64), and always for
+    8-bit weights (their float-compute path is 12-20x slower than FP32); 0 otherwise."""
+    cpu = cpu or cpu_features()
+    machine = platform.machine().lower()
+    if cpu.vnni:
+        what = "this CPU has INT8 VNNI"
+    elif cpu.avx512 or cpu.avx2:
+        what = "this CPU has AVX2" if not cpu.avx512 else "this CPU has AVX-512"
+    elif machine in ("arm64", "aarch64"):
+        what = "an ARM64 CPU"
+    elif bits == 8:
+        return 4, "4: int8 compute (8-bit weights have no fast float-compute kernel)"
+    else:
+        return 0, "0: float compute (no int8 kernels on this CPU)"
+    return 4, _LEVEL_WHY.format(what=what)

@@ -1,0 +1,146 @@
+"""What a data-aware weight method reads of the calibration data: each quantized MatMul's
+input second moment ``H = X^T X / n`` (``[K, K]``, float64), streamed.
+
+:func:`collect_hessians` runs the FP32 model on the calibration samples in ONNX Runtime
+(:func:`~mixprec.calibrate.runner.stream_tensors`) and adds each fetched activation's
+``X^T X`` (rows of its last axis) into one accumulator per activation: MatMuls reading the
+same input (q/k/v, gate/up) share one. The activations are never kept, only the sums.
+
+Memory: ``8 K^2`` bytes per distinct input (2.6 MB at K = 576, 18.9 MB at 1536, 537 MB at
+8192); the inputs are collected a group at a time under ``group_bytes`` (default 256 MB),
+one pass over the samples per group, so a 4096-wide model holds ~2 layers' sums at once.
+
+:func:`attach_hessians` records a :class:`~mixprec.weights.methods.LayerData` on each
+MatMul the select pass marked for quantization (``node.meta[LAYER_INPUTS]``), which the
+methods receive.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+from mixprec.calibrate.runner import stream_tensors
+from mixprec.io.feeds import Feeds
+from mixprec.weights.methods import LAYER_INPUTS, LayerData
+from mixprec.weights.select import matmul_weight, weight_decision
+
+__all__ = [
+    "DEFAULT_GROUP_BYTES",
+    "Hessians",
+    "WeightsData",
+    "attach_hessians",
+    "collect_hessians",
+    "hessian_inputs",
+]
+
+#: Most bytes of ``X^T X`` sums held at once (one pass over the samples per group).
+DEFAULT_GROUP_BYTES = 256 << 20
+
+
+@dataclasses.dataclass
+class Hessians:
+    """``X^T X`` sums and row counts per activation name (float64 ``[K, K]``), and the
+    number of samples they came from. Kept between quantizations of one run (a repair
+    requantizes without running the model again)."""
+
+    sums: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    rows: dict[str, int] = dataclasses.field(default_factory=dict)
+    samples: int = 0
+
+    def mean(self, name: str) -> np.ndarray | None:
+        """``X^T X / n`` of activation ``name`` (None: never seen)."""
+        n = self.rows.get(name, 0)
+        return self.sums[name] / n if n else None
+
+
+def hessian_inputs(model: ir.Model) -> dict[str, int]:
+    """Activation name -> K for every MatMul the select pass marked for quantization
+    (a tied lm_head excluded: its codes serve the embedding too, where no ``H`` applies)."""
+    found: dict[str, int] = {}
+    for node in model.graph:
+        d = weight_decision(node)
+        x = node.inputs[0] if node.inputs else None
+        if node.op_type != "MatMul" or d is None or not d.quantized or d.table is not None:
+            continue
+        source, _ = matmul_weight(node, set())
+        if x is not None and x.name and source is not None:
+            found[x.name] = source.shape[0]
+    return found
+
+
+def _groups(widths: dict[str, int], most: int) -> list[list[str]]:
+    groups: list[list[str]] = [[]]
+    total = 0
+    for name, k in widths.items():
+        nbytes = 8 * k * k
+        if groups[-1] and total + nbytes > most:
+            groups.append([])
+            total = 0
+        groups[-1].append(name)
+        total += nbytes
+    return [g for g in groups if g]
+
+
+def collect_hessians(
+    model: ir.Model,
+    samples: Sequence[Feeds],
+    widths: dict[str, int],
+    *,
+    group_bytes: int = DEFAULT_GROUP_BYTES,
+    threads: int = 2,
+    into: Hessians | None = None,
+) -> Hessians:
+    """``X^T X`` of each activation in ``widths`` (name -> K) over ``samples`` (module doc);
+    names already in ``into`` are not collected again."""
+    found = into if into is not None else Hessians()
+    todo = {name: k for name, k in widths.items() if name not in found.sums}
+
+    def consume(_index: int, name: str, array: np.ndarray) -> None:
+        k = todo[name]
+        if array.ndim < 1 or array.shape[-1] != k:
+            return
+        rows = np.asarray(array, np.float32).reshape(-1, k)
+        found.sums[name] += (rows.T @ rows).astype(np.float64)
+        found.rows[name] += len(rows)
+
+    for group in _groups(todo, group_bytes):
+        for name in group:
+            found.sums[name] = np.zeros((todo[name], todo[name]), np.float64)
+            found.rows[name] = 0
+        found.samples = stream_tensors(model, samples, group, consume, threads=threads)
+    return found
+
+
+def attach_hessians(model: ir.Model, hessians: Hessians) -> int:
+    """Record a ``LayerData`` on each marked MatMul whose input has sums (module
+    doc); the number of MatMuls given one."""
+    widths = hessian_inputs(model)
+    shared: dict[str, LayerData] = {}
+    count = 0
+    for node in model.graph:
+        x = node.inputs[0] if node.op_type == "MatMul" and node.inputs else None
+        if x is None or x.name not in widths:
+            continue
+        mean = hessians.mean(x.name or "")
+        if mean is None:
+            continue
+        if x.name not in shared:
+            shared[x.name or ""] = LayerData(mean, hessians.rows[x.name or ""])
+        base = shared[x.name or ""]
+        node.meta[LAYER_INPUTS] = LayerData(base.hessian, base.rows, shared=base.shared)
+        count += 1
+    return count
+
+
+@dataclasses.dataclass
+class WeightsData:
+    """The calibration samples a run reads (a few, kept as a list: one pass per group of
+    inputs) and the sums collected from them, kept across requantizations."""
+
+    samples: Sequence[Feeds]
+    hessians: Hessians = dataclasses.field(default_factory=Hessians)
+    threads: int = 2

@@ -1,0 +1,296 @@
+"""Language models through weight-only quantization: ``.txt`` data tokenized into decoder
+windows (a word-level ``tokenizer.json`` built here with the tokenizers package), the
+next-token guard (KL, agreement and perplexity recomputed here in numpy from ONNX
+Runtime runs of the FP32 and the written model), its repair by sensitivity on a decoder
+built so that 4 bits ruin two of its layers, and exit 1 where the repair cannot help
+(the ruin is in the 8-bit lm_head, which the repair leaves alone). Every model is the
+tiny KV-cache decoder of ``tests/llm_models.py`` (a few hundred KB)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+import mixprec
+from helpers import run_ort
+from llm_models import DecoderConfig, greedy_decode, tiny_decoder
+from mixprec.cli.main import main
+from mixprec.core.errors import MixprecError
+from mixprec.io.text import TextSamples, find_tokenizer
+from mixprec.pipeline.held_out import held_out_indices
+from mixprec.pipeline.lm_guard import next_token_stats
+from mixprec.weights.config import WeightsConfig
+from mixprec.weights.sensitivity import rank_layers
+
+tokenizers = pytest.importorskip("tokenizers", reason="the [llm] extra (tokenizers) is missing")
+
+CFG = DecoderConfig()
+WORDS = [f"w{i}" for i in range(250)]
+
+
+def _tokenizer(path: Path) -> Path:
+    """A word-level tokenizer: word ``wK`` is token K + 1, anything else 0."""
+    vocab = {"[UNK]": 0, **{w: k + 1 for k, w in enumerate(WORDS)}}
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(path))
+    return path
+
+
+def _text(path: Path, words: int, seed: int) -> Path:
+    """Words drawn with a Zipf-like skew (a few common words, as in text)."""
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, len(WORDS) + 1)
+    path.write_text(" ".join(rng.choice(WORDS, words, p=p / p.sum())), encoding="utf-8")
+    return path
+
+
+def _folder(tmp_path: Path, model: onnx.ModelProto) -> Path:
+    """The model, its tokenizer.json beside it, calib.txt and eval.txt."""
+    onnx.save(model, str(tmp_path / "model.onnx"))
+    _tokenizer(tmp_path / "tokenizer.json")
+    _text(tmp_path / "calib.txt", 2400, seed=1)
+    _text(tmp_path / "eval.txt", 600, seed=2)
+    return tmp_path / "model.onnx"
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def _numpy_guard(fp32: Path | onnx.ModelProto, model: Path, windows: list[dict]) -> dict:
+    """KL(FP32 || model), top-1 agreement and both perplexities over the windows, in
+    float64 from ONNX Runtime's logits: what the guard must report."""
+    kl = agree = nll32 = nll = n = 0.0
+    for feeds in windows:
+        p = _log_softmax(run_ort(fp32, feeds)["logits"][0, :-1])
+        q = _log_softmax(run_ort(model, feeds)["logits"][0, :-1])
+        ids = feeds["input_ids"][0, 1:]
+        kl += float((np.exp(p) * (p - q)).sum())
+        agree += float((p.argmax(-1) == q.argmax(-1)).sum())
+        nll32 -= float(p[np.arange(len(ids)), ids].sum())
+        nll -= float(q[np.arange(len(ids)), ids].sum())
+        n += len(ids)
+    return {
+        "kl": kl / n,
+        "agreement": agree / n,
+        "perplexity_fp32": float(np.exp(nll32 / n)),
+        "perplexity": float(np.exp(nll / n)),
+    }
+
+
+def _ruined(layers: tuple[str, ...], norm: str, outlier: float) -> onnx.ModelProto:
+    """The decoder with a huge weight in rows 0 and 32 of each named weight, rows whose
+    input channel ``norm`` zeroes (its gain is 0 there): FP32's outputs do not see them,
+    but they set the 4-bit (and 8-bit) scale of their whole block, and every other weight
+    of those blocks rounds to 0."""
+    model = tiny_decoder(CFG, seed=3)
+    inits = {t.name: t for t in model.graph.initializer}
+    for name in (*layers, norm):
+        array = numpy_helper.to_array(inits[name]).copy()
+        if name == norm:
+            array[[0, 32]] = 0.0
+        else:
+            array[[0, 32], :] = outlier
+        inits[name].CopyFrom(numpy_helper.from_array(array, name))
+    return model
+
+
+# --- text -> feeds ---------------------------------------------------------------------------
+
+
+def test_text_becomes_windows_of_tokens_with_an_empty_cache(tmp_path: Path) -> None:
+    """Each window is the tokenizer's ids in order, a mask of ones and a past of length 0
+    with the model's head dims; the FP32 decoder runs on it in ONNX Runtime and gives
+    the same logits as the same tokens fed by hand."""
+    path = _folder(tmp_path, tiny_decoder(CFG))
+    samples = TextSamples(tmp_path / "calib.txt", path, find_tokenizer(path, None), window=64)
+    ids = (
+        tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+        .encode((tmp_path / "calib.txt").read_text())
+        .ids
+    )
+    assert len(ids) == 2400 and len(samples) == 2400 // 64
+    windows = list(samples)
+    assert len(windows) == len(samples) and list(samples)[1].keys() == windows[1].keys()
+    np.testing.assert_array_equal(windows[2]["input_ids"][0], ids[128:192])
+    np.testing.assert_array_equal(windows[2]["attention_mask"], np.ones((1, 64), np.int64))
+    for name in CFG.past_names():
+        assert windows[0][name].shape == (1, CFG.kv_heads, 0, CFG.head_dim)
+        assert windows[0][name].dtype == np.float32
+    by_hand = {
+        "input_ids": np.asarray(ids[:64], np.int64)[None],
+        "attention_mask": np.ones((1, 64), np.int64),
+        **{n: np.zeros((1, CFG.kv_heads, 0, CFG.head_dim), np.float32) for n in CFG.past_names()},
+    }
+    np.testing.assert_array_equal(
+        run_ort(path, windows[0])["logits"], run_ort(path, by_hand)["logits"]
+    )
+
+
+def test_position_ids_and_a_folder_of_text(tmp_path: Path) -> None:
+    """A model with position_ids gets 0..N-1; a folder's .txt files are read in name
+    order; a text shorter than a window is one window of all its tokens."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["input_ids"], ["logits"])],
+        "ids",
+        [
+            helper.make_tensor_value_info(n, TensorProto.INT64, ["b", "s"])
+            for n in ("input_ids", "position_ids")
+        ],
+        [helper.make_tensor_value_info("logits", TensorProto.INT64, ["b", "s"])],
+    )
+    model = helper.make_model(graph)
+    tok = _tokenizer(tmp_path / "tok.json")
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "b.txt").write_text("w3 w4")
+    (tmp_path / "texts" / "a.txt").write_text("w1 w2")
+    (only,) = list(TextSamples(tmp_path / "texts", model, tok, window=64))
+    np.testing.assert_array_equal(only["input_ids"], [[2, 3, 4, 5]])
+    np.testing.assert_array_equal(only["position_ids"], [[0, 1, 2, 3]])
+
+
+def test_text_refusals_are_one_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    """No tokenizer beside the model, a model without input_ids, tokenizers missing:
+    one line each, exit 2, nothing written."""
+    path = tmp_path / "model.onnx"
+    onnx.save(tiny_decoder(CFG), str(path))
+    _text(tmp_path / "calib.txt", 300, seed=1)
+    out = tmp_path / "out.onnx"
+    args = ["quantize", str(path), "-o", str(out), "--weights", "int4"]
+    assert main([*args, "--calibration-data", str(tmp_path / "calib.txt")]) == 2
+    assert "needs a tokenizer: no tokenizer.json beside" in capsys.readouterr().err
+    with pytest.raises(MixprecError, match="has no such input"):
+        TextSamples(tmp_path / "calib.txt", _no_ids_model(), _tokenizer(tmp_path / "t.json"))
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # an import of it raises
+    code = main(
+        [
+            *args,
+            "--calibration-data",
+            str(tmp_path / "calib.txt"),
+            "--tokenizer",
+            str(tmp_path / "t.json"),
+        ]
+    )
+    assert code == 2 and "pip install 'mixprec[llm]'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def _no_ids_model() -> onnx.ModelProto:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "x",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+    )
+    return helper.make_model(graph)
+
+
+def test_next_token_stats_match_float64_sums() -> None:
+    rng = np.random.default_rng(0)
+    ref, got = rng.normal(size=(1, 9, 50)), rng.normal(size=(1, 9, 50)).astype(np.float32)
+    ids = rng.integers(0, 50, (1, 9))
+    stats = next_token_stats(_log_softmax(ref).astype(np.float32), got, ids)
+    p, q = _log_softmax(ref)[0, :-1], _log_softmax(got)[0, :-1]
+    assert stats["tokens"] == 8
+    assert stats["kl"] == pytest.approx(float((np.exp(p) * (p - q)).sum()), rel=1e-5)
+    assert stats["agree"] == float((p.argmax(-1) == q.argmax(-1)).sum())
+    assert stats["nll"] == pytest.approx(-float(q[np.arange(8), ids[0, 1:]].sum()), rel=1e-5)
+
+
+# --- the guard, its repair, and exit 1 -------------------------------------------------------
+
+
+def test_the_repair_promotes_the_most_sensitive_layers_until_the_budget_holds(
+    tmp_path: Path,
+) -> None:
+    """A KL budget that int4 misses and 8 bits meets: the first check misses, the repair
+    moves the layers rank_layers puts first to 8 bits, step by step, and the written
+    model's KL, agreement and perplexities on the held-out windows, recomputed here, are
+    the guard's and within the budget."""
+    path = _folder(tmp_path, tiny_decoder(CFG, seed=3))
+    budget = {"guard_kl": 0.004, "guard_drop": 0.5, "guard_perplexity": 0.5}
+    result = mixprec.quantize(
+        path, tmp_path / "calib.txt", weights="int4", text_window=64, **budget
+    )
+    guard = result.report.guard
+    assert guard["kind"] == "language model" and guard["passed"]
+    assert guard["first"]["kl"] > 0.004 >= guard["kl"] and guard["repair"]
+    held = list(TextSamples(tmp_path / "calib.txt", path, tmp_path / "tokenizer.json", window=64))
+    checks = [held[k] for k in held_out_indices(len(held))[:4]]
+    config = WeightsConfig(bits=4)
+    ranked = [name for name, _ in rank_layers(onnx.load(str(path)), config, checks)]
+    promoted = guard["promoted"]
+    assert set(promoted) == set(ranked[: guard["repair"][-1]["layers"]]) - _mixed(result)
+    assert all(p == "int8" and "sensitivity rank" in why for p, why in promoted.values())
+    out = tmp_path / "out.onnx"
+    result.save(out)
+    expect = _numpy_guard(path, out, checks)
+    for key in ("kl", "agreement", "perplexity", "perplexity_fp32"):
+        assert guard[key] == pytest.approx(expect[key], rel=1e-3, abs=1e-5), key
+    assert "repaired by sensitivity" in guard["summary"]
+
+
+def _mixed(result) -> set[str]:
+    """The layers the default mixed choice already put at 8 bits."""
+    return set((result.report.quantization or {}).get("mixed", {}).get("int8", []))
+
+
+def test_a_miss_the_repair_cannot_fix_exits_1_and_writes_nothing(tmp_path: Path, capsys) -> None:
+    """Outliers in the lm_head (8 bits by default, outside the repair) in rows its input
+    never feeds set every block's scale: round to nearest loses every other weight, the
+    logits go flat, every repair step misses, and the command exits 1 with the guard's
+    numbers and writes nothing."""
+    model = _ruined(("lm_head.weight",), "final_norm.weight", outlier=4000.0)
+    path = _folder(tmp_path, model)
+    out = tmp_path / "out.onnx"
+    args = ["quantize", str(path), "-o", str(out), "--weights", "int4", "--text-window", "64"]
+    args += ["--weight-method", "rtn"]
+    assert main([*args, "--calibration-data", str(tmp_path / "calib.txt")]) == 1
+    err = capsys.readouterr().err
+    assert "language-model guard FAILED" in err and "not written" in err
+    assert not out.exists()
+
+
+def test_a_kv_cache_decoder_through_quantize_with_text(tmp_path: Path, capsys) -> None:
+    """The command end to end: .txt calibration and eval data, the tokenizer beside the
+    model; the written int4 model keeps the cache signature, decodes with it in ONNX
+    Runtime, and the guard's numbers on the eval windows are recomputed here."""
+    path = _folder(tmp_path, tiny_decoder(CFG))
+    out = tmp_path / "out.onnx"
+    args = ["quantize", str(path), "-o", str(out), "--weights", "int4", "--text-window", "64"]
+    args += [
+        "--calibration-data",
+        str(tmp_path / "calib.txt"),
+        "--eval-data",
+        str(tmp_path / "eval.txt"),
+    ]
+    args += ["--max-kl", "0.5", "--max-drop", "0.5", "--max-perplexity-rise", "0.5", "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    guard = report["guard"]
+    assert guard["eval"] == "eval windows" and guard["windows"] == 4 and guard["passed"]
+    assert guard["budget"] == {"max_kl": 0.5, "max_drop": 0.5, "max_ppl_rise": 0.5}
+    evals = list(TextSamples(tmp_path / "eval.txt", path, tmp_path / "tokenizer.json", window=64))
+    expect = _numpy_guard(path, out, evals[:4])
+    for key in ("kl", "agreement", "perplexity", "perplexity_fp32"):
+        assert guard[key] == pytest.approx(expect[key], rel=1e-3, abs=1e-5), key
+    written = onnx.load(str(out))
+    assert {n.op_type for n in written.graph.node} >= {"MatMulNBits"}
+    assert [i.name for i in written.graph.input] == [
+        i.name for i in onnx.load(str(path)).graph.input
+    ]
+    tokens = greedy_decode(lambda f: run_ort(written, f), CFG, np.array([5, 9, 2, 7]), 6)
+    assert len(tokens) == 6 and all(0 <= t < CFG.vocab for t in tokens)
