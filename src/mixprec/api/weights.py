@@ -37,6 +37,7 @@ INT8_ONLY = (
     "latency_shapes",
     "fallback",
     "bias_correction",
+    "rounding",
     "equalize",
     "smooth",
     "fold_batchnorm",

@@ -42,6 +42,7 @@ _INT8_FLAGS: tuple[tuple[str, object, str], ...] = (
     ("mode", "auto", "--mode"),
     ("dynamic", False, "--dynamic"),
     ("bias_correction", False, "--bias-correction"),
+    ("rounding", "nearest", "--rounding"),
     ("fallback", "fp32", "--fallback"),
     ("speed", "auto", "--speed"),
     ("latency_shape", [], "--latency-shape"),
