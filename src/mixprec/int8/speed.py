@@ -244,7 +244,14 @@ def choose_placement(
     else:
         times = time_paired(sessions, feeds)
         decision = decide(times, list(placements))
-        dropped = {k: len(v) for k, v in times.items() if len(v) < len(times["fp32"])}
+        # dropped early: fewer rounds than FP32, or every placement at once (timing
+        # then ended before the minimum number of rounds)
+        early = len(times["fp32"]) < _MIN_ROUNDS
+        dropped = {
+            k: len(v)
+            for k, v in times.items()
+            if k != "fp32" and (early or len(v) < len(times["fp32"]))
+        }
     chosen = placements[decision.chosen] if decision.chosen != "fp32" else STAY_FLOAT
     shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in feeds.items())
     where = (runtime or RuntimeOptions()).name
