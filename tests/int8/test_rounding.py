@@ -24,7 +24,10 @@ from mixprec.calibrate.capture import capture_inputs, layer_input
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
 from mixprec.int8.adaround import RoundingBudget, learn_rounding
+from mixprec.int8.config import QuantizeConfig
 from mixprec.int8.params import quantize_weight
+from mixprec.int8.rounding import LearnedRoundingPass
+from mixprec.pipeline.quantize import QuantizePipeline
 
 BACKENDS = ["numpy"] + (["torch"] if importlib.util.find_spec("torch") is not None else [])
 
@@ -271,6 +274,28 @@ def test_cli_rounding_learned(tmp_path: Path, capsys, monkeypatch):
     rounding = json.loads(captured.out)["quantization"]["rounding"]
     assert rounding["samples"] == 5 and rounding["layers_learned"] >= 1
     assert set(rounding["seconds"]) == {"capture", "fit"}
+
+
+def test_quantized_inputs_pair_the_int8_models_rows_with_the_fp32_ones():
+    """``inputs="quantized"`` (AdaRound's asymmetric mode) fits against the inputs a
+    round-to-nearest INT8 copy feeds each layer, captured at the FP32 rows' positions:
+    every layer with enough rows learns, none is refused for rows that do not pair, and
+    the graph is left as it was."""
+    model = ir.from_proto(_conv_model())
+    calib = [{"x": _images(4, seed, 4)} for seed in range(6)]
+    QuantizePipeline(QuantizeConfig(speed="off", method="minmax"), calibration_data=calib).run(
+        model, until="annotate"
+    )
+    before = len(list(model.graph))
+    result = LearnedRoundingPass(
+        calib, per_channel=True, method="minmax", inputs="quantized", backend="numpy"
+    )(model)
+    assert not result.modified and len(list(model.graph)) == before
+    assert {"conv1", "conv2"} <= set(result.layers) | set(result.kept_nearest)
+    assert not any("pair" in why for why in result.kept_nearest.values())
+    assert result.layers and all(a <= b for b, a in result.layers.values())
+    with pytest.raises(MixprecError, match="inputs must be one of"):
+        LearnedRoundingPass(calib, per_channel=True, inputs="int8")
 
 
 def test_learned_rounding_without_data_keeps_nearest_and_says_why():

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 #: Most rows kept per layer.
-DEFAULT_ROWS = 2048
+DEFAULT_ROWS = 4096
 #: Most bytes of rows kept per layer (wide depthwise patches get fewer rows).
 DEFAULT_LAYER_BYTES = 32 << 20
 #: Most bytes of reservoirs held at once (layers are captured in groups under it).

@@ -4,8 +4,8 @@ Round-to-nearest minimises each weight's own error, not the layer's output error
 the scale fixed (as :func:`~mixprec.int8.params.quantize_weight` sets it), AdaRound
 chooses for every weight between ``floor(w / s)`` and that plus one so that the output
 on real inputs changes least: ``min ||X Wᵀ - X_q W~ᵀ||²`` over captured input rows ``X``
-(:mod:`mixprec.calibrate.capture`; ``X_q`` is ``X`` through the input's own INT8
-quantization, so the choice also absorbs part of that error).
+(:mod:`mixprec.calibrate.capture`; ``X_q``, the rows as the INT8 layer reads them, is
+``X`` unless given).
 
 The relaxation: ``W~ = s * (floor(W / s) + h(V))`` with the rectified sigmoid ``h``, a
 regulariser ``reg * mean(1 - |2h - 1|^beta)`` that pushes ``h`` to 0 or 1 while ``beta``
@@ -90,7 +90,7 @@ class RoundingBudget:
     """
 
     iterations: int = 300
-    macs: float = 1e10
+    macs: float = 3e10
     min_iterations: int = 100
     lr: float = 0.03
     reg: float = 0.2
