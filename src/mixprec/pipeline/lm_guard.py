@@ -15,8 +15,13 @@ A miss is repaired: the quantized linear layers, most sensitive first
 (:func:`rank_for_repair`), go to 8 bits in steps (the top 1/8, 1/4, 1/2, all), then to
 float in the same steps (the lm_head and embeddings keep their precision), each
 step quantized again (``context.requantize``) and checked, until the budgets are met or
-the steps run out; a miss after that leaves ``passed`` False (the CLI writes nothing and
-exits 1, as the INT8 guard).
+the steps run out. The first step that passes is then narrowed: the span between it and
+the failing step before it is halved :data:`BISECT_ROUNDS` times, and the passing
+candidate with the fewest promoted layers is kept (``repaired_with`` in the guard's
+record). A miss after all steps leaves ``passed`` False (the CLI writes nothing and exits
+1, as the INT8 guard). The repair is searched and graded on the same check windows (held
+out of the calibration text, or ``eval_data``): a narrow pass there is not a promise on
+other text.
 
 Budgets (:data:`DEFAULT_MAX_KL`, :data:`DEFAULT_MAX_DROP`, :data:`DEFAULT_MAX_PPL_RISE`)
 were chosen on SmolLM2-135M (docs/guides/weights.md): int8 everywhere is well inside them;
@@ -58,15 +63,19 @@ __all__ = [
 #: The output whose last axis is the vocabulary.
 LOGITS = "logits"
 #: Default budgets (module doc): mean KL per token in nats ...
-DEFAULT_MAX_KL = 0.05
+DEFAULT_MAX_KL = 0.03
 #: ... the accepted drop of top-1 next-token agreement below 1 ...
 DEFAULT_MAX_DROP = 0.2
 #: ... and the accepted relative rise of perplexity.
-DEFAULT_MAX_PPL_RISE = 0.05
+DEFAULT_MAX_PPL_RISE = 0.03
 #: How a promoted layer's reason starts.
 REPAIRED = "guard repair"
 #: The repair's steps: these shares of the ranked int4 layers go to 8 bits, then float.
 REPAIR_SHARES = (0.125, 0.25, 0.5, 1.0)
+#: After the first passing step, this many halvings of the span between it and the
+#: failing step before it look for fewer promoted layers (each a quantization and a
+#: check: on SmolLM2-135M about 10 s).
+BISECT_ROUNDS = 3
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,20 +250,10 @@ def lm_guard(
     budget = LmBudget.of(context.config)
     first = checker.measure(model)
     misses = checker.misses(first, budget)
-    steps: list[dict[str, Any]] = []
-    stats, final_misses = first, misses
+    repair = _Repair(checker, budget, context, (model, report, first, misses))
     if misses:
-        now = _quantized_linear(report)
-        ranked, what = rank_for_repair(context.source, context.config, context.samples, list(now))
-        for k, to in _steps(len(ranked), "int4" in now.values()):
-            layers = _layers(ranked, now, (k, to), what, "; ".join(misses))
-            config = dataclasses.replace(context.config, layers={**context.config.layers, **layers})
-            model, report = context.requantize(config)
-            stats = checker.measure(model)
-            final_misses = checker.misses(stats, budget)
-            steps.append({"layers": k, "to": to, **stats, "passed": not final_misses})
-            if not final_misses:
-                break
+        repair.run(_quantized_linear(report))
+    model, report, stats, final_misses = repair.best
     passed = not final_misses
     report.guard = {
         "passed": passed,
@@ -263,16 +262,91 @@ def lm_guard(
         "budget": dataclasses.asdict(budget),
         "first": first,
         **stats,
-        "repair": steps,
+        "repair": repair.steps,
+        "repaired_with": repair.chosen,
         "promoted": {
             n.name: [n.precision, n.reason]
             for n in report.nodes
             if n.reason.startswith("guard repair")
         },
         "enforced": True,
-        "summary": _summary(report, first, stats, steps, final_misses, checker),
+        "summary": _summary(report, first, stats, repair, final_misses, checker),
     }
     return model, report
+
+
+_Candidate = tuple[ir.Model, WeightsReport, dict[str, Any], list[str]]
+
+
+class _Repair:
+    """The repair's search (module doc): the ranked layers promoted in growing steps
+    until one passes, then bisected between that step and the failing one before it
+    (:data:`BISECT_ROUNDS`), so no more layers than needed leave 4 bits. ``best`` is the
+    passing candidate with the fewest promoted layers, ``chosen`` its step; while none
+    passes, the last one measured (the first measure before any step)."""
+
+    def __init__(
+        self, checker: _Checker, budget: LmBudget, context: GuardContext, first: _Candidate
+    ) -> None:
+        self.checker, self.budget, self.context = checker, budget, context
+        self.best = first
+        self.steps: list[dict[str, Any]] = []
+        self.chosen: dict[str, Any] | None = None
+
+    def run(self, now: dict[str, str]) -> None:
+        ranked, what = rank_for_repair(
+            self.context.source, self.context.config, self.context.samples, list(now)
+        )
+        missed = "; ".join(self.best[3])
+        lo = 0
+        last_to = ""
+        for k, to in _steps(len(ranked), "int4" in now.values()):
+            lo = lo if to == last_to else 0
+            last_to = to
+            if self._try(ranked, now, (k, to), what, missed):
+                self._bisect(ranked, now, (lo, k, to), what, missed)
+                return
+            lo = k
+
+    def _bisect(
+        self,
+        ranked: list[tuple[str, float]],
+        now: dict[str, str],
+        span: tuple[int, int, str],
+        what: str,
+        missed: str,
+    ) -> None:
+        lo, hi, to = span
+        for _ in range(BISECT_ROUNDS):
+            mid = (lo + hi) // 2
+            if mid <= lo or mid >= hi:
+                return
+            if self._try(ranked, now, (mid, to), what, missed):
+                hi = mid
+            else:
+                lo = mid
+
+    def _try(
+        self,
+        ranked: list[tuple[str, float]],
+        now: dict[str, str],
+        step: tuple[int, str],
+        what: str,
+        missed: str,
+    ) -> bool:
+        """Quantize and measure one step; it becomes ``best`` when it passes (or while
+        nothing has)."""
+        layers = _layers(ranked, now, step, what, missed)
+        config = self.context.config
+        config = dataclasses.replace(config, layers={**config.layers, **layers})
+        model, report = self.context.requantize(config)
+        stats = self.checker.measure(model)
+        misses = self.checker.misses(stats, self.budget)
+        self.steps.append({"layers": step[0], "to": step[1], **stats, "passed": not misses})
+        if not misses or self.best[3]:
+            self.best = (model, report, stats, misses)
+            self.chosen = self.steps[-1]
+        return not misses
 
 
 def _measured(stats: dict[str, Any], real_tokens: bool) -> str:
@@ -289,7 +363,7 @@ def _summary(
     report: WeightsReport,
     first: dict[str, Any],
     stats: dict[str, Any],
-    steps: list[dict[str, Any]],
+    repair: _Repair,
     misses: list[str],
     checker: _Checker,
 ) -> str:
@@ -302,12 +376,12 @@ def _summary(
     where = f"{stats['windows']} {checker.where} ({stats['tokens']} tokens)"
     text = f"weight-only MatMul {done}; next tokens vs FP32 on {where}: "
     text += _measured(stats, checker.real_tokens)
-    if steps:
-        last = steps[-1]
+    if repair.chosen is not None:
+        chosen = repair.chosen
         text += (
-            f"; repaired by sensitivity in {len(steps)} step(s) from "
+            f"; repaired by sensitivity in {len(repair.steps)} step(s) from "
             f"{_measured(first, checker.real_tokens)}"
-            f": the {last['layers']} most sensitive int4 layers to {last['to']}"
+            f": the {chosen['layers']} most sensitive int4 layers to {chosen['to']}"
         )
     before, after = report.param_bytes_before, report.param_bytes_after
     if before:

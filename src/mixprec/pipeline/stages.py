@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import onnx_ir as ir
 import onnx_ir.passes.common as common
@@ -92,7 +92,8 @@ class Stage(ir.passes.Sequential):
 
 
 class Pipeline:
-    """Builds and runs the stages for one config.
+    """Builds and runs the stages for one config (a subclass swapping in its own passes
+    names them in ``messages``, the progress line per stage).
 
     Args:
         config: the resolved configuration.
@@ -114,6 +115,9 @@ class Pipeline:
         self.stages: dict[str, Stage] = {}
         self.timings: dict[str, float] = {}
         self.keep_annotations: set[str] = set()
+
+    #: Progress lines that replace the defaults (``_MESSAGES``) for some stages.
+    messages: ClassVar[Mapping[str, str]] = {}
 
     def build(self, name: str, model: ir.Model) -> Stage:
         """The stage ``name`` for ``model`` as it stands now (stages read earlier results)."""
@@ -211,7 +215,7 @@ class Pipeline:
         for name in STAGES[first : last + 1]:
             if name == "check" and not self.config.check:
                 continue
-            self.say(_MESSAGES[name])
+            self.say(self.messages.get(name) or _MESSAGES[name])
             t = time.perf_counter()
             stage = self.build(name, model)
             model = stage(model).model

@@ -24,7 +24,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import onnx
@@ -71,6 +71,11 @@ _LOADABLE_IR = 10
 
 class WeightsPipeline(Pipeline):
     """The staged pipeline with the weight-only select and apply stages."""
+
+    messages: ClassVar[Mapping[str, str]] = {
+        "annotate": "choosing the weights to quantize",
+        "apply": "quantizing the weights (MatMulNBits, GatherBlockQuantized)",
+    }
 
     def __init__(self, config: WeightsConfig, method: WeightMethod, **kwargs: Any) -> None:
         base = ConvertConfig(

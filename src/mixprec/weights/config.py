@@ -90,9 +90,9 @@ class WeightsConfig:
         guard_drop: a top-1 agreement below 1 - drop fails the check (None: not enforced).
         guard_rel_l2: a rel L2 above this fails the check (None: not enforced).
         guard_kl: a language model's mean next-token KL(FP32 || quantized) in nats above
-            this fails the language-model guard (None: its default, 0.05).
+            this fails the language-model guard (None: its default, 0.03).
         guard_perplexity: a language model's accepted relative perplexity rise on the
-            check text (None: its default, 0.05). A language model's ``guard_drop``
+            check text (None: its default, 0.03). A language model's ``guard_drop``
             bounds its top-1 next-token agreement (None: 0.2).
         check: hold the result to the ONNX checker.
         log_dir: folder for the graphs and the report.
