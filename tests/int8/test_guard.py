@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
+from guard_models import wide_range_classifier, wide_range_samples
 from helpers import run_ort
 from mixprec.cli.main import main
 from mixprec.tune.guard import (
@@ -22,52 +23,6 @@ from mixprec.tune.guard import (
     search_and_grade,
     split_samples,
 )
-
-CLASSES = 4
-
-
-def _wide_range_classifier() -> onnx.ModelProto:
-    """x[N,16] -> MatMul -> Relu -> MatMul -> Relu -> MatMul -> Softmax, where input
-    feature 0 is raw (~1000: an unnormalized count, like a byte value or a timestamp)
-    and the others ~1. The wide feature sets the first MatMul's per-tensor INT8 input
-    scale (a step of ~8), so the ordinary features round to a few levels, while the
-    network barely reads the wide one: its answer follows the ordinary features."""
-    rng = np.random.default_rng(5)
-    w1 = rng.standard_normal((16, 32)).astype(np.float32) * 0.3
-    w1[0] *= 1e-4
-    inits = [
-        numpy_helper.from_array(w1, "w1"),
-        numpy_helper.from_array(rng.standard_normal((32, 32)).astype(np.float32) * 0.3, "w2"),
-        numpy_helper.from_array(rng.standard_normal((32, CLASSES)).astype(np.float32), "w3"),
-    ]
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h1"], name="fc1"),
-        helper.make_node("Relu", ["h1"], ["r1"], name="relu1"),
-        helper.make_node("MatMul", ["r1", "w2"], ["h2"], name="fc2"),
-        helper.make_node("Relu", ["h2"], ["r2"], name="relu2"),
-        helper.make_node("MatMul", ["r2", "w3"], ["logits"], name="classifier"),
-        helper.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=-1),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "wide",
-        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["N", 16])],
-        [helper.make_tensor_value_info("probs", onnx.TensorProto.FLOAT, ["N", CLASSES])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
-def _samples(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    samples = []
-    for _ in range(n):
-        x = rng.standard_normal((16, 16)).astype(np.float32)
-        x[:, 0] = rng.uniform(0, 1000, 16)
-        samples.append({"x": x})
-    return samples
 
 
 def _agreement(model: onnx.ModelProto, quantized: onnx.ModelProto, samples) -> float:
@@ -85,7 +40,7 @@ def _specs(model: onnx.ModelProto) -> dict[str, str]:
 
 
 def test_output_kinds_and_the_held_out_split():
-    assert _specs(_wide_range_classifier()) == {"probs": "top1"}
+    assert _specs(wide_range_classifier()) == {"probs": "top1"}
     calib, held, in_sample = split_samples(list(range(20)))
     assert len(held) == 4 and sorted(calib + held) == list(range(20)) and not in_sample
     assert held != [16, 17, 18, 19], held  # a seeded random draw, not the last fifth
@@ -110,8 +65,8 @@ def test_checks_follow_the_output_kind_and_a_shape_change_is_a_miss():
 
 
 def test_a_model_built_to_fail_int8_is_caught_and_repaired_by_default():
-    model = _wide_range_classifier()
-    data, held = _samples(20), _samples(8, seed=1)
+    model = wide_range_classifier()
+    data, held = wide_range_samples(20), wide_range_samples(8, seed=1)
     # SmoothQuant (on by default) moves the wide channel into fc1's weights and INT8 then
     # keeps top-1 at 0.99: off here, so that the guard has something to repair.
     unguarded = mixprec.quantize(model, data, speed="off", guard=False, smooth=None)
@@ -133,14 +88,14 @@ def test_a_model_built_to_fail_int8_is_caught_and_repaired_by_default():
 
 
 def test_no_guard_and_too_few_samples_warn(caplog):
-    model = _wide_range_classifier()
+    model = wide_range_classifier()
     with caplog.at_level(logging.WARNING):
-        result = mixprec.quantize(model, _samples(3), speed="off")
+        result = mixprec.quantize(model, wide_range_samples(3), speed="off")
     assert result.report.guard["eval"] == "in-sample"
     assert any("too few to hold any out" in r.getMessage() for r in caplog.records)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        result = mixprec.quantize(model, _samples(6), speed="off", guard=False)
+        result = mixprec.quantize(model, wide_range_samples(6), speed="off", guard=False)
     assert result.report.guard is None
     assert any("accuracy guard off" in r.getMessage() for r in caplog.records)
     assert any("accuracy guard off" in note for note in result.report.notes)
@@ -148,10 +103,10 @@ def test_no_guard_and_too_few_samples_warn(caplog):
 
 def test_cli_says_the_repair_last_and_no_guard_warns(tmp_path, capsys):
     src = tmp_path / "wide.onnx"
-    onnx.save(_wide_range_classifier(), src)
+    onnx.save(wide_range_classifier(), src)
     calib = tmp_path / "calib"
     calib.mkdir()
-    for k, sample in enumerate(_samples(20)):
+    for k, sample in enumerate(wide_range_samples(20)):
         np.savez(calib / f"{k:02d}.npz", **sample)
     out = tmp_path / "q.onnx"
     args = ["quantize", str(src), "-o", str(out), "--calibration-data", str(calib)]
@@ -207,7 +162,9 @@ def test_the_repair_is_searched_on_some_held_out_samples_and_graded_on_the_other
     assert search_and_grade([1, 2, 3, 4, 5]) == ([1, 2, 3], [4, 5])
     assert search_and_grade([7]) == ([7], [7])
     # SmoothQuant off: it would fix the wide channel, leaving nothing to repair
-    result = mixprec.quantize(_wide_range_classifier(), _samples(20), speed="off", smooth=None)
+    result = mixprec.quantize(
+        wide_range_classifier(), wide_range_samples(20), speed="off", smooth=None
+    )
     guard = result.report.guard
     assert guard["kept_float"] == ["fc1"] and guard["passed"], guard  # a repair ran
     assert (guard["search_samples"], guard["graded_samples"], guard["eval_samples"]) == (2, 2, 4)
@@ -230,9 +187,14 @@ def _accuracy(reference, outputs) -> float:
 def test_the_users_own_metric_judges_the_guard_and_the_repair(tmp_path, capsys):
     """quantize(metric=, metric_budget=) and --metric FILE.py:FUNCTION: the guard's one
     check is the user's score, and the repair searches with it."""
-    model = _wide_range_classifier()
+    model = wide_range_classifier()
     result = mixprec.quantize(  # SmoothQuant off: it would leave nothing to repair
-        model, _samples(20), speed="off", metric=_accuracy, metric_budget=0.99, smooth=None
+        model,
+        wide_range_samples(20),
+        speed="off",
+        metric=_accuracy,
+        metric_budget=0.99,
+        smooth=None,
     )
     guard = result.report.guard
     assert guard["passed"] and guard["kept_float"] == ["fc1"], guard
@@ -242,7 +204,7 @@ def test_the_users_own_metric_judges_the_guard_and_the_repair(tmp_path, capsys):
     assert "score >= 0.99 of '_accuracy'" in guard["summary"], guard["summary"]
     src = tmp_path / "m.onnx"
     onnx.save(model, src)
-    np.savez(tmp_path / "calib.npz", x=np.stack([s["x"] for s in _samples(20)]))
+    np.savez(tmp_path / "calib.npz", x=np.stack([s["x"] for s in wide_range_samples(20)]))
     (tmp_path / "my_metric.py").write_text("def never(reference, outputs):\n    return 0.0\n")
     args = ["quantize", str(src), "-o", str(tmp_path / "q.onnx"), "--speed", "off",
             "--calibration-data", str(tmp_path / "calib.npz")]  # fmt: skip

@@ -22,71 +22,26 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
 import mixprec.pipeline.held_out as held_out
+from guard_models import wide_range_classifier, wide_range_samples
 from helpers import run_ort
 from mixprec.cli.main import main
 from mixprec.io.samples import NpzSamples
 from mixprec.pipeline.held_out import held_out_indices, split_for_guard
 from mixprec.tune.guard import GuardBudget, check_outputs
 
-CLASSES = 4
-
-
-def _classifier(softmax: bool) -> onnx.ModelProto:
-    """x[N,16] -> MatMul -> Relu -> MatMul -> Relu -> MatMul [-> Softmax]; input feature 0
-    is raw (~1000) and sets the first MatMul's INT8 input scale, so INT8 flips answers
-    (tests/int8/test_guard.py's classifier, here with or without its Softmax)."""
-    rng = np.random.default_rng(5)
-    w1 = rng.standard_normal((16, 32)).astype(np.float32) * 0.3
-    w1[0] *= 1e-4
-    inits = [
-        numpy_helper.from_array(w1, "w1"),
-        numpy_helper.from_array(rng.standard_normal((32, 32)).astype(np.float32) * 0.3, "w2"),
-        numpy_helper.from_array(rng.standard_normal((32, CLASSES)).astype(np.float32), "w3"),
-    ]
-    out = "probs" if softmax else "logits"
-    nodes = [
-        helper.make_node("MatMul", ["x", "w1"], ["h1"], name="fc1"),
-        helper.make_node("Relu", ["h1"], ["r1"], name="relu1"),
-        helper.make_node("MatMul", ["r1", "w2"], ["h2"], name="fc2"),
-        helper.make_node("Relu", ["h2"], ["r2"], name="relu2"),
-        helper.make_node("MatMul", ["r2", "w3"], ["logits"], name="classifier"),
-    ]
-    if softmax:
-        nodes.append(helper.make_node("Softmax", ["logits"], ["probs"], name="softmax"))
-    graph = helper.make_graph(
-        nodes,
-        "wide",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
-        [helper.make_tensor_value_info(out, TensorProto.FLOAT, ["N", CLASSES])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model
-
-
-def _samples(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
-    rng = np.random.default_rng(seed)
-    samples = []
-    for _ in range(n):
-        x = rng.standard_normal((16, 16)).astype(np.float32)
-        x[:, 0] = rng.uniform(0, 1000, 16)
-        samples.append({"x": x})
-    return samples
-
 
 def test_plain_logits_are_read_as_class_scores_caught_and_repaired():
     """Before: a logits output without a Softmax was held to rel L2 (0.1), which INT8's
     flipped answers can pass or miss by chance; now top-1 agreement on the class axis."""
-    model = _classifier(softmax=False)
-    result = mixprec.quantize(model, _samples(20), speed="off", smooth=None)
+    model = wide_range_classifier(softmax=False)
+    result = mixprec.quantize(model, wide_range_samples(20), speed="off", smooth=None)
     guard = result.report.guard
     (first,) = guard["first_checks"]
     assert first["kind"] == "top1" and first["value"] < 0.99, first
     assert first["reason"].startswith("plain logits: MatMul 'classifier'"), first["reason"]
     assert guard["kinds"]["logits"]["check"] == "top1"
     assert guard["passed"] and guard["kept_float"] == ["fc1"], guard
-    held = _samples(8, seed=1)
+    held = wide_range_samples(8, seed=1)
     same = [
         run_ort(model, s)["logits"].argmax(-1)
         == run_ort(result.model_proto, s)["logits"].argmax(-1)
@@ -166,8 +121,8 @@ def test_embeddings_are_held_to_their_cosine():
 
 
 def test_the_users_metric_gets_the_labels_eval_data_carries(tmp_path, capsys):
-    model = _classifier(softmax=True)
-    evals = _samples(6, seed=3)
+    model = wide_range_classifier(softmax=True)
+    evals = wide_range_samples(6, seed=3)
     for k, sample in enumerate(evals):
         sample["label"] = run_ort(model, sample)["probs"].argmax(-1)  # FP32's answers
         sample["k"] = np.array(k)
@@ -179,7 +134,7 @@ def test_the_users_metric_gets_the_labels_eval_data_carries(tmp_path, capsys):
         return float(np.mean(np.concatenate(hits)))
 
     result = mixprec.quantize(
-        model, _samples(20), eval_data=evals, speed="off", smooth=None,
+        model, wide_range_samples(20), eval_data=evals, speed="off", smooth=None,
         metric=accuracy, metric_budget=0.99,
     )  # fmt: skip
     guard = result.report.guard
@@ -192,7 +147,7 @@ def test_the_users_metric_gets_the_labels_eval_data_carries(tmp_path, capsys):
     # the CLI: --eval-data with a "label" array beside the inputs (a leading sample axis)
     src = tmp_path / "m.onnx"
     onnx.save(model, src)
-    np.savez(tmp_path / "calib.npz", x=np.stack([s["x"] for s in _samples(20)]))
+    np.savez(tmp_path / "calib.npz", x=np.stack([s["x"] for s in wide_range_samples(20)]))
     np.savez(
         tmp_path / "eval.npz",
         x=np.stack([s["x"] for s in evals]),
