@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import cpu_flags as common_cpu_flags
 from evaluate import (
     LATENCY_SECONDS,
     MAX_LATENCY_PAIRS,
@@ -61,6 +62,11 @@ VARIANTS: dict[str, tuple[str, str | None, str]] = {
 }
 OV_CONFIG = {"INFERENCE_NUM_THREADS": str(THREADS), "PERFORMANCE_HINT": "LATENCY"}
 CPU_FLAGS = ("avx512_bf16", "amx_bf16", "avx512_vnni", "avx2")
+
+
+def cpu_flags() -> dict[str, bool]:
+    """Which of CPU_FLAGS (the BF16 part's) /proc/cpuinfo lists."""
+    return common_cpu_flags(CPU_FLAGS)
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 #: OpenVINO CPU runtime layer types that do the multiply-accumulates
 MAC_LAYERS = frozenset({"Convolution", "GroupConvolution", "Deconvolution", "FullyConnected",
@@ -69,19 +75,6 @@ MAC_LAYERS = frozenset({"Convolution", "GroupConvolution", "Deconvolution", "Ful
 #: worst rel L2 (mixprec) <= VERSUS_FACTOR x worst rel L2 (blanket) + VERSUS_SLACK
 VERSUS_FACTOR = 1.25
 VERSUS_SLACK = 1e-3
-
-
-def cpu_flags() -> dict[str, bool]:
-    """Which of CPU_FLAGS /proc/cpuinfo lists (all False where it cannot be read)."""
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    return {name: name in flags for name in CPU_FLAGS}
 
 
 @functools.cache

