@@ -195,12 +195,16 @@ def test_minmax_and_absmax_over_batches_equal_numpy_over_the_concatenation(obser
     np.testing.assert_array_equal(w.channel_max, [2.0, 1.5])
 
 
-def test_histogram_over_many_batches_keeps_fixed_bins_and_counts_everything() -> None:
+@pytest.mark.parametrize("subsample", [0, 32768])  # fetched whole; sampled (all: 8 values)
+def test_histogram_over_many_batches_keeps_fixed_bins_and_counts_everything(
+    subsample: int,
+) -> None:
     from helpers import make_model
     from mixprec.calibrate.runner import calibrate
 
     batches = _batches(20, seed=3)
-    result = calibrate(make_model(_SMALL), iter(batches), observer="histogram", bins=64)
+    model = make_model(_SMALL)
+    result = calibrate(model, iter(batches), observer="histogram", bins=64, subsample=subsample)
     tensors = _fp32_tensors(batches)
     for name, values in tensors.items():
         stats = result.stats[name]

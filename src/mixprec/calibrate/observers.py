@@ -4,7 +4,8 @@ Every observer takes raw arrays (:meth:`~MinMaxObserver.update`), merges with an
 observer of its kind (:meth:`~MinMaxObserver.merge`) and reports
 :class:`TensorStats`. :class:`AbsMaxObserver` and :class:`MinMaxObserver` also take
 reductions computed elsewhere (:meth:`~MinMaxObserver.update_range`, the in-graph
-``ReduceMin``/``ReduceMax`` probes); :class:`HistogramObserver` needs the data.
+``ReduceMin``/``ReduceMax`` probes); :class:`HistogramObserver` needs the data, whole
+or as a sample with the exact range and tail (:meth:`~HistogramObserver.update_sample`).
 Memory is fixed per tensor, whatever the number of samples.
 """
 
@@ -57,7 +58,8 @@ class TensorStats:
         min: Smallest non-NaN value, or None (absmax observer, or no element seen).
         max: Largest non-NaN value, or None.
         histogram: Counts of finite ``|x|`` in equal bins over ``[0, hist_upper]``, or
-            None (histogram observer only).
+            None (histogram observer only); float64, estimated from samples where the
+            tensors were sampled (:meth:`HistogramObserver.update_sample`).
         hist_upper: Upper edge of the histogram's range.
         channel_axis: For weights of rank >= 2: the output-channel axis of
             ``channel_min``/``channel_max``, else None.
@@ -73,6 +75,12 @@ class TensorStats:
     channel_axis: int | None = None
     channel_min: np.ndarray | None = None
     channel_max: np.ndarray | None = None
+
+
+def _finite_abs(array: np.ndarray, finite: bool = False) -> np.ndarray:
+    """``|array|`` as float32 without its non-finite values (``finite``: known to hold none)."""
+    a = np.abs(np.asarray(array, np.float32))
+    return a if finite else a[np.isfinite(a)]
 
 
 def _non_nan(array: np.ndarray) -> np.ndarray:
@@ -164,7 +172,9 @@ class HistogramObserver(MinMaxObserver):
 
     The range ``[0, upper]`` starts at the first batch's ``max |x|`` and doubles as
     often as a later batch needs; doubling merges pairs of adjacent bins exactly, so
-    counts are never re-interpolated and memory stays ``bins`` counters.
+    counts are never re-interpolated and memory stays ``bins`` counters. A batch comes
+    whole (:meth:`update`) or as a sample (:meth:`update_sample`), whose counts are
+    weighted to stand for the whole batch (counts are floats).
     """
 
     needs_data = True
@@ -174,7 +184,7 @@ class HistogramObserver(MinMaxObserver):
         if bins < 2 or bins % 2:
             raise MixprecError(f"histogram bins must be an even number >= 2, got {bins}")
         self.bins = bins
-        self.counts = np.zeros(bins, dtype=np.int64)
+        self.counts = np.zeros(bins, dtype=np.float64)
         self.upper = 0.0
 
     def update_range(self, lo: float, hi: float) -> None:
@@ -186,7 +196,7 @@ class HistogramObserver(MinMaxObserver):
             return
         while self.upper < needed:
             self.counts = self.counts.reshape(-1, 2).sum(axis=1)
-            self.counts = np.concatenate([self.counts, np.zeros(self.bins // 2, np.int64)])
+            self.counts = np.concatenate([self.counts, np.zeros(self.bins // 2)])
             self.upper *= 2.0
 
     def update(self, array: np.ndarray) -> None:
@@ -197,8 +207,37 @@ class HistogramObserver(MinMaxObserver):
         if not magnitude.size:
             return
         self._grow(float(magnitude.max()))
-        counts, _ = np.histogram(magnitude, bins=self.bins, range=(0.0, self.upper))
-        self.counts += counts
+        self._count(magnitude)
+
+    def _count(self, magnitude: np.ndarray, weight: float = 1.0) -> None:
+        """Adds ``weight`` per value of ``magnitude`` (finite, in ``[0, upper]``) to its
+        bin (the top edge to the last bin, as ``np.histogram`` counts; 8x faster)."""
+        index = (magnitude * np.float32(self.bins / self.upper)).astype(np.intp)
+        np.minimum(index, self.bins - 1, out=index)
+        counts = np.bincount(index, minlength=self.bins)
+        self.counts += counts * weight if weight != 1.0 else counts
+
+    def update_sample(
+        self, lo: float, hi: float, count: int, sample: np.ndarray, top: np.ndarray
+    ) -> None:
+        """Folds one NaN-free batch of ``count`` values known by its exact ``lo`` and
+        ``hi``, a uniform ``sample`` of its values and its exact largest ``|x|`` (``top``).
+
+        ``top`` is counted exactly; the sample's values up to the smallest of ``top``
+        stand for the other ``count - len(top)`` values, each weighing as many. The tail
+        (which the percentile and the clipping error read) is exact, the body estimated.
+        """
+        super().update_range(lo, hi)
+        ends = [abs(v) for v in (lo, hi) if math.isfinite(v)]
+        magnitude, tail = _finite_abs(sample, len(ends) == 2), _finite_abs(top, len(ends) == 2)
+        peak = max([*ends, *(float(a.max()) for a in (magnitude, tail) if a.size)], default=0.0)
+        if not (magnitude.size or tail.size):
+            return
+        self._grow(peak)
+        body = magnitude[magnitude <= tail.min()] if tail.size else magnitude
+        self._count(tail)
+        if body.size and count > len(top):
+            self._count(body, (count - len(top)) / body.size)
 
     def merge(self, other: Observer) -> None:
         if not isinstance(other, HistogramObserver) or other.bins != self.bins:

@@ -38,6 +38,10 @@ from mixprec.core.graphs import is_constant_node
 from mixprec.core.ops import FLOAT_TYPES
 from mixprec.io.feeds import Feeds, calibration_feeds, feeds_for
 from mixprec.runtime.emulate import element_types
+from mixprec.runtime.probes import Subsample
+
+#: Values each tensor gives a histogram per sample (``calibrate(subsample=...)``).
+SUBSAMPLE = Subsample().size
 
 __all__ = ["CalibrationResult", "calibrate", "collect_absmax", "stream_tensors"]
 
@@ -109,6 +113,7 @@ def calibrate(
     channel_absmax: Mapping[str, int] | None = None,
     rows: Mapping[str, int] | None = None,
     only: Collection[str] | None = None,
+    subsample: int = SUBSAMPLE,
 ) -> CalibrationResult:
     """Runs the FP32 model on every sample of ``data`` and observes every float tensor.
 
@@ -126,7 +131,8 @@ def calibrate(
         model: The FP32 model, a proto or an ``onnx_ir`` model (left as it was).
         data: One feed dict, a list of them, or any iterable (generator) of them.
         observer: ``"absmax"``, ``"minmax"`` (both via in-graph reductions) or
-            ``"histogram"`` (tensors fetched, ``bins`` counters of ``|x|`` each).
+            ``"histogram"`` (``bins`` counters of ``|x|`` each, from in-graph samples
+            unless ``subsample`` is 0).
         bins: Histogram bins.
         chunk_size: Most tensors fetched per ORT session, to bound memory.
         threads: ORT intra-op thread count.
@@ -138,6 +144,9 @@ def calibrate(
         channel_absmax: Tensor -> channel axis: also their per-channel ``max |x|``.
         rows: Tensor -> count: also keep up to ``count`` rows of each sample (fetched whole).
         only: Measure only these tensors (graph inputs, node outputs, weights), not all.
+        subsample: Histogram: values per tensor and sample, at random positions, beside
+            its exact min, max and largest ``|x|`` (one ORT run per sample); 0 fetches
+            every tensor whole (exact counts, several runs and copies per sample).
 
     Returns:
         The :class:`CalibrationResult` (``.stats``, ``.shapes``, ``.samples``,
@@ -151,9 +160,9 @@ def calibrate(
         >>> result = calibrate(proto, (load(f) for f in files), observer="minmax")  # doctest: +SKIP
         >>> result.samples, result.stats["conv_out"].max                            # doctest: +SKIP
     """
-    # (Over 80 lines only because of the docstring; the steps are the helpers above.)
-    if chunk_size < 1:
-        raise MixprecError(f"chunk size must be a positive integer, got {chunk_size}")
+    # (Over 80 lines only because of the docstring; the steps are helpers.)
+    if chunk_size < 1 or subsample < 0:
+        raise MixprecError(f"bad chunk size {chunk_size} or subsample {subsample}")
     make_observer(observer, bins)  # checks the kind and the bins
     samples = calibration_feeds(data)
     if samples is None:
@@ -164,6 +173,8 @@ def calibrate(
     result = CalibrationResult(observer=observer)
     result.stats.update(static_stats(work, ext, observer, bins, only))
     candidates = [c for c in _candidates(work, set(result.stats)) if only is None or c[0] in only]
+    needs_data = OBSERVERS[observer].needs_data
+    sampled = Subsample(subsample) if needs_data and subsample else None
     observed = Observed(observer, bins, result.shapes)
     observed.mean_axes = dict(channel_means or {})
     observed.want_channels(channel_absmax, rows)
@@ -173,20 +184,13 @@ def calibrate(
         chunk_size=chunk_size,
         threads=threads,
         external=ext,
-        use_probes=not OBSERVERS[observer].needs_data,
+        use_probes=sampled is not None or not needs_data,
+        subsample=sampled,
         means=channel_means,
         absmax=channel_absmax,
         fetch=set(rows or {}),
     )
-    try:
-        for sample in samples:
-            feeds = feeds_for(work, sample)
-            for name in feeds.keys() if only is None else feeds.keys() & only:
-                observed.array(name, feeds[name])
-            runner.measure(feeds, observed)
-            result.samples += 1
-    finally:
-        runner.close()
+    result.samples = _observe_samples(work, samples, runner, observed, only)
     if result.samples == 0:
         raise MixprecError("calibration data holds no sample")
     result.stats.update({name: obs.stats() for name, obs in observed.observers.items()})
@@ -195,6 +199,27 @@ def calibrate(
     if shapes_out is not None:
         shapes_out.update(result.shapes)
     return result
+
+
+def _observe_samples(
+    model: ir.Model,
+    samples: Iterable[Feeds],
+    runner: SampleRunner,
+    observed: Observed,
+    only: Collection[str] | None,
+) -> int:
+    """Measures every sample (graph inputs from the feeds); returns how many ran."""
+    count = 0
+    try:
+        for sample in samples:
+            feeds = feeds_for(model, sample)
+            for name in feeds.keys() if only is None else feeds.keys() & only:
+                observed.array(name, feeds[name])
+            runner.measure(feeds, observed)
+            count += 1
+    finally:
+        runner.close()
+    return count
 
 
 def collect_absmax(

@@ -5,7 +5,10 @@ measures to :class:`Observed`, the observers of one calibration run by tensor na
 
 * every float tensor is measured by ``ReduceMin``/``ReduceMax`` probes placed right
   after its producer (:class:`~mixprec.runtime.probes.ProbeSession`: one ONNX Runtime
-  session, built once, reused for every sample; no full-size intermediate leaves it);
+  session, built once, run once per sample; no full-size intermediate leaves it); for a
+  histogram, the probes also give a :class:`~mixprec.runtime.probes.Subsample` of each
+  tensor's values and its exact largest ``|x|`` (a tensor no larger than half the
+  sample is taken whole, and counted as fetched);
 * tensors holding NaN, and models the probes cannot run in, fetch the tensors as extra
   graph outputs, in chunks of at most ``chunk_size`` tensors and about
   :data:`FETCH_BYTES` (sizes learnt from the first sample), bisecting a chunk that ONNX
@@ -23,11 +26,19 @@ import onnx
 import onnx_ir as ir
 from onnx import helper
 
-from mixprec.calibrate.observers import ChannelObserver, Observer, is_float_array, make_observer
+from mixprec.calibrate.observers import (
+    OBSERVERS,
+    ChannelObserver,
+    HistogramObserver,
+    Observer,
+    is_float_array,
+    make_observer,
+)
 from mixprec.core.errors import MixprecError
 from mixprec.io.external import DATA_FOLDER
 from mixprec.io.protos import weightless_proto
-from mixprec.runtime.probes import ProbeSession, VariantRunner
+from mixprec.runtime.probe_nodes import sample_indices
+from mixprec.runtime.probes import ProbeSession, Subsample, VariantRunner
 
 __all__ = ["FETCH_BYTES", "Observed", "SampleRunner"]
 
@@ -101,9 +112,38 @@ class Observed:
             if name in self.channels:
                 self.channels[name].update(np.asarray(array))
 
+    @property
+    def needs_data(self) -> bool:
+        """Whether the observers need more than each tensor's min and max."""
+        return OBSERVERS[self.kind].needs_data
+
     def reduced(self, name: str, lo: float, hi: float, shape: list[int]) -> None:
         self.shapes.setdefault(name, shape)
         self._observer(name).update_range(lo, hi)
+
+    def sampled(
+        self,
+        name: str,
+        ranges: tuple[float, float, list[int]],
+        sample: np.ndarray,
+        top: np.ndarray,
+        positions: np.ndarray,
+    ) -> None:
+        """One sample's tensor known by its (min, max, shape), a sample of its values at
+        ``positions`` and its largest ``|x|``: counted whole when the sample holds every
+        value, else as :meth:`HistogramObserver.update_sample` estimates."""
+        lo, hi, shape = ranges
+        self.shapes.setdefault(name, shape)
+        observer = self._observer(name)
+        if not isinstance(observer, HistogramObserver):
+            observer.update_range(lo, hi)
+            return
+        count = math.prod(shape)
+        whole = _whole(sample, sample_indices(positions, count), count)
+        if whole is not None:
+            observer.update(whole)
+        else:
+            observer.update_sample(lo, hi, count, sample, top)
 
     def record(self, outs: dict[str, np.ndarray], wanted: set[str]) -> None:
         """Observes the wanted arrays of ``outs`` and drops each one right away."""
@@ -112,6 +152,19 @@ class Observed:
             self.nbytes[name] = int(array.nbytes)
             if name in wanted:
                 self.array(name, array)
+
+
+def _whole(sample: np.ndarray, indices: np.ndarray, count: int) -> np.ndarray | None:
+    """The flattened tensor of ``count`` values when ``sample`` (taken at ``indices``)
+    holds every one of them, else None."""
+    # indices rise with the sorted positions: all are taken when none is skipped
+    if count > len(sample) or indices[0] != 0 or indices[-1] != count - 1:
+        return None
+    if count > 1 and np.diff(indices).max() > 1:
+        return None
+    whole = np.empty(count, np.float32)
+    whole[indices] = sample
+    return whole
 
 
 class SampleRunner:
@@ -126,6 +179,7 @@ class SampleRunner:
         threads: int,
         external: Mapping[str, np.ndarray],
         use_probes: bool,
+        subsample: Subsample | None = None,
         means: Mapping[str, int] | None = None,
         absmax: Mapping[str, int] | None = None,
         fetch: Collection[str] = (),
@@ -139,6 +193,7 @@ class SampleRunner:
         self._threads = threads
         self._external = dict(external)
         self._use_probes = use_probes and bool(candidates)
+        self._subsample = subsample
         self._probe: ProbeSession | None = None
         self._runner: VariantRunner | None = None
 
@@ -159,6 +214,7 @@ class SampleRunner:
                 means=self._means,
                 absmax=self._absmax,
                 fetch=self._whole,
+                subsample=self._subsample,
             )
             self._use_probes = self._probe is not None
         if self._probe is not None:
@@ -167,25 +223,40 @@ class SampleRunner:
             except MixprecError as e:
                 logger.debug("range analysis: probes failed on a sample (%s); fetching", e)
             else:
-                for name, mean in self._probe.last_means.items():
-                    observed.channel_mean(name, mean)
-                for name, absmax in self._probe.last_absmax.items():
-                    observed.channels[name].update_absmax(absmax)
-                for name, array in self._probe.last_fetched.items():
-                    channel = observed.channels[name]
-                    if name in self._probe.last_absmax:
-                        channel.update_rows(array)
-                    else:  # no probe (rank unknown): from the fetched tensor
-                        channel.update(array)
-                pending = []
-                for name, dtype in self._candidates:
-                    lo, hi, shape = reduced.get(name, (math.nan, math.nan, []))
-                    if math.isnan(lo) or math.isnan(hi):  # NaN inside: measured by fetching
-                        pending.append((name, dtype))
-                    else:
-                        observed.reduced(name, lo, hi, shape)
+                pending = self._probed(self._probe, reduced, observed)
         if pending:
             self._fetch(pending, feeds, observed)
+
+    def _probed(
+        self,
+        probe: ProbeSession,
+        reduced: Mapping[str, tuple[float, float, list[int]]],
+        observed: Observed,
+    ) -> list[tuple[str, ir.DataType]]:
+        """Observes what the probe run gave; returns the candidates left to fetch."""
+        for name, mean in probe.last_means.items():
+            observed.channel_mean(name, mean)
+        for name, absmax in probe.last_absmax.items():
+            observed.channels[name].update_absmax(absmax)
+        for name, array in probe.last_fetched.items():
+            channel = observed.channels[name]
+            if name in probe.last_absmax:
+                channel.update_rows(array)
+            else:  # no probe (rank unknown): from the fetched tensor
+                channel.update(array)
+        pending = []
+        for name, dtype in self._candidates:
+            lo, hi, shape = reduced.get(name, (math.nan, math.nan, []))
+            sample = probe.last_samples.get(name)
+            if math.isnan(lo) or math.isnan(hi):  # NaN inside: measured by fetching
+                pending.append((name, dtype))
+            elif sample is not None:
+                observed.sampled(name, (lo, hi, shape), *sample, probe.last_positions)
+            elif observed.needs_data:
+                pending.append((name, dtype))
+            else:
+                observed.reduced(name, lo, hi, shape)
+        return pending
 
     def _fetch(
         self,

@@ -1,7 +1,8 @@
 """ONNX Runtime sessions that expose a model's inner tensors, for calibration.
 
 * :class:`ProbeSession`: the model with ``ReduceMin``/``ReduceMax``/``Shape`` probes
-  after each measured tensor, built once and run once per sample.
+  after each measured tensor (and, for histograms, a :class:`Subsample` of its values:
+  nodes in :mod:`mixprec.runtime.probe_nodes`), built once and run once per sample.
 * :class:`VariantRunner`: copies of the model whose graph outputs are swapped for the
   tensors to fetch (the fallback, and the path of observers that need the data).
 """
@@ -12,6 +13,7 @@ import logging
 import tempfile
 from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -30,10 +32,49 @@ from mixprec.runtime.ort import (
     make_session,
     run_session,
 )
+from mixprec.runtime.probe_nodes import (
+    POSITIONS,
+    SampleConstants,
+    channel_nodes,
+    draw_positions,
+    range_nodes,
+    sample_nodes,
+)
 
-__all__ = ["ProbeSession", "VariantRunner"]
+__all__ = ["ProbeSession", "Subsample", "VariantRunner"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Subsample:
+    """What the histogram probes take of each tensor per run, beside its exact min and max.
+
+    Attributes:
+        size: Values at uniform random positions, new ones every run (all of them, in
+            order, when the tensor holds no more).
+        top: The tensor's largest ``|x|``, exactly (the histogram's tail).
+        seed: Seed of the positions.
+    """
+
+    size: int = 32768
+    top: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or self.top < 1:
+            raise MixprecError(f"subsample sizes must be positive, got {self.size}, {self.top}")
+
+
+@dataclass
+class _Outputs:
+    """The probe outputs by measured tensor."""
+
+    probes: list[tuple[str, str, str, str]] = field(default_factory=list)  # min, max, shape
+    means: dict[str, str] = field(default_factory=dict)  # per-channel mean
+    absmax: dict[str, str] = field(default_factory=dict)  # per-channel max |x|
+    fetched: list[str] = field(default_factory=list)  # tensors that are outputs themselves
+    samples: dict[str, tuple[str, str]] = field(default_factory=dict)  # sample, top |x|
 
 
 class ProbeSession:
@@ -42,28 +83,32 @@ class ProbeSession:
     ONNX Runtime computes the reductions itself, so no full-size intermediate leaves the
     session, and with the probes placed right after each producer (run in the given
     order) every activation can be freed as soon as it is measured: peak memory stays
-    near a plain inference run.
+    near a plain inference run. With a :class:`Subsample`, each tensor also gives a
+    uniform sample of its values and its largest ``|x|`` (what a histogram needs), in the
+    same run.
     """
 
     def __init__(
         self,
         session: ort.InferenceSession,
-        probes: list[tuple[str, str, str, str]],
-        means: dict[str, str] | None = None,
-        absmax: dict[str, str] | None = None,
-        fetched: Sequence[str] = (),
+        outputs: _Outputs,
+        subsample: Subsample | None = None,
     ):
         self._session = session
-        self._probes = probes  # (tensor, min output, max output, shape output)
-        self._means = means or {}  # tensor -> its per-channel mean output
-        self._absmax = absmax or {}  # tensor -> its per-channel max |x| output
-        self._fetched = list(fetched)  # tensors that are outputs themselves
+        self._outputs = outputs
+        self._subsample = subsample
+        self._rng = np.random.default_rng(subsample.seed if subsample else 0)
         #: Per-channel means of the last :meth:`run`, by tensor name.
         self.last_means: dict[str, np.ndarray] = {}
         #: Per-channel ``max |x|`` of the last :meth:`run`, by tensor name.
         self.last_absmax: dict[str, np.ndarray] = {}
         #: The whole tensors asked for (``fetch=``) of the last :meth:`run`, by name.
         self.last_fetched: dict[str, np.ndarray] = {}
+        #: (sample, largest ``|x|``) of the last :meth:`run` by tensor name (``subsample=``).
+        self.last_samples: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        #: The positions the last :meth:`run` sampled at (see
+        #: :func:`~mixprec.runtime.probe_nodes.sample_indices`).
+        self.last_positions = np.zeros(0)
 
     @classmethod
     def create(
@@ -75,48 +120,24 @@ class ProbeSession:
         means: Mapping[str, int] | None = None,
         absmax: Mapping[str, int] | None = None,
         fetch: Collection[str] = (),
+        subsample: Subsample | None = None,
     ) -> ProbeSession | None:
         """The probe session, or None when ONNX Runtime cannot build it.
 
         ``means`` (tensor -> channel axis) adds a per-channel ``ReduceMean`` of those
         tensors whose rank is known, ``absmax`` a per-channel ``ReduceMax(Abs(x))``;
-        the tensors in ``fetch`` become outputs themselves (keep them few and small).
+        the tensors in ``fetch`` become outputs themselves (keep them few and small);
+        ``subsample`` adds every tensor's sample and largest ``|x|`` (ai.onnx opset 10 on).
 
         The probes are inserted into ``model`` only while it is serialized (without its
         large weights, which ORT gets in memory) and removed again: ``model`` is left as
         it was.
         """
-        by_name = {v.name: v for n in model.graph for v in n.outputs if v.name}
-        probes: list[tuple[str, str, str, str]] = []
-        channel_outputs: dict[str, dict[str, str]] = {"mean": {}, "absmax": {}}
-        fetched: list[str] = []
         added: list[ir.Node] = []
         outputs_before = len(model.graph.outputs)
+        inputs_before = len(model.graph.inputs)
         try:
-            for k, (name, dtype) in enumerate(candidates):
-                value = by_name.get(name)
-                producer = value.producer() if value is not None else None
-                if value is None or producer is None:
-                    continue
-                nodes = _probe_nodes(value, dtype, k)
-                model.graph.insert_after(producer, nodes)
-                added.extend(nodes)
-                model.graph.outputs.extend(n.outputs[0] for n in nodes)
-                probes.append((name, *(n.outputs[0].name or "" for n in nodes)))  # type: ignore[arg-type]
-                for kind, axes in (("mean", means), ("absmax", absmax)):
-                    if not axes or name not in axes or value.shape is None:
-                        continue
-                    opset = onnx_opset(model.opset_imports, 13)
-                    rank = len(value.shape)
-                    reduce = _channel_nodes(kind, value, axes[name], rank, k, opset)
-                    model.graph.insert_after(nodes[-1], reduce)
-                    added.extend(reduce)
-                    model.graph.outputs.append(reduce[-1].outputs[0])
-                    channel_outputs[kind][name] = reduce[-1].outputs[0].name or ""
-                if name in fetch:
-                    fetched.append(name)
-                    if not value.is_graph_output():
-                        model.graph.outputs.append(value)
+            outputs = _add_probes(model, candidates, added, means, absmax, fetch, subsample)
             folder = model.meta.get(DATA_FOLDER)
             # ORT parses no weight bytes: it maps the model's own data files (no copy) and
             # takes other large weights from memory.
@@ -127,6 +148,8 @@ class ProbeSession:
                 model.graph.outputs.pop()
             for node in reversed(added):
                 model.graph.remove(node, safe=True)
+            while len(model.graph.inputs) > inputs_before:
+                model.graph.inputs.pop()
         detached.update(external or {})
         try:
             session = make_session(
@@ -140,7 +163,7 @@ class ProbeSession:
         except MixprecError as e:
             logger.debug("range analysis: probe session failed (%s); fetching tensors", e)
             return None
-        return cls(session, probes, channel_outputs["mean"], channel_outputs["absmax"], fetched)
+        return cls(session, outputs, subsample if outputs.samples else None)
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, tuple[float, float, list[int]]]:
         """``(min, max, shape)`` by tensor name for one sample.
@@ -148,77 +171,82 @@ class ProbeSession:
         Raises:
             MixprecError: ONNX Runtime fails on this sample.
         """
-        wanted = [o for _, lo, hi, shape in self._probes for o in (lo, hi, shape)]
-        channels = [*self._means.values(), *self._absmax.values()]
-        outs = run_session(self._session, feeds, [*wanted, *channels, *self._fetched])
-        self.last_means = {name: np.asarray(outs[out]) for name, out in self._means.items()}
-        self.last_absmax = {name: np.asarray(outs[out]) for name, out in self._absmax.items()}
-        self.last_fetched = {name: np.asarray(outs[name]) for name in self._fetched}
+        o = self._outputs
+        wanted = [name for _, lo, hi, shape in o.probes for name in (lo, hi, shape)]
+        wanted += [*o.means.values(), *o.absmax.values(), *o.fetched]
+        wanted += [name for pair in o.samples.values() for name in pair]
+        if self._subsample is not None:
+            self.last_positions = draw_positions(self._rng, self._subsample.size)
+            feeds = {**feeds, POSITIONS: self.last_positions}
+        outs = run_session(self._session, feeds, wanted)
+        self.last_means = {name: np.asarray(outs[out]) for name, out in o.means.items()}
+        self.last_absmax = {name: np.asarray(outs[out]) for name, out in o.absmax.items()}
+        self.last_fetched = {name: np.asarray(outs[name]) for name in o.fetched}
+        self.last_samples = {
+            name: (np.asarray(outs[sample]), np.asarray(outs[top]))
+            for name, (sample, top) in o.samples.items()
+        }
         return {
             name: (
                 float(np.asarray(outs[lo], dtype=np.float64)),
                 float(np.asarray(outs[hi], dtype=np.float64)),
                 [int(d) for d in np.asarray(outs[shape]).reshape(-1)],
             )
-            for name, lo, hi, shape in self._probes
+            for name, lo, hi, shape in o.probes
         }
 
 
-def _probe_nodes(value: ir.Value, dtype: ir.DataType, k: int) -> list[ir.Node]:
-    """``ReduceMin``, ``ReduceMax`` and ``Shape`` of ``value`` (outputs named by ``k``)."""
-    nodes = []
-    for op in ("ReduceMin", "ReduceMax"):
-        out = ir.Value(name=f"__mp_{op}_{k}", type=ir.TensorType(dtype), shape=ir.Shape([]))
-        attrs = [ir.AttrInt64("keepdims", 0)]
-        nodes.append(ir.Node("", op, [value], attributes=attrs, outputs=[out], name=out.name))
-    shape = ir.Value(name=f"__mp_shape_{k}", type=ir.TensorType(ir.DataType.INT64))
-    nodes.append(ir.Node("", "Shape", [value], outputs=[shape], name=shape.name))
-    return nodes
+def _add_probes(
+    model: ir.Model,
+    candidates: Sequence[tuple[str, ir.DataType]],
+    added: list[ir.Node],
+    means: Mapping[str, int] | None,
+    absmax: Mapping[str, int] | None,
+    fetch: Collection[str],
+    subsample: Subsample | None,
+) -> _Outputs:
+    """Inserts the probes of every candidate after its producer (the nodes also go to
+    ``added``, their outputs to the graph's outputs) and returns their output names."""
+    by_name = {v.name: v for n in model.graph for v in n.outputs if v.name}
+    opset = onnx_opset(model.opset_imports, 13)
+    shared = None
+    if subsample is not None and opset >= 10 and len(model.graph):  # TopK with a K input
+        shared = SampleConstants.create(subsample.size, subsample.top, opset)
+        model.graph.insert_before(model.graph.node(0), shared.nodes)
+        added.extend(shared.nodes)
+        model.graph.inputs.append(shared.positions)
+    found = _Outputs()
+    for k, (name, dtype) in enumerate(candidates):
+        value = by_name.get(name)
+        producer = value.producer() if value is not None else None
+        if value is None or producer is None:
+            continue
+        if shared is not None:
+            nodes, (lo, hi, shape), sample, top = sample_nodes(value, dtype, k, shared)
+            outputs = [lo, hi, shape, sample, top]
+            found.samples[name] = (sample.name or "", top.name or "")
+        else:
+            nodes, (lo, hi, shape) = range_nodes(value, dtype, k)
+            outputs = [lo, hi, shape]
+        found.probes.append((name, lo.name or "", hi.name or "", shape.name or ""))
+        for kind, axes in (("mean", means), ("absmax", absmax)):
+            if axes and name in axes and value.shape is not None:
+                reduce = channel_nodes(kind, value, axes[name], len(value.shape), k, opset)
+                nodes += reduce
+                outputs.append(reduce[-1].outputs[0])
+                getattr(found, kind)[name] = reduce[-1].outputs[0].name or ""
+        model.graph.insert_after(producer, nodes)
+        added.extend(nodes)
+        model.graph.outputs.extend(outputs)
+        if name in fetch:
+            found.fetched.append(name)
+            if not value.is_graph_output():
+                model.graph.outputs.append(value)
+    return found
 
 
 #: Sessions a :class:`VariantRunner` keeps (one per chunk of fetched tensors).
 _KEPT_SESSIONS = 8
-
-
-def _channel_nodes(
-    kind: str, value: ir.Value, axis: int, rank: int, k: int, opset: int
-) -> list[ir.Node]:
-    """Per-channel ``ReduceMean`` (kind "mean") or ``ReduceMax`` of ``Abs`` (kind "absmax")
-    of ``value`` over every axis but ``axis`` (output ``__mp_{kind}_k``)."""
-    axes = [i for i in range(rank) if i != axis % rank]
-    out = ir.Value(name=f"__mp_{kind}_{k}", type=ir.TensorType(ir.DataType.FLOAT))
-    first: list[ir.Node] = []
-    op = "ReduceMean"
-    if kind == "absmax":
-        op = "ReduceMax"
-        magnitude = ir.Value(name=f"__mp_abs_{k}", type=ir.TensorType(ir.DataType.FLOAT))
-        first = [ir.Node("", "Abs", [value], outputs=[magnitude], name=magnitude.name)]
-        value = magnitude
-    if opset >= 18:  # axes became an input
-        given = ir.Value(
-            name=f"__mp_{kind}_axes_{k}",
-            type=ir.TensorType(ir.DataType.INT64),
-            shape=ir.Shape([len(axes)]),
-        )
-        const = ir.Node(
-            "",
-            "Constant",
-            [],
-            attributes=[ir.AttrTensor("value", ir.tensor(np.array(axes, np.int64)))],
-            outputs=[given],
-            name=f"{given.name}_node",
-        )
-        node = ir.Node(
-            "",
-            op,
-            [value, given],
-            attributes=[ir.AttrInt64("keepdims", 0)],
-            outputs=[out],
-            name=out.name,
-        )
-        return [*first, const, node]
-    attrs = [ir.AttrInt64s("axes", axes), ir.AttrInt64("keepdims", 0)]
-    return [*first, ir.Node("", op, [value], attributes=attrs, outputs=[out], name=out.name)]
 
 
 class VariantRunner:
