@@ -45,7 +45,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.ops import is_onnx_domain, onnx_domain
 from mixprec.io.data_files import DataReader, real_folder
 from mixprec.io.input_checks import check_proto, check_text
-from mixprec.io.protos import IN_MEMORY, iter_model_graphs
+from mixprec.io.protos import FILE_SPAN, IN_MEMORY, iter_model_graphs
 
 __all__ = [
     "DATA_FOLDER",
@@ -55,6 +55,8 @@ __all__ = [
     "ResolveExternalDataPass",
     "ResolveExternalDataResult",
     "add_input_files",
+    "clone_model",
+    "external_bytes",
     "external_locations",
     "folder_of",
     "input_files",
@@ -375,6 +377,21 @@ MAPPINGS = "mixprec.mappings"
 DATA_FOLDER = "mixprec.data_folder"
 #: Bytes read from the maps after which a pass lets their pages go again.
 RELEASE_EVERY = 64 << 20
+
+
+def clone_model(model: ir.Model) -> ir.Model:
+    """A copy of ``model``'s graphs that shares its tensors (no weight is copied or read:
+    memory-mapped ones stay mapped) and carries its meta (the maps, the data folder, the
+    input files)."""
+    copy = model.clone()
+    for key, value in model.meta.items():
+        copy.meta[key] = value
+    return copy
+
+
+def external_bytes(model: ir.Model) -> int:
+    """Bytes of ``model``'s tensors that are spans of its external data files."""
+    return sum(t.nbytes for t in _all_tensors(model) if FILE_SPAN in t.meta)
 
 
 def release_mapped_pages(model: ir.Model) -> None:

@@ -25,14 +25,17 @@ import onnx_ir as ir
 
 from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import UniqueNames, add_initializer
+from mixprec.io.external import RELEASE_EVERY, release_mapped_pages
 from mixprec.weights.blocks import (
     BlockQuant,
+    BlockSpec,
     gather_arrays,
     matmul_nbits_arrays,
 )
 from mixprec.weights.config import WeightsConfig
-from mixprec.weights.methods import LAYER_INPUTS, WeightMethod
+from mixprec.weights.methods import LAYER_INPUTS, LayerData, WeightMethod
 from mixprec.weights.select import WEIGHTS, WeightDecision, WeightSource, weight_decision
+from mixprec.weights.slices import quantize_in_slices
 
 __all__ = ["MS_DOMAIN", "QuantizeWeightsPass", "QuantizeWeightsResult"]
 
@@ -80,6 +83,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         self.method = method
 
     def call(self, model: ir.Model) -> QuantizeWeightsResult:
+        self._model = model
         self._graph = model.graph
         self._names = UniqueNames(model)
         self._packed: dict[tuple[ir.Value, bool, str], _Packed] = {}
@@ -104,7 +108,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         key = (source.value, source.transposed, precision)
         if key not in self._packed:
             spec = self.config.spec(precision)
-            quant = self.method.quantize(source.matrix(), spec, inputs)
+            quant = self._quantize(source, spec, inputs)
             arrays = matmul_nbits_arrays(quant)
             base = source.value.name or "weight"
             b = self._initializer(f"{base}_q{spec.bits}", arrays.b)
@@ -114,6 +118,22 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
             self._packed[key] = _Packed(quant, b, scales, zp, arrays.attributes)
             self._count_float(source.value)
         return self._packed[key]
+
+    def _quantize(self, source: WeightSource, spec: BlockSpec, inputs: object) -> BlockQuant:
+        """The method's codes for ``source``; without layer statistics a large weight is
+        quantized a slice of columns at a time, and a memory-mapped weight's pages are
+        let go after it is read (:mod:`mixprec.weights.slices`)."""
+        matrix = source.matrix()
+        if isinstance(inputs, LayerData):
+            return self.method.quantize(matrix, spec, inputs)
+        release = self._release
+        quant = quantize_in_slices(lambda w: self.method.quantize(w, spec, None), matrix, release)
+        if matrix.nbytes >= RELEASE_EVERY:
+            release()
+        return quant
+
+    def _release(self) -> None:
+        release_mapped_pages(self._model)
 
     def _count_float(self, value: ir.Value) -> None:
         if value not in self._seen:
@@ -169,7 +189,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
             data = self._packed[key].b
             self._result.shared_tables.append(table.name or "")
         else:
-            quant = self.method.quantize(source.matrix(), spec, None)
+            quant = self._quantize(source, spec, None)
             self._count_float(table)
         arrays = gather_arrays(quant, shared=reshaped)
         base = table.name or "table"

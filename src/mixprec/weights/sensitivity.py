@@ -19,7 +19,7 @@ stays within :data:`SIZE_GOAL` of its float size (the lm_head and embeddings cou
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import functools
 import itertools
 from collections.abc import Sequence
 
@@ -29,6 +29,7 @@ import onnx_ir as ir
 
 from mixprec.core.constants import const_tensor
 from mixprec.core.errors import MixprecError
+from mixprec.io.external import clone_model, release_mapped_pages
 from mixprec.io.feeds import Feeds
 from mixprec.weights.blocks import BlockSpec
 from mixprec.weights.config import WeightsConfig
@@ -41,6 +42,7 @@ from mixprec.weights.select import (
     matmul_weight,
     weight_decision,
 )
+from mixprec.weights.slices import digest_in_slices, errors_in_slices
 from mixprec.weights.stats import (
     Hessians,
     WeightsData,
@@ -112,18 +114,12 @@ def layer_scores(model: ir.Model, config: WeightsConfig, method: WeightMethod) -
         if source is None:
             continue
         data = node.meta.get(LAYER_INPUTS)
-        weight = source.matrix().astype(np.float32)
+        matrix = source.matrix()
         if isinstance(data, LayerData):
-            error4, error8 = _errors(weight, config, method, data)
-        else:  # data-free: the same weight scores the same in every requantization
-            digest = hashlib.blake2b(weight.data, digest_size=16).digest()
-            key = (digest, weight.shape, method.name, config.spec("int4"), config.spec("int8"))
-            if key not in _DATA_FREE:
-                if len(_DATA_FREE) >= _DATA_FREE_MOST:
-                    _DATA_FREE.clear()
-                _DATA_FREE[key] = _errors(weight, config, method, None)
-            error4, error8 = _DATA_FREE[key]
-        k, n = weight.shape
+            error4, error8 = _errors(matrix.astype(np.float32), config, method, data)
+        else:
+            error4, error8 = _data_free(model, matrix, config, method)
+        k, n = matrix.shape
         scores.append(LayerScore(node.name or "", error4, error8, k * n))
     return sorted(scores, key=lambda s: -s.score)
 
@@ -132,6 +128,24 @@ def layer_scores(model: ir.Model, config: WeightsConfig, method: WeightMethod) -
 #: quantizes the model several times and scores the same weights each time.
 _DATA_FREE: dict[tuple[object, ...], tuple[float, float]] = {}
 _DATA_FREE_MOST = 1 << 16
+
+
+def _data_free(
+    model: ir.Model, matrix: np.ndarray, config: WeightsConfig, method: WeightMethod
+) -> tuple[float, float]:
+    """(error4, error8) of a weight without data, cached: the same weight scores the same
+    in every requantization. Read a slice of columns at a time (a large weight of a
+    memory-mapped model stays out of memory: :mod:`mixprec.weights.slices`)."""
+    release = functools.partial(release_mapped_pages, model)
+    digest = digest_in_slices(matrix, release)
+    key = (digest, matrix.shape, method.name, config.spec("int4"), config.spec("int8"))
+    if key not in _DATA_FREE:
+        if len(_DATA_FREE) >= _DATA_FREE_MOST:
+            _DATA_FREE.clear()
+        _DATA_FREE[key] = errors_in_slices(
+            matrix, lambda w: _errors(w, config, method, None), release
+        )
+    return _DATA_FREE[key]
 
 
 def _errors(
@@ -228,7 +242,8 @@ def rank_layers(
     doc): ``data`` the calibration samples (a few; run once) or sums already collected,
     None for the data-free score. ``method`` quantizes the 4-bit side ("rtn" is quick;
     "gptq" scores what GPTQ leaves). ``model`` (FP32) is read, not changed."""
-    work = ir.from_proto(model if isinstance(model, onnx.ModelProto) else ir.to_proto(model))
+    # a copy of the graph that shares the weights (a memory-mapped model stays mapped)
+    work = ir.from_proto(model) if isinstance(model, onnx.ModelProto) else clone_model(model)
     SelectWeightsPass(dataclasses.replace(config, bits=4, ratio=1.0))(work)
     if data is not None:
         hessians = data if isinstance(data, Hessians) else None
