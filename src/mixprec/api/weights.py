@@ -10,16 +10,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import onnx
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.io.models import ModelLike, load_input
+from mixprec.io.protos import weightless_proto
 from mixprec.io.text import DEFAULT_WINDOW, TextSamples, find_tokenizer, is_text_path
 from mixprec.pipeline.convert import CalibrationData, ConversionResult
 from mixprec.pipeline.held_out import split_for_guard
 from mixprec.pipeline.lm_guard import is_language_model, lm_guard
 from mixprec.pipeline.report import Report
-from mixprec.pipeline.weights import WeightsGuard, run_weights
+from mixprec.pipeline.weights import Source, WeightsGuard, run_weights, streams
 from mixprec.report.logdir import write_log_dir
 from mixprec.weights.config import WeightsConfig, parse_weights
 
@@ -106,8 +108,10 @@ def quantize_weights(
         **options: :class:`~mixprec.weights.config.WeightsConfig` fields (``block_size``,
             ``symmetric``, ``weight_method``, ``accuracy_level``, ``lm_head``,
             ``embeddings``, ``exclude_nodes``, ``layers``, ``shapes``, ``guard_drop``,
-            ``guard_rel_l2``, ``check``, ``log_dir``, ``runtime``); ``guard=False`` in
-            them turns the output check off.
+            ``guard_rel_l2``, ``check``, ``log_dir``, ``runtime``, ``stream``);
+            ``guard=False`` in them turns the output check off. A model whose external
+            data is over 2 GB is streamed (``stream=True`` forces it): its weights are
+            read from the data files one at a time, never all in memory.
 
     Returns:
         A :class:`~mixprec.ConversionResult`; ``report.guard["passed"]`` is False when
@@ -129,7 +133,9 @@ def quantize_weights(
         calibration_data, eval_data, guard = _language_model_guard(
             work, calibration_data, eval_data
         )
-    source = ir.to_proto(work)
+    # a streamed model stays memory-mapped (pipeline.weights' module doc); others are
+    # copied into one proto, as the stages and checks of a small model read it
+    source: Source = work if streams(work, config) else ir.to_proto(work)
     del work
     load_s = time.perf_counter() - t0
     model_out, report = run_weights(
@@ -143,7 +149,12 @@ def quantize_weights(
     texts.note(report)
     report.timings = {"load": load_s, **report.timings}
     if config.log_dir is not None:
-        write_log_dir(config.log_dir, source, model_out, report)
+        before = (
+            source
+            if isinstance(source, onnx.ModelProto)
+            else weightless_proto(source, with_arrays=False)[0]
+        )
+        write_log_dir(config.log_dir, before, model_out, report)
     return ConversionResult(model_out, report, kind)
 
 

@@ -36,15 +36,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
-from mixprec.core.errors import MixprecError
 from mixprec.io.feeds import Feeds, feeds_for
 from mixprec.io.signature import declared_dims, graph_inputs
-from mixprec.pipeline.weights import GuardContext, WeightsReport
-from mixprec.runtime.engine import RuntimeLoadError, RuntimeRunError
-from mixprec.runtime.engines import engine_for
+from mixprec.pipeline.weights import GuardContext, Source, WeightsReport
 from mixprec.weights.config import LayerChoice, WeightsConfig
 from mixprec.weights.sensitivity import rank_layers
 
@@ -137,21 +133,15 @@ class _Checker:
 
     def __init__(self, context: GuardContext) -> None:
         self.config = context.config
+        self.runs = context.runs
         self.feeds = [feeds_for(context.source, s) for s in context.samples]
-        fp32 = self._logits(context.source, "ONNX Runtime cannot run the FP32 model")
+        fp32 = [np.asarray(out[LOGITS]) for out in self.runs.fp32(self.feeds)]
         self.reference = [_log_softmax(x) for x in fp32]
         self.real_tokens = "generated" not in context.where
         self.where = context.where
 
-    def _logits(self, model: onnx.ModelProto, what: str) -> list[np.ndarray]:
-        try:
-            session = engine_for(self.config.runtime).session(model, self.config.runtime)
-            return [np.asarray(session.run(f)[LOGITS]) for f in self.feeds]
-        except (RuntimeLoadError, RuntimeRunError) as e:
-            raise MixprecError(f"{what}: {e}") from None
-
     def measure(self, model: ir.Model) -> dict[str, Any]:
-        got = self._logits(ir.to_proto(model), _CANNOT_RUN)
+        got = [np.asarray(out[LOGITS]) for out in self.runs.quantized(model, self.feeds)]
         total: dict[str, float] = {}
         for ref, logits, f in zip(self.reference, got, self.feeds, strict=True):
             for k, v in next_token_stats(ref, logits, f["input_ids"]).items():
@@ -186,9 +176,6 @@ class _Checker:
         return why
 
 
-_CANNOT_RUN = "ONNX Runtime cannot run the weight-only model (not written)"
-
-
 def _quantized_linear(report: WeightsReport) -> dict[str, str]:
     """The weight-quantized MatMuls (not the lm_head) and their precision."""
     return {
@@ -199,13 +186,20 @@ def _quantized_linear(report: WeightsReport) -> dict[str, str]:
 
 
 def rank_for_repair(
-    source: onnx.ModelProto, config: WeightsConfig, samples: Sequence[Feeds], names: Sequence[str]
+    source: Source,
+    config: WeightsConfig,
+    samples: Sequence[Feeds] | None,
+    names: Sequence[str],
 ) -> tuple[list[tuple[str, float]], str]:
     """The repair's seam: ``names`` (quantized linear MatMuls of ``source``), most
     sensitive first, each with its score, and what the score is: the output error 8 bits
-    saves per weight on ``samples`` (:func:`mixprec.weights.sensitivity.rank_layers`)."""
+    saves per weight on ``samples`` (:func:`mixprec.weights.sensitivity.rank_layers`);
+    ``samples`` None (a streamed model, whose layer inputs would need the whole FP32
+    model in one session): the weight error 8 bits saves per weight."""
     wanted = set(names)
     ranked = [(n, s) for n, s in rank_layers(source, config, samples) if n in wanted]
+    if samples is None:
+        return ranked, "weight error 8 bits saves per weight (streamed: no layer inputs)"
     return ranked, "output error 8 bits saves per weight"
 
 
@@ -294,9 +288,9 @@ class _Repair:
         self.chosen: dict[str, Any] | None = None
 
     def run(self, now: dict[str, str]) -> None:
-        ranked, what = rank_for_repair(
-            self.context.source, self.context.config, self.context.samples, list(now)
-        )
+        context = self.context
+        samples = None if context.runs.streamed else context.samples
+        ranked, what = rank_for_repair(context.source, context.config, samples, list(now))
         missed = "; ".join(self.best[3])
         lo = 0
         last_to = ""

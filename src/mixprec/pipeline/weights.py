@@ -13,6 +13,14 @@ passes swapped in: ``annotate`` is :class:`~mixprec.weights.select.SelectWeights
 was given (``guard_drop`` / ``guard_rel_l2``) or an output goes non-finite. A language
 model guard (next-token KL, perplexity) replaces it, and repairs through
 ``context.requantize(config)`` (e.g. a ``layers`` map with the worst layers at 8 bits).
+
+**Streamed models.** A model whose external data is over :data:`STREAM_ABOVE` (or any
+model with ``WeightsConfig.stream=True``) is not copied into protobuf: the source stays
+the loaded ``onnx_ir`` model, whose weights are read-only maps of its data files; each
+quantization works on a copy of its graph that shares those weights and reads them a
+slice at a time (:mod:`mixprec.weights.slices`), and the guard's FP32 reference runs in
+pieces of at most :data:`~mixprec.runtime.pieces.PIECE_BYTES` of weights
+(:func:`~mixprec.runtime.pieces.run_in_pieces`), so no whole FP32 session is ever built.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import compare_outputs
 from mixprec.core.policy import default_policy
+from mixprec.io.external import clone_model, external_bytes
 from mixprec.io.feeds import calibration_feeds, feeds_for, iter_calibration_npz, make_inputs
 from mixprec.passes.cleanup import annotated_values
 from mixprec.pipeline.convert import CalibrationData, notes_about_input, param_bytes
@@ -42,6 +51,7 @@ from mixprec.pipeline.report import NodeReport, Report
 from mixprec.pipeline.stages import Pipeline, Stage
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeRunError
 from mixprec.runtime.engines import engine_for
+from mixprec.runtime.pieces import PIECE_BYTES, run_in_pieces
 from mixprec.weights.apply import QuantizeWeightsPass, QuantizeWeightsResult
 from mixprec.weights.config import WeightsConfig
 from mixprec.weights.methods import WeightMethod, resolve_method
@@ -51,19 +61,29 @@ from mixprec.weights.stats import WeightsData
 
 __all__ = [
     "CHECK_SAMPLES",
+    "STREAM_ABOVE",
     "GuardContext",
+    "ModelRuns",
+    "Source",
     "WeightsGuard",
     "WeightsPipeline",
     "WeightsReport",
     "output_check",
     "quantize_weights_once",
     "run_weights",
+    "streams",
 ]
 
 Say = Callable[[str], None]
 Outputs = dict[str, np.ndarray]
 #: At most this many samples are run for the output check.
 CHECK_SAMPLES = 4
+#: A model with more external data than this is streamed (module doc): it is over
+#: protobuf's 2 GB, and a copy in memory would cost several times its size.
+STREAM_ABOVE = 2 << 30
+#: The FP32 model as the stages get it: a proto (its weights in memory), or the loaded
+#: ``onnx_ir`` model of a streamed run (its weights memory-mapped).
+Source = onnx.ModelProto | ir.Model
 #: Output IR versions are lowered to this (or to what the opsets need, if more): ONNX
 #: Runtime 1.31 refuses IR 14, which onnx 1.23 writes by default.
 _LOADABLE_IR = 10
@@ -161,19 +181,33 @@ def _bytes_row(before: int, after: int) -> str:
     return f"{before / 1e6:.2f} MB -> {after / 1e6:.2f} MB{ratio}"
 
 
+def streams(model: ir.Model, config: WeightsConfig) -> bool:
+    """Whether ``model`` (as loaded) is quantized streamed: ``config.stream`` when set,
+    else when its external data is over :data:`STREAM_ABOVE`."""
+    if config.stream is not None:
+        return config.stream
+    return external_bytes(model) > STREAM_ABOVE
+
+
+def _work_copy(source: Source) -> ir.Model:
+    """A model the passes may change: parsed from a proto, or a copy of a streamed
+    model's graphs that shares its (memory-mapped) weights."""
+    return ir.from_proto(source) if isinstance(source, onnx.ModelProto) else clone_model(source)
+
+
 def quantize_weights_once(
-    source: onnx.ModelProto,
+    source: Source,
     config: WeightsConfig,
     method: WeightMethod,
     progress: Say | None,
     data: WeightsData | None = None,
 ) -> tuple[ir.Model, WeightsReport]:
     """One weight-only quantization of ``source`` (the input as loaded, external data
-    read), without checks. The work model shares ``source``'s weight bytes (no copy):
-    the passes replace tensors, never write into them, so ``source`` stays as given.
+    read or mapped), without checks. The work model shares ``source``'s weight bytes (no
+    copy): the passes replace tensors, never write into them, so ``source`` stays as given.
     ``data``: the calibration samples a data-aware method and the sensitivity ranking
     read (their statistics are collected once and kept in it for a requantization)."""
-    work = ir.from_proto(source)
+    work = _work_copy(source)
     target = f"{config.precision} weights"  # not "int8": that is INT8 with activations
     report = WeightsReport(target=target, policy={"weights": config_dict(config)})
     report.notes.extend(notes_about_input(work))
@@ -279,23 +313,60 @@ def _loadable_ir_version(model: ir.Model) -> str | None:
 # --- the check samples and the guard hook ----------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class ModelRuns:
+    """How the check runs models in ONNX Runtime: the FP32 ``source`` and a candidate.
+
+    In memory (a proto source): one session per model. Streamed (``source`` a loaded
+    ``onnx_ir`` model, module doc): the FP32 model in pieces of at most ``piece_bytes``
+    of weights, the (small) quantized model in one session; neither copies its weights.
+    """
+
+    source: Source
+    config: WeightsConfig
+
+    @property
+    def streamed(self) -> bool:
+        return isinstance(self.source, ir.Model)
+
+    def fp32(self, feeds: list[dict[str, np.ndarray]]) -> list[Outputs]:
+        """The FP32 model's outputs on each feed dict; one line when it cannot run."""
+        what = "ONNX Runtime cannot run the FP32 model"
+        if isinstance(self.source, ir.Model):
+            threads = self.config.runtime.threads or 2
+            return run_in_pieces(self.source, feeds, threads=threads, what=what)
+        return _outputs(self.source, feeds, self.config, what)
+
+    def quantized(self, model: ir.Model, feeds: list[dict[str, np.ndarray]]) -> list[Outputs]:
+        """A weight-only model's outputs on each feed dict; one line when it cannot run."""
+        if self.streamed:
+            threads = self.config.runtime.threads or 2
+            return run_in_pieces(
+                model, feeds, threads=threads, max_bytes=None, prepack=True, what=_CANNOT_RUN
+            )
+        return _outputs(ir.to_proto(model), feeds, self.config, _CANNOT_RUN)
+
+
 @dataclasses.dataclass
 class GuardContext:
     """What a :data:`WeightsGuard` gets beside the model.
 
     Attributes:
-        source: the user's FP32 model as loaded.
+        source: the user's FP32 model as loaded (a proto, or the memory-mapped model of
+            a streamed run).
         samples: the check samples (at most :data:`CHECK_SAMPLES`).
         where: where they came from, for the report ("eval data", ...).
         config: the options of the run.
         requantize: quantize ``source`` again with another config (a repair).
+        runs: runs the FP32 model and candidates (in pieces when streamed).
     """
 
-    source: onnx.ModelProto
+    source: Source
     samples: list[dict[str, np.ndarray]]
     where: str
     config: WeightsConfig
     requantize: Callable[[WeightsConfig], tuple[ir.Model, WeightsReport]]
+    runs: ModelRuns
 
 
 #: ``guard(model, report, context) -> (model, report)``: checks (and may repair) the
@@ -348,8 +419,8 @@ def output_check(
     """
     config = context.config
     feeds = [feeds_for(model, s) for s in context.samples]
-    got = _outputs(ir.to_proto(model), feeds, config, _CANNOT_RUN)
-    reference = _outputs(context.source, feeds, config, "ONNX Runtime cannot run the FP32 model")
+    got = context.runs.quantized(model, feeds)
+    reference = context.runs.fp32(feeds)
     checks = _checks(reference, got, config, class_score_outputs(model))
     passed = all(c["passed"] for c in checks)
     report.guard = {
@@ -417,7 +488,7 @@ def _summary(report: WeightsReport, checks: list[dict], passed: bool, n: int, wh
 
 
 def run_weights(
-    source: onnx.ModelProto,
+    source: Source,
     config: WeightsConfig,
     *,
     calibration_data: CalibrationData | None = None,
@@ -425,33 +496,55 @@ def run_weights(
     progress: Say | None = None,
     guard: WeightsGuard | None = None,
 ) -> tuple[ir.Model, WeightsReport]:
-    """Weight-only quantization of ``source`` (the input as loaded): quantize, check that
-    ONNX Runtime loads and runs the result, then ``guard`` (default :func:`output_check`;
-    ``config.guard=False``: only the load-and-run check). A model that ONNX Runtime cannot
-    load or run raises one line (:class:`MixprecError`)."""
+    """Weight-only quantization of ``source`` (the input as loaded; an ``onnx_ir`` model
+    is streamed: module doc): quantize, check that ONNX Runtime loads and runs the
+    result, then ``guard`` (default :func:`output_check`; ``config.guard=False``: only
+    the load-and-run check). A model that ONNX Runtime cannot load or run raises one line
+    (:class:`MixprecError`)."""
     say = progress or (lambda _msg: None)
     data = _weights_data(calibration_data, config)  # a generator is read once, here
-    samples, where = check_samples(
-        ir.from_proto(source), data.samples if data else None, eval_data, config.shapes
-    )
+    graph = source if isinstance(source, ir.Model) else ir.from_proto(source)
+    samples, where = check_samples(graph, data.samples if data else None, eval_data, config.shapes)
+    del graph
     method, why = resolve_method(config.method, has_data=data is not None)
+    runs = ModelRuns(source, config)
+    if runs.streamed and method.needs_data:
+        raise MixprecError(_NO_STATISTICS.format(method=method.name))
     model, report = quantize_weights_once(source, config, method, progress, data)
     report.notes.append(why)
+    if isinstance(source, ir.Model):
+        report.notes.append(_streamed_note(source))
     clock = time.perf_counter()
     if config.guard:
         say(f"checking the outputs against FP32 on {len(samples)} sample(s)")
         again = functools.partial(_again, source, method, progress, data)
-        context = GuardContext(source, samples, where, config, again)
+        context = GuardContext(source, samples, where, config, again, runs)
         model, report = (guard or output_check)(model, report, context)
     else:
-        _outputs(ir.to_proto(model), [feeds_for(model, samples[0])], config, _CANNOT_RUN)
+        runs.quantized(model, [feeds_for(model, samples[0])])
         report.notes.append("output check off (guard=False / --no-guard): loaded and run once")
     report.timings["output check"] = time.perf_counter() - clock
     return model, report
 
 
+_NO_STATISTICS = (
+    "weight method {method} reads X^T X statistics that need the whole FP32 model in one "
+    "ONNX Runtime session, which a streamed model (external data over 2 GB, or stream=True) "
+    "never gets: use --weight-method rtn"
+)
+
+
+def _streamed_note(source: ir.Model) -> str:
+    size = external_bytes(source) / 1e9
+    return (
+        f"streamed: {size:.2f} GB of external data read one weight (slice) at a time from "
+        f"the memory-mapped data file, never copied; the FP32 reference runs in pieces of "
+        f"at most {PIECE_BYTES >> 20} MB of weights"
+    )
+
+
 def _again(
-    source: onnx.ModelProto,
+    source: Source,
     method: WeightMethod,
     progress: Say | None,
     data: WeightsData | None,

@@ -97,6 +97,11 @@ class WeightsConfig:
         check: hold the result to the ONNX checker.
         log_dir: folder for the graphs and the report.
         runtime: the engine options the checks run with (ONNX Runtime; its threads).
+        stream: quantize in bounded memory, the weights read from the memory-mapped data
+            files one at a time and the FP32 reference run in pieces
+            (:mod:`mixprec.pipeline.weights`); None (default): when the external data is
+            over 2 GB. A streamed run ranks the guard's repair by the weights' own error
+            and cannot run GPTQ.
     """
 
     bits: int = 4
@@ -118,6 +123,7 @@ class WeightsConfig:
     check: bool = True
     log_dir: Path | None = None
     runtime: RuntimeOptions = dataclasses.field(default_factory=RuntimeOptions)
+    stream: bool | None = None
 
     def __post_init__(self) -> None:
         _check_int("bits", self.bits, BITS, "4 or 8")
@@ -125,6 +131,8 @@ class WeightsConfig:
         _check_int("block_size", self.block_size, BLOCK_SIZES, f"a power of two: {sizes}")
         if not isinstance(self.symmetric, bool):
             raise MixprecError(f"symmetric must be True or False, not {self.symmetric!r}")
+        if self.stream is not None and not isinstance(self.stream, bool):
+            raise MixprecError(f"stream must be True, False or None, not {self.stream!r}")
         if self.method != AUTO and self.method not in METHODS:
             names = ", ".join([AUTO, *sorted(METHODS)])
             raise MixprecError(f"weight method must be one of {names}, not {self.method!r}")
