@@ -20,6 +20,7 @@ import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import mixprec
 from helpers import run_ort
 from mixprec.api.weights import quantize_weights
 from mixprec.runtime.pieces import plan_pieces, run_in_pieces
@@ -239,3 +240,38 @@ def test_a_model_over_2_gb_is_quantized_in_half_its_size_plus_1_gb(tmp_path: Pat
     want = reference(real, x)
     rel = np.linalg.norm(got - want) / np.linalg.norm(want)
     assert rel < 0.15, rel  # int4 blocks of 32 with int8 activations (accuracy_level 4)
+
+
+def test_a_streamed_language_model_is_guarded_and_repaired(tmp_path: Path) -> None:
+    """The tiny decoder with its weights in a data file, streamed: the next-token guard's
+    FP32 reference comes from the pieces (equal to one session's), a KL budget that int4
+    misses is repaired, ranked by the weights' own error (no layer inputs), and the
+    written model's measures are recomputed here from ONNX Runtime runs."""
+    pytest.importorskip("tokenizers", reason="the [llm] extra (tokenizers) is missing")
+    from test_lm_guard import CFG, _folder, _numpy_guard
+
+    from llm_models import tiny_decoder
+    from mixprec.io.text import TextSamples
+    from mixprec.pipeline.held_out import held_out_indices
+
+    path = _folder(tmp_path, tiny_decoder(CFG, seed=3))
+    onnx.save(onnx.load(str(path)), str(path), save_as_external_data=True, size_threshold=1024)
+    budget = {"guard_kl": 0.004, "guard_drop": 0.5, "guard_perplexity": 0.5}
+    calib = tmp_path / "calib.txt"
+    runs = {
+        stream: mixprec.quantize(
+            path, calib, weights="int4", text_window=64, stream=stream, **budget
+        )
+        for stream in (True, False)
+    }
+    guard, whole = runs[True].report.guard, runs[False].report.guard
+    assert guard["passed"] and guard["repair"] and guard["first"]["kl"] > 0.004 >= guard["kl"]
+    for key in ("kl", "agreement", "perplexity", "perplexity_fp32"):
+        assert guard["first"][key] == pytest.approx(whole["first"][key], rel=1e-4), key
+    assert all("streamed: no layer inputs" in why for _, why in guard["promoted"].values())
+    held = list(TextSamples(calib, path, tmp_path / "tokenizer.json", window=64))
+    out = tmp_path / "out.onnx"
+    runs[True].save(out)
+    expect = _numpy_guard(path, out, [held[k] for k in held_out_indices(len(held))[:4]])
+    for key in ("kl", "agreement", "perplexity", "perplexity_fp32"):
+        assert guard[key] == pytest.approx(expect[key], rel=1e-3, abs=1e-5), key

@@ -51,7 +51,7 @@ from mixprec.pipeline.report import NodeReport, Report
 from mixprec.pipeline.stages import Pipeline, Stage
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeRunError
 from mixprec.runtime.engines import engine_for
-from mixprec.runtime.pieces import PIECE_BYTES, run_in_pieces
+from mixprec.runtime.pieces import PIECE_BYTES, run_in_pieces, run_saved
 from mixprec.weights.apply import QuantizeWeightsPass, QuantizeWeightsResult
 from mixprec.weights.config import WeightsConfig
 from mixprec.weights.methods import WeightMethod, resolve_method
@@ -318,8 +318,9 @@ class ModelRuns:
     """How the check runs models in ONNX Runtime: the FP32 ``source`` and a candidate.
 
     In memory (a proto source): one session per model. Streamed (``source`` a loaded
-    ``onnx_ir`` model, module doc): the FP32 model in pieces of at most ``piece_bytes``
-    of weights, the (small) quantized model in one session; neither copies its weights.
+    ``onnx_ir`` model, module doc): the FP32 model in pieces of at most
+    :data:`~mixprec.runtime.pieces.PIECE_BYTES` of weights, the (small) quantized model
+    in one session from a temporary file, which ONNX Runtime maps.
     """
 
     source: Source
@@ -341,9 +342,7 @@ class ModelRuns:
         """A weight-only model's outputs on each feed dict; one line when it cannot run."""
         if self.streamed:
             threads = self.config.runtime.threads or 2
-            return run_in_pieces(
-                model, feeds, threads=threads, max_bytes=None, prepack=True, what=_CANNOT_RUN
-            )
+            return run_saved(model, feeds, threads=threads, what=_CANNOT_RUN)
         return _outputs(ir.to_proto(model), feeds, self.config, _CANNOT_RUN)
 
 

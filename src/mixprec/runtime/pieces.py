@@ -16,13 +16,20 @@ model's external data file is given as a reference to it (ONNX Runtime maps the 
 itself), any other large one as an in-memory initializer
 (:func:`~mixprec.io.protos.weightless_proto`). Sessions are built without prepacking by
 default (no second, repacked copy of the weights).
+
+:func:`run_saved` runs a whole model (a small one: a weight-only result) from a temporary
+file with external data, which ONNX Runtime maps: on a 366 MB MatMulNBits model its
+session (prepacked) took 580 MB beside the model, against 900 MB when the same weights
+were handed over in memory.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -31,10 +38,11 @@ import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.io.external import DATA_FOLDER
+from mixprec.io.models import save_model
 from mixprec.io.protos import iter_node_graphs, weightless_proto
 from mixprec.runtime.ort import OrtLoadError, OrtRunError, make_session, run_session
 
-__all__ = ["PIECE_BYTES", "Piece", "plan_pieces", "run_in_pieces"]
+__all__ = ["PIECE_BYTES", "Piece", "plan_pieces", "run_in_pieces", "run_saved"]
 
 #: Initializer bytes one piece reads at most (unless one node alone reads more).
 PIECE_BYTES = 256 << 20
@@ -171,3 +179,26 @@ def run_in_pieces(
             for name in [n for n in env if n not in later]:
                 del env[name]
     return [{n: env[n] for n in outputs if n in env} for env in envs]
+
+
+def run_saved(
+    model: ir.Model,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    *,
+    threads: int,
+    what: str = "ONNX Runtime cannot run the model",
+) -> list[Outputs]:
+    """``model``'s outputs on each of ``feeds``, from a temporary copy saved with external
+    data (module doc), removed afterwards.
+
+    Raises:
+        MixprecError: ONNX Runtime cannot load or run it (``what``: the message).
+    """
+    with tempfile.TemporaryDirectory(prefix="mixprec-check-") as folder:
+        path = Path(folder) / "model.onnx"
+        save_model(model, path, external_data=True)
+        try:
+            session = make_session(str(path), threads, owned=True)
+            return [run_session(session, f, None) for f in feeds]
+        except (OrtLoadError, OrtRunError) as e:
+            raise MixprecError(f"{what}: {e}") from None
