@@ -535,10 +535,15 @@ _NO_STATISTICS = (
 
 def _streamed_note(source: ir.Model) -> str:
     size = external_bytes(source) / 1e9
+    read = (
+        f"{size:.2f} GB of external data read one weight (slice) at a time from the "
+        "memory-mapped data file, never copied"
+        if size
+        else "stream=True: the weights shared, never copied"
+    )
     return (
-        f"streamed: {size:.2f} GB of external data read one weight (slice) at a time from "
-        f"the memory-mapped data file, never copied; the FP32 reference runs in pieces of "
-        f"at most {PIECE_BYTES >> 20} MB of weights"
+        f"streamed: {read}; the FP32 reference runs in pieces of at most "
+        f"{PIECE_BYTES >> 20} MB of weights"
     )
 
 
