@@ -174,8 +174,15 @@ def make_session(
     data_folder: str | None = None,
     arena: bool = True,
     spinning: bool = True,
+    deployed: bool = False,
 ) -> ort.InferenceSession:
     """Creates a CPU session.
+
+    ``deployed``: the graph optimizations a deployment gets by default (ORT_ENABLE_ALL:
+    QuantizeLinear/DequantizeLinear pairs fused into integer kernels, layout transforms);
+    the engine's sessions (the INT8 speed plan, the guards, validation) run so. Otherwise
+    ``optimize`` gives ORT_ENABLE_BASIC, where an INT8 QDQ model runs DequantizeLinear ->
+    float op -> QuantizeLinear (PP-OCRv4 det: 1.7x FP32's time, 0.6x when fused).
 
     ``external`` initializers are used in place (no copy). With ``prepack=False`` ORT
     keeps no repacked copy of the weights either (MatMul/Conv run a little slower): the
@@ -196,7 +203,9 @@ def make_session(
     # Emulated models run unoptimized: ORT's fusions (e.g. LayerNormFusion) would
     # swallow the Cast round trips that carry the emulation.
     so.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if deployed
+        else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         if optimize
         else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     )
@@ -256,20 +265,30 @@ def session_for(
     *,
     arena: bool = True,
     spinning: bool = True,
+    deployed: bool = False,
 ) -> Iterator[ort.InferenceSession]:
     """A session for an in-memory model; models over 2 GB go through a temporary dir
-    (ORT has read it when the session exists). ``arena``/``spinning``: see make_session."""
+    (ORT has read it when the session exists). ``arena``/``spinning``/``deployed``: see
+    make_session."""
     if model.ByteSize() <= PROTO_LIMIT:
         check_external(model)
         source: str | bytes = model.SerializeToString()
-        yield make_session(source, threads, optimize=optimize, arena=arena, spinning=spinning)
+        yield make_session(
+            source, threads, optimize=optimize, arena=arena, spinning=spinning, deployed=deployed
+        )
         return
     with tempfile.TemporaryDirectory(prefix="mixprec-") as tmp:
         skeleton = external_skeleton(model, Path(tmp))
         path = Path(tmp) / "model.onnx"
         onnx.save_model(skeleton, path)
         yield make_session(
-            str(path), threads, owned=True, optimize=optimize, arena=arena, spinning=spinning
+            str(path),
+            threads,
+            owned=True,
+            optimize=optimize,
+            arena=arena,
+            spinning=spinning,
+            deployed=deployed,
         )
 
 
@@ -393,9 +412,13 @@ class OrtEngine:
     ) -> _OrtSession:
         quiet = not timing  # timed sessions: no arena between runs, no spinning threads
         if not isinstance(model, onnx.ModelProto):
-            session = make_session(os.fspath(model), options.threads, arena=quiet, spinning=quiet)
+            session = make_session(
+                os.fspath(model), options.threads, arena=quiet, spinning=quiet, deployed=True
+            )
             return _OrtSession(session)
-        with session_for(model, options.threads, arena=quiet, spinning=quiet) as session:
+        with session_for(
+            model, options.threads, arena=quiet, spinning=quiet, deployed=True
+        ) as session:
             return _OrtSession(session)
 
     def describe(self, options: RuntimeOptions) -> dict[str, object]:
