@@ -42,7 +42,7 @@ from proto_builders import F32, _model, _tensor, _vi
 SAMPLED = 2048
 
 
-def _conv_net() -> onnx.ModelProto:
+def _conv_net(opset: int = 21) -> onnx.ModelProto:
     """image [1,3,64,64] -> Conv 3x3 (16) -> Relu -> Conv 3x3 stride 2 (24) -> Clip 0..6
     -> Conv 1x1 (24) -> Add (skip) -> Conv 3x3 (8) -> Tanh. He-normal weights with a few
     output channels scaled up, as trained nets have (heavy-tailed activations)."""
@@ -80,9 +80,10 @@ def _conv_net() -> onnx.ModelProto:
         _tensor("zero", np.array(0.0, np.float32)),
         _tensor("six", np.array(6.0, np.float32)),
     ]
-    return _model(
-        nodes, [_vi("image", F32, [1, 3, 64, 64])], [_vi("y", F32, [1, 8, 32, 32])], weights
-    )
+    inputs, outputs = [_vi("image", F32, [1, 3, 64, 64])], [_vi("y", F32, [1, 8, 32, 32])]
+    model = _model(nodes, inputs, outputs, weights)
+    model.opset_import[0].version = opset  # the probes differ below 12 and from 18 on
+    return model
 
 
 ACTIVATIONS = ("c1", "r1", "c2", "r2", "c3", "s3", "c4", "y")
@@ -251,11 +252,12 @@ def test_memory_does_not_grow_with_samples() -> None:
     assert grown_kb < 8 * 1024, f"resident memory grew {grown_kb} KB over samples 8..64"
 
 
-def test_probe_samples_are_the_tensor_at_the_drawn_positions() -> None:
+@pytest.mark.parametrize("opset", [11, 13, 21])
+def test_probe_samples_are_the_tensor_at_the_drawn_positions(opset: int) -> None:
     """What the probes give, against the FP32 tensors of an ORT run: the exact min, max
     and shape, the flattened tensor at ``floor(positions * size)``, and its largest |x|
     in order."""
-    model = _conv_net()
+    model = _conv_net(opset)
     work = ir.from_proto(model)
     subsample = Subsample(size=30000, top=64, seed=3)  # c1 holds 65536 values, c2 24576
     names = ("c1", "c2", "y")
@@ -341,3 +343,28 @@ def test_a_tensor_holding_nan_is_fetched_and_its_nans_ignored(
     assert (root.min, root.max, root.hist_upper) == (0.0, 3.0, 3.0), root
     assert root.histogram is not None and root.histogram.tolist() == [1, 0, 1, 1]
     assert stats["y"].histogram is not None and stats["y"].histogram.tolist() == [2, 1, 0, 1]
+
+
+def test_channel_probes_ride_along_with_the_histogram_probes() -> None:
+    """Per-channel means and max |x| and kept rows come from the same single run, equal
+    to numpy over the FP32 tensors of ORT runs (ranks known: the probes need them)."""
+    model = onnx.shape_inference.infer_shapes(_conv_net())
+    result = calibrate(
+        model,
+        _images(3),
+        observer="histogram",
+        subsample=SAMPLED,
+        channel_means={"r1": 1},
+        channel_absmax={"c3": 1},
+        rows={"c3": 5},
+    )
+    runs = [_fp32_tensors(model, feeds) for feeds in _images(3)]
+    means = np.mean([run["r1"].mean(axis=(0, 2, 3), dtype=np.float64) for run in runs], axis=0)
+    np.testing.assert_allclose(result.channel_means["r1"], means, rtol=1e-5, atol=1e-6)
+    absmax = np.max([np.abs(run["c3"]).max(axis=(0, 2, 3)) for run in runs], axis=0)
+    np.testing.assert_array_equal(result.channel_absmax["c3"], absmax)
+    kept = result.rows["c3"]
+    assert kept.shape == (15, 32), kept.shape  # 5 rows of each sample, last axis 32 wide
+    every_row = np.concatenate([run["c3"].reshape(-1, 32) for run in runs])
+    assert all((every_row == row).all(axis=1).any() for row in kept)
+    assert result.stats["c3"].histogram is not None and result.samples == 3

@@ -106,9 +106,12 @@ class _Nodes:
         self.shared = shared
         self.nodes: list[ir.Node] = []
 
-    def add(self, op: str, inputs: list[ir.Value], tag: str, **ints: int) -> ir.Value:
+    def add(
+        self, op: str, inputs: list[ir.Value], tag: str, *more: ir.Attr, **ints: int
+    ) -> ir.Value:
+        """A node ``op`` with integer attributes ``ints`` (and ``more``); its output."""
         out = ir.Value(name=f"__mp_{tag}_{self.k}")
-        attrs = [ir.AttrInt64(key, v) for key, v in ints.items()]
+        attrs = [*more, *(ir.AttrInt64(key, v) for key, v in ints.items())]
         self.nodes.append(ir.Node("", op, inputs, attributes=attrs, outputs=[out], name=out.name))
         return out
 
@@ -118,9 +121,7 @@ class _Nodes:
             return self.add(op, [x], tag, keepdims=0)
         if self.shared.opset >= 18:  # axes became an input
             return self.add(op, [x, self.shared.values["minus_one"]], tag, keepdims=0)
-        out = self.add(op, [x], tag, keepdims=0)
-        self.nodes[-1].attributes["axes"] = ir.AttrInt64s("axes", [-1])
-        return out
+        return self.add(op, [x], tag, ir.AttrInt64s("axes", [-1]), keepdims=0)
 
     def at_most_top(self, x: ir.Value, tag: str) -> ir.Value:
         """``[min(top, size of x)]``, the ``K`` of a ``TopK`` over ``x``."""

@@ -229,15 +229,16 @@ def _add_probes(
             nodes, (lo, hi, shape) = range_nodes(value, dtype, k)
             outputs = [lo, hi, shape]
         found.probes.append((name, lo.name or "", hi.name or "", shape.name or ""))
-        for kind, axes in (("mean", means), ("absmax", absmax)):
-            if axes and name in axes and value.shape is not None:
-                reduce = channel_nodes(kind, value, axes[name], len(value.shape), k, opset)
-                nodes += reduce
-                outputs.append(reduce[-1].outputs[0])
-                getattr(found, kind)[name] = reduce[-1].outputs[0].name or ""
         model.graph.insert_after(producer, nodes)
         added.extend(nodes)
         model.graph.outputs.extend(outputs)
+        for kind, axes, names in (("mean", means, found.means), ("absmax", absmax, found.absmax)):
+            if axes and name in axes and value.shape is not None:
+                reduce = channel_nodes(kind, value, axes[name], len(value.shape), k, opset)
+                model.graph.insert_after(nodes[-1], reduce)
+                added.extend(reduce)
+                model.graph.outputs.append(reduce[-1].outputs[0])
+                names[name] = reduce[-1].outputs[0].name or ""
         if name in fetch:
             found.fetched.append(name)
             if not value.is_graph_output():
