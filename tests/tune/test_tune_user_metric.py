@@ -14,7 +14,7 @@ import mixprec
 from helpers import run_ort
 from mixprec.cli.main import main
 from mixprec.core.output_kinds import OutputKind
-from mixprec.tune.metrics import top1
+from mixprec.tune.metrics import call_user_metric, top1
 
 
 def _classifier() -> onnx.ModelProto:
@@ -126,3 +126,30 @@ def test_tune_top1_reads_the_class_axis_of_the_output_kinds():
     emb = {"p": OutputKind("cosine", -1, "an embedding")}
     with pytest.raises(mixprec.MixprecError, match="needs an output of class scores"):
         top1([{"p": ref}], [{"p": moved}], emb)
+
+
+def test_a_third_parameter_with_a_default_is_the_metrics_own_option_not_the_labels():
+    """The guide's detection F1 takes ``threshold=0.3`` third: it must not receive the
+    labels (None without labels: ``ref > None`` raised and every check missed)."""
+    ref, got = [{"p": np.array([0.1, 0.4, 0.9])}], [{"p": np.array([0.2, 0.35, 0.2])}]
+
+    def f1(fp32_outputs, int8_outputs, threshold=0.3):
+        want, have = fp32_outputs[0]["p"] > threshold, int8_outputs[0]["p"] > threshold
+        return 2 * float(np.sum(want & have)) / float(np.sum(want) + np.sum(have))
+
+    assert call_user_metric(f1, ref, got, [{}]) == pytest.approx(2 / 3)
+    seen = []
+
+    def with_labels(fp32_outputs, int8_outputs, labels=None):
+        seen.append(labels)
+        return 1.0
+
+    def plain_labels(fp32_outputs, int8_outputs, labels):
+        seen.append(labels)
+        return 1.0
+
+    labels = [{"y": np.array([1])}]
+    call_user_metric(with_labels, ref, got, labels)
+    call_user_metric(plain_labels, ref, got, labels)
+    call_user_metric(lambda *args: seen.append(args[2]) or 1.0, ref, got, labels)
+    assert seen == [labels, labels, labels]

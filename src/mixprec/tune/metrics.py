@@ -192,14 +192,20 @@ Compare = Callable[[Sequence[Outputs], Sequence[Outputs]], float]
 
 
 def _takes_labels(function: Callable[..., float]) -> bool:
-    """Whether ``function`` takes a third positional argument (or ``*args``)."""
+    """Whether ``function`` takes the labels: a third positional parameter without a
+    default or named ``labels``, or ``*args``. A third one with a default (``def f1(fp32,
+    int8, threshold=0.3)``) is the function's own option, not the labels."""
     try:
-        parameters = inspect.signature(function).parameters.values()
+        parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):  # a builtin without a signature: two arguments
         return False
-    kinds = [p.kind for p in parameters]
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return True
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return inspect.Parameter.VAR_POSITIONAL in kinds or sum(k in positional for k in kinds) >= 3
+    third = [p for p in parameters if p.kind in positional][2:3]
+    return bool(third) and (
+        third[0].default is inspect.Parameter.empty or third[0].name == "labels"
+    )
 
 
 def call_user_metric(
