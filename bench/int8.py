@@ -139,6 +139,27 @@ def decision_f1(ref: np.ndarray, got: np.ndarray, threshold: float) -> float:
     return 1.0 if total == 0 else 2.0 * both / total
 
 
+#: The task metric's budget for mixprec-metric: what report_int8 counts as accurate.
+ACCURATE = 0.99
+
+
+def write_metric(spec: ModelSpec, work: Path) -> str:
+    """A metric module for ``mixprec quantize --metric`` that scores INT8 against FP32 as
+    this bench does (the lowest decision F1 over ``spec.decisions``), written beside the
+    work files; returns ``PATH:FUNCTION``."""
+    path = work / f"metric_{spec.name}.py"
+    path.write_text(
+        "import numpy as np\n\n\n"
+        "def decisions(fp32_outputs, int8_outputs):\n"
+        f"    found = []\n    for name, threshold in {list(spec.decisions)!r}:\n"
+        "        want = np.concatenate([np.ravel(o[name]) for o in fp32_outputs]) > threshold\n"
+        "        have = np.concatenate([np.ravel(o[name]) for o in int8_outputs]) > threshold\n"
+        "        total = int(want.sum() + have.sum())\n"
+        "        found.append(1.0 if total == 0 else 2.0 * int((want & have).sum()) / total)\n"
+        "    return min(found)\n")
+    return f"{path}:decisions"
+
+
 def evaluate_int8(base: Baseline, path: Path, measure_latency: bool = True) -> dict[str, Any]:
     """Everything measured on one INT8 model (the quantization itself is measured apart)."""
     row: dict[str, Any] = {"size_bytes": path.stat().st_size,
@@ -179,6 +200,8 @@ def quantize(spec: ModelSpec, tool: str, work: Path, calib_dir: Path,
     result_json.unlink(missing_ok=True)
     cmd = [sys.executable, str(BENCH_DIR / "quantize_one.py"), tool, str(spec.path()), str(out),
            str(result_json), "--calib-dir", str(calib_dir)]
+    if tool == "mixprec-metric" and spec.decisions:
+        cmd += ["--metric", str(write_metric(spec, work)), "--metric-budget", str(ACCURATE)]
     proc = run_measured(cmd, timeout, work / f"{tag}.log")
     row = result_row(proc, result_json, work / f"{tag}.log", timeout, "quantize_one")
     quantization = (row.get("report") or {}).get("quantization")

@@ -51,9 +51,9 @@ from typing import Any
 
 from convert_one import Unavailable, measure_and_write, run_mixprec_cli
 
-TOOLS = ("mixprec", "mixprec-minmax", "mixprec-minmax-bc", "mixprec-entropy", "mixprec-percentile",
-         "mixprec-dynamic", "mixprec-per-tensor", "mixprec-per-tensor-cle", "ort-s8s8", "ort-u8s8",
-         "ort-dynamic", "nncf")
+TOOLS = ("mixprec", "mixprec-metric", "mixprec-minmax", "mixprec-minmax-bc", "mixprec-entropy",
+         "mixprec-percentile", "mixprec-dynamic", "mixprec-per-tensor", "mixprec-per-tensor-cle",
+         "ort-s8s8", "ort-u8s8", "ort-dynamic", "nncf")
 
 
 def samples(folder: str) -> Iterator[dict[str, Any]]:
@@ -88,6 +88,10 @@ def _mixprec(args: argparse.Namespace, method: str) -> Callable[[], dict[str, An
                "per-tensor": ["--per-tensor", "--no-equalize"],
                "per-tensor-cle": ["--per-tensor", "--equalize"]}
     mode = special.get(method, ["--method", method] if method else [])
+    if method == "metric":  # the defaults, judged by the model's own decisions (--metric)
+        if not args.metric:
+            raise Unavailable("no task metric for this model (bench/models.py decisions)")
+        mode = ["--metric", args.metric, "--metric-budget", str(args.metric_budget)]
     argv = ["mixprec", "quantize", args.model, "-o", args.out, "--calibration-data",
             args.calib_dir, *mode, "--json"]
     return run_mixprec_cli(argv, "mixprec CLI")
@@ -196,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out")
     parser.add_argument("result")
     parser.add_argument("--calib-dir", required=True, help="folder of one-sample .npz files")
+    parser.add_argument("--metric", help="mixprec-metric: MODULE:FUNCTION for --metric")
+    parser.add_argument("--metric-budget", type=float, default=0.99)
     args = parser.parse_args(argv)
 
     result: dict[str, Any] = {"tool": args.tool, "model": args.model, "out": args.out}
