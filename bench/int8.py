@@ -217,6 +217,8 @@ def run_model(spec: ModelSpec, base: Baseline, tools: list[str], work: Path, tim
     count = write_calibration(spec, calib_dir)
     rows = []
     for tool in tools:
+        if tool == "mixprec-metric" and not spec.decisions:
+            continue  # no task metric: the same run as "mixprec"
         row, out = quantize(spec, tool, work, calib_dir, timeout)
         row.update(model=spec.name, tool=tool, calibration_samples=count)
         if row["status"] == "ok":
