@@ -15,7 +15,8 @@ The weights reach ONNX Runtime without a copy in Python: a weight that is a span
 model's external data file is given as a reference to it (ONNX Runtime maps the file
 itself), any other large one as an in-memory initializer
 (:func:`~mixprec.io.protos.weightless_proto`). Sessions are built without prepacking by
-default (no second, repacked copy of the weights).
+default (no second, repacked copy of the weights). Both run at the graph optimizations
+of the engine's own sessions (``deployed``: what a deployment gets).
 
 :func:`run_saved` runs a whole model (a small one: a weight-only result) from a temporary
 file with external data, which ONNX Runtime maps: on a 366 MB MatMulNBits model its
@@ -167,7 +168,12 @@ def run_in_pieces(
         external = {n: arrays[n] for n in piece.initializers if n in arrays}
         try:
             session = make_session(
-                source, threads, external=external, prepack=prepack, data_folder=folder
+                source,
+                threads,
+                external=external,
+                prepack=prepack,
+                data_folder=folder,
+                deployed=True,
             )
             for env in envs:
                 env.update(run_session(session, {n: env[n] for n in piece.inputs}, piece.outputs))
@@ -198,7 +204,7 @@ def run_saved(
         path = Path(folder) / "model.onnx"
         save_model(model, path, external_data=True)
         try:
-            session = make_session(str(path), threads, owned=True)
+            session = make_session(str(path), threads, owned=True, deployed=True)
             return [run_session(session, f, None) for f in feeds]
         except (OrtLoadError, OrtRunError) as e:
             raise MixprecError(f"{what}: {e}") from None

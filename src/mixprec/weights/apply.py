@@ -60,9 +60,13 @@ class QuantizeWeightsResult(ir.passes.PassResult):
 
 @dataclasses.dataclass
 class _Packed:
-    """A MatMulNBits' initializers, made once per weight and precision."""
+    """A MatMulNBits' initializers, made once per weight and precision. ``quant`` (the
+    unpacked codes, 1 byte per weight) is kept only for a table's transpose, whose codes
+    a tied Gather may read; others let it go once packed (a large model's would add up
+    to a quarter of its float size)."""
 
-    quant: BlockQuant
+    spec: BlockSpec
+    quant: BlockQuant | None
     b: ir.Value
     scales: ir.Value
     zero_points: ir.Value | None
@@ -115,7 +119,8 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
             scales = self._initializer(f"{base}_q{spec.bits}_scales", arrays.scales)
             zero = arrays.zero_points
             zp = None if zero is None else self._initializer(f"{base}_q{spec.bits}_zp", zero)
-            self._packed[key] = _Packed(quant, b, scales, zp, arrays.attributes)
+            kept = quant if source.transposed else None
+            self._packed[key] = _Packed(spec, kept, b, scales, zp, arrays.attributes)
             self._count_float(source.value)
         return self._packed[key]
 
@@ -150,7 +155,7 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
     def _matmul(self, node: ir.Node, decision: WeightDecision) -> None:
         source = _source(node, decision, self._graph)
         packed = self._quantized(source, decision.precision, node.meta.get(LAYER_INPUTS))
-        spec = packed.quant.spec
+        spec = packed.spec
         level, why = self.config.level(spec.bits)
         self._result.levels.setdefault(spec.bits, why)
         attrs = [ir.AttrInt64(k, v) for k, v in packed.attributes.items()]
@@ -185,7 +190,9 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
             self._result.left_float[node.name or ""] = why
             return
         if shared:
-            quant = self._packed[key].quant
+            kept = self._packed[key].quant
+            assert kept is not None  # a table's transpose keeps its codes
+            quant = kept
             data = self._packed[key].b
             self._result.shared_tables.append(table.name or "")
         else:
