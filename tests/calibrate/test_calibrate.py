@@ -233,6 +233,19 @@ def test_histogram_observer_memory_is_fixed_and_ranges_grow_by_merging_bins() ->
     assert int(obs.counts.sum()) == 8 and obs.counts[0] == 5, obs.counts
 
 
+def test_histogram_bins_values_of_extreme_ranges_as_numpy_does() -> None:
+    """Subnormal and near-float32-max ranges: the bin scale must neither overflow nor
+    underflow (the counts are numpy's)."""
+    from mixprec.calibrate.observers import HistogramObserver
+
+    for values in ([1e-40, 5e-41, -2e-40, 0.0], [3e38, 1e38, -2e38, 1.0]):
+        a = np.array(values, np.float32)
+        obs = HistogramObserver(bins=8)
+        obs.update(a)
+        want, _ = np.histogram(np.abs(a).astype(np.float64), bins=8, range=(0.0, obs.upper))
+        assert obs.counts.tolist() == want.tolist(), (values, obs.counts, want)
+
+
 def test_a_generator_of_50_feeds_is_consumed_lazily() -> None:
     from helpers import make_model
     from mixprec.calibrate.runner import calibrate

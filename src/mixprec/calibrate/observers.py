@@ -212,7 +212,9 @@ class HistogramObserver(MinMaxObserver):
     def _count(self, magnitude: np.ndarray, weight: float = 1.0) -> None:
         """Adds ``weight`` per value of ``magnitude`` (finite, in ``[0, upper]``) to its
         bin (the top edge to the last bin, as ``np.histogram`` counts; 8x faster)."""
-        index = (magnitude * np.float32(self.bins / self.upper)).astype(np.intp)
+        scale = self.bins / self.upper  # float64 where float32 would overflow (tiny ranges)
+        factor = np.float32(scale) if scale < 1e30 else np.float64(scale)
+        index = (magnitude * factor).astype(np.intp)
         np.minimum(index, self.bins - 1, out=index)
         counts = np.bincount(index, minlength=self.bins)
         self.counts += counts * weight if weight != 1.0 else counts
