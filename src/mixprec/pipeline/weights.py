@@ -20,7 +20,8 @@ the loaded ``onnx_ir`` model, whose weights are read-only maps of its data files
 quantization works on a copy of its graph that shares those weights and reads them a
 slice at a time (:mod:`mixprec.weights.slices`), and the guard's FP32 reference runs in
 pieces of at most :data:`~mixprec.runtime.pieces.PIECE_BYTES` of weights
-(:func:`~mixprec.runtime.pieces.run_in_pieces`), so no whole FP32 session is ever built.
+(:func:`~mixprec.runtime.pieces.run_in_pieces`), so no whole FP32 session is ever built;
+the quantized model is checked in pieces too, from a temporary file.
 """
 
 from __future__ import annotations
@@ -319,8 +320,9 @@ class ModelRuns:
 
     In memory (a proto source): one session per model. Streamed (``source`` a loaded
     ``onnx_ir`` model, module doc): the FP32 model in pieces of at most
-    :data:`~mixprec.runtime.pieces.PIECE_BYTES` of weights, the (small) quantized model
-    in one session from a temporary file, which ONNX Runtime maps.
+    :data:`~mixprec.runtime.pieces.PIECE_BYTES` of weights, and so the quantized one,
+    from a temporary file ONNX Runtime maps (one session of an int8 result would cost
+    about 1.6x its size beside mixprec's copy: over half the model for a large model).
     """
 
     source: Source
@@ -342,7 +344,7 @@ class ModelRuns:
         """A weight-only model's outputs on each feed dict; one line when it cannot run."""
         if self.streamed:
             threads = self.config.runtime.threads or 2
-            return run_saved(model, feeds, threads=threads, what=_CANNOT_RUN)
+            return run_saved(model, feeds, threads=threads, max_bytes=PIECE_BYTES, what=_CANNOT_RUN)
         return _outputs(ir.to_proto(model), feeds, self.config, _CANNOT_RUN)
 
 
