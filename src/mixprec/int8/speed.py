@@ -6,8 +6,10 @@ the CPU. So, like an autotuner, ``quantize(speed="auto")`` builds a few candidat
 placements, times each against the user's FP32 model and keeps the fastest only when it
 is clearly faster; otherwise the model stays float.
 
-Timing on shared machines is noisy: sessions take turns within each round (in rotating
-order), and each round gives a ratio candidate / FP32 measured milliseconds apart.
+Timing on shared machines is noisy: each placement is timed beside FP32 in its own rounds
+(two sessions alive at a time, so memory does not grow with the number of placements),
+the two taking turns within each round, and each round gives a ratio candidate / FP32
+measured milliseconds apart.
 :func:`decide` reads only those paired ratios (a pure function, tested on recorded
 timings): a placement is faster when its median ratio is at most ``1 - MARGIN`` and,
 unless it is :data:`SURE` faster in the median, when at least :data:`MAJORITY` of the
@@ -21,7 +23,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
@@ -78,14 +80,23 @@ class SpeedDecision:
     why: str
 
 
-def decide(times: Mapping[str, Sequence[float]], order: Sequence[str]) -> SpeedDecision:
+def decide(
+    times: Mapping[str, Sequence[float]],
+    order: Sequence[str],
+    pairs: Mapping[str, Sequence[float]] | None = None,
+) -> SpeedDecision:
     """The placement to keep from per-round seconds (``times["fp32"]`` is the FP32
-    model's, the other labels are placements, ``order`` from most INT8 work to least).
+    model's, the other labels are placements, ``order`` from most INT8 work to least;
+    ``pairs``: the FP32 rounds each placement was timed beside, when each was timed in
+    its own rounds; default ``times["fp32"]`` for all).
 
     Returns ``chosen == "fp32"`` when no placement is clearly faster.
     """
+    if pairs is not None:
+        times = {**times, **{f"{_PAIRED}{label}": t for label, t in pairs.items()}}
     ms = {label: float(np.median(t)) * 1e3 for label, t in times.items()}
-    ratios = {label: _paired(times, label) for label in times}
+    ms = {label: v for label, v in ms.items() if not label.startswith(_PAIRED)}
+    ratios = {label: _paired(times, label) for label in ms}
     ratio = {label: float(np.median(r)) for label, r in ratios.items()}
     share = {label: float(np.mean(r < 1.0)) for label, r in ratios.items()}
     faster = [
@@ -108,11 +119,16 @@ def decide(times: Mapping[str, Sequence[float]], order: Sequence[str]) -> SpeedD
     return SpeedDecision(chosen, ms, ratio, share, len(times["fp32"]), why)
 
 
+#: In :func:`decide`'s merged timings, the FP32 rounds a placement was paired with.
+_PAIRED = "fp32 beside "
+
+
 def _paired(times: Mapping[str, Sequence[float]], label: str) -> np.ndarray:
     """Per-round ratios of ``label`` to FP32 (a placement dropped early has the first
     rounds only)."""
     own = np.asarray(times[label], dtype=np.float64)
-    return own / np.asarray(times["fp32"][: len(own)], dtype=np.float64)
+    reference = times.get(f"{_PAIRED}{label}", times["fp32"])
+    return own / np.asarray(reference[: len(own)], dtype=np.float64)
 
 
 def _hopeless(times: Mapping[str, Sequence[float]], label: str) -> bool:
@@ -228,36 +244,38 @@ def choose_placement(
     what was measured (``ms``, ``ratio``, ``faster_share``, ``rounds``, ``dropped``: the
     rounds of each placement dropped early, ``chosen``, ``summary``).
     """
-    sessions = {"fp32": session(fp32, runtime)}
+    reference = session(fp32, runtime)
+    times: dict[str, list[float]] = {"fp32": []}
+    pairs: dict[str, list[float]] = {}
     refused: dict[str, str] = {}
     for label, placement in placements.items():
+        # One placement at a time beside FP32: two sessions alive, not one per
+        # placement (MiniLM's five sessions took its peak RSS to 1.7x ORT's quantizer's).
         try:  # a placement the runtime cannot compile is no candidate (OpenVINO's LPT
-            sessions[label] = session(build(placement), runtime)  # threw on PP-OCR cls)
-            sessions[label].run(feeds)
+            candidate = session(build(placement), runtime)  # threw on PP-OCR cls)
+            candidate.run(feeds)
         except (RuntimeLoadError, RuntimeRunError) as e:
             refused[label] = str(e)
-            sessions.pop(label, None)
+            continue
+        timed = time_paired({"fp32": reference, label: candidate}, feeds)
+        del candidate
+        times[label], pairs[label] = timed[label], timed["fp32"]
+        times["fp32"] += timed["fp32"]
     placements = {k: v for k, v in placements.items() if k not in refused}
     dropped: dict[str, int] = {}
     if not placements:
         decision = SpeedDecision("fp32", {}, {}, {}, 0, "the runtime refused every placement")
     else:
-        times = time_paired(sessions, feeds)
-        decision = decide(times, list(placements))
-        # dropped early: fewer rounds than FP32, or every placement at once (timing
-        # then ended before the minimum number of rounds)
-        early = len(times["fp32"]) < _MIN_ROUNDS
-        dropped = {
-            k: len(v)
-            for k, v in times.items()
-            if k != "fp32" and (early or len(v) < len(times["fp32"]))
-        }
+        decision = decide(times, list(placements), pairs)
+        decision = replace(decision, rounds=max(len(t) for t in pairs.values()))
+        # dropped early: stopped before the minimum number of rounds (hopeless)
+        dropped = {k: len(v) for k, v in pairs.items() if len(v) < _MIN_ROUNDS}
     chosen = placements[decision.chosen] if decision.chosen != "fp32" else STAY_FLOAT
     shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in feeds.items())
     where = (runtime or RuntimeOptions()).name
     summary = (
-        f"INT8 placement timed in {where} on this CPU at {shapes} (ms, median of {decision.rounds} "
-        "interleaved rounds): "
+        f"INT8 placement timed in {where} on this CPU at {shapes} (ms, median of up to "
+        f"{decision.rounds} rounds, each placement interleaved with FP32): "
         + ", ".join(
             f"{label} {value:.2f}"
             + (f" (dropped after {dropped[label]} rounds)" if label in dropped else "")
