@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 import mixprec
 from helpers import run_ort
 from mixprec.api.weights import quantize_weights
+from mixprec.core.errors import MixprecError
 from mixprec.runtime.pieces import plan_pieces, run_in_pieces
 from mixprec.weights import slices
 from mixprec.weights.blocks import BlockSpec, quantize_rtn
@@ -188,6 +189,13 @@ def test_a_streamed_run_writes_what_the_in_memory_run_writes(
     (check,) = streamed.report.guard["checks"]
     (other,) = whole.report.guard["checks"]
     assert check["passed"] and check["rel_l2"] == pytest.approx(other["rel_l2"], rel=1e-4)
+
+
+def test_gptq_is_refused_in_one_line_when_streamed(tmp_path: Path) -> None:
+    path, _ = write_branches(tmp_path, 16, 64, 64, branches=1, rows=64)
+    samples = [{"x": RNG.standard_normal((1, 8, 16)).astype(np.float32)}]
+    with pytest.raises(MixprecError, match=r"^weight method gptq .* use --weight-method rtn$"):
+        quantize_weights(str(path), samples, weights="int4", weight_method="gptq", stream=True)
 
 
 # --- big: over 2 GB, sparse, in a child process whose peak RSS is read -----------------------

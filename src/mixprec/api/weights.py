@@ -21,7 +21,8 @@ from mixprec.pipeline.convert import CalibrationData, ConversionResult
 from mixprec.pipeline.held_out import split_for_guard
 from mixprec.pipeline.lm_guard import is_language_model, lm_guard
 from mixprec.pipeline.report import Report
-from mixprec.pipeline.weights import Source, WeightsGuard, run_weights, streams
+from mixprec.pipeline.streamed import Source, streams
+from mixprec.pipeline.weights import WeightsGuard, run_weights
 from mixprec.report.logdir import write_log_dir
 from mixprec.weights.config import WeightsConfig, parse_weights
 

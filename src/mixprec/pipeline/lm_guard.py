@@ -40,7 +40,8 @@ import onnx_ir as ir
 
 from mixprec.io.feeds import Feeds, feeds_for
 from mixprec.io.signature import declared_dims, graph_inputs
-from mixprec.pipeline.weights import GuardContext, Source, WeightsReport
+from mixprec.pipeline.streamed import Source
+from mixprec.pipeline.weights import GuardContext, WeightsReport
 from mixprec.weights.config import LayerChoice, WeightsConfig
 from mixprec.weights.sensitivity import rank_layers
 

@@ -14,14 +14,8 @@ was given (``guard_drop`` / ``guard_rel_l2``) or an output goes non-finite. A la
 model guard (next-token KL, perplexity) replaces it, and repairs through
 ``context.requantize(config)`` (e.g. a ``layers`` map with the worst layers at 8 bits).
 
-**Streamed models.** A model whose external data is over :data:`STREAM_ABOVE` (or any
-model with ``WeightsConfig.stream=True``) is not copied into protobuf: the source stays
-the loaded ``onnx_ir`` model, whose weights are read-only maps of its data files; each
-quantization works on a copy of its graph that shares those weights and reads them a
-slice at a time (:mod:`mixprec.weights.slices`), and the guard's FP32 reference runs in
-pieces of at most :data:`~mixprec.runtime.pieces.PIECE_BYTES` of weights
-(:func:`~mixprec.runtime.pieces.run_in_pieces`), so no whole FP32 session is ever built;
-the quantized model is checked in pieces too, from a temporary file.
+**Streamed models** (over 2 GB of external data) keep their weights memory-mapped and are
+run in pieces by the checks: :mod:`mixprec.pipeline.streamed`.
 """
 
 from __future__ import annotations
@@ -44,15 +38,19 @@ from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import compare_outputs
 from mixprec.core.policy import default_policy
-from mixprec.io.external import clone_model, external_bytes
 from mixprec.io.feeds import calibration_feeds, feeds_for, iter_calibration_npz, make_inputs
 from mixprec.passes.cleanup import annotated_values
 from mixprec.pipeline.convert import CalibrationData, notes_about_input, param_bytes
 from mixprec.pipeline.report import NodeReport, Report
 from mixprec.pipeline.stages import Pipeline, Stage
-from mixprec.runtime.engine import RuntimeLoadError, RuntimeRunError
-from mixprec.runtime.engines import engine_for
-from mixprec.runtime.pieces import PIECE_BYTES, run_in_pieces, run_saved
+from mixprec.pipeline.streamed import (
+    ModelRuns,
+    Outputs,
+    Source,
+    refuse_streamed,
+    streamed_note,
+    work_copy,
+)
 from mixprec.weights.apply import QuantizeWeightsPass, QuantizeWeightsResult
 from mixprec.weights.config import WeightsConfig
 from mixprec.weights.methods import WeightMethod, resolve_method
@@ -62,29 +60,18 @@ from mixprec.weights.stats import WeightsData
 
 __all__ = [
     "CHECK_SAMPLES",
-    "STREAM_ABOVE",
     "GuardContext",
-    "ModelRuns",
-    "Source",
     "WeightsGuard",
     "WeightsPipeline",
     "WeightsReport",
     "output_check",
     "quantize_weights_once",
     "run_weights",
-    "streams",
 ]
 
 Say = Callable[[str], None]
-Outputs = dict[str, np.ndarray]
 #: At most this many samples are run for the output check.
 CHECK_SAMPLES = 4
-#: A model with more external data than this is streamed (module doc): it is over
-#: protobuf's 2 GB, and a copy in memory would cost several times its size.
-STREAM_ABOVE = 2 << 30
-#: The FP32 model as the stages get it: a proto (its weights in memory), or the loaded
-#: ``onnx_ir`` model of a streamed run (its weights memory-mapped).
-Source = onnx.ModelProto | ir.Model
 #: Output IR versions are lowered to this (or to what the opsets need, if more): ONNX
 #: Runtime 1.31 refuses IR 14, which onnx 1.23 writes by default.
 _LOADABLE_IR = 10
@@ -182,20 +169,6 @@ def _bytes_row(before: int, after: int) -> str:
     return f"{before / 1e6:.2f} MB -> {after / 1e6:.2f} MB{ratio}"
 
 
-def streams(model: ir.Model, config: WeightsConfig) -> bool:
-    """Whether ``model`` (as loaded) is quantized streamed: ``config.stream`` when set,
-    else when its external data is over :data:`STREAM_ABOVE`."""
-    if config.stream is not None:
-        return config.stream
-    return external_bytes(model) > STREAM_ABOVE
-
-
-def _work_copy(source: Source) -> ir.Model:
-    """A model the passes may change: parsed from a proto, or a copy of a streamed
-    model's graphs that shares its (memory-mapped) weights."""
-    return ir.from_proto(source) if isinstance(source, onnx.ModelProto) else clone_model(source)
-
-
 def quantize_weights_once(
     source: Source,
     config: WeightsConfig,
@@ -208,7 +181,7 @@ def quantize_weights_once(
     copy): the passes replace tensors, never write into them, so ``source`` stays as given.
     ``data``: the calibration samples a data-aware method and the sensitivity ranking
     read (their statistics are collected once and kept in it for a requantization)."""
-    work = _work_copy(source)
+    work = work_copy(source)
     target = f"{config.precision} weights"  # not "int8": that is INT8 with activations
     report = WeightsReport(target=target, policy={"weights": config_dict(config)})
     report.notes.extend(notes_about_input(work))
@@ -314,40 +287,6 @@ def _loadable_ir_version(model: ir.Model) -> str | None:
 # --- the check samples and the guard hook ----------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelRuns:
-    """How the check runs models in ONNX Runtime: the FP32 ``source`` and a candidate.
-
-    In memory (a proto source): one session per model. Streamed (``source`` a loaded
-    ``onnx_ir`` model, module doc): the FP32 model in pieces of at most
-    :data:`~mixprec.runtime.pieces.PIECE_BYTES` of weights, and so the quantized one,
-    from a temporary file ONNX Runtime maps (one session of an int8 result would cost
-    about 1.6x its size beside mixprec's copy: over half the model for a large model).
-    """
-
-    source: Source
-    config: WeightsConfig
-
-    @property
-    def streamed(self) -> bool:
-        return isinstance(self.source, ir.Model)
-
-    def fp32(self, feeds: list[dict[str, np.ndarray]]) -> list[Outputs]:
-        """The FP32 model's outputs on each feed dict; one line when it cannot run."""
-        what = "ONNX Runtime cannot run the FP32 model"
-        if isinstance(self.source, ir.Model):
-            threads = self.config.runtime.threads or 2
-            return run_in_pieces(self.source, feeds, threads=threads, what=what)
-        return _outputs(self.source, feeds, self.config, what)
-
-    def quantized(self, model: ir.Model, feeds: list[dict[str, np.ndarray]]) -> list[Outputs]:
-        """A weight-only model's outputs on each feed dict; one line when it cannot run."""
-        if self.streamed:
-            threads = self.config.runtime.threads or 2
-            return run_saved(model, feeds, threads=threads, max_bytes=PIECE_BYTES, what=_CANNOT_RUN)
-        return _outputs(ir.to_proto(model), feeds, self.config, _CANNOT_RUN)
-
-
 @dataclasses.dataclass
 class GuardContext:
     """What a :data:`WeightsGuard` gets beside the model.
@@ -397,17 +336,6 @@ def check_samples(
     return [feeds], "generated input (give calibration or eval data for a real check)"
 
 
-def _outputs(
-    model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], config: WeightsConfig, what: str
-) -> list[Outputs]:
-    """``model``'s outputs on each feed dict, in ONNX Runtime; one line when it cannot."""
-    try:
-        session = engine_for(config.runtime).session(model, config.runtime)
-        return [session.run(f) for f in feeds]
-    except (RuntimeLoadError, RuntimeRunError) as e:
-        raise MixprecError(f"{what}: {e}") from None
-
-
 def output_check(
     model: ir.Model, report: WeightsReport, context: GuardContext
 ) -> tuple[ir.Model, WeightsReport]:
@@ -433,9 +361,6 @@ def output_check(
         "summary": _summary(report, checks, passed, len(feeds), context.where),
     }
     return model, report
-
-
-_CANNOT_RUN = "ONNX Runtime cannot run the weight-only model (not written)"
 
 
 def _checks(
@@ -510,11 +435,11 @@ def run_weights(
     method, why = resolve_method(config.method, has_data=data is not None)
     runs = ModelRuns(source, config)
     if runs.streamed and method.needs_data:
-        raise MixprecError(_NO_STATISTICS.format(method=method.name))
+        raise refuse_streamed(method.name)
     model, report = quantize_weights_once(source, config, method, progress, data)
     report.notes.append(why)
     if isinstance(source, ir.Model):
-        report.notes.append(_streamed_note(source))
+        report.notes.append(streamed_note(source))
     clock = time.perf_counter()
     if config.guard:
         say(f"checking the outputs against FP32 on {len(samples)} sample(s)")
@@ -526,27 +451,6 @@ def run_weights(
         report.notes.append("output check off (guard=False / --no-guard): loaded and run once")
     report.timings["output check"] = time.perf_counter() - clock
     return model, report
-
-
-_NO_STATISTICS = (
-    "weight method {method} reads X^T X statistics that need the whole FP32 model in one "
-    "ONNX Runtime session, which a streamed model (external data over 2 GB, or stream=True) "
-    "never gets: use --weight-method rtn"
-)
-
-
-def _streamed_note(source: ir.Model) -> str:
-    size = external_bytes(source) / 1e9
-    read = (
-        f"{size:.2f} GB of external data read one weight (slice) at a time from the "
-        "memory-mapped data file, never copied"
-        if size
-        else "stream=True: the weights shared, never copied"
-    )
-    return (
-        f"streamed: {read}; the FP32 reference runs in pieces of at most "
-        f"{PIECE_BYTES >> 20} MB of weights"
-    )
 
 
 def _again(

@@ -1,0 +1,134 @@
+"""Where a weight-only run keeps its FP32 model, and how its checks run models.
+
+**Streamed models.** A model whose external data is over :data:`STREAM_ABOVE` (or any
+model with ``WeightsConfig.stream=True``) is not copied into protobuf: the source stays
+the loaded ``onnx_ir`` model, whose weights are read-only maps of its data files; each
+quantization works on a copy of its graph that shares those maps and reads a weight a
+slice at a time (:mod:`mixprec.weights.slices`), and the checks run the FP32 and the
+quantized model in pieces of at most :data:`~mixprec.runtime.pieces.PIECE_BYTES` of
+weights (:mod:`mixprec.runtime.pieces`), so no whole session of either is built.
+Other models are one proto, parsed again for each quantization and run in one session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from mixprec.core.errors import MixprecError
+from mixprec.io.external import clone_model, external_bytes
+from mixprec.runtime.engine import RuntimeLoadError, RuntimeRunError
+from mixprec.runtime.engines import engine_for
+from mixprec.runtime.pieces import PIECE_BYTES, run_in_pieces, run_saved
+from mixprec.weights.config import WeightsConfig
+
+__all__ = [
+    "CANNOT_RUN",
+    "STREAM_ABOVE",
+    "ModelRuns",
+    "Outputs",
+    "Source",
+    "refuse_streamed",
+    "streamed_note",
+    "streams",
+    "work_copy",
+]
+
+Outputs = dict[str, np.ndarray]
+#: What a weight-only model that ONNX Runtime cannot load or run is told.
+CANNOT_RUN = "ONNX Runtime cannot run the weight-only model (not written)"
+#: A model with more external data than this is streamed (module doc): it is over
+#: protobuf's 2 GB, and a copy in memory would cost several times its size.
+STREAM_ABOVE = 2 << 30
+#: The FP32 model as the stages get it: a proto (its weights in memory), or the loaded
+#: ``onnx_ir`` model of a streamed run (its weights memory-mapped).
+Source = onnx.ModelProto | ir.Model
+
+
+def streams(model: ir.Model, config: WeightsConfig) -> bool:
+    """Whether ``model`` (as loaded) is quantized streamed: ``config.stream`` when set,
+    else when its external data is over :data:`STREAM_ABOVE`."""
+    if config.stream is not None:
+        return config.stream
+    return external_bytes(model) > STREAM_ABOVE
+
+
+def work_copy(source: Source) -> ir.Model:
+    """A model the passes may change: parsed from a proto, or a copy of a streamed
+    model's graphs that shares its (memory-mapped) weights."""
+    return ir.from_proto(source) if isinstance(source, onnx.ModelProto) else clone_model(source)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelRuns:
+    """How the check runs models in ONNX Runtime: the FP32 ``source`` and a candidate.
+
+    In memory (a proto source): one session per model. Streamed (``source`` a loaded
+    ``onnx_ir`` model, module doc): the FP32 model in pieces of at most
+    :data:`~mixprec.runtime.pieces.PIECE_BYTES` of weights, and so the quantized one,
+    from a temporary file ONNX Runtime maps (one session of an int8 result would cost
+    about 1.6x its size beside mixprec's copy: over half the model for a large model).
+    """
+
+    source: Source
+    config: WeightsConfig
+
+    @property
+    def streamed(self) -> bool:
+        return isinstance(self.source, ir.Model)
+
+    def fp32(self, feeds: list[dict[str, np.ndarray]]) -> list[Outputs]:
+        """The FP32 model's outputs on each feed dict; one line when it cannot run."""
+        what = "ONNX Runtime cannot run the FP32 model"
+        if isinstance(self.source, ir.Model):
+            threads = self.config.runtime.threads or 2
+            return run_in_pieces(self.source, feeds, threads=threads, what=what)
+        return _outputs(self.source, feeds, self.config, what)
+
+    def quantized(self, model: ir.Model, feeds: list[dict[str, np.ndarray]]) -> list[Outputs]:
+        """A weight-only model's outputs on each feed dict; one line when it cannot run."""
+        if self.streamed:
+            threads = self.config.runtime.threads or 2
+            return run_saved(model, feeds, threads=threads, max_bytes=PIECE_BYTES, what=CANNOT_RUN)
+        return _outputs(ir.to_proto(model), feeds, self.config, CANNOT_RUN)
+
+
+def _outputs(
+    model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], config: WeightsConfig, what: str
+) -> list[Outputs]:
+    """``model``'s outputs on each feed dict, in ONNX Runtime; one line when it cannot."""
+    try:
+        session = engine_for(config.runtime).session(model, config.runtime)
+        return [session.run(f) for f in feeds]
+    except (RuntimeLoadError, RuntimeRunError) as e:
+        raise MixprecError(f"{what}: {e}") from None
+
+
+_NO_STATISTICS = (
+    "weight method {method} reads X^T X statistics that need the whole FP32 model in one "
+    "ONNX Runtime session, which a streamed model (external data over 2 GB, or stream=True) "
+    "never gets: use --weight-method rtn"
+)
+
+
+def streamed_note(source: ir.Model) -> str:
+    """The report's note on a streamed run."""
+    size = external_bytes(source) / 1e9
+    read = (
+        f"{size:.2f} GB of external data read one weight (slice) at a time from the "
+        "memory-mapped data file, never copied"
+        if size
+        else "stream=True: the weights shared, never copied"
+    )
+    return (
+        f"streamed: {read}; the checks run the FP32 and the quantized model in pieces of "
+        f"at most {PIECE_BYTES >> 20} MB of weights"
+    )
+
+
+def refuse_streamed(method_name: str) -> MixprecError:
+    """The one line a streamed run gives a method that needs layer statistics."""
+    return MixprecError(_NO_STATISTICS.format(method=method_name))
