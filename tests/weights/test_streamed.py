@@ -170,6 +170,25 @@ def test_pieces_run_the_model_as_one_session_does() -> None:
         np.testing.assert_array_equal(out["a"], want["a"])
 
 
+@pytest.mark.parametrize("past", [0, 5])
+def test_a_kv_cache_decoder_in_many_pieces_gives_one_sessions_outputs(past: int) -> None:
+    """Pieces of 20 KB of weights cut the tiny decoder into dozens of models: shape
+    arithmetic, masks (int64, bool) and the empty cache cross their boundaries."""
+    from llm_models import DecoderConfig, decoder_feeds, tiny_decoder
+
+    cfg = DecoderConfig()
+    model = tiny_decoder(cfg, seed=3)
+    feeds = [decoder_feeds(cfg, past=past, seed=s) for s in (1, 2)]
+    sizes = {t.name: numpy_helper.to_array(t).nbytes for t in model.graph.initializer}
+    assert len(plan_pieces(model.graph, sizes, 20 << 10)) > 10
+    got = run_in_pieces(ir.from_proto(model), feeds, threads=1, max_bytes=20 << 10)
+    for f, out in zip(feeds, got, strict=True):
+        want = run_ort(model, f)
+        assert out.keys() == want.keys()
+        for name in want:
+            np.testing.assert_allclose(out[name], want[name], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
 def test_a_streamed_run_writes_what_the_in_memory_run_writes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
