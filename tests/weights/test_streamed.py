@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 import mixprec
 from helpers import run_ort
 from mixprec.api.weights import quantize_weights
+from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
 from mixprec.runtime.pieces import plan_pieces, run_in_pieces
 from mixprec.weights import slices
@@ -208,6 +209,20 @@ def test_a_streamed_run_writes_what_the_in_memory_run_writes(
     (check,) = streamed.report.guard["checks"]
     (other,) = whole.report.guard["checks"]
     assert check["passed"] and check["rel_l2"] == pytest.approx(other["rel_l2"], rel=1e-4)
+
+
+def test_cli_stream_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--stream puts a small model on the streamed path; without --weights, one line."""
+    path, _ = write_branches(tmp_path, 16, 64, 64, branches=2, rows=64)
+    out = tmp_path / "out.onnx"
+    assert (
+        main(["quantize", str(path), "-o", str(out), "--weights", "int4", "--stream", "--json"])
+        == 0
+    )
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any(n.startswith("streamed:") for n in notes), notes
+    assert main(["quantize", str(path), "-o", str(out), "--stream"]) == 2
+    assert "--stream/--no-stream needs --weights" in capsys.readouterr().err
 
 
 def test_gptq_is_refused_in_one_line_when_streamed(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ _WEIGHT_FLAGS = (
     ("lm_head", "--lm-head"),
     ("embeddings", "--embeddings"),
     ("ratio", "--ratio"),
+    ("stream", "--stream/--no-stream"),
     ("guard_kl", "--max-kl"),
     ("guard_perplexity", "--max-perplexity-rise"),
     ("tokenizer", "--tokenizer"),
@@ -116,6 +117,13 @@ def add_weight_args(p: argparse.ArgumentParser) -> None:
         help="with int4: the share of linear-layer weights kept at 4 bits (0-1), the rest "
         "at 8 bits by measured sensitivity (default: the layers whose sensitivity stands "
         "out, within 0.35x the float size; 1: all at 4 bits)",
+    )
+    g.add_argument(
+        "--stream",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="quantize in bounded memory: weights read from the data file one at a time, "
+        "the checks run in pieces (default: when the external data is over 2 GiB)",
     )
     for flag, what in (("--lm-head", "the output projection"), ("--embeddings", "embeddings")):
         g.add_argument(flag, choices=PRECISIONS, default=None, help=f"{what} (default int8)")
