@@ -246,9 +246,10 @@ def lm_guard(
     first = checker.measure(model)
     misses = checker.misses(first, budget)
     repair = _Repair(checker, budget, context, (model, report, first, misses))
+    del model  # the repair holds it while it is the best; a streamed one then lets it go
     if misses:
         repair.run(_quantized_linear(report))
-    model, report, stats, final_misses = repair.best
+    model, report, stats, final_misses = repair.final()
     passed = not final_misses
     report.guard = {
         "passed": passed,
@@ -270,7 +271,7 @@ def lm_guard(
     return model, report
 
 
-_Candidate = tuple[ir.Model, WeightsReport, dict[str, Any], list[str]]
+_Candidate = tuple[ir.Model | None, WeightsReport, dict[str, Any], list[str]]
 
 
 class _Repair:
@@ -278,13 +279,16 @@ class _Repair:
     until one passes, then bisected between that step and the failing one before it
     (:data:`BISECT_ROUNDS`), so no more layers than needed leave 4 bits. ``best`` is the
     passing candidate with the fewest promoted layers, ``chosen`` its step; while none
-    passes, the last one measured (the first measure before any step)."""
+    passes, the last one measured (the first measure before any step). A streamed run
+    keeps only the best's config while it quantizes another candidate (two quantized
+    models of a large model need not fit), and quantizes it again at the end if needed."""
 
     def __init__(
         self, checker: _Checker, budget: LmBudget, context: GuardContext, first: _Candidate
     ) -> None:
         self.checker, self.budget, self.context = checker, budget, context
         self.best = first
+        self.best_config = context.config
         self.steps: list[dict[str, Any]] = []
         self.chosen: dict[str, Any] | None = None
 
@@ -334,14 +338,24 @@ class _Repair:
         layers = _layers(ranked, now, step, what, missed)
         config = self.context.config
         config = dataclasses.replace(config, layers={**config.layers, **layers})
+        if self.context.runs.streamed:
+            self.best = (None, *self.best[1:])
         model, report = self.context.requantize(config)
         stats = self.checker.measure(model)
         misses = self.checker.misses(stats, self.budget)
         self.steps.append({"layers": step[0], "to": step[1], **stats, "passed": not misses})
         if not misses or self.best[3]:
             self.best = (model, report, stats, misses)
+            self.best_config = config
             self.chosen = self.steps[-1]
         return not misses
+
+    def final(self) -> tuple[ir.Model, WeightsReport, dict[str, Any], list[str]]:
+        """The best candidate, quantized again from its config if it was let go."""
+        model, report, stats, misses = self.best
+        if model is None:
+            model, report = self.context.requantize(self.best_config)
+        return model, report, stats, misses
 
 
 def _measured(stats: dict[str, Any], real_tokens: bool) -> str:

@@ -445,7 +445,11 @@ def run_weights(
         say(f"checking the outputs against FP32 on {len(samples)} sample(s)")
         again = functools.partial(_again, source, method, progress, data)
         context = GuardContext(source, samples, where, config, again, runs)
-        model, report = (guard or output_check)(model, report, context)
+        # handed over, not kept here: a streamed guard lets the first model go while it
+        # tries others
+        handed = [model]
+        del model
+        model, report = (guard or output_check)(handed.pop(), report, context)
     else:
         runs.quantized(model, [feeds_for(model, samples[0])])
         report.notes.append("output check off (guard=False / --no-guard): loaded and run once")
