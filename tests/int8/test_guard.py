@@ -169,9 +169,12 @@ def test_the_repair_is_searched_on_some_held_out_samples_and_graded_on_the_other
     assert guard["kept_float"] == ["fc1"] and guard["passed"], guard  # a repair ran
     assert (guard["search_samples"], guard["graded_samples"], guard["eval_samples"]) == (2, 2, 4)
     assert [c["output"] for c in guard["checks"]] == ["probs"]
-    # where the time went: the guard's runs, the first quantization and the repair
+    # where the time went: the guard's runs, the first quantization and the repair; the
+    # repaired quantization reuses the first calibration (no second 'calibrate')
     timings = result.report.timings
-    assert {"calibrate", "guard", "first quantize", "repair"} <= set(timings), timings
+    assert {"guard", "first quantize", "repair", "apply"} <= set(timings), timings
+    assert "calibrate" not in timings and timings["first quantize"] > 0, timings
+    assert any("reused the first one's calibration" in n for n in result.report.notes)
     assert all(v >= 0 for v in timings.values()), timings
 
 

@@ -43,7 +43,7 @@ from mixprec.io.feeds import feeds_for
 from mixprec.io.models import load_input
 from mixprec.pipeline.convert import CalibrationData
 from mixprec.pipeline.held_out import Samples, split_for_guard
-from mixprec.pipeline.quantize import latency_feeds, run_quantize
+from mixprec.pipeline.quantize import Reuse, latency_feeds, run_quantize
 from mixprec.pipeline.report import Report
 from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
@@ -68,11 +68,17 @@ Say = Callable[[str], None]
 
 
 def quantize_once(
-    source: onnx.ModelProto, config: QuantizeConfig, data: Any, progress: Say | None
+    source: onnx.ModelProto,
+    config: QuantizeConfig,
+    data: Any,
+    progress: Say | None,
+    reuse: Reuse | None = None,
 ) -> tuple[ir.Model, Report]:
     """One quantization of ``source`` (the input as loaded, weights inline); a result
-    with no INT8 node is the input unchanged."""
-    work, report = run_quantize(_copy(source), config, calibration_data=data, progress=progress)
+    with no INT8 node is the input unchanged. ``reuse``: see :class:`Reuse`."""
+    work, report = run_quantize(
+        _copy(source), config, calibration_data=data, progress=progress, reuse=reuse
+    )
     if config.fallback == "fp32" and not any(n.precision == "int8" for n in report.nodes):
         # Nothing runs in INT8: the input as given, never the prepared copy (prepare's
         # rewrites may move ORT off a faster path, e.g. Casts before a Pad).
@@ -183,7 +189,8 @@ def guarded_quantize(
     held = _reference(original, split.held)
     count = len(held[1])
     spent = {"guard": time.perf_counter() - clock}
-    work, report = quantize_once(source, config, calib, progress)
+    reuse = Reuse()  # the repaired quantization takes the calibration and placement from here
+    work, report = quantize_once(source, config, calib, progress, reuse)
     say(f"checking the INT8 model on {count} held-out sample(s)")
     clock = time.perf_counter()
     first = _checked(work, held, config, (kinds, budget))
@@ -205,7 +212,12 @@ def guarded_quantize(
         config, exclude_nodes=config.exclude_nodes + tuple(f"^{re.escape(n)}$" for n in names)
     )
     graded = _part(held, grade)
-    work, report = quantize_once(source, repaired, calib, progress)
+    work, report = quantize_once(source, repaired, calib, progress, reuse)
+    if reuse.calibrated is not None:
+        report.notes.append(
+            "the repaired quantization reused the first one's calibration (its time is in "
+            f"'first quantize') and timed only the placement chosen first ({reuse.placement!r})"
+        )
     final = _checked(work, graded, config, (kinds, budget))
     if not all(c.passed for c in final) and tuned.passed:
         work, report = _tuner_or_input(source, config, tuned, (calib, held[0]), progress)

@@ -55,6 +55,7 @@ from mixprec.runtime.kernels import integer_kernel_share
 
 __all__ = [
     "QuantizePipeline",
+    "Reuse",
     "choose_mode",
     "config_dict",
     "fill_report",
@@ -205,23 +206,39 @@ def _data_notes(config: QuantizeConfig, calibration_data: CalibrationData | None
     return [message]
 
 
+@dataclasses.dataclass
+class Reuse:
+    """What a later quantization of the same input and data (the guard's repaired one:
+    more nodes kept float) takes from the first instead of measuring it again: the
+    calibrated model (prepared, smoothed, ranges measured) with its stages, and the
+    placement the speed plan chose, the only one timed again. A learned rounding run
+    calibrates anew (its layer inputs are captured while calibrating)."""
+
+    calibrated: onnx.ModelProto | None = None
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    stages: dict[str, Stage] = dataclasses.field(default_factory=dict)
+    placement: str | None = None
+
+
 def run_quantize(
     work: ir.Model,
     config: QuantizeConfig,
     *,
     calibration_data: CalibrationData | None = None,
     progress: Callable[[str], None] | None = None,
+    reuse: Reuse | None = None,
 ) -> tuple[ir.Model, Report]:
     """INT8 on a loaded model (a private copy, changed in place): calibrate, resolve mode
     "auto", time the placements (``speed="auto"``), annotate, apply, check, and paint the
-    fallback; returns the model and the report."""
+    fallback; returns the model and the report. ``reuse``: filled by a first run, read by
+    the next (:class:`Reuse`)."""
     say = progress or (lambda _msg: None)
     report = Report(target="int8", policy={"quantize": config_dict(config)})
     report.notes.extend(notes_about_input(work))
     report.notes.extend(_data_notes(config, calibration_data))
     original = ir.to_proto(work)  # the speed plan times placements against the user's model
     pipeline = QuantizePipeline(config, calibration_data=calibration_data, progress=progress)
-    work = pipeline.run(work, until="calibrate")
+    work = _calibrated(work, pipeline, reuse)
     if config.mode == "auto":
         config, pipeline.mode_choice = choose_mode(work, config)
         pipeline.qconfig = config  # resolved once here: the speed plan times this mode
@@ -231,8 +248,11 @@ def run_quantize(
     if config.speed == "auto":
         say("timing candidate INT8 placements")
         t = time.perf_counter()
-        chosen, speed = timed_placement(work, config, original)
+        only = reuse.placement if reuse is not None else None
+        chosen, speed = timed_placement(work, config, original, only=only)
         extra["speed"] = time.perf_counter() - t
+        if reuse is not None and reuse.placement is None:
+            reuse.placement = str(speed["chosen"])
         pipeline.qconfig = dataclasses.replace(
             config, exclude_nodes=chosen.exclude, placement=chosen.ops
         )
@@ -255,6 +275,23 @@ def run_quantize(
     return work, report
 
 
+def _calibrated(work: ir.Model, pipeline: QuantizePipeline, reuse: Reuse | None) -> ir.Model:
+    """``work`` prepared and calibrated: measured here (and kept in ``reuse``), or a copy
+    of what ``reuse`` kept from the first run."""
+    q = pipeline.qconfig
+    if reuse is None or q.rounding == "learned":
+        return pipeline.run(work, until="calibrate")
+    if reuse.calibrated is not None:
+        copy = ir.from_proto(reuse.calibrated)
+        copy.meta.update(reuse.meta)
+        pipeline.stages.update(reuse.stages)
+        return copy
+    work = pipeline.run(work, until="calibrate")
+    reuse.calibrated, reuse.meta = ir.to_proto(work), dict(work.meta)
+    reuse.stages = {k: v for k, v in pipeline.stages.items() if k in ("prepare", "calibrate")}
+    return work
+
+
 def choose_mode(model: ir.Model, config: QuantizeConfig) -> tuple[QuantizeConfig, str]:
     """mode="auto": dynamic for MatMul-dominated models (see :class:`QuantizeConfig`)."""
     by_name = node_macs(model)
@@ -275,11 +312,16 @@ def choose_mode(model: ir.Model, config: QuantizeConfig) -> tuple[QuantizeConfig
 
 
 def timed_placement(
-    model: ir.Model, config: QuantizeConfig, original: onnx.ModelProto
+    model: ir.Model,
+    config: QuantizeConfig,
+    original: onnx.ModelProto,
+    *,
+    only: str | None = None,
 ) -> tuple[Placement, dict[str, object]]:
     """The fastest INT8 placement on this CPU (:mod:`mixprec.int8.speed`) against the
     user's ``original`` model, timed at ``config.latency_shapes``, else ``config.shapes``,
-    else the calibration's input shapes."""
+    else the calibration's input shapes; ``only``: time that placement alone (a label an
+    earlier plan chose; "fp32" or an unknown label times them all)."""
     base = ir.to_proto(model)
 
     def build(placement: Placement) -> onnx.ModelProto:
@@ -296,6 +338,8 @@ def timed_placement(
 
     feeds = latency_feeds(model, config, calibration_of(model).input_shapes)
     placements = candidate_placements(model, tuple(config.exclude_nodes))
+    if only in placements:
+        placements = {only: placements[only]}
     return choose_placement(original, placements, build, feeds, config.runtime)
 
 
