@@ -165,6 +165,8 @@ def run_in_pieces(
     outputs = [o.name for o in proto.graph.output]
     keep = set(outputs)
     for index, piece in enumerate(pieces):
+        if not piece.outputs:
+            continue  # nothing after it reads what it makes (dead nodes)
         source = _piece_model(proto, piece, envs[0])
         external = {n: arrays[n] for n in piece.initializers if n in arrays}
         try:
