@@ -437,9 +437,8 @@ def run_weights(
     if runs.streamed and method.needs_data:
         raise refuse_streamed(method.name)
     model, report = quantize_weights_once(source, config, method, progress, data)
-    report.notes.append(why)
-    if isinstance(source, ir.Model):
-        report.notes.append(streamed_note(source))
+    # the run's notes go on the report returned last (a repair returns its own)
+    notes = [why, *([streamed_note(source)] if isinstance(source, ir.Model) else [])]
     clock = time.perf_counter()
     if config.guard:
         say(f"checking the outputs against FP32 on {len(samples)} sample(s)")
@@ -450,8 +449,10 @@ def run_weights(
         handed = [model]
         del model
         model, report = (guard or output_check)(handed.pop(), report, context)
+        report.notes.extend(notes)
     else:
         runs.quantized(model, [feeds_for(model, samples[0])])
+        report.notes.extend(notes)
         report.notes.append("output check off (guard=False / --no-guard): loaded and run once")
     report.timings["output check"] = time.perf_counter() - clock
     return model, report
