@@ -134,7 +134,7 @@ def quantize_weights(
         calibration_data, eval_data, guard = _language_model_guard(
             work, calibration_data, eval_data
         )
-    # a streamed model stays memory-mapped (pipeline.weights' module doc); others are
+    # a streamed model stays memory-mapped (pipeline.streamed's module doc); others are
     # copied into one proto, as the stages and checks of a small model read it
     source: Source = work if streams(work, config) else ir.to_proto(work)
     del work

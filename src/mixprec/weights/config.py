@@ -99,7 +99,7 @@ class WeightsConfig:
         runtime: the engine options the checks run with (ONNX Runtime; its threads).
         stream: quantize in bounded memory, the weights read from the memory-mapped data
             files one at a time and the FP32 reference run in pieces
-            (:mod:`mixprec.pipeline.weights`); None (default): when the external data is
+            (:mod:`mixprec.pipeline.streamed`); None (default): when the external data is
             over 2 GB. A streamed run ranks the guard's repair by the weights' own error
             and cannot run GPTQ.
     """
