@@ -68,11 +68,12 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 def _numpy_guard(fp32: Path | onnx.ModelProto, model: Path, windows: list[dict]) -> dict:
     """KL(FP32 || model), top-1 agreement and both perplexities over the windows, in
-    float64 from ONNX Runtime's logits: what the guard must report."""
+    float64 from ONNX Runtime's logits (at a deployment's optimizations, as the guard
+    runs them): what the guard must report."""
     kl = agree = nll32 = nll = n = 0.0
     for feeds in windows:
-        p = _log_softmax(run_ort(fp32, feeds)["logits"][0, :-1])
-        q = _log_softmax(run_ort(model, feeds)["logits"][0, :-1])
+        p = _log_softmax(run_ort(fp32, feeds, optimize=True)["logits"][0, :-1])
+        q = _log_softmax(run_ort(model, feeds, optimize=True)["logits"][0, :-1])
         ids = feeds["input_ids"][0, 1:]
         kl += float((np.exp(p) * (p - q)).sum())
         agree += float((p.argmax(-1) == q.argmax(-1)).sum())
