@@ -39,6 +39,7 @@ from mixprec.int8.smooth import (
     smoothable_share,
 )
 from mixprec.int8.speed import Placement, candidate_placements, choose_placement
+from mixprec.io.external import clone_model
 from mixprec.io.feeds import feeds_for, make_inputs
 from mixprec.passes.opset import upgrade_to
 from mixprec.pipeline.convert import (
@@ -214,8 +215,7 @@ class Reuse:
     placement the speed plan chose, the only one timed again. A learned rounding run
     calibrates anew (its layer inputs are captured while calibrating)."""
 
-    calibrated: onnx.ModelProto | None = None
-    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    calibrated: ir.Model | None = None  # graphs copied, tensors shared (no weight copied)
     stages: dict[str, Stage] = dataclasses.field(default_factory=dict)
     placement: str | None = None
 
@@ -282,12 +282,11 @@ def _calibrated(work: ir.Model, pipeline: QuantizePipeline, reuse: Reuse | None)
     if reuse is None or q.rounding == "learned":
         return pipeline.run(work, until="calibrate")
     if reuse.calibrated is not None:
-        copy = ir.from_proto(reuse.calibrated)
-        copy.meta.update(reuse.meta)
         pipeline.stages.update(reuse.stages)
-        return copy
+        return clone_model(reuse.calibrated)
     work = pipeline.run(work, until="calibrate")
-    reuse.calibrated, reuse.meta = ir.to_proto(work), dict(work.meta)
+    # the passes after this replace tensors, never write into them: sharing is safe
+    reuse.calibrated = clone_model(work)
     reuse.stages = {k: v for k, v in pipeline.stages.items() if k in ("prepare", "calibrate")}
     return work
 
