@@ -28,6 +28,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec.calibrate.runner import stream_tensors
+from mixprec.core.batching import runs_within
 from mixprec.core.constants import const_tensor
 from mixprec.core.ops import trans_b
 from mixprec.io.feeds import Feeds
@@ -245,20 +246,6 @@ def _row_budget(layer: LayerInput, rows: int, per_weight: int | None, layer_byte
     return max(min(_MIN_ROWS, rows), min(rows, layer_bytes // max(1, 4 * layer.width)))
 
 
-def _groups(layers: Sequence[LayerInput], sizes: Sequence[int], most: int) -> list[list[int]]:
-    """Indices of ``layers`` in runs whose reservoirs take at most ``most`` bytes."""
-    groups: list[list[int]] = [[]]
-    total = 0
-    for k, (layer, size) in enumerate(zip(layers, sizes, strict=True)):
-        nbytes = 4 * layer.width * size
-        if groups[-1] and total + nbytes > most:
-            groups.append([])
-            total = 0
-        groups[-1].append(k)
-        total += nbytes
-    return [g for g in groups if g]
-
-
 def _feeder(by_value: dict[str, list[_Reservoir]]) -> Callable[[int, str, np.ndarray], None]:
     def consume(_index: int, name: str, array: np.ndarray) -> None:
         for reservoir in by_value.get(name, []):
@@ -302,7 +289,8 @@ def capture_inputs(
         of another rank) yields an empty array.
     """
     sizes = [_row_budget(layer, rows, per_weight, layer_bytes) for layer in layers]
-    for group in _groups(layers, sizes, group_bytes):
+    held = [4 * layer.width * size for layer, size in zip(layers, sizes, strict=True)]
+    for group in runs_within(range(len(layers)), held.__getitem__, group_bytes):
         reservoirs = {k: _Reservoir(layers[k], sizes[k], seed + k) for k in group}
         by_value: dict[str, list[_Reservoir]] = {}
         for reservoir in reservoirs.values():

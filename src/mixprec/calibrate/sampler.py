@@ -34,6 +34,7 @@ from mixprec.calibrate.observers import (
     is_float_array,
     make_observer,
 )
+from mixprec.core.batching import runs_within
 from mixprec.core.errors import MixprecError
 from mixprec.io.external import DATA_FOLDER
 from mixprec.io.protos import weightless_proto
@@ -317,16 +318,11 @@ def _chunks(
     pending: list[tuple[str, ir.DataType]], most: int, nbytes: Mapping[str, int]
 ) -> list[list[tuple[str, ir.DataType]]]:
     """``pending`` in runs of at most ``most`` tensors and about :data:`FETCH_BYTES`."""
-    chunks: list[list[tuple[str, ir.DataType]]] = [[]]
-    total = 0
-    for item in pending:
-        size = nbytes.get(item[0], FETCH_BYTES // 32)
-        if chunks[-1] and (total + size > FETCH_BYTES or len(chunks[-1]) >= most):
-            chunks.append([])
-            total = 0
-        chunks[-1].append(item)
-        total += size
-    return chunks
+
+    def size(item: tuple[str, ir.DataType]) -> int:
+        return nbytes.get(item[0], FETCH_BYTES // 32)
+
+    return runs_within(pending, size, FETCH_BYTES, most) or [[]]
 
 
 def _value_infos(items: Sequence[tuple[str, ir.DataType]]) -> list[onnx.ValueInfoProto]:

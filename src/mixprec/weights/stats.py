@@ -24,6 +24,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec.calibrate.runner import stream_tensors
+from mixprec.core.batching import runs_within
 from mixprec.io.feeds import Feeds
 from mixprec.weights.methods import LAYER_INPUTS, LayerData
 from mixprec.weights.select import matmul_weight, weight_decision
@@ -72,19 +73,6 @@ def hessian_inputs(model: ir.Model) -> dict[str, int]:
     return found
 
 
-def _groups(widths: dict[str, int], most: int) -> list[list[str]]:
-    groups: list[list[str]] = [[]]
-    total = 0
-    for name, k in widths.items():
-        nbytes = 8 * k * k
-        if groups[-1] and total + nbytes > most:
-            groups.append([])
-            total = 0
-        groups[-1].append(name)
-        total += nbytes
-    return [g for g in groups if g]
-
-
 def collect_hessians(
     model: ir.Model,
     samples: Sequence[Feeds],
@@ -107,7 +95,7 @@ def collect_hessians(
         found.sums[name] += (rows.T @ rows).astype(np.float64)
         found.rows[name] += len(rows)
 
-    for group in _groups(todo, group_bytes):
+    for group in runs_within(todo, lambda name: 8 * todo[name] ** 2, group_bytes):
         for name in group:
             found.sums[name] = np.zeros((todo[name], todo[name]), np.float64)
             found.rows[name] = 0
