@@ -92,11 +92,8 @@ def decide(
 
     Returns ``chosen == "fp32"`` when no placement is clearly faster.
     """
-    if pairs is not None:
-        times = {**times, **{f"{_PAIRED}{label}": t for label, t in pairs.items()}}
     ms = {label: float(np.median(t)) * 1e3 for label, t in times.items()}
-    ms = {label: v for label, v in ms.items() if not label.startswith(_PAIRED)}
-    ratios = {label: _paired(times, label) for label in ms}
+    ratios = {label: _paired(times, label, pairs) for label in times}
     ratio = {label: float(np.median(r)) for label, r in ratios.items()}
     share = {label: float(np.mean(r < 1.0)) for label, r in ratios.items()}
     faster = [
@@ -119,15 +116,15 @@ def decide(
     return SpeedDecision(chosen, ms, ratio, share, len(times["fp32"]), why)
 
 
-#: In :func:`decide`'s merged timings, the FP32 rounds a placement was paired with.
-_PAIRED = "fp32 beside "
-
-
-def _paired(times: Mapping[str, Sequence[float]], label: str) -> np.ndarray:
+def _paired(
+    times: Mapping[str, Sequence[float]],
+    label: str,
+    pairs: Mapping[str, Sequence[float]] | None = None,
+) -> np.ndarray:
     """Per-round ratios of ``label`` to FP32 (a placement dropped early has the first
-    rounds only)."""
+    rounds only): to the FP32 rounds it was timed beside (``pairs``), else ``times["fp32"]``."""
     own = np.asarray(times[label], dtype=np.float64)
-    reference = times.get(f"{_PAIRED}{label}", times["fp32"])
+    reference = (pairs or {}).get(label, times["fp32"])
     return own / np.asarray(reference[: len(own)], dtype=np.float64)
 
 
