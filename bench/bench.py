@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             "source": spec.source, "path": str(base.path), "size_bytes": base.path.stat().st_size,
             "input_shapes": {k: list(v) for k, v in base.shapes.items()},
             "checker_error": base.checker_error, "stats": base.stats.to_dict(),
-            "accuracy": base.accuracy,
+            "accuracy": base.accuracy, "labelled": base.labelled,
         }
         converted: dict[tuple[str, str], tuple[dict[str, Any], Path]] = {}
         for converter, dtype in jobs:
@@ -354,7 +354,8 @@ def render(info: dict[str, Any], baselines: dict[str, dict[str, Any]], rows: lis
     if int8_part:
         lines.append(report_int8.render(
             int8_part["rows"], int8_part["aggregate"], int8_part["targets"],
-            {k: v["accuracy"] for k, v in baselines.items()}, int8_part["calibration_samples"]))
+            {k: v["accuracy"] for k, v in baselines.items()}, int8_part["calibration_samples"],
+            {k: v.get("labelled") for k, v in baselines.items()}))
     if bf16_part:
         lines.append(bf16.render(bf16_part, {k: v["accuracy"] for k, v in baselines.items()}))
     problems = [r for r in rows if r.get("status") == "ok" and (

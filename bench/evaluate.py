@@ -75,6 +75,9 @@ class Baseline:
     macs_by_name: dict[str, int]
     checker_error: str | None
     accuracy: float | None
+    # spec.labelled: FP32's answers on the labelled set and their scores (ocr_text.py)
+    labelled_predictions: list[Any] | None = None
+    labelled: dict[str, Any] | None = None
 
 
 def latency_feeds(spec: ModelSpec, feeds: Feeds) -> Feeds:
@@ -162,8 +165,23 @@ def make_baseline(spec: ModelSpec, feeds: Feeds, macs: dict[str, int]) -> Baseli
     accuracy = None
     if spec.labels is not None:
         accuracy = float(np.mean(outputs[spec.class_outputs[0]].argmax(-1) == spec.labels()))
+    predictions, labelled = None, None
+    if spec.labelled is not None:
+        found = spec.labelled()
+        predictions = found.predict(session(str(path)))
+        labelled = found.score(predictions, predictions)
+        accuracy = labelled["accuracy"]
     return Baseline(spec, path, feeds, latency_feeds(spec, feeds), shapes, outputs, stats, macs,
-                    check(path), accuracy)
+                    check(path), accuracy, predictions, labelled)
+
+
+def labelled_scores(base: Baseline, sess: ort.InferenceSession) -> dict[str, Any] | None:
+    """A converted model's scores on the spec's labelled set: against the ground truth
+    (accuracy, ...) and against FP32's answers on the same lines (agreement)."""
+    if base.spec.labelled is None or base.labelled_predictions is None:
+        return None
+    found = base.spec.labelled()
+    return found.score(found.predict(sess), base.labelled_predictions)
 
 
 def evaluate(base: Baseline, converted: Path, dtype: str,

@@ -23,6 +23,7 @@ from evaluate import (
     check,
     compare,
     first_line,
+    labelled_scores,
     run,
     session,
 )
@@ -182,6 +183,16 @@ def evaluate_int8(base: Baseline, path: Path, measure_latency: bool = True) -> d
     row["decision_f1"] = min(f1s) if f1s else None
     row["agreement"] = next((row[k] for k in ("top1_agreement", "min_cosine", "decision_f1")
                              if row.get(k) is not None), None)
+    if base.spec.labelled is not None:
+        # PP-OCR rec/cls: accuracy on the labelled lines (its drop from FP32's is what
+        # report_int8 judges), agreement = lines answered exactly as FP32 answers them
+        try:
+            row["labelled"] = labelled_scores(base, native)
+        except Exception as exc:
+            row["labelled_error"] = first_line(exc, 500)
+        if row.get("labelled"):
+            row.update(accuracy=row["labelled"]["accuracy"],
+                       agreement=row["labelled"]["agreement"])
     try:
         row.update(integer_kernel_share(path, base.feeds, base.stats.macs_total))
     except Exception as exc:

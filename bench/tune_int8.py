@@ -8,9 +8,10 @@
   most 0.3 points below the FP32 model's accuracy. Calibration: the bench's INT8
   calibration samples (``models.int8_calibration``: 64 training-split digits, 16 x 4).
 * ppocr_rec: top-1 agreement of ``softmax_11.tmp_0`` (argmax over the last axis, every
-  time step) with the FP32 model, on rendered eval-split text lines (``models.text_images``,
-  one line per item), budget: agreement >= 0.99 (NNCF: max_drop 0.01 from the FP32
-  model's 1.0). Calibration: the bench's 16 calib-split lines.
+  time step) with the FP32 model, on real English lines rendered for the bench's labelled
+  eval set (``ocr_text.rec_set``, in PaddleOCR's [-1, 1] range, one line per item),
+  budget: agreement >= 0.99 (NNCF: max_drop 0.01 from the FP32 model's 1.0). Calibration:
+  the bench's 16 calib-split lines.
 
 Both tools get the same calibration samples and the same validation items. mixprec gets
 the metric as a callable (mnist) or its built-in ``top1`` (ppocr_rec), NNCF a
@@ -43,6 +44,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 from evaluate import interleaved_latency, run, session
+from ocr_text import rec_set
 
 import mixprec
 from int8 import integer_kernel_share
@@ -53,7 +55,6 @@ from models import (
     mnist_inputs,
     mnist_labels,
     model_by_name,
-    text_images,
 )
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -108,7 +109,7 @@ def mnist_task(limit: int | None) -> Task:
 
 def ocr_task(limit: int | None) -> Task:
     lines = min(limit or OCR_LINES, OCR_LINES)
-    images = text_images("eval", lines, 48, 320)
+    images = rec_set("eval").images[:lines]
     spec = model_by_name("ppocr_rec")
     fp32 = session(str(spec.path()))
     items = []
