@@ -27,7 +27,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -187,6 +187,7 @@ def guarded_quantize(
     kinds = output_kinds(original)
     clock = time.perf_counter()
     held = _reference(original, split.held)
+    del original  # the work copies are made from ``source``: one model's weights less
     count = len(held[1])
     spent = {"guard": time.perf_counter() - clock}
     reuse = Reuse()  # the repaired quantization takes the calibration and placement from here
@@ -206,7 +207,7 @@ def guarded_quantize(
     say(f"INT8 misses the budget ({_worst(first).text()}): searching for nodes to keep float")
     search, grade = search_and_grade(list(range(count)))
     guard.update(search_samples=len(search), graded_samples=len(grade))
-    tuned = _repair(source, config, calib, _part(held, search), progress)
+    tuned = _repair(source, config, (calib, _part(held, search)), kinds, progress)
     names = tuple(s.name for s in tuned.kept_float)
     repaired = dataclasses.replace(
         config, exclude_nodes=config.exclude_nodes + tuple(f"^{re.escape(n)}$" for n in names)
@@ -243,15 +244,14 @@ def _pick(items: list[Any], indices: list[int]) -> list[Any]:
 def _repair(
     source: onnx.ModelProto,
     config: QuantizeConfig,
-    calib: Samples | None,
-    search: Held,
+    data: tuple[Samples | None, Held],
+    kinds: Mapping[str, OutputKind],
     progress: Say | None,
 ) -> Any:
-    """The tuner's search for the nodes to keep float, on the search samples ``search``
-    (with their FP32 outputs and labels; calibrating on ``calib``), the guard's checks as
-    its metric."""
-    samples, reference, labels = search
-    kinds = output_kinds(_copy(source))
+    """The tuner's search for the nodes to keep float, on the search samples of ``data``
+    (calibration samples, and the search samples with their FP32 outputs and labels), the
+    guard's checks of the outputs read as ``kinds`` as its metric."""
+    calib, (samples, reference, labels) = data
     budget = GuardBudget.of(config.guard_drop, config.guard_rel_l2, config.guard_cosine)
     options = {
         f.name: getattr(config, f.name)

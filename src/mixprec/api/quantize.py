@@ -103,6 +103,7 @@ def quantize(
     work, kind = load_input(model, base_dir)
     files = input_files(work)  # one file: the model holds all its weights
     source = ir.to_proto(work)  # the input is read once: every later copy is made from it
+    del work  # not held beside the copies made from ``source`` (one model's weights less)
     before = source if config.log_dir is not None else None
     load_s = time.perf_counter() - t0
     if config.guard and (calibration_data is not None or eval_data is not None):

@@ -32,6 +32,7 @@ from mixprec.io.signature import (
     fmt_dims,
     graph_inputs,
     is_float_dtype,
+    signature_only,
 )
 
 __all__ = [
@@ -204,7 +205,7 @@ class NpzSamples:
         self, path: str | os.PathLike[str], model: ModelArg, *, labels: bool = False
     ) -> None:
         self.path = Path(path)
-        self.model = as_ir(model)
+        self.model = signature_only(model)
         self.labels = labels
         self._count: int | None = None
 

@@ -232,7 +232,7 @@ def make_session(
     so.log_severity_level = ort_log_severity()
     providers = ["CPUExecutionProvider"]
     try:
-        return ort.InferenceSession(source, sess_options=so, providers=providers)
+        return _released(ort.InferenceSession(source, sess_options=so, providers=providers))
     except Exception as e:
         match = _IR_VERSION_ERROR.search(str(e))
         if match is None or not (isinstance(source, bytes) or owned):
@@ -252,9 +252,20 @@ def make_session(
         proto.ir_version = supported
         onnx.save_model(proto, source)
     try:
-        return ort.InferenceSession(source, sess_options=so, providers=providers)
+        return _released(ort.InferenceSession(source, sess_options=so, providers=providers))
     except Exception as e:
         raise OrtLoadError(f"onnxruntime cannot load the model: {ort_first_line(e)}") from e
+
+
+def _released(session: ort.InferenceSession) -> ort.InferenceSession:
+    """``session`` without the Python-side copy of the serialized model that
+    ``InferenceSession`` keeps for the session's whole life when built from bytes (its
+    only use is rebuilding the session for another execution provider; mixprec's are
+    CPU-only and never switch). The speed plan keeps two sessions alive: MiniLM's 86 MB
+    FP32 bytes and its candidate's 56 MB were held beside ORT's own copy of the weights."""
+    if getattr(session, "_model_bytes", None) is not None:
+        session._model_bytes = None
+    return session
 
 
 @contextlib.contextmanager
@@ -273,9 +284,11 @@ def session_for(
     if model.ByteSize() <= PROTO_LIMIT:
         check_external(model)
         source: str | bytes = model.SerializeToString()
-        yield make_session(
+        session = make_session(
             source, threads, optimize=optimize, arena=arena, spinning=spinning, deployed=deployed
         )
+        del source  # ORT has parsed it: not held while the session runs
+        yield session
         return
     with tempfile.TemporaryDirectory(prefix="mixprec-") as tmp:
         skeleton = external_skeleton(model, Path(tmp))
