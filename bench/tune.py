@@ -29,7 +29,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
-from mixprec.pipeline.report import concrete_shapes, count_macs
+from mixprec.passes.macs import concrete_shapes, count_macs
 from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.ort import run_model
 from mixprec.tune.metrics import rel_l2

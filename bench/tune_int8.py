@@ -48,7 +48,7 @@ from ocr_text import rec_set
 
 import mixprec
 from int8 import integer_kernel_share
-from mixprec.pipeline.report import concrete_shapes, count_macs
+from mixprec.passes.macs import concrete_shapes, count_macs
 from models import (
     Feeds,
     int8_calibration,
