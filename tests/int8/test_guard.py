@@ -162,9 +162,11 @@ def test_the_repair_is_searched_on_some_held_out_samples_and_graded_on_the_other
     assert search_and_grade([1, 2, 3, 4, 5]) == ([1, 2, 3], [4, 5])
     assert search_and_grade([7]) == ([7], [7])
     # SmoothQuant off: it would fix the wide channel, leaving nothing to repair
+    said: list[str] = []
     result = mixprec.quantize(
-        wide_range_classifier(), wide_range_samples(20), speed="off", smooth=None
-    )
+        wide_range_classifier(), wide_range_samples(20), speed="off", smooth=None,
+        progress=said.append,
+    )  # fmt: skip
     guard = result.report.guard
     assert guard["kept_float"] == ["fc1"] and guard["passed"], guard  # a repair ran
     assert (guard["search_samples"], guard["graded_samples"], guard["eval_samples"]) == (2, 2, 4)
@@ -176,6 +178,9 @@ def test_the_repair_is_searched_on_some_held_out_samples_and_graded_on_the_other
     assert "calibrate" not in timings and timings["first quantize"] > 0, timings
     assert any("reused the first one's calibration" in n for n in result.report.notes)
     assert all(v >= 0 for v in timings.values()), timings
+    # ... and so does the tuner's search inside the repair: one calibration in all
+    assert sum("calibrating" in m for m in said) == 1, said
+    assert any("searching over" in m for m in said), said
 
 
 def _accuracy(reference, outputs) -> float:

@@ -39,6 +39,7 @@ from mixprec.core.output_kinds import OutputKind
 from mixprec.int8.config import QuantizeConfig
 from mixprec.int8.speed import decide, time_paired
 from mixprec.int8.speed import session as timing_session
+from mixprec.io.external import clone_model
 from mixprec.io.feeds import feeds_for
 from mixprec.io.models import load_input
 from mixprec.pipeline.convert import CalibrationData
@@ -207,7 +208,7 @@ def guarded_quantize(
     say(f"INT8 misses the budget ({_worst(first).text()}): searching for nodes to keep float")
     search, grade = search_and_grade(list(range(count)))
     guard.update(search_samples=len(search), graded_samples=len(grade))
-    tuned = _repair(source, config, (calib, _part(held, search)), kinds, progress)
+    tuned = _repair(source, config, (calib, _part(held, search)), (kinds, reuse), progress)
     names = tuple(s.name for s in tuned.kept_float)
     repaired = dataclasses.replace(
         config, exclude_nodes=config.exclude_nodes + tuple(f"^{re.escape(n)}$" for n in names)
@@ -245,13 +246,15 @@ def _repair(
     source: onnx.ModelProto,
     config: QuantizeConfig,
     data: tuple[Samples | None, Held],
-    kinds: Mapping[str, OutputKind],
+    how: tuple[Mapping[str, OutputKind], Reuse],
     progress: Say | None,
 ) -> Any:
     """The tuner's search for the nodes to keep float, on the search samples of ``data``
     (calibration samples, and the search samples with their FP32 outputs and labels), the
-    guard's checks of the outputs read as ``kinds`` as its metric."""
+    guard's checks of the outputs read as ``kinds`` as its metric; it starts from the
+    first quantization's calibrated model where ``reuse`` holds one."""
     calib, (samples, reference, labels) = data
+    kinds, reuse = how
     budget = GuardBudget.of(config.guard_drop, config.guard_rel_l2, config.guard_cosine)
     options = {
         f.name: getattr(config, f.name)
@@ -259,9 +262,13 @@ def _repair(
         if f.name not in ("guard", "log_dir")
     }
     metric = guard_metric(reference, kinds, budget, _user_metric(config), labels)
+    calibrated = None
+    if reuse.calibrated is not None and config.rounding != "learned":
+        seconds = sum(sum(stage.seconds.values()) for stage in reuse.stages.values())
+        calibrated = (clone_model(reuse.calibrated), seconds)
     return tune_with_options(
         source, "int8", samples, calibration_data=calib, metric=metric, budget=1.0,
-        progress=progress, options=options,
+        progress=progress, options=options, calibrated=calibrated,
     )  # fmt: skip
 
 

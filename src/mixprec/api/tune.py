@@ -10,6 +10,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import onnx
+import onnx_ir as ir
+
 from mixprec.core.errors import MixprecError
 from mixprec.io.models import ModelLike, load_input
 from mixprec.report.tune_plot import write_tune_log
@@ -105,9 +108,13 @@ def tune_with_options(
     threads: int = 2,
     mode: str = "emulated",
     metric_budget: float | None = None,
+    calibrated: tuple[ir.Model, float] | None = None,
 ) -> TuneResult:
     """:func:`tune` with the target's options as a dict (``convert``'s or ``quantize``'s:
-    a ``mode`` there is quantize's INT8 mode, apart from the tuner's own ``mode``)."""
+    a ``mode`` there is quantize's INT8 mode, apart from the tuner's own ``mode``).
+    ``calibrated``: ``model`` already prepared and calibrated with these options on
+    ``calibration_data`` (a private copy the tuner may change), and the seconds that
+    took; the tuner then searches from it instead of calibrating again."""
     if max_evaluations is not None and (
         isinstance(max_evaluations, bool)
         or not isinstance(max_evaluations, int)
@@ -128,8 +135,19 @@ def tune_with_options(
         shapes=options.get("shapes"),
         metric_budget=metric_budget,
     )
-    work, input_kind = load_input(model)
-    result = tune_model(work, input_kind, request, progress, started=t0)
+    if calibrated is None:
+        work, input_kind = load_input(model)
+        result = tune_model(work, input_kind, request, progress, started=t0)
+    else:
+        kind = (
+            "ir"
+            if isinstance(model, ir.Model)
+            else "proto"
+            if isinstance(model, onnx.ModelProto)
+            else "path"
+        )
+        work, seconds = calibrated
+        result = tune_model(work, kind, request, progress, started=t0, calibrated_seconds=seconds)
     if log_dir is not None:
         write_tune_log(log_dir, result)
     return result

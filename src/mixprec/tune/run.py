@@ -174,18 +174,25 @@ def tune_model(
     request: TuneRequest,
     progress: Callable[[str], None] | None = None,
     started: float | None = None,
+    calibrated_seconds: float | None = None,
 ) -> TuneResult:
     """Tune ``work`` (a private copy, changed in place) as ``request`` asks; ``started``
     is when the call began (``time.perf_counter()``), for the time budget and the result's
-    seconds."""
+    seconds. ``calibrated_seconds``: ``work`` is already prepared and calibrated with the
+    target's options on the request's calibration data (the guard's repair hands the first
+    quantization's), taking that long; it is not calibrated again."""
     say = progress or (lambda _msg: None)
     t0 = time.perf_counter() if started is None else started
     samples = load_samples(request.data, work, request.shapes)
-    say(f"preparing and calibrating on {len(samples)} sample(s)")
-    data = request.calibration_data if request.calibration_data is not None else samples
-    pipeline = request.target.pipeline((), data, check=False)
-    calibrated = pipeline.run(work, until="calibrate")
-    plain = sum(pipeline.timings.values())
+    if calibrated_seconds is None:
+        say(f"preparing and calibrating on {len(samples)} sample(s)")
+        data = request.calibration_data if request.calibration_data is not None else samples
+        pipeline = request.target.pipeline((), data, check=False)
+        calibrated = pipeline.run(work, until="calibrate")
+        plain = sum(pipeline.timings.values())
+    else:
+        calibrated, plain = work, calibrated_seconds
+        t0 -= calibrated_seconds  # the time budget counts the calibration it reuses
     inputs = {v.name for v in calibrated.graph.inputs}
     labels = [{k: v for k, v in s.items() if k not in inputs} for s in samples]
     samples = [feeds_for(calibrated, s) for s in samples]  # cast once to the input dtypes
