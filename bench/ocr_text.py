@@ -1,4 +1,4 @@
-"""Labelled PP-OCR text lines: real English text rendered into the rec and cls inputs.
+"""Labelled PP-OCR text: real English rendered into the rec and cls lines and det pages.
 
 Text: gensim 4.4.0's test data (corpus.tsv), split as llm_eval.py splits it: eval lines come
 from the held-out files (``lee.cor``, ``para2para_text1/2.txt``), calibration lines from
@@ -16,6 +16,12 @@ right with zeros.
 * cls (mobile v2.0, Nx3x48x192): the same kind of lines (other words, other styles, single
   words to 320 columns' worth), squeezed into 192 columns where wider, exactly half of them
   turned 180 degrees; label 1 = turned (the model's class "180"), scored against the label.
+* det (PP-OCRv4, 1x3x640x640): whole pages (``render_page``) of text blocks, 12-44 px, in
+  their own fonts and inks, some on coloured panels, between picture-like rectangles, fed
+  as rapidocr feeds det (``det_input``: BGR, (x / 255 - 0.5) / 0.5, CHW); each line's ink
+  box is kept, so ``box_coverage`` can check that a probability map finds the lines.
+  rapidocr itself would resize such a page to 736x736 (its det ``limit_side_len``, type
+  min); the bench keeps 640x640, its latency shape.
 
 Pillow and matplotlib (for its fonts) are imported only to render; CTC decoding and the
 scores need numpy alone.
@@ -27,7 +33,7 @@ import dataclasses
 import functools
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -296,3 +302,161 @@ def cls_set(split: str, count: int = EVAL_LINES) -> LabelledSet:
         images.append(ppocr_input(image[::-1, ::-1] if turn else image, CLS_WIDTH))
     return LabelledSet("cls", np.stack(images), tuple(t for t, _ in lines),
                        turned.astype(np.int64), CLS_BATCH, CLS_OUTPUT)
+
+
+# --- PP-OCR det: pages of rendered text ------------------------------------------------
+
+#: Side of a det page (the bench's 1x3x640x640 det input).
+PAGE = 640
+
+
+@dataclass(frozen=True)
+class DetPages:
+    """Rendered pages as rapidocr feeds them to det, with each text line's ink box."""
+
+    images: np.ndarray  # N x 3 x PAGE x PAGE, float32 in [-1, 1], BGR channel order
+    boxes: tuple[tuple[tuple[int, int, int, int], ...], ...]  # per page: (x0, y0, x1, y1)
+    texts: tuple[tuple[str, ...], ...]  # per page: the text of each line, in box order
+
+
+def det_input(image: np.ndarray) -> np.ndarray:
+    """rapidocr's det preprocessing of an HxWx3 RGB uint8 page at its final size: BGR (its
+    LoadImage turns RGB into BGR), (x / 255 - 0.5) / 0.5, HWC -> CHW; float32 3xHxW."""
+    bgr = np.asarray(image, dtype=np.float32)[:, :, ::-1]
+    return np.ascontiguousarray(((bgr / 255.0 - 0.5) / 0.5).transpose(2, 0, 1))
+
+
+def _words(split: str, rng: np.random.Generator) -> Iterator[str]:
+    """The split's words (eval: EVAL_FILES, else CALIBRATION_FILES), document after
+    document from a seeded one on, round and round."""
+    docs = read_documents(EVAL_FILES if split == "eval" else CALIBRATION_FILES)
+    d = int(rng.integers(len(docs)))
+    while True:
+        yield from docs[d].split()
+        d = (d + 1) % len(docs)
+
+
+def _colour(rng: np.random.Generator, low: float, high: float, tint: float) -> np.ndarray:
+    return np.clip(rng.uniform(low, high) + rng.normal(0.0, tint, 3), 0, 255)
+
+
+def _shading(rng: np.random.Generator, size: int) -> np.ndarray:
+    """A smooth brightness field around 1 (uneven light on a photographed page)."""
+    cells = 3
+    coarse = rng.uniform(-1.0, 1.0, (cells + 1, cells + 1))
+    axis = np.linspace(0, cells, size)
+    i0 = np.minimum(axis.astype(int), cells - 1)
+    f = axis - i0
+    rows = coarse[i0] * (1 - f)[:, None] + coarse[i0 + 1] * f[:, None]
+    field = rows[:, i0] * (1 - f)[None, :] + rows[:, i0 + 1] * f[None, :]
+    return 1.0 + rng.uniform(0.0, 0.12) * field
+
+
+def render_page(words: Iterator[str], rng: np.random.Generator,
+                size: int = PAGE) -> tuple[np.ndarray, list[tuple[int, int, int, int]],
+                                           list[str]]:
+    """One page: blocks of text lines one under the other (each block its own font, size
+    12-44 px, ink, left margin and width, 1-6 lines of whole words from ``words``), some
+    blocks a flat panel of another colour with contrasting text, and now and then a
+    picture-like rectangle without text; paper tint, uneven light, blur and noise.
+    Returns the HxWx3 RGB uint8 page, each line's ink box (x0, y0, x1, y1) and text."""
+    from PIL import Image, ImageDraw, ImageFilter
+
+    paper = _colour(rng, 170, 250, 10)
+    image = Image.new("RGB", (size, size), tuple(int(v) for v in paper))
+    draw = ImageDraw.Draw(image)
+    boxes: list[tuple[int, int, int, int]] = []
+    texts: list[str] = []
+    y = int(rng.integers(4, 40))
+    while y < size - 16:
+        if rng.random() < 0.15:  # a picture: smooth colours, no text
+            h = int(rng.integers(40, 160))
+            x0 = int(rng.integers(0, size // 3))
+            x1 = int(rng.integers(x0 + size // 4, size + 1))
+            top, bottom = _colour(rng, 20, 235, 40), _colour(rng, 20, 235, 40)
+            for row in range(h):
+                shade = top + (bottom - top) * row / max(h - 1, 1)
+                draw.line([(x0, y + row), (x1, y + row)], fill=tuple(int(v) for v in shade))
+            y += h + int(rng.integers(8, 30))
+            continue
+        font_size = int(np.clip(rng.lognormal(np.log(20), 0.35), 12, 44))
+        font = _font(str(rng.choice(FONTS)), font_size)
+        spacing = int(font_size * rng.uniform(1.2, 1.7))
+        lines = int(rng.integers(1, 7))
+        x0 = int(rng.integers(4, size // 4))
+        right = int(rng.integers(max(x0 + size // 3, size * 3 // 4), size - 2))
+        panel = rng.random() < 0.2
+        if panel:  # a flat panel (a banner, a sign): text in a contrasting colour on it
+            back = _colour(rng, 0, 255, 60)
+            light = float(back.mean()) < 128
+            ink = _colour(rng, 200, 255, 15) if light else _colour(rng, 0, 60, 15)
+            height = min(lines * spacing + font_size // 2, size - y)
+            draw.rectangle([x0 - 4, y - 2, right + 2, y + height],
+                           fill=tuple(int(v) for v in back))
+        else:
+            ink = _colour(rng, 0, 90, 20)
+        for _ in range(lines):
+            if y + font_size + 4 > size:
+                break
+            width = (right - x0) * rng.uniform(0.35, 1.0)
+            line = next(words)
+            while True:
+                word = next(words)
+                if font.getlength(f"{line} {word}") > width:
+                    break
+                line = f"{line} {word}"
+            if font.getlength(line) > size - x0 - 2:
+                continue  # a single word too long for the page
+            draw.text((x0, y), line, font=font, fill=tuple(int(v) for v in ink))
+            x_a, y_a, x_b, y_b = draw.textbbox((x0, y), line, font=font)
+            boxes.append((x_a, y_a, min(x_b, size), min(y_b, size)))
+            texts.append(line)
+            y += spacing
+        y += int(rng.integers(4, 3 * font_size))
+    blur = float(rng.uniform(0.0, 0.9))
+    if blur > 0.05:
+        image = image.filter(ImageFilter.GaussianBlur(blur))
+    pixels = np.asarray(image, dtype=np.float32) * _shading(rng, size)[:, :, None]
+    pixels += rng.normal(0.0, rng.uniform(0.0, 6.0), pixels.shape)
+    return np.clip(np.rint(pixels), 0, 255).astype(np.uint8), boxes, texts
+
+
+@functools.cache
+def det_pages(split: str, count: int) -> DetPages:
+    """``count`` rendered pages of the split's text (``render_page``) at PAGE x PAGE, fed as
+    rapidocr feeds det (``det_input``); seeded, the first pages the same for any count."""
+    rng = _rng(f"det/{split}/pages")
+    words = _words(split, rng)
+    images, boxes, texts = [], [], []
+    for _ in range(count):
+        page, page_boxes, page_texts = render_page(words, rng)
+        images.append(det_input(page))
+        boxes.append(tuple(page_boxes))
+        texts.append(tuple(page_texts))
+    return DetPages(np.stack(images), tuple(boxes), tuple(texts))
+
+
+def box_coverage(prob: np.ndarray, boxes: Sequence[tuple[int, int, int, int]],
+                 threshold: float = 0.3) -> dict[str, float]:
+    """How a det probability map (HxW) covers the ink boxes of the rendered lines:
+    ``coverage`` = share of the box pixels above ``threshold``; ``core`` = the same over
+    each box's middle third of rows (DB learns a map shrunk towards a line's centre line);
+    ``lines_found`` = share of lines whose core is at least half covered; ``precision`` =
+    share of the map's positive pixels inside a box grown by a third of its height."""
+    hit = prob > threshold
+    inside = np.zeros_like(hit)
+    covered = total = core_covered = core_total = found = 0
+    for x0, y0, x1, y1 in boxes:
+        covered += int(hit[y0:y1, x0:x1].sum())
+        total += (y1 - y0) * (x1 - x0)
+        third = (y1 - y0) // 3
+        core = hit[y0 + third:y1 - third, x0:x1]
+        core_covered += int(core.sum())
+        core_total += core.size
+        found += core.size > 0 and core.mean() >= 0.5
+        grow = max(1, (y1 - y0) // 3)
+        inside[max(0, y0 - grow):y1 + grow, max(0, x0 - grow):x1 + grow] = True
+    positives = int(hit.sum())
+    return {"coverage": covered / max(total, 1), "core": core_covered / max(core_total, 1),
+            "lines_found": found / max(len(boxes), 1),
+            "precision": int((hit & inside).sum()) / positives if positives else 1.0}

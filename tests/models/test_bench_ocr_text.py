@@ -1,8 +1,9 @@
 """The bench's labelled PP-OCR lines (bench/ocr_text.py): CTC decoding and the scores, the
-rec model's character table, and FP32 reading the rendered lines.
+rec model's character table, FP32 reading the rendered lines, det's page normalisation and FP32
+det finding the lines rendered on its pages.
 
 Rendering needs Pillow, matplotlib's DejaVu fonts and the bench's text corpus (the bench's
-own environment, ``.venv-bench``, and ``bench/fetch.py``); that test is skipped, saying
+own environment, ``.venv-bench``, and ``bench/fetch.py``); those tests are skipped, saying
 so, where any of them is missing.
 """
 
@@ -22,6 +23,7 @@ import ocr_text
 
 REC = "models/rapidocr-onnxruntime__ch_PP-OCRv4_rec_infer.onnx"
 CLS = "models/rapidocr-onnxruntime__ch_ppocr_mobile_v2.0_cls_infer.onnx"
+DET = "models/rapidocr-onnxruntime__ch_PP-OCRv4_det_infer.onnx"
 
 
 def _one_hot(indices: list[int], classes: int) -> np.ndarray:
@@ -100,3 +102,47 @@ def test_fp32_reads_the_rendered_lines(corpus_dir: Path) -> None:
         ort.InferenceSession(str(corpus_dir / CLS), providers=["CPUExecutionProvider"])
     )
     assert cls.score(got, got)["accuracy"] >= 0.9
+
+
+def test_det_input_is_rapidocrs_normalisation() -> None:
+    # rapidocr's det: BGR (LoadImage turns RGB into BGR), (x / 255 - 0.5) / 0.5, CHW
+    image = np.array([[[0, 51, 255], [255, 255, 255]]], dtype=np.uint8)  # 1x2 RGB
+    got = ocr_text.det_input(image)
+    assert got.shape == (3, 1, 2) and got.dtype == np.float32
+    np.testing.assert_allclose(got[:, 0, 0], [1.0, 51 / 127.5 - 1.0, -1.0], atol=1e-6)
+    np.testing.assert_allclose(got[:, 0, 1], [1.0, 1.0, 1.0])
+
+
+def test_box_coverage() -> None:
+    prob = np.zeros((30, 40), np.float32)
+    prob[13:17, 0:20] = 0.9  # the middle rows of the first box
+    found = ocr_text.box_coverage(prob, [(0, 10, 20, 20), (20, 10, 40, 20)])
+    assert found["coverage"] == pytest.approx(80 / 400)
+    assert found["core"] == pytest.approx(80 / 160)  # rows 13-16 of 13-16 and of the 2nd
+    assert found["lines_found"] == 0.5 and found["precision"] == 1.0
+    prob[0:2, 30:40] = 0.9  # 20 positives far from both boxes
+    assert ocr_text.box_coverage(prob, [(0, 10, 20, 20)])["precision"] == pytest.approx(0.8)
+
+
+@pytest.mark.slow
+def test_fp32_det_finds_the_rendered_lines(corpus_dir: Path) -> None:
+    pytest.importorskip("PIL")
+    pytest.importorskip("matplotlib")
+    from common import text_dir
+
+    missing = [n for n in ocr_text.EVAL_FILES if not (text_dir() / n).is_file()]
+    if missing:
+        pytest.skip(f"bench text corpus missing ({', '.join(missing)}): run bench/fetch.py")
+    import onnxruntime as ort
+
+    pages = ocr_text.det_pages("eval", 2)
+    assert pages.images.shape == (2, 3, 640, 640)
+    assert pages.images.min() >= -1.0 and pages.images.max() <= 1.0
+    sess = ort.InferenceSession(str(corpus_dir / DET), providers=["CPUExecutionProvider"])
+    for image, boxes in zip(pages.images, pages.boxes, strict=True):
+        assert len(boxes) >= 5
+        prob = sess.run(None, {"x": image[None]})[0][0, 0]
+        found = ocr_text.box_coverage(prob, boxes)
+        # DB's map is a band shrunk towards each line's centre: the middle rows are covered
+        assert found["lines_found"] >= 0.95 and found["core"] >= 0.8, found
+        assert found["precision"] >= 0.95, found
