@@ -225,3 +225,35 @@ def test_the_users_own_metric_judges_the_guard_and_the_repair(tmp_path, capsys):
     assert code == 2 and len(err) == 1 and "--metric 'nosuchmodule_xyz:f'" in err[0], err
     code = main([*args, "--metric-budget", "0.5"])
     assert code == 2 and "needs metric (--metric)" in capsys.readouterr().err
+
+
+def _exact_on_hard(reference, outputs, labels) -> float:
+    """A user's metric that accepts no change at all on the samples labelled hard."""
+    for ref, out, label in zip(reference, outputs, labels, strict=True):
+        if label["hard"].any() and not np.array_equal(ref["probs"], out["probs"]):
+            return 0.0
+    return 1.0
+
+
+def test_a_repair_that_misses_on_the_graded_samples_widens_down_to_the_input():
+    """Before: a repair that met the budget on the search samples but not on the graded
+    ones failed the guard and wrote nothing (PP-OCRv4 det with its F1 metric: 0.9897 for
+    0.99), although the input itself meets any budget."""
+    held = wide_range_samples(5, seed=3)
+    for k, sample in enumerate(held):  # eval_data: searched on the first 3, graded on 2
+        sample["hard"] = np.array([k >= 3])
+    said: list[str] = []
+    result = mixprec.quantize(
+        wide_range_classifier(), wide_range_samples(20), eval_data=held, speed="off",
+        smooth=None, metric=_exact_on_hard, metric_budget=0.5, progress=said.append,
+    )  # fmt: skip
+    guard = result.report.guard
+    assert (guard["search_samples"], guard["graded_samples"]) == (3, 2), guard
+    assert not guard["first_checks"][0]["passed"], guard  # INT8 changes the hard samples
+    assert guard["passed"] and result.report.unchanged, guard  # only the input passes them
+    assert any("the input is written unchanged" in n for n in result.report.notes)
+    assert any("keeping every node (the input unchanged) float" in m for m in said), said
+    x = held[3]["x"]
+    ref = run_ort(wide_range_classifier(), {"x": x})
+    got = run_ort(result.model_proto, {"x": x})
+    np.testing.assert_array_equal(got["probs"], ref["probs"])

@@ -58,6 +58,7 @@ from mixprec.tune.guard import (
     guard_metric,
     output_kinds,
     search_and_grade,
+    shown,
 )
 from mixprec.tune.metrics import Labels
 
@@ -210,20 +211,23 @@ def guarded_quantize(
     guard.update(search_samples=len(search), graded_samples=len(grade))
     tuned = _repair(source, config, (calib, _part(held, search)), (kinds, reuse), progress)
     names = tuple(s.name for s in tuned.kept_float)
-    repaired = dataclasses.replace(
-        config, exclude_nodes=config.exclude_nodes + tuple(f"^{re.escape(n)}$" for n in names)
-    )
     graded = _part(held, grade)
-    work, report = quantize_once(source, repaired, calib, progress, reuse)
+    work, report = quantize_once(source, _excluding(config, names), calib, progress, reuse)
     if reuse.calibrated is not None:
+        timed = f" and timed only the placement chosen first ({reuse.placement!r})"
         report.notes.append(
             "the repaired quantization reused the first one's calibration (its time is in "
-            f"'first quantize') and timed only the placement chosen first ({reuse.placement!r})"
+            f"'first quantize'){timed if reuse.placement is not None else ''}"
         )
     final = _checked(work, graded, config, (kinds, budget))
     if not all(c.passed for c in final) and tuned.passed:
         work, report = _tuner_or_input(source, config, tuned, (calib, held[0]), progress)
         final = _checked(work, graded, config, (kinds, budget))
+    if not all(c.passed for c in final):
+        work, report, final, names = _widened(
+            source, config, (tuned, names), (calib, graded, reuse), (kinds, budget), progress
+        )
+        guard["widened"] = len(names) - len(tuned.kept_float)
     # where the time went (the report's stages are the last quantization's)
     spent["repair"] = max(0.0, time.perf_counter() - clock - sum(report.timings.values()))
     report.timings = {**report.timings, **spent}
@@ -270,6 +274,55 @@ def _repair(
         source, "int8", samples, calibration_data=calib, metric=metric, budget=1.0,
         progress=progress, options=options, calibrated=calibrated,
     )  # fmt: skip
+
+
+def _excluding(config: QuantizeConfig, names: Iterable[str]) -> QuantizeConfig:
+    """``config`` with the nodes ``names`` kept float as well."""
+    exact = tuple(f"^{re.escape(n)}$" for n in names)
+    return dataclasses.replace(config, exclude_nodes=config.exclude_nodes + exact)
+
+
+def _widened(
+    source: onnx.ModelProto,
+    config: QuantizeConfig,
+    repair: tuple[Any, tuple[str, ...]],
+    data: tuple[Samples | None, Held, Reuse],
+    how: tuple[dict[str, OutputKind], GuardBudget],
+    progress: Say | None,
+) -> tuple[ir.Model, Report, list[OutputCheck], tuple[str, ...]]:
+    """The repair met the budget on the search samples but not on the graded ones: keep
+    more nodes float, in the tuner's ranking (most harmful first), a quarter of the rest
+    at a time, until the graded samples pass. The graded samples only pick where to stop;
+    the last step, every candidate float, is the input unchanged, which always passes."""
+    (tuned, names), (calib, graded, reuse) = repair, data
+    say = progress or (lambda _msg: None)
+    rest = [s.name for s in tuned.ranking if s.name not in set(names)]
+    step = max(1, math.ceil(len(rest) / 4))
+    counts = [*range(step, len(rest), step), len(rest)]
+    for count in counts:
+        wider = names + tuple(rest[:count])
+        last = count == counts[-1]  # every candidate float: the input unchanged
+        what = "every node (the input unchanged)" if last else f"{len(wider)} node(s)"
+        say(f"the repair missed on the graded samples: keeping {what} float")
+        wide = (
+            dataclasses.replace(config, exclude_nodes=(".*",), speed="off")
+            if last
+            else _excluding(config, wider)
+        )
+        work, report = quantize_once(source, wide, calib, progress, reuse)
+        checks = _checked(work, graded, config, how)
+        if all(c.passed for c in checks) or last:
+            break
+    why = f"the repair ({len(names)} node(s) float) met the budget on the search samples "
+    if last:
+        why += "but no placement in the tuner's ranking met it on the graded ones: the input "
+        why += "is written unchanged"
+    else:
+        why += f"but not on the graded ones: {len(wider) - len(names)} more kept float, in "
+        why += "the tuner's ranking, until they passed (the graded samples chose only where "
+        why += "to stop)"
+    report.notes.append(why)
+    return work, report, checks, wider
 
 
 def _tuner_or_input(
@@ -342,15 +395,16 @@ def _finish(
         summary = f"{head}; accuracy guard FAILED: {worst.text()}"
     elif kept and int8 == 0:
         was = _worst(first)
+        missed = shown(was.value, was.limit)
         summary = (
-            f"{head}: the model stays float (INT8 missed {was.needs()} with {was.value:.3g}, "
+            f"{head}: the model stays float (INT8 missed {was.needs()} with {missed}, "
             "and no accurate INT8 placement was faster than the input)"
         )
     elif kept:
         was = _worst(first)
         summary = (
             f"{head}; {len(kept)} kept float to meet {was.needs()} "
-            f"(was {was.value:.3g}, now {_value_of(checks, was.output):.3g})"
+            f"(was {shown(was.value, was.limit)}, now {_value_of(checks, was.output):.3g})"
         )
     else:
         summary = f"{head}; accuracy guard passed: {worst.text()}"

@@ -51,6 +51,7 @@ __all__ = [
     "guard_score",
     "output_kinds",
     "search_and_grade",
+    "shown",
     "split_samples",
     "user_check",
 ]
@@ -126,6 +127,16 @@ class GuardBudget:
         return self.cosine if kind == "cosine" else self.top1
 
 
+def shown(value: float, limit: float) -> str:
+    """``value`` to 3 significant digits, or more where those would print the ``limit``
+    it misses or meets only narrowly (0.9897 for a limit of 0.99, not 0.99)."""
+    for digits in (3, 4, 5, 6, 8):
+        text = f"{value:.{digits}g}"
+        if value == limit or float(text) != limit:
+            return text
+    return repr(value)
+
+
 @dataclass(frozen=True)
 class OutputCheck:
     """One output held to its check."""
@@ -147,7 +158,7 @@ class OutputCheck:
 
     def text(self) -> str:
         miss = f"a miss ({self.note or 'non-finite values'})"
-        got = f"{self.value:.3g}" if math.isfinite(self.value) else miss
+        got = shown(self.value, self.limit) if math.isfinite(self.value) else miss
         return f"{got}, needs {self.needs()}"
 
     def slack(self) -> float:
@@ -277,4 +288,5 @@ def guard_metric(
         outputs = candidate.outputs
         return guard_score(check_outputs(reference, outputs, kinds, budget, metric, labels))
 
+    guard.budget_text = "every check of the accuracy guard"  # type: ignore[attr-defined]
     return guard

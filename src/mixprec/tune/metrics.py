@@ -380,6 +380,8 @@ def resolve_budget(
         text = f"{metric.name} >= FP32 score {reference_score:.6g} - {drop:g}"
     if drop < 0:
         raise MixprecError(f"budget (an accepted drop) must be >= 0, got {budget!r}")
+    # a metric built to read as a bound of its own says so (the INT8 guard's checks)
+    text = getattr(metric.user or metric.score, "budget_text", text)
     return Budget(reference_score - drop, True, text)
 
 
