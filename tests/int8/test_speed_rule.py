@@ -7,10 +7,20 @@ least. The rounds below follow the notes printed by real runs (issue 17).
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
-from mixprec.int8.speed import BAND, MARGIN, SURE, decide
+from mixprec.int8.speed import (
+    _MIN_ROUNDS,
+    _PRUNE_AFTER,
+    BAND,
+    MARGIN,
+    SURE,
+    decide,
+    time_paired,
+)
 
 ORDER = ["all", "no depthwise Conv", "only large"]
 
@@ -82,3 +92,31 @@ def test_a_placement_clearly_faster_than_the_fuller_one_wins():
     decision = decide(times, ["all", "only large"])
     assert BAND < 9.0 / 10.0 - 6.0 / 10.0
     assert decision.chosen == "only large", decision.why
+
+
+class _Fixed:
+    """A session whose run takes a fixed, known time (the timing loop's stand-in for a
+    placement's ORT session, so the pruning rule is tested without a noisy clock)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def run(self, feeds):
+        deadline = time.perf_counter() + self.seconds
+        while time.perf_counter() < deadline:
+            pass
+        return {}
+
+
+def test_a_placement_slower_than_a_fuller_faster_one_stops_after_the_first_rounds():
+    """Before: every placement was timed its full rounds, though once 'all' is found
+    faster a later placement MARGIN slower than it can never be chosen (det's plan timed
+    four placements 15 rounds each)."""
+    sessions = {"fp32": _Fixed(0.002), "no depthwise Conv": _Fixed(0.0016)}  # ratio 0.8
+    free = time_paired(sessions, {})
+    assert len(free["no depthwise Conv"]) >= _MIN_ROUNDS  # nothing better known: timed in full
+    beaten = time_paired(sessions, {}, bar=0.6)  # 'all' ran at 0.6x FP32
+    assert len(beaten["no depthwise Conv"]) == _PRUNE_AFTER, beaten
+    close = time_paired(sessions, {}, bar=0.78)  # within the margin: still a candidate
+    assert len(close["no depthwise Conv"]) >= _MIN_ROUNDS
+    assert decide(beaten, ["no depthwise Conv"]).chosen == "no depthwise Conv"  # faster alone

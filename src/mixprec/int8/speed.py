@@ -20,6 +20,7 @@ machine make the same choice when two placements time alike.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -112,7 +113,8 @@ def decide(
     why = f"{ratio[chosen]:.2f}x FP32 (median paired ratio; faster in {share[chosen]:.0%} "
     why += "of rounds)"
     if chosen != best:
-        why += f"; {best!r} ({ratio[best]:.2f}x) is within {BAND:.0%} and does less in INT8"
+        why += f"; {best!r} ({ratio[best]:.2f}x) is within {BAND:.0%}: ties go to the "
+        why += "placement listed first"
     return SpeedDecision(chosen, ms, ratio, share, len(times["fp32"]), why)
 
 
@@ -128,11 +130,17 @@ def _paired(
     return own / np.asarray(reference[: len(own)], dtype=np.float64)
 
 
-def _hopeless(times: Mapping[str, Sequence[float]], label: str) -> bool:
+def _hopeless(times: Mapping[str, Sequence[float]], label: str, bar: float | None = None) -> bool:
     """A placement :func:`decide` can no longer choose: slower than FP32 in the median
-    and faster in at most :data:`_HOPELESS_SHARE` of the rounds so far."""
+    and faster in at most :data:`_HOPELESS_SHARE` of the rounds so far, or :data:`MARGIN`
+    slower in the median than ``bar`` (a placement with more INT8 work, found faster:
+    whenever this one is within :data:`BAND` of the best, so is that one, which comes
+    first)."""
     ratios = _paired(times, label)
-    return float(np.median(ratios)) >= 1.0 and float(np.mean(ratios < 1.0)) <= _HOPELESS_SHARE
+    median = float(np.median(ratios))
+    if bar is not None and median >= bar + MARGIN:
+        return True
+    return median >= 1.0 and float(np.mean(ratios < 1.0)) <= _HOPELESS_SHARE
 
 
 def _depthwise(model: ir.Model) -> list[str]:
@@ -195,12 +203,14 @@ def session(proto: onnx.ModelProto, runtime: RuntimeOptions | None = None) -> Se
 
 
 def time_paired(
-    sessions: Mapping[str, Session], feeds: Mapping[str, np.ndarray]
+    sessions: Mapping[str, Session], feeds: Mapping[str, np.ndarray], bar: float | None = None
 ) -> dict[str, list[float]]:
     """Seconds per run of each session, round by round (rotating order; ``"fp32"`` is
     the reference the rounds pair with). After :data:`_PRUNE_AFTER` rounds a placement
-    that can no longer be chosen drops out (its list stops there); when none is left,
-    timing stops."""
+    that can no longer be chosen drops out (its list stops there): slower than FP32, or
+    :data:`MARGIN` slower in the median than ``bar``, the paired ratio of a placement with
+    more INT8 work already found faster (:func:`decide` would choose that one). When none
+    is left, timing stops."""
     runners = {label: s.run for label, s in sessions.items()}
     start = time.perf_counter()
     runners["fp32"](feeds)
@@ -220,7 +230,7 @@ def time_paired(
         rounds += 1
         done = rounds - _WARMUP
         if done >= _PRUNE_AFTER:
-            labels = [x for x in labels if x == "fp32" or not _hopeless(times, x)]
+            labels = [x for x in labels if x == "fp32" or not _hopeless(times, x, bar)]
         if done >= _MIN_ROUNDS and time.perf_counter() - began >= _BUDGET_SECONDS:
             break
     return times
@@ -245,6 +255,7 @@ def choose_placement(
     times: dict[str, list[float]] = {"fp32": []}
     pairs: dict[str, list[float]] = {}
     refused: dict[str, str] = {}
+    bar: float | None = None  # the best paired ratio of a placement found faster so far
     for label, placement in placements.items():
         # One placement at a time beside FP32: two sessions alive, not one per
         # placement (MiniLM's five sessions took its peak RSS to 1.7x ORT's quantizer's).
@@ -254,10 +265,13 @@ def choose_placement(
         except (RuntimeLoadError, RuntimeRunError) as e:
             refused[label] = str(e)
             continue
-        timed = time_paired({"fp32": reference, label: candidate}, feeds)
+        timed = time_paired({"fp32": reference, label: candidate}, feeds, bar)
         del candidate
         times[label], pairs[label] = timed[label], timed["fp32"]
         times["fp32"] += timed["fp32"]
+        alone = decide(timed, [label])
+        if alone.chosen == label:
+            bar = min(alone.ratio[label], bar if bar is not None else math.inf)
     placements = {k: v for k, v in placements.items() if k not in refused}
     dropped: dict[str, int] = {}
     if not placements:
