@@ -19,9 +19,13 @@ right with zeros.
 * det (PP-OCRv4, 1x3x640x640): whole pages (``render_page``) of text blocks, 12-44 px, in
   their own fonts and inks, some on coloured panels, between picture-like rectangles, fed
   as rapidocr feeds det (``det_input``: BGR, (x / 255 - 0.5) / 0.5, CHW); each line's ink
-  box is kept, so ``box_coverage`` can check that a probability map finds the lines.
-  rapidocr itself would resize such a page to 736x736 (its det ``limit_side_len``, type
-  min); the bench keeps 640x640, its latency shape.
+  box is kept, so ``box_coverage`` can check that a probability map finds the lines, and
+  its line box (the ink's left and right, the font's ascender line to its descender line),
+  the ground truth of the box-level score: ``DetSet`` makes rapidocr's text boxes from the
+  map (det_boxes.py) and scores them as a text detector is scored, precision, recall and
+  hmean at IoU >= 0.5, against the line boxes (accuracy) and against FP32's boxes
+  (agreement). rapidocr itself would resize such a page to 736x736 (its det
+  ``limit_side_len``, type min); the bench keeps 640x640, its latency shape.
 
 Pillow and matplotlib (for its fonts) are imported only to render; CTC decoding and the
 scores need numpy alone.
@@ -45,6 +49,7 @@ REC_WIDTH = 320
 CLS_WIDTH = 192
 REC_OUTPUT = "softmax_11.tmp_0"
 CLS_OUTPUT = "save_infer_model/scale_0.tmp_1"
+DET_OUTPUT = "sigmoid_0.tmp_0"
 #: Lines per labelled eval set (rec and cls alike).
 EVAL_LINES = 128
 #: Batch of the accuracy pass: the shape each model's eval feeds already have.
@@ -308,6 +313,8 @@ def cls_set(split: str, count: int = EVAL_LINES) -> LabelledSet:
 
 #: Side of a det page (the bench's 1x3x640x640 det input).
 PAGE = 640
+#: Pages of det's labelled eval set (batch 1 each; the latency feed is the first one).
+DET_EVAL_PAGES = 8
 
 
 @dataclass(frozen=True)
@@ -315,8 +322,11 @@ class DetPages:
     """Rendered pages as rapidocr feeds them to det, with each text line's ink box."""
 
     images: np.ndarray  # N x 3 x PAGE x PAGE, float32 in [-1, 1], BGR channel order
-    boxes: tuple[tuple[tuple[int, int, int, int], ...], ...]  # per page: (x0, y0, x1, y1)
+    boxes: tuple[tuple[tuple[int, int, int, int], ...], ...]  # per page: ink (x0, y0, x1, y1)
     texts: tuple[tuple[str, ...], ...]  # per page: the text of each line, in box order
+    # per page: each line's box as a labeller draws it around a whole line, whichever letters
+    # it has: the ink's left and right, the font's ascender line to its descender line
+    lines: tuple[tuple[tuple[int, int, int, int], ...], ...] = ()
 
 
 def det_input(image: np.ndarray) -> np.ndarray:
@@ -354,18 +364,21 @@ def _shading(rng: np.random.Generator, size: int) -> np.ndarray:
 
 def render_page(words: Iterator[str], rng: np.random.Generator,
                 size: int = PAGE) -> tuple[np.ndarray, list[tuple[int, int, int, int]],
-                                           list[str]]:
+                                           list[str], list[tuple[int, int, int, int]]]:
     """One page: blocks of text lines one under the other (each block its own font, size
     12-44 px, ink, left margin and width, 1-6 lines of whole words from ``words``), some
     blocks a flat panel of another colour with contrasting text, and now and then a
     picture-like rectangle without text; paper tint, uneven light, blur and noise.
-    Returns the HxWx3 RGB uint8 page, each line's ink box (x0, y0, x1, y1) and text."""
+    Returns the HxWx3 RGB uint8 page, each line's ink box (x0, y0, x1, y1), its text and
+    its line box (the ink's x0 and x1; y0 the font's ascender line, where the line is drawn,
+    y1 = y0 + ascent + descent, the descender line)."""
     from PIL import Image, ImageDraw, ImageFilter
 
     paper = _colour(rng, 170, 250, 10)
     image = Image.new("RGB", (size, size), tuple(int(v) for v in paper))
     draw = ImageDraw.Draw(image)
     boxes: list[tuple[int, int, int, int]] = []
+    line_boxes: list[tuple[int, int, int, int]] = []
     texts: list[str] = []
     y = int(rng.integers(4, 40))
     while y < size - 16:
@@ -410,6 +423,7 @@ def render_page(words: Iterator[str], rng: np.random.Generator,
             draw.text((x0, y), line, font=font, fill=tuple(int(v) for v in ink))
             x_a, y_a, x_b, y_b = draw.textbbox((x0, y), line, font=font)
             boxes.append((x_a, y_a, min(x_b, size), min(y_b, size)))
+            line_boxes.append((x_a, y, min(x_b, size), min(y + sum(font.getmetrics()), size)))
             texts.append(line)
             y += spacing
         y += int(rng.integers(4, 3 * font_size))
@@ -418,7 +432,7 @@ def render_page(words: Iterator[str], rng: np.random.Generator,
         image = image.filter(ImageFilter.GaussianBlur(blur))
     pixels = np.asarray(image, dtype=np.float32) * _shading(rng, size)[:, :, None]
     pixels += rng.normal(0.0, rng.uniform(0.0, 6.0), pixels.shape)
-    return np.clip(np.rint(pixels), 0, 255).astype(np.uint8), boxes, texts
+    return np.clip(np.rint(pixels), 0, 255).astype(np.uint8), boxes, texts, line_boxes
 
 
 @functools.cache
@@ -427,13 +441,14 @@ def det_pages(split: str, count: int) -> DetPages:
     rapidocr feeds det (``det_input``); seeded, the first pages the same for any count."""
     rng = _rng(f"det/{split}/pages")
     words = _words(split, rng)
-    images, boxes, texts = [], [], []
+    images, boxes, texts, lines = [], [], [], []
     for _ in range(count):
-        page, page_boxes, page_texts = render_page(words, rng)
+        page, page_boxes, page_texts, page_lines = render_page(words, rng)
         images.append(det_input(page))
         boxes.append(tuple(page_boxes))
         texts.append(tuple(page_texts))
-    return DetPages(np.stack(images), tuple(boxes), tuple(texts))
+        lines.append(tuple(page_lines))
+    return DetPages(np.stack(images), tuple(boxes), tuple(texts), tuple(lines))
 
 
 def box_coverage(prob: np.ndarray, boxes: Sequence[tuple[int, int, int, int]],
@@ -460,3 +475,53 @@ def box_coverage(prob: np.ndarray, boxes: Sequence[tuple[int, int, int, int]],
     return {"coverage": covered / max(total, 1), "core": core_covered / max(core_total, 1),
             "lines_found": found / max(len(boxes), 1),
             "precision": int((hit & inside).sum()) / positives if positives else 1.0}
+
+
+@dataclass(frozen=True)
+class DetSet:
+    """det's labelled eval pages, with ``LabelledSet``'s interface: ``predict`` runs det on
+    each page (batch 1) and makes rapidocr's text boxes from its map (det_boxes.py);
+    ``score`` scores them as a text detector is scored, box precision, recall and hmean at
+    IoU >= 0.5, against the rendered lines' boxes and against FP32's boxes."""
+
+    pages: DetPages
+    output: str = DET_OUTPUT
+    kind: str = "det"
+
+    def predict(self, sess: Any) -> list[dict[str, Any]]:
+        """Per page: ``boxes``, rapidocr's text boxes (x0, y0, x1, y1); ``positive``, the
+        map's pixels above rapidocr's threshold (for the pixel F1)."""
+        import det_boxes
+
+        found = []
+        for image in self.pages.images:
+            prob = sess.run([self.output], {"x": image[None]})[0][0, 0]
+            found.append({"boxes": det_boxes.text_boxes(prob),
+                          "positive": prob > det_boxes.THRESH})
+        return found
+
+    def score(self, got: Sequence[dict[str, Any]],
+              fp32: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """accuracy = box hmean against the line boxes (precision, recall beside it);
+        agreement = box hmean against FP32's boxes; pixel_f1 = F1 of the thresholded map's
+        pixels against FP32's, all pages together."""
+        import det_boxes
+
+        truth = det_boxes.hmean([g["boxes"] for g in got], self.pages.lines)
+        same = det_boxes.hmean([g["boxes"] for g in got], [f["boxes"] for f in fp32])
+        both = sum(int(np.sum(g["positive"] & f["positive"])) for g, f in zip(got, fp32,
+                                                                                strict=True))
+        total = sum(int(g["positive"].sum() + f["positive"].sum()) for g, f in zip(got, fp32,
+                                                                                   strict=True))
+        return {"accuracy": truth["hmean"], "precision": truth["precision"],
+                "recall": truth["recall"], "agreement": same["hmean"],
+                "agreement_precision": same["precision"], "agreement_recall": same["recall"],
+                "pixel_f1": 1.0 if total == 0 else 2.0 * both / total,
+                "pages": len(got), "lines": truth["truth"], "boxes": truth["found"]}
+
+
+@functools.cache
+def det_set(split: str = "eval", count: int = DET_EVAL_PAGES) -> DetSet:
+    """``count`` det pages of the split (``det_pages``) with their line boxes, to predict
+    and score."""
+    return DetSet(det_pages(split, count))

@@ -1,6 +1,6 @@
 """The bench's labelled PP-OCR lines (bench/ocr_text.py): CTC decoding and the scores, the
 rec model's character table, FP32 reading the rendered lines, det's page normalisation and FP32
-det finding the lines rendered on its pages.
+det finding the lines rendered on its pages (its map and rapidocr's boxes from it).
 
 Rendering needs Pillow, matplotlib's DejaVu fonts and the bench's text corpus (the bench's
 own environment, ``.venv-bench``, and ``bench/fetch.py``); those tests are skipped, saying
@@ -146,3 +146,7 @@ def test_fp32_det_finds_the_rendered_lines(corpus_dir: Path) -> None:
         # DB's map is a band shrunk towards each line's centre: the middle rows are covered
         assert found["lines_found"] >= 0.95 and found["core"] >= 0.8, found
         assert found["precision"] >= 0.95, found
+    # rapidocr's boxes from FP32's maps find the lines' boxes (bench/det_boxes.py)
+    got = ocr_text.DetSet(pages).predict(sess)
+    scores = ocr_text.DetSet(pages).score(got, got)
+    assert scores["accuracy"] >= 0.95 and scores["lines"] == sum(map(len, pages.lines)), scores
