@@ -146,9 +146,17 @@ ACCURATE = 0.99
 
 def write_metric(spec: ModelSpec, work: Path) -> str:
     """A metric module for ``mixprec quantize --metric`` that scores INT8 against FP32 as
-    this bench does (the lowest decision F1 over ``spec.decisions``), written beside the
-    work files; returns ``PATH:FUNCTION``."""
+    this bench does, written beside the work files; returns ``PATH:FUNCTION``.
+
+    A text detector (``spec.text_map``): det_boxes.py itself, numpy only, its ``box_hmean``
+    the hmean of rapidocr's text boxes from INT8's map against those from FP32's, over the
+    samples the metric gets (a user accepts losing at most 1% of the boxes: ACCURATE).
+    Otherwise: the lowest decision F1 over ``spec.decisions``."""
     path = work / f"metric_{spec.name}.py"
+    if spec.text_map is not None:
+        source = (BENCH_DIR / "det_boxes.py").read_text()
+        path.write_text(f"{source}\n\nOUTPUT = {spec.text_map!r}\n")
+        return f"{path}:box_hmean"
     path.write_text(
         "import numpy as np\n\n\n"
         "def decisions(fp32_outputs, int8_outputs):\n"
@@ -185,7 +193,8 @@ def evaluate_int8(base: Baseline, path: Path, measure_latency: bool = True) -> d
                              if row.get(k) is not None), None)
     if base.spec.labelled is not None:
         # PP-OCR rec/cls: accuracy on the labelled lines (its drop from FP32's is what
-        # report_int8 judges), agreement = lines answered exactly as FP32 answers them
+        # report_int8 judges), agreement = lines answered exactly as FP32 answers them;
+        # det: box hmean against the lines' boxes, agreement = against FP32's boxes
         try:
             row["labelled"] = labelled_scores(base, native)
         except Exception as exc:
@@ -211,7 +220,7 @@ def quantize(spec: ModelSpec, tool: str, work: Path, calib_dir: Path,
     result_json.unlink(missing_ok=True)
     cmd = [sys.executable, str(BENCH_DIR / "quantize_one.py"), tool, str(spec.path()), str(out),
            str(result_json), "--calib-dir", str(calib_dir)]
-    if tool == "mixprec-metric" and spec.decisions:
+    if tool == "mixprec-metric" and (spec.decisions or spec.text_map):
         cmd += ["--metric", str(write_metric(spec, work)), "--metric-budget", str(ACCURATE)]
     proc = run_measured(cmd, timeout, work / f"{tag}.log")
     row = result_row(proc, result_json, work / f"{tag}.log", timeout, "quantize_one")
@@ -228,7 +237,7 @@ def run_model(spec: ModelSpec, base: Baseline, tools: list[str], work: Path, tim
     count = write_calibration(spec, calib_dir)
     rows = []
     for tool in tools:
-        if tool == "mixprec-metric" and not spec.decisions:
+        if tool == "mixprec-metric" and not (spec.decisions or spec.text_map):
             continue  # no task metric: the same run as "mixprec"
         row, out = quantize(spec, tool, work, calib_dir, timeout)
         row.update(model=spec.name, tool=tool, calibration_samples=count)

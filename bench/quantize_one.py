@@ -90,7 +90,7 @@ def _mixprec(args: argparse.Namespace, method: str) -> Callable[[], dict[str, An
     mode = special.get(method, ["--method", method] if method else [])
     if method == "metric":  # the defaults, judged by the model's own decisions (--metric)
         if not args.metric:
-            raise Unavailable("no task metric for this model (bench/models.py decisions)")
+            raise Unavailable("no task metric for this model (bench/models.py decisions, text_map)")
         mode = ["--metric", args.metric, "--metric-budget", str(args.metric_budget)]
     argv = ["mixprec", "quantize", args.model, "-o", args.out, "--calibration-data",
             args.calib_dir, *mode, "--json"]

@@ -24,8 +24,14 @@ COLUMNS = ("Columns: valid = full onnx.checker passes and ORT CPU loads and runs
            "ORT run; worst rel L2 = over all outputs vs FP32; agreement = lowest top-1 "
            "agreement over class-score outputs, or the lowest per-sentence cosine of the "
            "MiniLM sentence embedding, or for ppocr_rec and ppocr_cls the share of the 128 "
-           "labelled lines answered exactly as FP32 answers them (decoded text; orientation); "
-           "accuracy = MNIST held-out accuracy; ppocr_rec: character accuracy (1 - edit "
+           "labelled lines answered exactly as FP32 answers them (decoded text; orientation), "
+           "for ppocr_det the box hmean (F1) of rapidocr's text boxes against FP32's boxes "
+           "(IoU >= 0.5, one to one) on its 8 labelled pages, then (px) the F1 of the map's "
+           "pixels above 0.3 against FP32's on them; "
+           "accuracy = MNIST held-out accuracy; ppocr_det: box hmean against the rendered "
+           "lines' boxes on 8 English pages (bench/det_boxes.py: rapidocr 1.4.4's "
+           "post-processing, thresh 0.3, box_thresh 0.5, unclip 1.6, axis-aligned), then box "
+           "precision/recall; ppocr_rec: character accuracy (1 - edit "
            "distance / length) on 128 English lines rendered in DejaVu fonts (bench/ocr_text.py)"
            ", then the share of exact lines; ppocr_cls: orientation accuracy on 128 such lines, "
            "half turned 180 degrees; (pt) = drop from FP32 on the same lines; quant s = reading, "
@@ -60,12 +66,17 @@ def model_table(rows: Sequence[Row], fp32_accuracy: dict[str, float | None]) -> 
             ref = fp32_accuracy.get(r["model"])
             if ref is not None:
                 acc += f" ({100 * (r['accuracy'] - ref):+.1f} pt)"
-            lines_right = (r.get("labelled") or {}).get("line_accuracy")
-            if lines_right is not None:
-                acc += f", lines {100 * lines_right:.1f}%"
+            found = r.get("labelled") or {}
+            if found.get("line_accuracy") is not None:
+                acc += f", lines {100 * found['line_accuracy']:.1f}%"
+            if found.get("recall") is not None:
+                acc += (f", P {100 * found['precision']:.1f}% "
+                        f"R {100 * found['recall']:.1f}%")
         agreement = r.get("agreement")
+        pixel_f1 = (r.get("labelled") or {}).get("pixel_f1")
         agree = "–" if agreement is None else (
-            f"cos {agreement:.4f}" if r.get("min_cosine") is not None
+            f"boxes {agreement:.3f} (px {pixel_f1:.3f})" if pixel_f1 is not None
+            else f"cos {agreement:.4f}" if r.get("min_cosine") is not None
             else f"F1 {agreement:.3f}" if r.get("decision_f1") is not None else _pct(agreement))
         lines.append(
             base + f"| {'yes' if r.get('valid') else 'NO'} | {check}/{runs} "
@@ -211,10 +222,15 @@ def labelled_text(fp32_labelled: dict[str, dict[str, Any] | None]) -> str:
         if not found:
             continue
         text = f"{model} {100 * found['accuracy']:.1f}%"
+        where = f"{found['lines']} lines"
         if found.get("line_accuracy") is not None:
             text = (f"{model} character accuracy {100 * found['accuracy']:.1f}%, exact lines "
                     f"{100 * found['line_accuracy']:.1f}%")
-        parts.append(f"{text} ({found['lines']} lines)")
+        if found.get("pages") is not None:
+            text = (f"{model} box hmean {100 * found['accuracy']:.1f}% (precision "
+                    f"{100 * found['precision']:.1f}%, recall {100 * found['recall']:.1f}%)")
+            where = f"{found['lines']} lines on {found['pages']} pages"
+        parts.append(f"{text} ({where})")
     return ("FP32 on the labelled lines: " + "; ".join(parts) + ".") if parts else ""
 
 
