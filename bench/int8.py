@@ -144,6 +144,41 @@ def decision_f1(ref: np.ndarray, got: np.ndarray, threshold: float) -> float:
 ACCURATE = 0.99
 
 
+#: mixprec-metric's CTC metric: the greedy text of each line (arg-max per timestep, repeats
+#: merged, blank 0 dropped; class ids stand for the characters), scored as 1 - the edit
+#: distance to FP32's text over FP32's length, summed over the lines it gets.
+CTC_METRIC = """import numpy as np
+
+
+def _text(scores):
+    ids = np.asarray(scores).argmax(-1).reshape(-1, np.shape(scores)[-2])
+    return [[int(c) for k, c in enumerate(row) if c != 0 and (k == 0 or c != row[k - 1])]
+            for row in ids]
+
+
+def _distance(a, b):
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
+
+
+def characters(fp32_outputs, int8_outputs):
+    wrong = total = 0
+    for want, have in zip(fp32_outputs, int8_outputs):
+        for a, b in zip(_text(want[OUTPUT]), _text(have[OUTPUT])):
+            wrong, total = wrong + _distance(a, b), total + len(a)
+    return 1.0 - wrong / max(total, 1)
+"""
+
+
+def has_task_metric(spec: ModelSpec) -> bool:
+    """Whether mixprec-metric has a metric of the model's task to run with."""
+    return bool(spec.decisions or spec.text_map or spec.ctc_output)
+
+
 def write_metric(spec: ModelSpec, work: Path) -> str:
     """A metric module for ``mixprec quantize --metric`` that scores INT8 against FP32 as
     this bench does, written beside the work files; returns ``PATH:FUNCTION``.
@@ -151,12 +186,17 @@ def write_metric(spec: ModelSpec, work: Path) -> str:
     A text detector (``spec.text_map``): det_boxes.py itself, numpy only, its ``box_hmean``
     the hmean of rapidocr's text boxes from INT8's map against those from FP32's, over the
     samples the metric gets (a user accepts losing at most 1% of the boxes: ACCURATE).
-    Otherwise: the lowest decision F1 over ``spec.decisions``."""
+    A CTC recogniser (``spec.ctc_output``): :data:`CTC_METRIC`'s ``characters`` (at most 1%
+    of the characters read differently). Otherwise: the lowest decision F1 over
+    ``spec.decisions``."""
     path = work / f"metric_{spec.name}.py"
     if spec.text_map is not None:
         source = (BENCH_DIR / "det_boxes.py").read_text()
         path.write_text(f"{source}\n\nOUTPUT = {spec.text_map!r}\n")
         return f"{path}:box_hmean"
+    if spec.ctc_output is not None:
+        path.write_text(f"{CTC_METRIC}\n\nOUTPUT = {spec.ctc_output!r}\n")
+        return f"{path}:characters"
     path.write_text(
         "import numpy as np\n\n\n"
         "def decisions(fp32_outputs, int8_outputs):\n"
@@ -220,7 +260,7 @@ def quantize(spec: ModelSpec, tool: str, work: Path, calib_dir: Path,
     result_json.unlink(missing_ok=True)
     cmd = [sys.executable, str(BENCH_DIR / "quantize_one.py"), tool, str(spec.path()), str(out),
            str(result_json), "--calib-dir", str(calib_dir)]
-    if tool == "mixprec-metric" and (spec.decisions or spec.text_map):
+    if tool == "mixprec-metric" and has_task_metric(spec):
         cmd += ["--metric", str(write_metric(spec, work)), "--metric-budget", str(ACCURATE)]
     proc = run_measured(cmd, timeout, work / f"{tag}.log")
     row = result_row(proc, result_json, work / f"{tag}.log", timeout, "quantize_one")
@@ -237,7 +277,7 @@ def run_model(spec: ModelSpec, base: Baseline, tools: list[str], work: Path, tim
     count = write_calibration(spec, calib_dir)
     rows = []
     for tool in tools:
-        if tool == "mixprec-metric" and not (spec.decisions or spec.text_map):
+        if tool == "mixprec-metric" and not has_task_metric(spec):
             continue  # no task metric: the same run as "mixprec"
         row, out = quantize(spec, tool, work, calib_dir, timeout)
         row.update(model=spec.name, tool=tool, calibration_samples=count)

@@ -51,6 +51,9 @@ class ModelSpec:
     # an output holding a DB text probability map: mixprec-metric's metric module scores
     # rapidocr's text boxes made from it against FP32's (det_boxes.py) instead of decisions
     text_map: str | None = None
+    # a CTC recogniser's per-timestep class scores (blank = class 0): mixprec-metric reads
+    # it as its users do, the text decoded greedily, scored by characters against FP32's
+    ctc_output: str | None = None
 
 
 def _seed(name: str, split: str) -> int:
@@ -271,7 +274,7 @@ MODELS: list[ModelSpec] = [
               text_map="sigmoid_0.tmp_0"),
     ModelSpec("ppocr_rec", "rapidocr-onnxruntime==1.4.4 PP-OCRv4 rec", _corpus("ppocr_rec.onnx"),
               _ppocr_lines("rec", 1), class_outputs=("softmax_11.tmp_0",),
-              labelled=_rec_labelled),
+              labelled=_rec_labelled, ctc_output="softmax_11.tmp_0"),
     ModelSpec("ppocr_cls", "rapidocr-onnxruntime==1.4.4 mobile v2.0 cls",
               _corpus("ppocr_cls.onnx"), _ppocr_lines("cls", 8),
               class_outputs=("save_infer_model/scale_0.tmp_1",), labelled=_cls_labelled),
