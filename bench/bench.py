@@ -261,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
                         for t in report_int8.MIXPREC_TOOLS if t in tools},
             "calibration_samples": {r["model"]: r["calibration_samples"] for r in int8_rows},
         }
+        if "mixprec" in tools and "mixprec-metric" in tools:  # the user who gives a metric
+            int8_part["targets"][report_int8.WITH_METRIC] = report_int8.evaluate_targets(
+                report_int8.with_task_metric(int8_rows), report_int8.WITH_METRIC,
+                fp32_accuracy)
     bf16_part: dict[str, Any] = {}
     if with_bf16:
         bf16_part = bf16.part(bf16_rows, bf16.cpu_flags(), bf16.openvino_info())

@@ -7,6 +7,7 @@ result is measured here on the same eval feeds as the FP16/BF16 rows (models.py)
 
 from __future__ import annotations
 
+import filecmp
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -281,6 +282,9 @@ def run_model(spec: ModelSpec, base: Baseline, tools: list[str], work: Path, tim
             continue  # no task metric: the same run as "mixprec"
         row, out = quantize(spec, tool, work, calib_dir, timeout)
         row.update(model=spec.name, tool=tool, calibration_samples=count)
+        if row["status"] == "ok" and out.is_file():
+            # the input written back byte for byte: its speed is the input's
+            row["unchanged"] = filecmp.cmp(out, spec.path(), shallow=False)
         if row["status"] == "ok":
             try:
                 row.update(evaluate_int8(base, out, measure_latency))
