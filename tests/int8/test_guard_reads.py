@@ -27,7 +27,7 @@ from helpers import run_ort
 from mixprec.cli.main import main
 from mixprec.io.samples import NpzSamples
 from mixprec.pipeline.held_out import held_out_indices, split_for_guard
-from mixprec.tune.guard import GuardBudget, check_outputs
+from mixprec.tune.guard import GuardBudget, OutputCheck, check_outputs, shown
 
 
 def test_plain_logits_are_read_as_class_scores_caught_and_repaired():
@@ -282,3 +282,21 @@ def test_npz_samples_count_without_reading_and_keep_labels(tmp_path):
     assert [int(s["label"]) for s in labelled] == list(range(7))
     assert [set(s) for s in NpzSamples(folder, model)] == [{"x"}] * 3  # labels ignored
     assert list(NpzSamples(folder, model, labels=True))[2]["label"] == 2
+    # the reader keeps the input signature, not the weights (MiniLM: 86 MB held beside
+    # the pipeline's own copy)
+    kept = NpzSamples(stacked, model).model
+    assert not kept.graph.initializers and len(kept.graph) == 0
+    assert [(v.name, v.dtype, v.shape) for v in kept.graph.inputs] == [
+        (v.name, v.dtype, v.shape)
+        for v in model.graph.inputs
+        if v.name not in model.graph.initializers
+    ]
+
+
+def test_a_value_that_rounds_to_its_limit_prints_with_the_digits_that_tell_them_apart():
+    """Before: 'accuracy guard FAILED: 0.99, needs score >= 0.99' (0.9897)."""
+    assert shown(0.98974, 0.99) == "0.9897"
+    assert shown(0.175, 0.1) == "0.175" and shown(0.99, 0.99) == "0.99"
+    assert shown(0.09999999, 0.1) == "0.09999999"
+    check = OutputCheck("f1", "metric", 0.98974, 0.99, False)
+    assert check.text().startswith("0.9897, needs"), check.text()

@@ -112,11 +112,11 @@ def test_a_placement_slower_than_a_fuller_faster_one_stops_after_the_first_round
     """Before: every placement was timed its full rounds, though once 'all' is found
     faster a later placement MARGIN slower than it can never be chosen (det's plan timed
     four placements 15 rounds each)."""
-    sessions = {"fp32": _Fixed(0.002), "no depthwise Conv": _Fixed(0.0016)}  # ratio 0.8
+    sessions = {"fp32": _Fixed(0.002), "no depthwise Conv": _Fixed(0.001)}  # ratio 0.5
     free = time_paired(sessions, {})
     assert len(free["no depthwise Conv"]) >= _MIN_ROUNDS  # nothing better known: timed in full
-    beaten = time_paired(sessions, {}, bar=0.6)  # 'all' ran at 0.6x FP32
+    beaten = time_paired(sessions, {}, bar=0.3)  # 'all' ran at 0.3x FP32
     assert len(beaten["no depthwise Conv"]) == _PRUNE_AFTER, beaten
-    close = time_paired(sessions, {}, bar=0.78)  # within the margin: still a candidate
+    close = time_paired(sessions, {}, bar=0.5)  # as fast as 'all': still a candidate
     assert len(close["no depthwise Conv"]) >= _MIN_ROUNDS
     assert decide(beaten, ["no depthwise Conv"]).chosen == "no depthwise Conv"  # faster alone

@@ -14,9 +14,12 @@
    Conv/MatMul/Gemm nodes to keep float; quantize again without them (speed plan
    included) and grade it on the other half (one held-out sample: the same). If
    that still misses, the tuner's own model is the result when it is clearly faster than
-   the input (timed as the speed plan times), else the input unchanged.
+   the input (timed as the speed plan times); if that misses too, more nodes stay float
+   in the tuner's ranking (searched again on every held-out sample when the search
+   samples ranked nothing), down to the input unchanged.
 4. ``report.guard`` says what was measured; its ``summary`` is the command's last line.
-   A result that misses has ``passed`` False: the CLI writes nothing and exits 1.
+   A result that misses (only possible when the FP32 model itself misses the budget) has
+   ``passed`` False: the CLI writes nothing and exits 1.
 """
 
 from __future__ import annotations
@@ -223,6 +226,15 @@ def guarded_quantize(
     if not all(c.passed for c in final) and tuned.passed:
         work, report = _tuner_or_input(source, config, tuned, (calib, held[0]), progress)
         final = _checked(work, graded, config, (kinds, budget))
+    if not all(c.passed for c in final) and not tuned.ranking:
+        # the all-INT8 model met the search samples, so the tuner ranked nothing: search
+        # again on every held-out sample (the graded ones then also chose the nodes)
+        say("INT8 misses on the graded samples only: searching again on every held-out one")
+        tuned = _repair(source, config, (calib, held), (kinds, reuse), progress)
+        names = tuple(s.name for s in tuned.kept_float)
+        work, report = quantize_once(source, _excluding(config, names), calib, progress, reuse)
+        final = _checked(work, graded, config, (kinds, budget))
+        guard["searched_on_every_held_out_sample"] = True
     if not all(c.passed for c in final):
         work, report, final, names = _widened(
             source, config, (tuned, names), (calib, graded, reuse), (kinds, budget), progress
@@ -255,8 +267,10 @@ def _repair(
 ) -> Any:
     """The tuner's search for the nodes to keep float, on the search samples of ``data``
     (calibration samples, and the search samples with their FP32 outputs and labels), the
-    guard's checks of the outputs read as ``kinds`` as its metric; it starts from the
-    first quantization's calibrated model where ``reuse`` holds one."""
+    guard's checks of the outputs read as ``kinds`` as its metric (``how``: the kinds and
+    the :class:`Reuse` of the first quantization); it starts from that quantization's
+    calibrated model where the reuse holds one (the calibration the requantization uses
+    too: with ``eval_data`` alone, the one synthetic sample)."""
     calib, (samples, reference, labels) = data
     kinds, reuse = how
     budget = GuardBudget.of(config.guard_drop, config.guard_rel_l2, config.guard_cosine)
@@ -290,10 +304,11 @@ def _widened(
     how: tuple[dict[str, OutputKind], GuardBudget],
     progress: Say | None,
 ) -> tuple[ir.Model, Report, list[OutputCheck], tuple[str, ...]]:
-    """The repair met the budget on the search samples but not on the graded ones: keep
-    more nodes float, in the tuner's ranking (most harmful first), a quarter of the rest
-    at a time, until the graded samples pass. The graded samples only pick where to stop;
-    the last step, every candidate float, is the input unchanged, which always passes."""
+    """The repair missed on the graded samples: keep more nodes float, in the tuner's
+    ranking (most harmful first), a quarter of the rest at a time, until the graded
+    samples pass. The graded samples only pick where to stop; the last step is the input
+    unchanged (every node float, FP32 fallback), which passes any budget the FP32 model
+    meets."""
     (tuned, names), (calib, graded, reuse) = repair, data
     say = progress or (lambda _msg: None)
     rest = [s.name for s in tuned.ranking if s.name not in set(names)]
@@ -305,7 +320,7 @@ def _widened(
         what = "every node (the input unchanged)" if last else f"{len(wider)} node(s)"
         say(f"the repair missed on the graded samples: keeping {what} float")
         wide = (
-            dataclasses.replace(config, exclude_nodes=(".*",), speed="off")
+            dataclasses.replace(config, exclude_nodes=(".*",), speed="off", fallback="fp32")
             if last
             else _excluding(config, wider)
         )
@@ -313,7 +328,8 @@ def _widened(
         checks = _checked(work, graded, config, how)
         if all(c.passed for c in checks) or last:
             break
-    why = f"the repair ({len(names)} node(s) float) met the budget on the search samples "
+    why = f"the repair ({len(names)} node(s) float) "
+    why += "met the budget on the search samples " if tuned.passed else "missed the budget "
     if last:
         why += "but no placement in the tuner's ranking met it on the graded ones: the input "
         why += "is written unchanged"
@@ -354,7 +370,7 @@ def _tuner_or_input(
             f"the tuner's is kept: {decision.why}"
         )
         return tuned.model, tuned.report
-    stay = dataclasses.replace(config, exclude_nodes=(".*",), speed="off")
+    stay = dataclasses.replace(config, exclude_nodes=(".*",), speed="off", fallback="fp32")
     work, report = quantize_once(source, stay, calib, progress)
     report.notes.append(
         f"the tuner's accurate placement is not faster than the input ({decision.why}): "
@@ -393,6 +409,12 @@ def _finish(
     worst = _worst(checks)
     if not passed:
         summary = f"{head}; accuracy guard FAILED: {worst.text()}"
+    elif guard.get("widened") is not None and int8 == 0:
+        was = _worst(first)
+        summary = (
+            f"{head}: the model stays float (INT8 missed {was.needs()} with "
+            f"{shown(was.value, was.limit)}, and every repair missed on the graded samples)"
+        )
     elif kept and int8 == 0:
         was = _worst(first)
         missed = shown(was.value, was.limit)

@@ -65,7 +65,8 @@ _BUDGET_SECONDS = 1.0
 _MIN_ROUNDS, _MAX_ROUNDS, _WARMUP = 15, 60, 2
 #: From this many rounds on, a placement that can no longer be chosen stops being timed
 #: (slower than FP32 in the median and faster in at most :data:`_HOPELESS_SHARE` of the
-#: rounds), so the plan's cost grows with the model, not with the number of candidates.
+#: rounds, or MARGIN slower than an earlier placement found faster), so the plan's cost
+#: grows with the model, not with the number of candidates.
 _PRUNE_AFTER, _HOPELESS_SHARE = 5, 0.2
 
 

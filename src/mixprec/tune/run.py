@@ -1,6 +1,7 @@
 """The tuner's driver: one loaded model, one target, one budget -> a :class:`TuneResult`.
 
-Prepare and calibrate run once on the data; the FP32 outputs are the reference; the
+Prepare and calibrate run once on the data (or not at all: the INT8 guard's repair hands
+over the first quantization's calibrated model); the FP32 outputs are the reference; the
 calibrated model annotated with the default policy names the candidates; the
 :class:`~mixprec.tune.search.Search` picks the nodes that go back to float; the chosen
 model is finished (cleanup, check) and reported through the pipeline's public report
@@ -192,7 +193,6 @@ def tune_model(
         plain = sum(pipeline.timings.values())
     else:
         calibrated, plain = work, calibrated_seconds
-        t0 -= calibrated_seconds  # the time budget counts the calibration it reuses
     inputs = {v.name for v in calibrated.graph.inputs}
     labels = [{k: v for k, v in s.items() if k not in inputs} for s in samples]
     samples = [feeds_for(calibrated, s) for s in samples]  # cast once to the input dtypes
@@ -203,8 +203,10 @@ def tune_model(
     # plain conversion (estimated: prepare + calibrate, plus 30% for the other stages).
     # Never under REFINE_MIN_SECONDS: on a tiny model the estimate is a few hundredths of
     # a second, and the result would then depend on the machine's load.
-    elapsed = time.perf_counter() - t0
-    search.deadline = t0 + max(REFINE_MIN_SECONDS, REFINE_TIME_FACTOR * 1.3 * elapsed)
+    # a reused calibration counts in the estimate, not in the result's seconds
+    start = t0 - (calibrated_seconds or 0.0)
+    elapsed = time.perf_counter() - start
+    search.deadline = start + max(REFINE_MIN_SECONDS, REFINE_TIME_FACTOR * 1.3 * elapsed)
     best = search.run(subset)
     say("finishing the chosen model")
     t = time.perf_counter()
