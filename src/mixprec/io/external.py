@@ -52,6 +52,7 @@ __all__ = [
     "INPUT_FILES",
     "MAPPINGS",
     "RELEASE_EVERY",
+    "SHARED_TENSORS",
     "ResolveExternalDataPass",
     "ResolveExternalDataResult",
     "add_input_files",
@@ -67,6 +68,10 @@ __all__ = [
 
 #: ``model.meta`` key: the real paths (strings) of every file the input model was read from.
 INPUT_FILES = "mixprec.input_files"
+
+#: ``model.meta`` key, True on both sides of :func:`clone_model`: the model's tensors are
+#: shared with another model, so no pass may change one in place (release its bytes).
+SHARED_TENSORS = "mixprec.shared_tensors"
 
 #: A sparse tensor is densified only up to this many bytes.
 _MAX_DENSE_BYTES = 2**31
@@ -382,10 +387,20 @@ RELEASE_EVERY = 64 << 20
 def clone_model(model: ir.Model) -> ir.Model:
     """A copy of ``model``'s graphs that shares its tensors (no weight is copied or read:
     memory-mapped ones stay mapped) and carries its meta (the maps, the data folder, the
-    input files)."""
+    input files); both are marked :data:`SHARED_TENSORS`. Each value of the copy has a
+    type of its own: ``onnx_ir``'s clone shares them, and setting a value's ``dtype``
+    changes its type object in place (the fp16 fallback's painting of one model retyped
+    the other's values)."""
     copy = model.clone()
+    model.meta[SHARED_TENSORS] = True
     for key, value in model.meta.items():
         copy.meta[key] = value
+    for graph in _ir_graphs(copy):
+        values = [*graph.inputs, *graph.initializers.values()]
+        values += [v for node in graph for v in node.outputs]
+        for v in values:
+            if isinstance(v.type, ir.TensorType):
+                v.type = ir.TensorType(v.type.dtype)
     return copy
 
 

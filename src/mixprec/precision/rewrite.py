@@ -25,7 +25,7 @@ from mixprec.core.graphs import (
 from mixprec.core.ops import FLOAT_TYPES, is_onnx_domain
 from mixprec.core.policy import SHAPE_ONLY_OPS, Policy, rule_for
 from mixprec.core.schema import SlotInfo
-from mixprec.io.external import RELEASE_EVERY, release_mapped_pages
+from mixprec.io.external import RELEASE_EVERY, SHARED_TENSORS, release_mapped_pages
 from mixprec.precision.paint import Decision, Precision, painted, slots_of
 
 __all__ = [
@@ -391,9 +391,15 @@ class ApplyPrecisionPass(ir.passes.InPlacePass):
         else:
             value.const_value = new_tensor
         value.dtype = target
-        if isinstance(tensor, ir.TensorProtoTensor) and tensor.raw.HasField("raw_data"):
+        shared = self._model.meta.get(SHARED_TENSORS, False)
+        if (
+            not shared
+            and isinstance(tensor, ir.TensorProtoTensor)
+            and tensor.raw.HasField("raw_data")
+        ):
             # The float32 bytes belong to mixprec's private copy of the model and nothing
-            # reads them any more: release them now rather than at the end.
+            # reads them any more: release them now rather than at the end (not when the
+            # tensor is shared with another model: the guard's reused calibration).
             tensor.raw.ClearField("raw_data")
         stats.converted += 1
         stats.converted_bytes_before += before
