@@ -10,11 +10,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import onnx
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
-from mixprec.io.models import ModelLike, load_input
+from mixprec.io.models import ModelLike, input_kind, load_input
 from mixprec.report.tune_plot import write_tune_log
 from mixprec.tune.result import TuneResult
 from mixprec.tune.run import TuneRequest, tune_model
@@ -136,17 +135,11 @@ def tune_with_options(
         metric_budget=metric_budget,
     )
     if calibrated is None:
-        work, input_kind = load_input(model)
-        result = tune_model(work, input_kind, request, progress, started=t0)
+        work, kind = load_input(model)
+        result = tune_model(work, kind, request, progress, started=t0)
     else:
-        kind = (
-            "ir"
-            if isinstance(model, ir.Model)
-            else "proto"
-            if isinstance(model, onnx.ModelProto)
-            else "path"
-        )
         work, seconds = calibrated
+        kind = input_kind(model)
         result = tune_model(work, kind, request, progress, started=t0, calibrated_seconds=seconds)
     if log_dir is not None:
         write_tune_log(log_dir, result)

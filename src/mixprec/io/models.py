@@ -40,6 +40,7 @@ __all__ = [
     "ModelLike",
     "check_output_path",
     "copy_model_file",
+    "input_kind",
     "load_input",
     "load_model",
     "save_model",
@@ -448,6 +449,13 @@ def _write_streaming(model: ir.Model, path: str, min_bytes: int = 1 << 16) -> No
             fh.write(init_tag)
             fh.write(_varint(size))
             fh.write(data)
+
+
+def input_kind(model: ModelLike) -> str:
+    """The form ``model`` came in: "ir", "proto" or "path" (what results hand back)."""
+    if isinstance(model, ir.Model):
+        return "ir"
+    return "proto" if isinstance(model, onnx.ModelProto) else "path"
 
 
 def load_input(
