@@ -210,11 +210,44 @@ def guarded_quantize(
     spent["first quantize"] = sum(report.timings.values())
     clock = time.perf_counter()
     say(f"INT8 misses the budget ({_worst(first).text()}): searching for nodes to keep float")
-    search, grade = search_and_grade(list(range(count)))
+    job = _Job(source, config, calib, held, (kinds, budget), reuse, progress)
+    work, report, final, names = _repaired(job, guard)
+    # where the time went (the report's stages are the last quantization's)
+    spent["repair"] = max(0.0, time.perf_counter() - clock - sum(report.timings.values()))
+    report.timings = {**report.timings, **spent}
+    return work, _finish(report, guard, final, names, first)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """One guarded quantization, as the repair sees it: the input as loaded, the
+    options, the calibration samples, the held-out samples (with their FP32 outputs and
+    labels), how outputs are checked (kinds, budget) and the first run's :class:`Reuse`."""
+
+    source: onnx.ModelProto
+    config: QuantizeConfig
+    calib: Samples | None
+    held: Held
+    how: tuple[dict[str, OutputKind], GuardBudget]
+    reuse: Reuse
+    progress: Say | None
+
+
+def _repaired(
+    job: _Job, guard: dict[str, Any]
+) -> tuple[ir.Model, Report, list[OutputCheck], tuple[str, ...]]:
+    """The repair of a first quantization that missed: the tuner's search on part of the
+    held-out samples, requantized and graded on the rest; then the tuner's own model, a
+    search on every held-out sample (when the first ranked nothing) and the widening,
+    each only while the graded samples still miss. ``guard`` gets what was done."""
+    source, config, calib, reuse, progress = (
+        job.source, job.config, job.calib, job.reuse, job.progress
+    )  # fmt: skip
+    search, grade = search_and_grade(list(range(len(job.held[1]))))
     guard.update(search_samples=len(search), graded_samples=len(grade))
-    tuned = _repair(source, config, (calib, _part(held, search)), (kinds, reuse), progress)
+    tuned = _repair(source, config, (calib, _part(job.held, search)), (job.how[0], reuse), progress)
     names = tuple(s.name for s in tuned.kept_float)
-    graded = _part(held, grade)
+    graded = _part(job.held, grade)
     work, report = quantize_once(source, _excluding(config, names), calib, progress, reuse)
     if reuse.calibrated is not None:
         timed = f" and timed only the placement chosen first ({reuse.placement!r})"
@@ -222,28 +255,28 @@ def guarded_quantize(
             "the repaired quantization reused the first one's calibration (its time is in "
             f"'first quantize'){timed if reuse.placement is not None else ''}"
         )
-    final = _checked(work, graded, config, (kinds, budget))
+    final = _checked(work, graded, config, job.how)
     if not all(c.passed for c in final) and tuned.passed:
-        work, report = _tuner_or_input(source, config, tuned, (calib, held[0]), progress)
-        final = _checked(work, graded, config, (kinds, budget))
+        work, report = _tuner_or_input(source, config, tuned, (calib, job.held[0]), progress)
+        final = _checked(work, graded, config, job.how)
     if not all(c.passed for c in final) and not tuned.ranking:
         # the all-INT8 model met the search samples, so the tuner ranked nothing: search
         # again on every held-out sample (the graded ones then also chose the nodes)
-        say("INT8 misses on the graded samples only: searching again on every held-out one")
-        tuned = _repair(source, config, (calib, held), (kinds, reuse), progress)
+        if progress is not None:
+            progress(
+                "INT8 misses on the graded samples only: searching again on every held-out one"
+            )
+        tuned = _repair(source, config, (calib, job.held), (job.how[0], reuse), progress)
         names = tuple(s.name for s in tuned.kept_float)
         work, report = quantize_once(source, _excluding(config, names), calib, progress, reuse)
-        final = _checked(work, graded, config, (kinds, budget))
+        final = _checked(work, graded, config, job.how)
         guard["searched_on_every_held_out_sample"] = True
     if not all(c.passed for c in final):
         work, report, final, names = _widened(
-            source, config, (tuned, names), (calib, graded, reuse), (kinds, budget), progress
+            source, config, (tuned, names), (calib, graded, reuse), job.how, progress
         )
         guard["widened"] = len(names) - len(tuned.kept_float)
-    # where the time went (the report's stages are the last quantization's)
-    spent["repair"] = max(0.0, time.perf_counter() - clock - sum(report.timings.values()))
-    report.timings = {**report.timings, **spent}
-    return work, _finish(report, guard, final, names, first)
+    return work, report, final, names
 
 
 def _user_metric(config: QuantizeConfig) -> UserMetric | None:
