@@ -30,7 +30,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -245,7 +245,7 @@ def _repaired(
     )  # fmt: skip
     search, grade = search_and_grade(list(range(len(job.held[1]))))
     guard.update(search_samples=len(search), graded_samples=len(grade))
-    tuned = _repair(source, config, (calib, _part(job.held, search)), (job.how[0], reuse), progress)
+    tuned = _repair(job, _part(job.held, search))
     names = tuple(s.name for s in tuned.kept_float)
     graded = _part(job.held, grade)
     work, report = quantize_once(source, _excluding(config, names), calib, progress, reuse)
@@ -266,15 +266,13 @@ def _repaired(
             progress(
                 "INT8 misses on the graded samples only: searching again on every held-out one"
             )
-        tuned = _repair(source, config, (calib, job.held), (job.how[0], reuse), progress)
+        tuned = _repair(job, job.held)
         names = tuple(s.name for s in tuned.kept_float)
         work, report = quantize_once(source, _excluding(config, names), calib, progress, reuse)
         final = _checked(work, graded, config, job.how)
         guard["searched_on_every_held_out_sample"] = True
     if not all(c.passed for c in final):
-        work, report, final, names = _widened(
-            source, config, (tuned, names), (calib, graded, reuse), job.how, progress
-        )
+        work, report, final, names = _widened(job, tuned, names, graded)
         guard["widened"] = len(names) - len(tuned.kept_float)
     return work, report, final, names
 
@@ -291,35 +289,28 @@ def _pick(items: list[Any], indices: list[int]) -> list[Any]:
     return [items[k] for k in indices]
 
 
-def _repair(
-    source: onnx.ModelProto,
-    config: QuantizeConfig,
-    data: tuple[Samples | None, Held],
-    how: tuple[Mapping[str, OutputKind], Reuse],
-    progress: Say | None,
-) -> Any:
-    """The tuner's search for the nodes to keep float, on the search samples of ``data``
-    (calibration samples, and the search samples with their FP32 outputs and labels), the
-    guard's checks of the outputs read as ``kinds`` as its metric (``how``: the kinds and
-    the :class:`Reuse` of the first quantization); it starts from that quantization's
-    calibrated model where the reuse holds one (the calibration the requantization uses
-    too: with ``eval_data`` alone, the one synthetic sample)."""
-    calib, (samples, reference, labels) = data
-    kinds, reuse = how
+def _repair(job: _Job, search: Held) -> Any:
+    """The tuner's search for the nodes to keep float on the held-out samples ``search``
+    (with their FP32 outputs and labels), the guard's checks as its metric, calibrating
+    on the job's samples; it starts from the first quantization's calibrated model where
+    the job's reuse holds one (the calibration the requantization uses too: with
+    ``eval_data`` alone, the one synthetic sample)."""
+    config, reuse = job.config, job.reuse
+    samples, reference, labels = search
     budget = GuardBudget.of(config.guard_drop, config.guard_rel_l2, config.guard_cosine)
     options = {
         f.name: getattr(config, f.name)
         for f in dataclasses.fields(config)
         if f.name not in ("guard", "log_dir")
     }
-    metric = guard_metric(reference, kinds, budget, _user_metric(config), labels)
+    metric = guard_metric(reference, job.how[0], budget, _user_metric(config), labels)
     calibrated = None
-    if reuse.calibrated is not None and config.rounding != "learned":
+    if reuse.calibrated is not None:  # (a learned rounding run keeps none: it calibrates)
         seconds = sum(sum(stage.seconds.values()) for stage in reuse.stages.values())
         calibrated = (clone_model(reuse.calibrated), seconds)
     return tune_with_options(
-        source, "int8", samples, calibration_data=calib, metric=metric, budget=1.0,
-        progress=progress, options=options, calibrated=calibrated,
+        job.source, "int8", samples, calibration_data=job.calib, metric=metric, budget=1.0,
+        progress=job.progress, options=options, calibrated=calibrated,
     )  # fmt: skip
 
 
@@ -330,20 +321,15 @@ def _excluding(config: QuantizeConfig, names: Iterable[str]) -> QuantizeConfig:
 
 
 def _widened(
-    source: onnx.ModelProto,
-    config: QuantizeConfig,
-    repair: tuple[Any, tuple[str, ...]],
-    data: tuple[Samples | None, Held, Reuse],
-    how: tuple[dict[str, OutputKind], GuardBudget],
-    progress: Say | None,
+    job: _Job, tuned: Any, names: tuple[str, ...], graded: Held
 ) -> tuple[ir.Model, Report, list[OutputCheck], tuple[str, ...]]:
     """The repair missed on the graded samples: keep more nodes float, in the tuner's
     ranking (most harmful first), a quarter of the rest at a time, until the graded
     samples pass. The graded samples only pick where to stop; the last step is the input
     unchanged (every node float, FP32 fallback), which passes any budget the FP32 model
     meets."""
-    (tuned, names), (calib, graded, reuse) = repair, data
-    say = progress or (lambda _msg: None)
+    config = job.config
+    say = job.progress or (lambda _msg: None)
     rest = [s.name for s in tuned.ranking if s.name not in set(names)]
     step = max(1, math.ceil(len(rest) / 4))
     counts = [*range(step, len(rest), step), len(rest)]
@@ -357,8 +343,8 @@ def _widened(
             if last
             else _excluding(config, wider)
         )
-        work, report = quantize_once(source, wide, calib, progress, reuse)
-        checks = _checked(work, graded, config, how)
+        work, report = quantize_once(job.source, wide, job.calib, job.progress, job.reuse)
+        checks = _checked(work, graded, config, job.how)
         if all(c.passed for c in checks) or last:
             break
     why = f"the repair ({len(names)} node(s) float) "

@@ -287,19 +287,8 @@ def choose_placement(
         # dropped early: stopped before the minimum number of rounds (hopeless)
         dropped = {k: len(v) for k, v in pairs.items() if len(v) < _MIN_ROUNDS}
     chosen = placements[decision.chosen] if decision.chosen != "fp32" else STAY_FLOAT
-    shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in feeds.items())
     where = (runtime or RuntimeOptions()).name
-    summary = (
-        f"INT8 placement timed in {where} on this CPU at {shapes} (ms, median of up to "
-        f"{decision.rounds} rounds, each placement interleaved with FP32): "
-        + ", ".join(
-            f"{label} {value:.2f}"
-            + (f" (dropped after {dropped[label]} rounds)" if label in dropped else "")
-            for label, value in decision.ms.items()
-        )
-        + f"; chose {decision.chosen!r}: {decision.why}"
-        + "".join(f"; {label!r} refused by the runtime: {why}" for label, why in refused.items())
-    )
+    summary = _summary(decision, feeds, where, (dropped, refused))
     return chosen, {
         "ms": decision.ms,
         "ratio": decision.ratio,
@@ -312,3 +301,26 @@ def choose_placement(
         "shapes": {k: list(np.shape(v)) for k, v in feeds.items()},
         "summary": summary,
     }
+
+
+def _summary(
+    decision: SpeedDecision,
+    feeds: Mapping[str, np.ndarray],
+    where: str,
+    left: tuple[dict[str, int], dict[str, str]],
+) -> str:
+    """The plan's note: what was timed where, at which shapes, what was chosen and why;
+    ``left``: the placements dropped early (their rounds) and those the runtime refused."""
+    dropped, refused = left
+    shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in feeds.items())
+    return (
+        f"INT8 placement timed in {where} on this CPU at {shapes} (ms, median of up to "
+        f"{decision.rounds} rounds, each placement interleaved with FP32): "
+        + ", ".join(
+            f"{label} {value:.2f}"
+            + (f" (dropped after {dropped[label]} rounds)" if label in dropped else "")
+            for label, value in decision.ms.items()
+        )
+        + f"; chose {decision.chosen!r}: {decision.why}"
+        + "".join(f"; {label!r} refused by the runtime: {why}" for label, why in refused.items())
+    )
