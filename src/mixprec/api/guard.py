@@ -240,41 +240,52 @@ def _repaired(
     held-out samples, requantized and graded on the rest; then the tuner's own model, a
     search on every held-out sample (when the first ranked nothing) and the widening,
     each only while the graded samples still miss. ``guard`` gets what was done."""
-    source, config, calib, reuse, progress = (
-        job.source, job.config, job.calib, job.reuse, job.progress
-    )  # fmt: skip
     search, grade = search_and_grade(list(range(len(job.held[1]))))
     guard.update(search_samples=len(search), graded_samples=len(grade))
-    tuned = _repair(job, _part(job.held, search))
-    names = tuple(s.name for s in tuned.kept_float)
     graded = _part(job.held, grade)
-    work, report = quantize_once(source, _excluding(config, names), calib, progress, reuse)
+    tuned = _repair(job, _part(job.held, search))
+    names, work, report, final = _requantized(job, tuned, graded)
+    reuse = job.reuse
     if reuse.calibrated is not None:
         timed = f" and timed only the placement chosen first ({reuse.placement!r})"
         report.notes.append(
             "the repaired quantization reused the first one's calibration (its time is in "
             f"'first quantize'){timed if reuse.placement is not None else ''}"
         )
-    final = _checked(work, graded, config, job.how)
     if not all(c.passed for c in final) and tuned.passed:
-        work, report = _tuner_or_input(source, config, tuned, (calib, job.held[0]), progress)
-        final = _checked(work, graded, config, job.how)
+        work, report = _tuner_or_input(
+            job.source, job.config, tuned, (job.calib, job.held[0]), job.progress
+        )
+        final = _checked(work, graded, job.config, job.how)
     if not all(c.passed for c in final) and not tuned.ranking:
         # the all-INT8 model met the search samples, so the tuner ranked nothing: search
         # again on every held-out sample (the graded ones then also chose the nodes)
-        if progress is not None:
-            progress(
-                "INT8 misses on the graded samples only: searching again on every held-out one"
-            )
+        say = job.progress or (lambda _msg: None)
+        say("INT8 misses on the graded samples only: searching again on every held-out one")
         tuned = _repair(job, job.held)
-        names = tuple(s.name for s in tuned.kept_float)
-        work, report = quantize_once(source, _excluding(config, names), calib, progress, reuse)
-        final = _checked(work, graded, config, job.how)
+        names, work, report, final = _requantized(job, tuned, graded)
         guard["searched_on_every_held_out_sample"] = True
     if not all(c.passed for c in final):
         work, report, final, names = _widened(job, tuned, names, graded)
         guard["widened"] = len(names) - len(tuned.kept_float)
     return work, report, final, names
+
+
+def _requantized(
+    job: _Job, tuned: Any, graded: Held
+) -> tuple[tuple[str, ...], ir.Model, Report, list[OutputCheck]]:
+    """The input quantized again with the nodes the tuner kept float (``tuned``), checked
+    on the ``graded`` samples: those nodes, the model, its report and the checks."""
+    names = tuple(s.name for s in tuned.kept_float)
+    config = _excluding(job.config, names)
+    work, report = quantize_once(job.source, config, job.calib, job.progress, job.reuse)
+    return names, work, report, _checked(work, graded, job.config, job.how)
+
+
+def _input_unchanged(config: QuantizeConfig) -> QuantizeConfig:
+    """``config`` keeping every node float with an FP32 fallback, untimed: a quantization
+    with it writes the input unchanged (:func:`quantize_once`)."""
+    return dataclasses.replace(config, exclude_nodes=(".*",), speed="off", fallback="fp32")
 
 
 def _user_metric(config: QuantizeConfig) -> UserMetric | None:
@@ -338,11 +349,7 @@ def _widened(
         last = count == counts[-1]  # every candidate float: the input unchanged
         what = "every node (the input unchanged)" if last else f"{len(wider)} node(s)"
         say(f"the repair missed on the graded samples: keeping {what} float")
-        wide = (
-            dataclasses.replace(config, exclude_nodes=(".*",), speed="off", fallback="fp32")
-            if last
-            else _excluding(config, wider)
-        )
+        wide = _input_unchanged(config) if last else _excluding(config, wider)
         work, report = quantize_once(job.source, wide, job.calib, job.progress, job.reuse)
         checks = _checked(work, graded, config, job.how)
         if all(c.passed for c in checks) or last:
@@ -389,8 +396,7 @@ def _tuner_or_input(
             f"the tuner's is kept: {decision.why}"
         )
         return tuned.model, tuned.report
-    stay = dataclasses.replace(config, exclude_nodes=(".*",), speed="off", fallback="fp32")
-    work, report = quantize_once(source, stay, calib, progress)
+    work, report = quantize_once(source, _input_unchanged(config), calib, progress)
     report.notes.append(
         f"the tuner's accurate placement is not faster than the input ({decision.why}): "
         "the model stays float"

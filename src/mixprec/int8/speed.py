@@ -13,9 +13,10 @@ measured milliseconds apart.
 :func:`decide` reads only those paired ratios (a pure function, tested on recorded
 timings): a placement is faster when its median ratio is at most ``1 - MARGIN`` and,
 unless it is :data:`SURE` faster in the median, when at least :data:`MAJORITY` of the
-rounds found it faster. Among the faster placements, the one with the most INT8 work
-wins unless another is :data:`BAND` faster in the median, so that two runs on one
-machine make the same choice when two placements time alike.
+rounds found it faster. Among the faster placements, the one listed first (the most
+INT8 work: :func:`candidate_placements`) wins unless another is :data:`BAND` faster in the
+median, so that two runs on one machine make the same choice when two placements time
+alike.
 """
 
 from __future__ import annotations
@@ -88,7 +89,8 @@ def decide(
     pairs: Mapping[str, Sequence[float]] | None = None,
 ) -> SpeedDecision:
     """The placement to keep from per-round seconds (``times["fp32"]`` is the FP32
-    model's, the other labels are placements, ``order`` from most INT8 work to least;
+    model's, the other labels are placements, ``order`` as
+    :func:`candidate_placements` lists them, the tie order;
     ``pairs``: the FP32 rounds each placement was timed beside, when each was timed in
     its own rounds; default ``times["fp32"]`` for all).
 
@@ -134,7 +136,7 @@ def _paired(
 def _hopeless(times: Mapping[str, Sequence[float]], label: str, bar: float | None = None) -> bool:
     """A placement :func:`decide` can no longer choose: slower than FP32 in the median
     and faster in at most :data:`_HOPELESS_SHARE` of the rounds so far, or :data:`MARGIN`
-    slower in the median than ``bar`` (a placement with more INT8 work, found faster:
+    slower in the median than ``bar`` (a placement listed before it, found faster:
     whenever this one is within :data:`BAND` of the best, so is that one, which comes
     first)."""
     ratios = _paired(times, label)
@@ -213,9 +215,9 @@ def time_paired(
     """Seconds per run of each session, round by round (rotating order; ``"fp32"`` is
     the reference the rounds pair with). After :data:`_PRUNE_AFTER` rounds a placement
     that can no longer be chosen drops out (its list stops there): slower than FP32, or
-    :data:`MARGIN` slower in the median than ``bar``, the paired ratio of a placement with
-    more INT8 work already found faster (:func:`decide` would choose that one). When none
-    is left, timing stops."""
+    :data:`MARGIN` slower in the median than ``bar``, the paired ratio of a placement
+    listed before it and already found faster (:func:`decide` would choose that one).
+    When none is left, timing stops."""
     runners = {label: s.run for label, s in sessions.items()}
     start = time.perf_counter()
     runners["fp32"](feeds)
@@ -249,7 +251,7 @@ def choose_placement(
     runtime: RuntimeOptions | None = None,
 ) -> tuple[Placement, dict[str, object]]:
     """Times the user's ``fp32`` model and each placement built by ``build(placement)``
-    on ``feeds`` (``placements`` from most INT8 work to least) in the ``runtime`` the
+    on ``feeds`` (``placements`` in :func:`candidate_placements`' order) in the ``runtime`` the
     user deploys on (ONNX Runtime by default).
 
     Returns the placement to use (:data:`STAY_FLOAT` when none is clearly faster) and

@@ -285,7 +285,8 @@ def _calibrated(work: ir.Model, pipeline: QuantizePipeline, reuse: Reuse | None)
         pipeline.stages.update(reuse.stages)
         return clone_model(reuse.calibrated)
     work = pipeline.run(work, until="calibrate")
-    # the passes after this replace tensors, never write into them: sharing is safe
+    # the passes after this replace tensors, never write into them, and the fp16/bf16
+    # painter releases no bytes of a model marked as sharing them: sharing is safe
     reuse.calibrated = clone_model(work)
     reuse.stages = {k: v for k, v in pipeline.stages.items() if k in ("prepare", "calibrate")}
     return work
