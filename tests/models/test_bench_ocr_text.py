@@ -68,8 +68,9 @@ def test_rec_charset_matches_the_output(corpus_dir: Path) -> None:
     assert probs.shape[-1] == len(charset)
 
 
-@pytest.mark.slow
-def test_fp32_reads_the_rendered_lines(corpus_dir: Path) -> None:
+def _needs_rendering() -> None:
+    """Skips a test without what rendering text needs: Pillow, matplotlib's fonts and
+    the bench's text corpus."""
     pytest.importorskip("PIL")
     pytest.importorskip("matplotlib")
     from common import text_dir
@@ -77,6 +78,11 @@ def test_fp32_reads_the_rendered_lines(corpus_dir: Path) -> None:
     missing = [n for n in ocr_text.EVAL_FILES if not (text_dir() / n).is_file()]
     if missing:
         pytest.skip(f"bench text corpus missing ({', '.join(missing)}): run bench/fetch.py")
+
+
+@pytest.mark.slow
+def test_fp32_reads_the_rendered_lines(corpus_dir: Path) -> None:
+    _needs_rendering()
     import onnxruntime as ort
 
     rec = ocr_text.rec_set("eval", 16)
@@ -126,13 +132,7 @@ def test_box_coverage() -> None:
 
 @pytest.mark.slow
 def test_fp32_det_finds_the_rendered_lines(corpus_dir: Path) -> None:
-    pytest.importorskip("PIL")
-    pytest.importorskip("matplotlib")
-    from common import text_dir
-
-    missing = [n for n in ocr_text.EVAL_FILES if not (text_dir() / n).is_file()]
-    if missing:
-        pytest.skip(f"bench text corpus missing ({', '.join(missing)}): run bench/fetch.py")
+    _needs_rendering()
     import onnxruntime as ort
 
     pages = ocr_text.det_pages("eval", 2)
