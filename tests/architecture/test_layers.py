@@ -20,6 +20,7 @@ LAYERS = (
     ("precision", "int8", "weights"),
     ("pipeline",),
     ("tune",),
+    ("guard",),
     ("report",),
     ("api",),
     ("batch",),

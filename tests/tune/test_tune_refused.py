@@ -22,8 +22,8 @@ from onnx import TensorProto, helper, numpy_helper
 import mixprec
 from helpers import run_ort
 from mixprec.cli.main import main
+from mixprec.guard.checks import GuardBudget, guard_metric, output_kinds
 from mixprec.runtime.emulate import emulate_low_precision
-from mixprec.tune.guard import GuardBudget, guard_metric, output_kinds
 
 
 def _threshold_model() -> onnx.ModelProto:

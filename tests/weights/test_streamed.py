@@ -306,11 +306,10 @@ def test_a_streamed_language_model_is_guarded_and_repaired(tmp_path: Path) -> No
     misses is repaired, ranked by the weights' own error (no layer inputs), and the
     written model's measures are recomputed here from ONNX Runtime runs."""
     pytest.importorskip("tokenizers", reason="the [llm] extra (tokenizers) is missing")
-    from test_lm_guard import CFG, _folder, _numpy_guard
-
+    from guard.test_language_guard import CFG, _folder, _numpy_guard
     from llm_models import tiny_decoder
+    from mixprec.guard.samples import held_out_indices
     from mixprec.io.text import TextSamples
-    from mixprec.pipeline.held_out import held_out_indices
 
     path = _folder(tmp_path, tiny_decoder(CFG, seed=3))
     onnx.save(onnx.load(str(path)), str(path), save_as_external_data=True, size_threshold=1024)

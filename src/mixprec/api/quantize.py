@@ -16,9 +16,9 @@ from typing import Any
 
 import onnx_ir as ir
 
-from mixprec.api.guard import EvalData, guarded_quantize, quantize_once
 from mixprec.api.weights import quantize_weights
 from mixprec.core.errors import MixprecError
+from mixprec.guard.int8 import EvalData, guarded_quantize, quantize_once
 from mixprec.int8.config import QuantizeConfig
 from mixprec.io.external import input_files
 from mixprec.io.models import ModelLike, load_input
@@ -61,7 +61,7 @@ def quantize(
             ``calibration_data``, or a path as ``--eval-data``; arrays that are not model
             inputs are labels for ``metric``); by default a seeded random fifth of the
             calibration samples (at most 64) is held out, streamed from its source
-            (:mod:`mixprec.pipeline.held_out`).
+            (:mod:`mixprec.guard.samples`).
         weights: "int4" or "int8" (or a :class:`~mixprec.weights.config.WeightsConfig`):
             weight-only quantization instead of INT8; ``options`` are then its fields and
             the INT8 ones are refused.

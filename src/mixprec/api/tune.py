@@ -1,25 +1,16 @@
-"""``mixprec.tune``: load -> :func:`~mixprec.tune.run.tune_model` -> log dir.
-
-Also the hand-over that ``convert(max_error=)`` and the INT8 guard's repair use
-(:func:`tune_with_options`): their options are the target's options, never the tuner's.
-"""
+"""``mixprec.tune``: load -> :func:`~mixprec.tune.run.tune_model` -> log dir."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import onnx_ir as ir
-
-from mixprec.core.errors import MixprecError
-from mixprec.io.models import ModelLike, input_kind, load_input
+from mixprec.io.models import ModelLike
 from mixprec.report.tune_plot import write_tune_log
+from mixprec.tune.options import tune_from_options
 from mixprec.tune.result import TuneResult
-from mixprec.tune.run import TuneRequest, tune_model
-from mixprec.tune.targets import make_target
 
-__all__ = ["tune", "tune_with_options"]
+__all__ = ["tune"]
 
 
 def tune(
@@ -77,7 +68,7 @@ def tune(
         >>> r = mixprec.tune("m.onnx", "fp16", "samples.npz", budget=1e-3)  # doctest: +SKIP
         >>> r.passed, r.low_mac_share, [s.name for s in r.kept_float]     # doctest: +SKIP
     """
-    return tune_with_options(
+    result = tune_from_options(
         model,
         target,
         data,
@@ -91,56 +82,6 @@ def tune(
         options=options,
         metric_budget=metric_budget,
     )
-
-
-def tune_with_options(
-    model: ModelLike,
-    target: str | None,
-    data: Any,
-    *,
-    options: dict[str, Any],
-    metric: str | Callable[..., float] = "rel-l2",
-    budget: float | str | None = None,
-    calibration_data: Mapping[str, Any] | Iterable[Mapping[str, Any]] | None = None,
-    max_evaluations: int | None = None,
-    progress: Callable[[str], None] | None = None,
-    threads: int = 2,
-    mode: str = "emulated",
-    metric_budget: float | None = None,
-    calibrated: tuple[ir.Model, float] | None = None,
-) -> TuneResult:
-    """:func:`tune` with the target's options as a dict (``convert``'s or ``quantize``'s:
-    a ``mode`` there is quantize's INT8 mode, apart from the tuner's own ``mode``).
-    ``calibrated``: ``model`` already prepared and calibrated with these options on
-    ``calibration_data`` (a private copy the tuner may change), and the seconds that
-    took; the tuner then searches from it instead of calibrating again."""
-    if max_evaluations is not None and (
-        isinstance(max_evaluations, bool)
-        or not isinstance(max_evaluations, int)
-        or max_evaluations < 1
-    ):
-        raise MixprecError(f"max_evaluations must be an int >= 1, got {max_evaluations!r}")
-    t0 = time.perf_counter()
-    options = dict(options)
-    log_dir = options.pop("log_dir", None)
-    request = TuneRequest(
-        target=make_target(target, options, mode),
-        data=data,
-        metric=metric,
-        budget=budget,
-        calibration_data=calibration_data,
-        max_evaluations=max_evaluations,
-        threads=threads,
-        shapes=options.get("shapes"),
-        metric_budget=metric_budget,
-    )
-    if calibrated is None:
-        work, kind = load_input(model)
-        result = tune_model(work, kind, request, progress, started=t0)
-    else:
-        work, seconds = calibrated
-        kind = input_kind(model)
-        result = tune_model(work, kind, request, progress, started=t0, calibrated_seconds=seconds)
-    if log_dir is not None:
-        write_tune_log(log_dir, result)
+    if options.get("log_dir") is not None:
+        write_tune_log(options["log_dir"], result)
     return result

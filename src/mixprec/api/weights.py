@@ -14,12 +14,12 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
+from mixprec.guard.language import is_language_model, lm_guard
+from mixprec.guard.samples import split_for_guard
 from mixprec.io.models import ModelLike, load_input
 from mixprec.io.protos import weightless_proto
 from mixprec.io.text import DEFAULT_WINDOW, TextSamples, find_tokenizer, is_text_path
 from mixprec.pipeline.convert import CalibrationData, ConversionResult
-from mixprec.pipeline.held_out import split_for_guard
-from mixprec.pipeline.lm_guard import is_language_model, lm_guard
 from mixprec.pipeline.report import Report
 from mixprec.pipeline.streamed import Source, streams
 from mixprec.pipeline.weights import WeightsGuard, run_weights
@@ -101,7 +101,7 @@ def quantize_weights(
             on instead of the calibration samples.
         weights_guard: the check of the result (default: a language model, one that
             takes ``input_ids`` and outputs ``logits``, gets the next-token guard with its
-            repair, :func:`~mixprec.pipeline.lm_guard.lm_guard`, on windows held out of the
+            repair, :func:`~mixprec.guard.language.lm_guard`, on windows held out of the
             calibration data or on ``eval_data``; other models: each output against FP32,
             :func:`~mixprec.pipeline.weights.output_check`).
         tokenizer: the ``tokenizer.json`` of text data (default: the one beside the model).

@@ -22,9 +22,9 @@ from helpers import run_ort
 from llm_models import DecoderConfig, greedy_decode, tiny_decoder
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
+from mixprec.guard.language import next_token_stats
+from mixprec.guard.samples import held_out_indices
 from mixprec.io.text import TextSamples, find_tokenizer
-from mixprec.pipeline.held_out import held_out_indices
-from mixprec.pipeline.lm_guard import next_token_stats
 from mixprec.weights.config import WeightsConfig
 from mixprec.weights.sensitivity import rank_layers
 

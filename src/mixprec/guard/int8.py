@@ -3,10 +3,10 @@
 1. Hold out samples (``eval_data``, else a seeded random fifth of the calibration
    samples, at most 64, when there are at least five; fewer: every sample both
    calibrates and checks, with a warning). Ranges never see the held-out samples. The
-   samples stream from their source at each pass (:mod:`mixprec.pipeline.held_out`): only
+   samples stream from their source at each pass (:mod:`mixprec.guard.samples`): only
    the held-out samples' FP32 outputs and labels are kept.
 2. Quantize as asked (speed plan included) and hold each output to its check
-   (:mod:`mixprec.tune.guard`: top-1 on class scores, cosine on embeddings, rel L2
+   (:mod:`mixprec.guard.checks`: top-1 on class scores, cosine on embeddings, rel L2
    elsewhere, each with the reason for its kind; or the user's metric, given the
    samples' labels) against the user's FP32 model in the deployment's runtime.
 3. On a miss, the tuner's search (:func:`mixprec.tune`, target int8, the guard's checks
@@ -37,23 +37,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from mixprec.api.tune import tune_with_options
 from mixprec.core.output_kinds import OutputKind
-from mixprec.int8.config import QuantizeConfig
-from mixprec.int8.speed import decide, time_paired
-from mixprec.int8.speed import session as timing_session
-from mixprec.io.external import clone_model
-from mixprec.io.feeds import feeds_for
-from mixprec.io.models import load_input
-from mixprec.pipeline.convert import CalibrationData
-from mixprec.pipeline.held_out import Samples, split_for_guard
-from mixprec.pipeline.quantize import Reuse, latency_feeds, run_quantize
-from mixprec.pipeline.report import Report
-from mixprec.runtime.emulate import emulate_low_precision
-from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
-from mixprec.runtime.engines import check_plan, engine_for
-from mixprec.runtime.validation import detect_low_dtype
-from mixprec.tune.guard import (
+from mixprec.guard.checks import (
     GuardBudget,
     OutputCheck,
     UserMetric,
@@ -63,7 +48,22 @@ from mixprec.tune.guard import (
     search_and_grade,
     shown,
 )
+from mixprec.guard.samples import Samples, split_for_guard
+from mixprec.int8.config import QuantizeConfig
+from mixprec.int8.speed import decide, time_paired
+from mixprec.int8.speed import session as timing_session
+from mixprec.io.external import clone_model
+from mixprec.io.feeds import feeds_for
+from mixprec.io.models import load_input
+from mixprec.pipeline.convert import CalibrationData
+from mixprec.pipeline.quantize import Reuse, latency_feeds, run_quantize
+from mixprec.pipeline.report import Report
+from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
+from mixprec.runtime.engines import check_plan, engine_for
+from mixprec.runtime.validation import detect_low_dtype
 from mixprec.tune.metrics import Labels
+from mixprec.tune.options import tune_from_options
 
 __all__ = ["EvalData", "guarded_quantize", "quantize_once"]
 
@@ -319,7 +319,7 @@ def _repair(job: _Job, search: Held) -> Any:
     if reuse.calibrated is not None:  # (a learned rounding run keeps none: it calibrates)
         seconds = sum(sum(stage.seconds.values()) for stage in reuse.stages.values())
         calibrated = (clone_model(reuse.calibrated), seconds)
-    return tune_with_options(
+    return tune_from_options(
         job.source, "int8", samples, calibration_data=job.calib, metric=metric, budget=1.0,
         progress=job.progress, options=options, calibrated=calibrated,
     )  # fmt: skip

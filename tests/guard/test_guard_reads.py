@@ -21,13 +21,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
-import mixprec.pipeline.held_out as held_out
+import mixprec.guard.samples as held_out
 from guard_models import wide_range_classifier, wide_range_samples
 from helpers import run_ort
 from mixprec.cli.main import main
+from mixprec.guard.checks import GuardBudget, OutputCheck, check_outputs, shown
+from mixprec.guard.samples import held_out_indices, split_for_guard
 from mixprec.io.samples import NpzSamples
-from mixprec.pipeline.held_out import held_out_indices, split_for_guard
-from mixprec.tune.guard import GuardBudget, OutputCheck, check_outputs, shown
 
 
 def test_plain_logits_are_read_as_class_scores_caught_and_repaired():

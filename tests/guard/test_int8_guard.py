@@ -16,7 +16,7 @@ import mixprec
 from guard_models import wide_range_classifier, wide_range_samples
 from helpers import run_ort
 from mixprec.cli.main import main
-from mixprec.tune.guard import (
+from mixprec.guard.checks import (
     GuardBudget,
     check_outputs,
     output_kinds,
