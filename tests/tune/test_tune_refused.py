@@ -3,8 +3,11 @@
 The model keeps the scores above a threshold twice: from a MatMul (a candidate, low
 precision) and from the same sums computed as Mul -> ReduceSum on the graph input (FP32:
 nothing low feeds them), then multiplies the two selections. 2.0009 is above the
-threshold 2 in FP32; fp16 holds it as 2.0, and INT8 (column maximum 2.53) as
-100 * 2.53 / 127 = 1.992: the low selection is shorter, and the Mul's operands no longer
+threshold 2 in FP32; fp16 holds it as 2.0, and INT8 (column maximum 2.41) below 2 on
+both weight grids mixprec uses: 8-bit (2.41 / 127 * 105 = 1.9925, CPUs with VNNI) and
+7-bit (2.41 / 63 * 52 = 1.9892, x86 CPUs without VNNI, where ``reduce_range`` is on; the
+former maximum 2.53 rounded to 2.008 there, and the test assumed a refusal that AVX2 CPUs
+never saw). The low selection is shorter, and the Mul's operands no longer
 broadcast (``Can broadcast 0 by 0 or 1. 6 is invalid``) inside the graph. No rounding op
 decides this length, so the count rule (issue 27, item 1) does not catch it.
 """
@@ -29,7 +32,7 @@ from mixprec.runtime.emulate import emulate_low_precision
 def _threshold_model() -> onnx.ModelProto:
     w = np.random.default_rng(0).uniform(0.2, 1.8, (4, 16)).astype(np.float32)
     w[:, ::3] = 2.0009  # just above the threshold: fp16 holds it as 2.0
-    w[3, ::3] = 2.53  # the column maximum: INT8 holds 2.0009 as 100 * 2.53 / 127 < 2
+    w[3, ::3] = 2.41  # the column maximum: INT8 holds 2.0009 below 2 on 8- and 7-bit grids
     inits = [
         numpy_helper.from_array(w, "w"),
         numpy_helper.from_array(np.array(2.0, np.float32), "t"),
@@ -83,6 +86,14 @@ def test_the_all_low_model_fails_inside_the_graph() -> None:
     low = mixprec.convert(model, "fp16", calibration_data=_data()).model_proto
     with pytest.raises(Exception, match="broadcast"):
         run_ort(emulate_low_precision(low), _data()[0])
+    # INT8 drops 2.0009 below the threshold on the weight grid of every CPU kind, whichever
+    # this one is: 8 bits (VNNI) and 7 bits (reduce_range, AVX2 without VNNI)
+    w = numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == "w"))
+    for qmax in (127, 63):
+        scale = np.abs(w).max(axis=0) / qmax  # per output channel (the widest: per tensor)
+        assert (np.round(w / scale) * scale)[0, ::3].max() < 1.995, qmax
+        per_tensor = np.abs(w).max() / qmax
+        assert (np.round(w / per_tensor) * per_tensor)[0, ::3].max() < 1.995, qmax
 
 
 def test_tune_scores_a_refused_candidate_as_a_miss_and_finds_the_nodes() -> None:
