@@ -56,3 +56,39 @@ def wide_range_samples(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
         x[:, 0] = rng.uniform(0, 1000, 16)
         samples.append({"x": x})
     return samples
+
+
+def separable_classifier() -> onnx.ModelProto:
+    """x[N,16] -> MatMul -> Relu -> MatMul -> Softmax ``probs``, built so that INT8 never
+    flips an answer on :func:`separable_samples`: each row's class is the one strong
+    feature it carries (3 against noise of 0.1), a margin no 7- or 8-bit grid erases."""
+    rng = np.random.default_rng(7)
+    w1 = (np.eye(16) * 0.5 + rng.standard_normal((16, 16)) * 0.01).astype(np.float32)
+    w2 = np.zeros((16, CLASSES), np.float32)
+    w2[np.arange(16), np.arange(16) % CLASSES] = 1.0
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"], name="fc1"),
+            helper.make_node("Relu", ["h"], ["r"], name="relu"),
+            helper.make_node("MatMul", ["r", "w2"], ["logits"], name="fc2"),
+            helper.make_node("Softmax", ["logits"], ["probs"], name="softmax", axis=-1),
+        ],
+        "separable",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", CLASSES])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def separable_samples(n: int, rows: int = 1, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """``n`` batches of ``rows`` rows for :func:`separable_classifier`."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(n):
+        x = (rng.standard_normal((rows, 16)) * 0.1).astype(np.float32)
+        x[np.arange(rows), rng.integers(0, 16, rows)] = 3.0
+        samples.append({"x": x})
+    return samples

@@ -34,20 +34,22 @@ def test_plain_logits_are_read_as_class_scores_caught_and_repaired():
     """Before: a logits output without a Softmax was held to rel L2 (0.1), which INT8's
     flipped answers can pass or miss by chance; now top-1 agreement on the class axis."""
     model = wide_range_classifier(softmax=False)
-    result = mixprec.quantize(model, wide_range_samples(20), speed="off", smooth=None)
+    result = mixprec.quantize(  # top-1 >= 0.97: fc1 float meets it on 7- and 8-bit weights
+        model, wide_range_samples(40), speed="off", smooth=None, guard_drop=0.03
+    )
     guard = result.report.guard
     (first,) = guard["first_checks"]
-    assert first["kind"] == "top1" and first["value"] < 0.99, first
+    assert first["kind"] == "top1" and first["value"] < 0.97, first
     assert first["reason"].startswith("plain logits: MatMul 'classifier'"), first["reason"]
     assert guard["kinds"]["logits"]["check"] == "top1"
-    assert guard["passed"] and guard["kept_float"] == ["fc1"], guard
-    held = wide_range_samples(8, seed=1)
+    assert guard["passed"] and guard["confirmed"] and guard["kept_float"] == ["fc1"], guard
+    unseen = wide_range_samples(8, seed=1)  # 128 rows the guard never saw
     same = [
         run_ort(model, s)["logits"].argmax(-1)
         == run_ort(result.model_proto, s)["logits"].argmax(-1)
-        for s in held
+        for s in unseen
     ]
-    assert float(np.mean(np.concatenate(same))) >= 0.99
+    assert float(np.mean(np.concatenate(same))) >= 0.97
     assert any("plain logits" in n and "'logits'" in n for n in result.report.notes)
 
 
@@ -249,7 +251,7 @@ def test_the_guard_streams_its_samples_and_keeps_the_seeded_random_draw():
         )  # fmt: skip (SmoothQuant's search keeps rows of its own, bounded)
         guard = result.report.guard
         held = held_out_indices(n)
-        assert guard["passed"] and guard["eval_samples"] == len(held) == round(n * 0.2)
+        assert guard["passed"] and guard["eval_samples"] == len(held) == min(round(n * 0.5), 64)
         assert checked[0] == held and held != list(range(n - len(held), n))
         assert guard["calibration_samples"] == n - len(held)
         peaks[n] = source.peak
@@ -264,7 +266,7 @@ def test_a_one_shot_generator_is_kept_with_a_warning_and_a_bound(monkeypatch, ca
         split = split_for_guard((s for s in _Source(30)), None, model)
     assert any("one-shot iterator" in r.getMessage() for r in caplog.records)
     assert any("only its first 12" in r.getMessage() for r in caplog.records)
-    assert len(split.held) == 2 and len(split.calibration) == 10  # of the 12 kept
+    assert len(split.held) == 6 and len(split.calibration) == 6  # of the 12 kept
     assert [int(s["k"]) for s in split.held] == held_out_indices(12)
     assert [int(s["k"]) for s in split.held] == [int(s["k"]) for s in split.held]  # re-read
 

@@ -23,7 +23,7 @@ from llm_models import DecoderConfig, greedy_decode, tiny_decoder
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
 from mixprec.guard.language import next_token_stats
-from mixprec.guard.samples import held_out_indices
+from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
 from mixprec.io.text import TextSamples, find_tokenizer
 from mixprec.weights.config import WeightsConfig
 from mixprec.weights.sensitivity import rank_layers
@@ -230,7 +230,7 @@ def test_the_repair_promotes_the_most_sensitive_layers_until_the_budget_holds(
     assert guard["kind"] == "language model" and guard["passed"]
     assert guard["first"]["kl"] > 0.004 >= guard["kl"] and guard["repair"]
     held = list(TextSamples(tmp_path / "calib.txt", path, tmp_path / "tokenizer.json", window=64))
-    checks = [held[k] for k in held_out_indices(len(held))[:4]]
+    checks = [held[k] for k in held_out_indices(len(held), share=WINDOWS_HELD_OUT_SHARE)[:4]]
     config = WeightsConfig(bits=4)
     ranked = [name for name, _ in rank_layers(onnx.load(str(path)), config, checks)]
     promoted = guard["promoted"]

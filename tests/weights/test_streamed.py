@@ -308,7 +308,7 @@ def test_a_streamed_language_model_is_guarded_and_repaired(tmp_path: Path) -> No
     pytest.importorskip("tokenizers", reason="the [llm] extra (tokenizers) is missing")
     from guard.test_language_guard import CFG, _folder, _numpy_guard
     from llm_models import tiny_decoder
-    from mixprec.guard.samples import held_out_indices
+    from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
     from mixprec.io.text import TextSamples
 
     path = _folder(tmp_path, tiny_decoder(CFG, seed=3))
@@ -331,6 +331,8 @@ def test_a_streamed_language_model_is_guarded_and_repaired(tmp_path: Path) -> No
     held = list(TextSamples(calib, path, tmp_path / "tokenizer.json", window=64))
     out = tmp_path / "out.onnx"
     runs[True].save(out)
-    expect = _numpy_guard(path, out, [held[k] for k in held_out_indices(len(held))[:4]])
+    expect = _numpy_guard(
+        path, out, [held[k] for k in held_out_indices(len(held), share=WINDOWS_HELD_OUT_SHARE)[:4]]
+    )
     for key in ("kl", "agreement", "perplexity", "perplexity_fp32"):
         assert guard[key] == pytest.approx(expect[key], rel=1e-3, abs=1e-5), key

@@ -59,7 +59,7 @@ def quantize(
             :func:`~mixprec.convert`); a path's own folder otherwise.
         eval_data: samples the accuracy guard checks the INT8 model on (same forms as
             ``calibration_data``, or a path as ``--eval-data``; arrays that are not model
-            inputs are labels for ``metric``); by default a seeded random fifth of the
+            inputs are labels for ``metric``); by default a seeded random half of the
             calibration samples (at most 64) is held out, streamed from its source
             (:mod:`mixprec.guard.samples`).
         weights: "int4" or "int8" (or a :class:`~mixprec.weights.config.WeightsConfig`):

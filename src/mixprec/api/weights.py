@@ -15,7 +15,7 @@ import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.guard.language import is_language_model, lm_guard
-from mixprec.guard.samples import split_for_guard
+from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, split_for_guard
 from mixprec.io.models import ModelLike, load_input
 from mixprec.io.protos import weightless_proto
 from mixprec.io.text import DEFAULT_WINDOW, TextSamples, find_tokenizer, is_text_path
@@ -196,7 +196,7 @@ def _language_model_guard(
     if eval_data is not None or calibration_data is None:
         where = "eval windows" if eval_data is not None else None
         return calibration_data, eval_data, functools.partial(lm_guard, where=where)
-    split = split_for_guard(calibration_data, None, work)
+    split = split_for_guard(calibration_data, None, work, WINDOWS_HELD_OUT_SHARE)
     where = "calibration windows (too few to hold any out)" if split.in_sample else None
     where = where or "held-out calibration windows"
     return split.calibration, split.held, functools.partial(lm_guard, where=where)

@@ -38,10 +38,12 @@ import onnx_ir as ir
 from mixprec.core.metrics import equal_share, rel_l2_error, row_cosines, top1_agreement
 from mixprec.core.ops import tolerance
 from mixprec.core.output_kinds import OutputKind, classify_outputs
+from mixprec.guard.confidence import CONFIDENCE, lower_bound, rows_to_confirm
 from mixprec.guard.samples import GUARD_MIN_SAMPLES, held_out_indices
 from mixprec.tune.metrics import Candidate, Labels, call_user_metric, shape_miss
 
 __all__ = [
+    "AGREEMENT_KINDS",
     "GUARD_MIN_SAMPLES",
     "GuardBudget",
     "OutputCheck",
@@ -59,6 +61,8 @@ __all__ = [
 Outputs = Mapping[str, np.ndarray]
 Kinds = Mapping[str, OutputKind | str]
 _T = TypeVar("_T")
+#: The checks that count agreeing answers, whose share gets a confidence bound.
+AGREEMENT_KINDS = frozenset({"top1", "match"})
 _LABELS = {
     "top1": "top-1",
     "rel-l2": "rel L2",
@@ -149,6 +153,30 @@ class OutputCheck:
     note: str = ""
     best: float = 1.0  # the user's metric: the FP32 model's own score (slack 1 there)
     reason: str = ""  # why the output gets this check (its kind)
+    rows: int = 0  # the held-out answers measured (rows, elements, embeddings, samples)
+    #: agreement checks: the 95% lower confidence bound of ``value`` on ``rows``
+    #: (:func:`~mixprec.guard.confidence.lower_bound`); None for the other kinds
+    bound: float | None = None
+
+    @property
+    def confirmed(self) -> bool:
+        """A pass the held-out rows support: its lower bound meets the limit too (a
+        check without a bound: its pass as measured)."""
+        return self.passed and (self.bound is None or self.bound >= self.limit)
+
+    def to_confirm(self) -> str:
+        """Why an unconfirmed pass is one, and the rows that would confirm it: ``412
+        held-out rows cannot confirm top-1 >= 0.99 on 'probs' (95% lower bound 0.982):
+        about 2,310 rows at this agreement would``."""
+        assert self.bound is not None
+        text = (
+            f"{self.rows:,} held-out rows cannot confirm {self.needs()} ({CONFIDENCE:.0%} "
+            f"lower bound {shown(self.bound, self.limit)})"
+        )
+        needed = rows_to_confirm(self.value, self.limit)
+        if needed is None:
+            return f"{text}: the agreement sits at the limit, so no number of rows would"
+        return f"{text}: about {needed:,} rows at this agreement would"
 
     def needs(self) -> str:
         """``top-1 >= 0.99 on 'probs'`` (the user's metric: ``score >= 0.9 of 'f1'``)."""
@@ -176,7 +204,7 @@ class OutputCheck:
         return (self.value - self.limit) / span if span > 0 else (0.0 if self.passed else -1.0)
 
     def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+        return {**asdict(self), "confirmed": self.confirmed}
 
 
 def output_kinds(model: ir.Model) -> dict[str, OutputKind]:
@@ -241,31 +269,39 @@ def check_outputs(
             checks.append(OutputCheck(name, kind, math.nan, limit, False, miss, reason=why))
             continue
         ref, got = [r[name] for r in reference], [o[name] for o in outputs]
-        value = _measure(kind, ref, got, axis)
+        value, rows = _measure(kind, ref, got, axis)
         ok = value <= limit if kind == "rel-l2" else value >= limit
         passed = bool(ok and not math.isnan(value))
-        checks.append(OutputCheck(name, kind, value, limit, passed, reason=why))
+        bound = lower_bound(value, rows) if kind in AGREEMENT_KINDS else None
+        checks.append(
+            OutputCheck(name, kind, value, limit, passed, reason=why, rows=rows, bound=bound)
+        )
     return checks
 
 
-def _measure(kind: str, ref: list[np.ndarray], got: list[np.ndarray], axis: int = -1) -> float:
-    """The check's value over the samples (core.metrics holds each measure)."""
+def _measure(
+    kind: str, ref: list[np.ndarray], got: list[np.ndarray], axis: int = -1
+) -> tuple[float, int]:
+    """The check's value over the samples (core.metrics holds each measure) and the rows
+    it was measured on: the answers (top-1: a row each; equal elements: each element;
+    cosine: each embedding; rel L2: each sample)."""
     pairs = list(zip(ref, got, strict=True))
-    if kind == "match":
-        sizes = [max(np.asarray(r).size, 1) for r, _ in pairs]
-        shares = [equal_share(r, g) for r, g in pairs]
-        return sum(v * n for v, n in zip(shares, sizes, strict=True)) / max(sum(sizes), 1)
-    if kind == "top1":
-        rows = [max(np.asarray(r).size // max(np.shape(r)[axis], 1), 1) for r, _ in pairs]
-        shares = [top1_agreement(r, g, axis) for r, g in pairs]
-        return sum(v * n for v, n in zip(shares, rows, strict=True)) / max(sum(rows), 1)
+    if kind in ("match", "top1"):
+        if kind == "match":
+            sizes = [max(np.asarray(r).size, 1) for r, _ in pairs]
+            shares = [equal_share(r, g) for r, g in pairs]
+        else:
+            sizes = [max(np.asarray(r).size // max(np.shape(r)[axis], 1), 1) for r, _ in pairs]
+            shares = [top1_agreement(r, g, axis) for r, g in pairs]
+        rows = sum(sizes)
+        return sum(v * n for v, n in zip(shares, sizes, strict=True)) / max(rows, 1), rows
     if kind == "cosine":  # the mean over every held-out row: one embedding each
         cosines = np.concatenate([row_cosines(r, g, axis) for r, g in pairs] or [np.ones(1)])
-        return float(np.mean(cosines))
+        return float(np.mean(cosines)), len(cosines) if pairs else 0
     # the worst sample, as validate() reports: a few held-out samples pooled into one
     # norm let one bad sample hide behind good ones (MiniLM passed at 0.0985 pooled over
     # 3 samples and measured 0.105 on other inputs)
-    return max((rel_l2_error(r, g) for r, g in pairs), default=0.0)
+    return max((rel_l2_error(r, g) for r, g in pairs), default=0.0), len(pairs)
 
 
 def guard_score(checks: Sequence[OutputCheck]) -> float:

@@ -1,6 +1,6 @@
 """The INT8 accuracy guard around :func:`mixprec.quantize` (on by default).
 
-1. Hold out samples (``eval_data``, else a seeded random fifth of the calibration
+1. Hold out samples (``eval_data``, else a seeded random half of the calibration
    samples, at most 64, when there are at least five; fewer: every sample both
    calibrates and checks, with a warning). Ranges never see the held-out samples. The
    samples stream from their source at each pass (:mod:`mixprec.guard.samples`): only
@@ -17,7 +17,10 @@
    the input (timed as the speed plan times); if that misses too, more nodes stay float
    in the tuner's ranking (searched again on every held-out sample when the search
    samples ranked nothing), down to the input unchanged.
-4. ``report.guard`` says what was measured; its ``summary`` is the command's last line.
+4. ``report.guard`` says what was measured, on how many rows (a batch of 16 is 16
+   answers), and whether those rows confirm each agreement pass (the 95% lower bound of
+   :mod:`mixprec.guard.confidence` at or above the budget); its ``summary`` is the
+   command's last line, and ends with the rows it would take when they do not.
    A result that misses (only possible when the FP32 model itself misses the budget) has
    ``passed`` False: the CLI writes nothing and exits 1.
 """
@@ -455,15 +458,23 @@ def _finish(
         )
     else:
         summary = f"{head}; accuracy guard passed: {worst.text()}"
+    # a pass the held-out rows cannot support is said on the last line (a float result
+    # is the input itself: there is nothing to confirm)
+    unsure = [c for c in checks if c.passed and not c.confirmed] if int8 else []
+    if passed and unsure:
+        summary += f"; but {min(unsure, key=lambda c: c.bound or 0.0).to_confirm()}"
     report.guard = {
         **guard,
         "passed": passed,
+        "confirmed": passed and not unsure,
+        "rows": max((c.rows for c in checks), default=0),
         "checks": [c.to_dict() for c in checks],
         "first_checks": [c.to_dict() for c in first],
         "kept_float": list(kept),
         "summary": summary,
     }
-    where = f"{guard['eval']}, {guard['eval_samples']} sample(s)"
+    rows = report.guard["rows"]
+    where = f"{guard['eval']}, {guard['eval_samples']} sample(s), {rows} row(s) graded"
     report.notes.append(f"accuracy guard ({where}): {summary}")
     report.notes.extend(  # each output's check and why it gets that one
         f"accuracy guard on {c.output!r}: {c.text()} ({c.reason})" for c in checks if c.reason
