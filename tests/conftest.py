@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from helpers import sha256_of
+from mixprec.runtime.cpu import cpu_features
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 #: Read once at import: the autouse fixture below hides MIXPREC_* variables from tests.
@@ -113,6 +114,26 @@ def _fetch_with_bench(cache: Path, digests: dict[str, str]) -> None:
         if digest in by_digest:
             (cache / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(by_digest[digest], cache / rel)
+
+
+def _cpu_line() -> str:
+    """The CPU's model and the flags that change which kernels run (INT8 weight grids,
+    bf16 compute): a failure reads differently on AVX2 alone than on AMX."""
+    cpu = cpu_features()
+    kinds = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8", "amx_bf16")
+    flags = " ".join(f for f in kinds if f in cpu.flags) or "none of " + ", ".join(kinds)
+    return f"cpu: {cpu.model}; flags: {flags}"
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [_cpu_line()]
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """``-q`` hides the header: the CPU line is written all the same."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and session.config.get_verbosity() < 0:
+        reporter.write_line(_cpu_line())
 
 
 @pytest.fixture(autouse=True)
