@@ -31,6 +31,7 @@ int4 RTN without repair is outside.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -38,10 +39,11 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, split_for_guard
 from mixprec.io.feeds import Feeds, feeds_for
 from mixprec.io.signature import declared_dims, graph_inputs
 from mixprec.pipeline.streamed import Source
-from mixprec.pipeline.weights import GuardContext, WeightsReport
+from mixprec.pipeline.weights import GuardContext, WeightsGuard, WeightsReport
 from mixprec.weights.config import LayerChoice, WeightsConfig
 from mixprec.weights.sensitivity import rank_layers
 
@@ -52,6 +54,7 @@ __all__ = [
     "LOGITS",
     "LmBudget",
     "is_language_model",
+    "language_model_guard",
     "lm_guard",
     "next_token_stats",
     "rank_for_repair",
@@ -398,3 +401,18 @@ def _summary(
     if misses:
         text += f"; language-model guard FAILED ({'; '.join(misses)})"
     return text
+
+
+def language_model_guard(
+    work: ir.Model, calibration_data: Any, eval_data: Any
+) -> tuple[Any, Any, WeightsGuard]:
+    """A language model's data and guard: ``eval_data`` when given, else a seeded random
+    fifth of the calibration windows held out of the calibration (fewer than five: all
+    of them do both)."""
+    if eval_data is not None or calibration_data is None:
+        where = "eval windows" if eval_data is not None else None
+        return calibration_data, eval_data, functools.partial(lm_guard, where=where)
+    split = split_for_guard(calibration_data, None, work, WINDOWS_HELD_OUT_SHARE)
+    where = "calibration windows (too few to hold any out)" if split.in_sample else None
+    where = where or "held-out calibration windows"
+    return split.calibration, split.held, functools.partial(lm_guard, where=where)

@@ -31,6 +31,7 @@ from mixprec.io.signature import ModelArg, as_ir, declared_dims, dtype_of, graph
 __all__ = [
     "DEFAULT_WINDOW",
     "TEXT_SUFFIXES",
+    "TextData",
     "TextSamples",
     "find_tokenizer",
     "is_text_path",
@@ -246,3 +247,33 @@ class TextSamples:
             f"{len(self)} windows of {self.window} tokens from {self.path.name} "
             f"({len(self.tokens)} tokens, tokenizer {self.tokenizer.name})"
         )
+
+
+class TextData:
+    """The data a call was given, with text paths read as :class:`TextSamples` for one
+    model (``model``: its path, where the tokenizer is looked for beside it)."""
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: str | os.PathLike[str] | None,
+        window: int,
+        work: ir.Model,
+    ) -> None:
+        self.model_path = model if isinstance(model, str | os.PathLike) else None
+        self.tokenizer = tokenizer
+        self.window = window
+        self.work = work
+        self.read_texts: list[TextSamples] = []
+
+    def read(self, data: Any) -> Any:
+        if not is_text_path(data):
+            return data
+        found = find_tokenizer(self.model_path, self.tokenizer)
+        text = TextSamples(data, self.work, found, window=self.window)
+        self.read_texts.append(text)
+        return text
+
+    def notes(self) -> list[str]:
+        """The report's notes on each text read."""
+        return [f"text data: {t.describe()}" for t in self.read_texts]

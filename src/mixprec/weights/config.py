@@ -18,11 +18,13 @@ from mixprec.weights.methods import AUTO, METHODS
 
 __all__ = [
     "ACCURACY_LEVELS",
+    "INT8_ONLY",
     "PRECISIONS",
     "LayerChoice",
     "WeightsConfig",
     "default_accuracy_level",
     "parse_weights",
+    "weights_config",
 ]
 
 #: What a weight can become: 4 or 8 bits, or stay float.
@@ -224,3 +226,48 @@ def default_accuracy_level(bits: int, cpu: CpuFeatures | None = None) -> tuple[i
     else:
         return 0, "0: float compute (no int8 kernels on this CPU)"
     return 4, _LEVEL_WHY.format(what=what)
+
+
+#: :func:`mixprec.quantize` options of INT8 only; with ``weights=`` they have nothing to
+#: act on and are refused.
+INT8_ONLY = (
+    "method",
+    "activations",
+    "per_channel",
+    "mode",
+    "placement",
+    "speed",
+    "latency_shapes",
+    "fallback",
+    "bias_correction",
+    "rounding",
+    "equalize",
+    "smooth",
+    "fold_batchnorm",
+    "guard_cosine",
+    "min_cosine",
+    "metric",
+    "metric_budget",
+)
+
+
+def weights_config(weights: str | int | WeightsConfig, options: dict[str, Any]) -> WeightsConfig:
+    """The config of a ``weights=`` call: ``weights`` (a bit width or a config) with
+    ``options`` (:class:`WeightsConfig` fields; ``weight_method`` is ``method``)."""
+    options = dict(options)
+    given = sorted(k for k in INT8_ONLY if k in options)
+    if given:
+        hint = "; the weight method is weight_method=" if "method" in given else ""
+        verb = "does" if len(given) == 1 else "do"
+        raise MixprecError(
+            f"with weights=, {', '.join(f'{k}=' for k in given)} {verb} not apply (INT8 "
+            f"only: weight-only quantization leaves activations float){hint}"
+        )
+    if "weight_method" in options:
+        options["method"] = options.pop("weight_method")
+    try:
+        if isinstance(weights, WeightsConfig):
+            return dataclasses.replace(weights, **options)
+        return WeightsConfig(bits=parse_weights(weights), **options)
+    except TypeError as exc:
+        raise MixprecError(f"quantize(weights=...): {exc}") from None
