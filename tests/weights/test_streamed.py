@@ -325,7 +325,7 @@ def test_a_streamed_language_model_is_guarded_and_repaired(tmp_path: Path) -> No
     assert guard["passed"] and guard["repair"] and guard["first"]["kl"] > 0.004 >= guard["kl"]
     for key in ("kl", "agreement", "perplexity", "perplexity_fp32"):
         assert guard["first"][key] == pytest.approx(whole["first"][key], rel=1e-4), key
-    assert all("streamed: no layer inputs" in why for _, why in guard["promoted"].values())
+    assert all("no layer inputs read" in why for _, why in guard["promoted"].values())
     notes = runs[True].report.notes  # the repaired model's report carries the run's notes
     assert any(n.startswith("streamed:") for n in notes) and any("rtn" in n for n in notes)
     held = list(TextSamples(calib, path, tmp_path / "tokenizer.json", window=64))

@@ -19,9 +19,9 @@ the steps run out. The first step that passes is then narrowed: the span between
 the failing step before it is halved :data:`BISECT_ROUNDS` times, and the passing
 candidate with the fewest promoted layers is kept (``repaired_with`` in the guard's
 record). A miss after all steps leaves ``passed`` False (the CLI writes nothing and exits
-1, as the INT8 guard). The repair is searched and graded on the same check windows (held
-out of the calibration text, or ``eval_data``): a narrow pass there is not a promise on
-other text.
+1, as the INT8 guard). The repair ranks layers on calibration windows and is graded on
+the check windows (held out of the calibration text, or ``eval_data``), never the same
+ones; with no calibration data the ranking reads no windows (the weights' own error).
 
 Budgets (:data:`DEFAULT_MAX_KL`, :data:`DEFAULT_MAX_DROP`, :data:`DEFAULT_MAX_PPL_RISE`)
 were chosen on SmolLM2-135M (docs/guides/weights.md): int8 everywhere is well inside them;
@@ -197,14 +197,15 @@ def rank_for_repair(
 ) -> tuple[list[tuple[str, float]], str]:
     """The repair's seam: ``names`` (quantized linear MatMuls of ``source``), most
     sensitive first, each with its score, and what the score is: the output error 8 bits
-    saves per weight on ``samples`` (:func:`mixprec.weights.sensitivity.rank_layers`);
-    ``samples`` None (a streamed model, whose layer inputs would need the whole FP32
-    model in one session): the weight error 8 bits saves per weight."""
+    saves per weight on ``samples``, calibration windows apart from the check windows
+    (:func:`mixprec.weights.sensitivity.rank_layers`); ``samples`` None (a streamed
+    model, whose layer inputs would need the whole FP32 model in one session, or no
+    calibration data): the weight error 8 bits saves per weight."""
     wanted = set(names)
     ranked = [(n, s) for n, s in rank_layers(source, config, samples) if n in wanted]
     if samples is None:
-        return ranked, "weight error 8 bits saves per weight (streamed: no layer inputs)"
-    return ranked, "output error 8 bits saves per weight"
+        return ranked, "weight error 8 bits saves per weight (no layer inputs read)"
+    return ranked, "output error 8 bits saves per weight on calibration windows"
 
 
 def _steps(count: int, int4: bool) -> list[tuple[int, str]]:
@@ -297,7 +298,9 @@ class _Repair:
 
     def run(self, now: dict[str, str]) -> None:
         context = self.context
-        samples = None if context.runs.streamed else context.samples
+        # ranked on calibration windows, graded on the check windows: a ranking fitted to
+        # the windows that judge it would make a narrow pass there look surer than it is
+        samples = None if context.runs.streamed else context.rank_samples
         ranked, what = rank_for_repair(context.source, context.config, samples, list(now))
         missed = "; ".join(self.best[3])
         lo = 0

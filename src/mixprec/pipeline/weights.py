@@ -299,6 +299,9 @@ class GuardContext:
         config: the options of the run.
         requantize: quantize ``source`` again with another config (a repair).
         runs: runs the FP32 model and candidates (in pieces when streamed).
+        rank_samples: calibration samples (at most :data:`CHECK_SAMPLES`) a repair ranks
+            layers on, never the check samples it is graded on (None: no calibration
+            data; a ranking then reads no samples).
     """
 
     source: Source
@@ -307,6 +310,7 @@ class GuardContext:
     config: WeightsConfig
     requantize: Callable[[WeightsConfig], tuple[ir.Model, WeightsReport]]
     runs: ModelRuns
+    rank_samples: list[dict[str, np.ndarray]] | None = None
 
 
 #: ``guard(model, report, context) -> (model, report)``: checks (and may repair) the
@@ -443,7 +447,8 @@ def run_weights(
     if config.guard:
         say(f"checking the outputs against FP32 on {len(samples)} sample(s)")
         again = functools.partial(_again, source, method, progress, data)
-        context = GuardContext(source, samples, where, config, again, runs)
+        ranking = [dict(s) for s in data.samples[:CHECK_SAMPLES]] if data else None
+        context = GuardContext(source, samples, where, config, again, runs, ranking)
         # handed over, not kept here: a streamed guard lets the first model go while it
         # tries others
         handed = [model]
