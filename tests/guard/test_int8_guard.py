@@ -28,6 +28,8 @@ from mixprec.guard.checks import (
     search_and_grade,
 )
 from mixprec.guard.samples import held_out_indices
+from mixprec.runtime.engine import RuntimeOptions
+from mixprec.runtime.engines import engine_for
 
 
 def _agreement(model: onnx.ModelProto, quantized: onnx.ModelProto, samples) -> float:
@@ -356,3 +358,27 @@ def test_a_repair_that_misses_on_the_graded_samples_widens_in_the_tuners_ranking
     ref = run_ort(wide_range_classifier(), {"x": x})["probs"]
     got = run_ort(result.model_proto, {"x": x})["probs"]
     assert 0 < np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 0.011  # INT8, in budget
+
+
+def test_in_openvino_the_fp32_reference_is_openvinos_and_its_drift_is_reported():
+    """``runtime="openvino"``: the INT8 model is checked in OpenVINO against the FP32
+    model run in OpenVINO too (before: ONNX Runtime's, so the gate measured the INT8
+    error plus the FP32 drift between engines), and that drift is reported beside it."""
+    pytest.importorskip("openvino", reason="the [openvino] extra (make test installs it)")
+    model, samples = separable_classifier(), separable_samples(10, rows=16)
+    result = mixprec.quantize(model, samples, speed="off", runtime="openvino")
+    guard = result.report.guard
+    (drift,) = guard["fp32_drift"]
+    # recomputed here: FP32 in OpenVINO against FP32 in ONNX Runtime, top-1 per row
+    engine = engine_for("openvino")
+    session = engine.session(model, RuntimeOptions(name="openvino"))
+    held = [samples[k] for k in held_out_indices(len(samples))]
+    same = [
+        run_ort(model, s)["probs"].argmax(-1) == session.run(s)["probs"].argmax(-1) for s in held
+    ]
+    assert drift["kind"] == "top1" and drift["rows"] == 16 * len(held) == 80, drift
+    assert drift["value"] == pytest.approx(float(np.mean(np.concatenate(same)))), drift
+    assert guard["passed"], guard
+    assert any(n.startswith("FP32 in openvino against ONNX Runtime") for n in result.report.notes)
+    plain = mixprec.quantize(model, samples, speed="off").report.guard
+    assert "fp32_drift" not in plain  # ONNX Runtime's CPU provider is the reference itself

@@ -104,8 +104,8 @@ def _copy(source: onnx.ModelProto) -> ir.Model:
 def _outputs(
     model: ir.Model, samples: Iterable[dict[str, Any]], runtime: RuntimeOptions | None = None
 ) -> list[dict[str, Any]]:
-    """The model's outputs in the deployment's engine (``runtime``; the FP32 reference
-    passes None: ONNX Runtime). A bf16 fallback runs as its FP32 emulation (every bf16
+    """The model's outputs in the deployment's engine (``runtime``; None: ONNX Runtime's
+    CPU provider). A bf16 fallback runs as its FP32 emulation (every bf16
     tensor rounded) where that engine cannot compute bf16: ONNX Runtime's CPU provider
     cannot load it, and OpenVINO computes it in f32 on a CPU without bf16."""
     proto = ir.to_proto(model)
@@ -156,9 +156,10 @@ def _checked(
         ]
 
 
-def _reference(model: ir.Model, samples: Samples) -> Held:
-    """The held-out samples' FP32 outputs and labels (their arrays that are not model
-    inputs; None when none has any), in one pass over them."""
+def _reference(model: ir.Model, samples: Samples, runtime: RuntimeOptions) -> Held:
+    """The held-out samples' FP32 outputs in the deployment's engine (``runtime``: the
+    INT8 model is checked there, so the FP32 model is too) and their labels (their arrays
+    that are not model inputs; None when none has any), in one pass over them."""
     inputs = {v.name for v in model.graph.inputs}
     found: list[dict[str, Any]] = []
 
@@ -167,8 +168,26 @@ def _reference(model: ir.Model, samples: Samples) -> Held:
             found.append({k: v for k, v in sample.items() if k not in inputs})
             yield sample
 
-    outputs = _outputs(model, tee(samples))
+    outputs = _outputs(model, tee(samples), runtime)
     return samples, outputs, found if any(found) else None
+
+
+def _drift(
+    model: ir.Model,
+    held: Held,
+    runtime: RuntimeOptions,
+    how: tuple[dict[str, OutputKind], GuardBudget],
+) -> list[OutputCheck] | None:
+    """How far the FP32 model's own outputs in the deployment's engine are from ONNX
+    Runtime's CPU provider's on the held-out samples, by the guard's checks (None when
+    the deployment is that provider): the reference the INT8 model is held to moved by
+    this much before any quantization."""
+    if runtime == RuntimeOptions(threads=runtime.threads):
+        return None
+    samples, reference, _ = held
+    kinds, budget = how
+    cpu = _outputs(model, samples, RuntimeOptions(threads=runtime.threads))
+    return check_outputs(cpu, reference, kinds, budget)
 
 
 def _part(held: Held, positions: list[int]) -> Held:
@@ -194,7 +213,8 @@ def guarded_quantize(
     budget = GuardBudget.of(config.guard_drop, config.guard_rel_l2, config.guard_cosine)
     kinds = output_kinds(original)
     clock = time.perf_counter()
-    held = _reference(original, split.held)
+    held = _reference(original, split.held, config.runtime)
+    drift = _drift(original, held, config.runtime, (kinds, budget))
     del original  # the work copies are made from ``source``: one model's weights less
     count = len(held[1])
     spent = {"guard": time.perf_counter() - clock}
@@ -207,6 +227,13 @@ def guarded_quantize(
     calibrated = len(calib) if calib is not None else 0
     guard = _guard_info(calibrated, count, split.in_sample, split.given)
     guard["kinds"] = {name: {"check": k.spec, "reason": k.reason} for name, k in kinds.items()}
+    if drift is not None:  # the FP32 reference itself, this engine against ORT's CPU one
+        guard["fp32_drift"] = [c.to_dict() for c in drift]
+        guard["fp32_drift_note"] = (
+            f"FP32 in {config.runtime.name} against ONNX Runtime's CPU provider on the held-out "
+            "samples (the reference the INT8 model is held to moved this much): "
+            + "; ".join(f"{c.output!r} {shown(c.value, c.limit)} ({c.kind})" for c in drift)
+        )
     if all(c.passed for c in first):
         report.timings = {**report.timings, **spent}
         return work, _finish(report, guard, first, (), first)
@@ -476,6 +503,8 @@ def _finish(
     rows = report.guard["rows"]
     where = f"{guard['eval']}, {guard['eval_samples']} sample(s), {rows} row(s) graded"
     report.notes.append(f"accuracy guard ({where}): {summary}")
+    if "fp32_drift_note" in guard:
+        report.notes.append(guard["fp32_drift_note"])
     report.notes.extend(  # each output's check and why it gets that one
         f"accuracy guard on {c.output!r}: {c.text()} ({c.reason})" for c in checks if c.reason
     )
