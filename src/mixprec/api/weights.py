@@ -12,6 +12,7 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.guard.language import is_language_model, language_model_guard
+from mixprec.guard.weights import output_check
 from mixprec.io.models import ModelLike, load_input
 from mixprec.io.protos import weightless_proto
 from mixprec.io.text import DEFAULT_WINDOW, TextData
@@ -54,7 +55,7 @@ def quantize_weights(
             takes ``input_ids`` and outputs ``logits``, gets the next-token guard with its
             repair, :func:`~mixprec.guard.language.lm_guard`, on windows held out of the
             calibration data or on ``eval_data``; other models: each output against FP32,
-            :func:`~mixprec.pipeline.weights.output_check`).
+            :func:`~mixprec.guard.weights.output_check`).
         tokenizer: the ``tokenizer.json`` of text data (default: the one beside the model).
         text_window: tokens per window of text data.
         **options: :class:`~mixprec.weights.config.WeightsConfig` fields (``block_size``,
@@ -80,8 +81,8 @@ def quantize_weights(
     work, kind = load_input(model, base_dir)
     texts = TextData(model, tokenizer, text_window, work)
     calibration_data, eval_data = texts.read(calibration_data), texts.read(eval_data)
-    guard = weights_guard
-    if guard is None and config.guard and is_language_model(work):
+    guard: WeightsGuard = weights_guard or output_check
+    if weights_guard is None and config.guard and is_language_model(work):
         calibration_data, eval_data, guard = language_model_guard(work, calibration_data, eval_data)
     # a streamed model stays memory-mapped (pipeline.streamed's module doc); others are
     # copied into one proto, as the stages and checks of a small model read it
