@@ -117,8 +117,17 @@ class _OvSession:
         self.output_names = tuple(port.get_any_name() for port in model.outputs)
         self._inputs = {name for port in model.inputs for name in port.get_names()}
 
-    def _compile(self, shapes: Mapping[str, tuple[int, ...]]) -> tuple[Any, Any]:
-        """(compiled model, infer request) for ``shapes`` (empty: as the model says)."""
+    def _compile(
+        self,
+        shapes: Mapping[str, tuple[int, ...]],
+        error: type[MixprecError] = RuntimeLoadError,
+    ) -> tuple[Any, Any]:
+        """(compiled model, infer request) for ``shapes`` (empty: as the model says).
+
+        A failure raises ``error``: :meth:`run` passes :class:`RuntimeRunError`, since the
+        model loaded and only these shapes failed (OpenVINO's CPU plugin allocates its
+        buffers when it compiles, so a shape can be too large for it while others run).
+        """
         key = tuple(sorted(shapes.items()))
         if key not in self._compiled:
             ov = _openvino()
@@ -132,9 +141,9 @@ class _OvSession:
             try:
                 compiled = _core().compile_model(model, "CPU", self.config)
             except Exception as e:
-                raise RuntimeLoadError(
-                    f"openvino cannot compile the model: {_ov_first_line(e)}"
-                ) from e
+                shown = ", ".join(f"{k} {list(v)}" for k, v in sorted(shapes.items()))
+                where = f" for input shapes {shown}" if shapes else ""
+                raise error(f"openvino cannot compile the model{where}: {_ov_first_line(e)}") from e
             self._compiled[key] = (compiled, compiled.create_infer_request())
         self._last = key
         return self._compiled[key]
@@ -158,7 +167,8 @@ class _OvSession:
     ) -> dict[str, np.ndarray]:
         names = list(output_names) if output_names else list(self.output_names)
         arrays = {k: np.asarray(v) for k, v in feeds.items() if k in self._inputs}
-        compiled, request = self._compile({k: tuple(a.shape) for k, a in arrays.items()})
+        shapes = {k: tuple(a.shape) for k, a in arrays.items()}
+        compiled, request = self._compile(shapes, RuntimeRunError)
         ov = _openvino()
         try:
             request.infer({k: self._tensor(k, a) for k, a in arrays.items()})

@@ -1,0 +1,111 @@
+"""OpenVINO's session (issue 35), for real: a shape its CPU plugin cannot compile is a
+failed run, not a failed load."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import mixprec
+from helpers import assert_close, run_ort
+from mixprec.runtime.engine import RuntimeOptions, RuntimeRunError
+from mixprec.runtime.engines import engine_for
+
+pytest.importorskip("openvino", reason="the [openvino] extra (make test installs it)")
+
+#: The width of the model's rows.
+WIDTH = 64
+#: Rows that make the untaken branch's outer product [WIDTH n, WIDTH n] 4 TiB: OpenVINO
+#: allocates it when it compiles for this shape; ONNX Runtime never runs that branch.
+HUGE_ROWS = (1 << 20) // WIDTH
+
+
+def _untaken_outer_product() -> onnx.ModelProto:
+    """``h = x @ w`` [n, WIDTH]; ``If(max(h) > -1e30)``: then ``h``, else the row sums of
+    the outer product of ``h`` flattened (never run: the condition always holds)."""
+    rng = np.random.default_rng(5)
+    w = numpy_helper.from_array((0.3 * rng.standard_normal((WIDTH, WIDTH))).astype(np.float32), "w")
+
+    def vi(name: str, shape: list) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+    then = helper.make_graph(
+        [helper.make_node("Identity", ["h"], ["t"])], "then", [], [vi("t", ["n", WIDTH])]
+    )
+    consts = [
+        numpy_helper.from_array(np.array([-1], np.int64), "flat"),
+        numpy_helper.from_array(np.array([1], np.int64), "ax1"),
+        numpy_helper.from_array(np.array([0], np.int64), "ax0"),
+        numpy_helper.from_array(np.array([-1, WIDTH], np.int64), "rows"),
+    ]
+    other = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["h", "flat"], ["f"]),
+            helper.make_node("Unsqueeze", ["f", "ax1"], ["col"]),
+            helper.make_node("Unsqueeze", ["f", "ax0"], ["row"]),
+            helper.make_node("MatMul", ["col", "row"], ["outer"]),
+            helper.make_node("ReduceSum", ["outer", "ax1"], ["sums"], keepdims=0),
+            helper.make_node("Reshape", ["sums", "rows"], ["e"]),
+        ],
+        "else",
+        [],
+        [vi("e", ["n", WIDTH])],
+        consts,
+    )
+    low = numpy_helper.from_array(np.array(-1e30, np.float32), "low")
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["h"], name="proj"),
+            helper.make_node("ReduceMax", ["h"], ["top"], keepdims=0),
+            helper.make_node("Greater", ["top", "low"], ["cond"]),
+            helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other),
+        ],
+        "untaken",
+        [vi("x", ["n", WIDTH])],
+        [vi("y", ["n", WIDTH])],
+        [w, low],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _rows(n: int, seed: int = 0) -> dict[str, np.ndarray]:
+    return {"x": np.random.default_rng(seed).standard_normal((n, WIDTH)).astype(np.float32)}
+
+
+def test_a_shape_openvino_cannot_compile_is_a_failed_run():
+    """Before: RuntimeLoadError from run(), which callers take for a model that never loaded."""
+    model = _untaken_outer_product()
+    options = RuntimeOptions("openvino")
+    session = engine_for(options).session(model, options)
+    small = _rows(4)
+    assert_close(run_ort(model, small)["y"], session.run(small)["y"], "fp32")
+    huge = _rows(HUGE_ROWS)
+    assert run_ort(model, huge)["y"].shape == (HUGE_ROWS, WIDTH)  # ONNX Runtime runs it
+    with pytest.raises(RuntimeRunError, match=r"cannot compile the model for input shapes x"):
+        session.run(huge)
+    assert_close(run_ort(model, small)["y"], session.run(small)["y"], "fp32")  # still runs
+
+
+def test_the_int8_guard_counts_a_shape_openvino_cannot_compile_as_a_miss():
+    """Before: the guard caught only RuntimeRunError, and quantize ended with
+    "openvino cannot compile the model"; now the held-out sample misses, with that reason."""
+    model = _untaken_outer_product()
+    calibration = [_rows(4, seed) for seed in range(4)]
+    result = mixprec.quantize(
+        model,
+        calibration,
+        eval_data=[_rows(HUGE_ROWS, 9)],
+        runtime="openvino",
+        mode="static",
+        speed="off",
+    )
+    guard = result.report.guard
+    assert guard is not None and not guard["passed"], guard
+    first = guard["first_checks"][0]
+    assert not first["passed"] and "cannot compile the model for input shapes x" in first["note"]
+    assert "written unchanged" in " ".join(result.report.notes), result.report.notes
