@@ -139,3 +139,54 @@ def test_gptq_in_onnx_runtime_beats_rtn_and_needs_data() -> None:
     assert g < 0.8 * r, (g, r)
     with pytest.raises(MixprecError, match="calibration data"):
         mixprec.quantize(model, None, weight_method="gptq", **options)
+
+
+def _pairs_mlp() -> onnx.ModelProto:
+    """mm1 -> Reshape to pairs of rows -> back -> mm2: an odd number of rows fails in
+    ONNX Runtime, so calibration samples of 63 rows give no layer statistics."""
+    rng = np.random.default_rng(0)
+    weights = [(rng.normal(size=(K, K)) / np.sqrt(K)).astype(np.float32) for _ in range(2)]
+    inits = [numpy_helper.from_array(w, f"w{i + 1}") for i, w in enumerate(weights)]
+    inits += [
+        numpy_helper.from_array(np.array([2, -1, K], np.int64), "pairs"),
+        numpy_helper.from_array(np.array([-1, K], np.int64), "rows"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "w1"], ["h1"], name="mm1"),
+        helper.make_node("Reshape", ["h1", "pairs"], ["p"], name="to_pairs"),
+        helper.make_node("Reshape", ["p", "rows"], ["h2"], name="to_rows"),
+        helper.make_node("MatMul", ["h2", "w2"], ["y"], name="mm2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "pairs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", K])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_the_report_names_rtn_where_gptq_fell_back_to_it() -> None:
+    """Before: the statistics failed, every layer was rounded to nearest, and the report
+    said ``method: gptq``."""
+    model = _pairs_mlp()
+    options = {"weights": "int4", "block_size": 16, "ratio": 1.0, "weight_method": "gptq"}
+    held = [{"x": _correlated(64, 9)}]
+    odd = [{"x": _correlated(63, 1 + i)} for i in range(4)]
+    fell = mixprec.quantize(model, odd, eval_data=held, **options)
+    q = fell.report.quantization
+    assert q["method"].startswith("rtn (gptq asked"), q["method"]
+    assert q["methods"] == {"mm1": "rtn", "mm2": "rtn"}, q["methods"]
+    assert set(q["fallbacks"]) == {"mm1", "mm2"}, q["fallbacks"]
+    assert any("gptq ran on 0 of 2 layers" in n for n in fell.report.notes), fell.report.notes
+    # what it wrote is what round to nearest writes, in ONNX Runtime
+    rtn = mixprec.quantize(model, odd, eval_data=held, **{**options, "weight_method": "rtn"})
+    feeds = {"x": _correlated(32, 5)}
+    np.testing.assert_array_equal(
+        run_ort(fell.model_proto, feeds)["y"], run_ort(rtn.model_proto, feeds)["y"]
+    )
+    even = [{"x": _correlated(64, 1 + i)} for i in range(4)]
+    ran = mixprec.quantize(model, even, eval_data=held, **options).report.quantization
+    assert (ran["method"], ran["fallbacks"]) == ("gptq", {}), ran
+    assert ran["methods"] == {"mm1": "gptq", "mm2": "gptq"}, ran["methods"]
