@@ -1,7 +1,9 @@
 """OpenVINO's session (issue 35), for real: a shape its CPU plugin cannot compile is a
-failed run, not a failed load."""
+failed run, not a failed load; shapes it cannot fix are said."""
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import onnx
@@ -12,6 +14,7 @@ import mixprec
 from helpers import assert_close, run_ort
 from mixprec.runtime.engine import RuntimeOptions, RuntimeRunError
 from mixprec.runtime.engines import engine_for
+from mixprec.runtime.validation import validate_models
 
 pytest.importorskip("openvino", reason="the [openvino] extra (make test installs it)")
 
@@ -109,3 +112,61 @@ def test_the_int8_guard_counts_a_shape_openvino_cannot_compile_as_a_miss():
     first = guard["first_checks"][0]
     assert not first["passed"] and "cannot compile the model for input shapes x" in first["note"]
     assert "written unchanged" in " ".join(result.report.notes), result.report.notes
+
+
+def _untaken_pairs() -> onnx.ModelProto:
+    """``If(max(x) > -1e30)``: then ``x`` [n, 8], else ``x`` reshaped to pairs of rows and
+    back (never run). With n odd the else branch has no static shape, so OpenVINO refuses
+    to fix the input shapes; with dynamic shapes it runs the then branch."""
+    vi = helper.make_tensor_value_info
+    then = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["t"])], "then", [], [vi("t", 1, ["n", 8])]
+    )
+    other = helper.make_graph(
+        [
+            helper.make_node("Reshape", ["x", "pairs"], ["p"]),
+            helper.make_node("Reshape", ["p", "rows"], ["e"]),
+        ],
+        "else",
+        [],
+        [vi("e", 1, ["n", 8])],
+        [
+            numpy_helper.from_array(np.array([2, -1, 8], np.int64), "pairs"),
+            numpy_helper.from_array(np.array([-1, 8], np.int64), "rows"),
+        ],
+    )
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMax", ["x"], ["top"], keepdims=0),
+            helper.make_node("Greater", ["top", "low"], ["cond"]),
+            helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other),
+        ],
+        "pairs",
+        [vi("x", 1, ["n", 8])],
+        [vi("y", 1, ["n", 8])],
+        [numpy_helper.from_array(np.array(-1e30, np.float32), "low")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_dynamic_shapes_after_a_refused_reshape_are_said(caplog):
+    """Before: the session fell back to dynamic shapes without a word."""
+    model = _untaken_pairs()
+    options = RuntimeOptions("openvino")
+    session = engine_for(options).session(model, options)
+    even = {"x": np.random.default_rng(1).standard_normal((4, 8)).astype(np.float32)}
+    assert_close(run_ort(model, even)["y"], session.run(even)["y"], "fp32")
+    assert session.notes == []  # 4 rows: fixed shapes
+    odd = {"x": np.random.default_rng(2).standard_normal((3, 8)).astype(np.float32)}
+    with caplog.at_level(logging.WARNING, logger="mixprec.runtime.openvino"):
+        assert_close(run_ort(model, odd)["y"], session.run(odd)["y"], "fp32")
+    assert len(session.notes) == 1 and "runs with dynamic shapes" in session.notes[0]
+    assert "x [3, 8]" in session.notes[0], session.notes
+    assert session.notes[0] in caplog.text
+    report = validate_models(model, model, odd, runtime=options)
+    assert report.passed and report.kind != "emulated", report.format_table()
+    assert any("runs with dynamic shapes" in n for n in report.notes), report.notes
+    assert "dynamic shapes" in report.format_table()

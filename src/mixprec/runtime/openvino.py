@@ -14,6 +14,7 @@ check a bf16 model's accuracy there (:meth:`OpenVinoEngine.computes_bf16` is Fal
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import tempfile
@@ -35,6 +36,8 @@ from mixprec.runtime.engine import (
 from mixprec.runtime.ort import PROTO_LIMIT, check_external, external_skeleton, thread_cap
 
 __all__ = ["MISSING_EXTRA", "OpenVinoEngine", "layer_precisions"]
+
+logger = logging.getLogger(__name__)
 
 #: What a user without the extra is told.
 MISSING_EXTRA = "--runtime openvino needs the openvino package: pip install 'mixprec[openvino]'"
@@ -106,12 +109,15 @@ class _OvSession:
     (``Model.reshape``), as OpenVINO advises for its CPU plugin: with dynamic shapes it
     fuses less, and on PP-OCR's orientation classifier a bf16 model ran 2x slower and
     its FP32 islands no longer took the Convolution's output before rounding it (rel L2
-    0.078 instead of 0.038). A model that cannot be reshaped runs with dynamic shapes.
+    0.078 instead of 0.038). A model that cannot be reshaped runs with dynamic shapes,
+    with a warning logged and a note in :attr:`notes`.
     """
 
     def __init__(self, model: Any, config: Mapping[str, str]) -> None:
         self.model = model
         self.config = dict(config)
+        #: What ran otherwise than asked (a model that kept dynamic shapes), for reports.
+        self.notes: list[str] = []
         self._compiled: dict[tuple[Any, ...], tuple[Any, Any]] = {}
         self._last: tuple[Any, ...] | None = None
         self.output_names = tuple(port.get_any_name() for port in model.outputs)
@@ -129,24 +135,37 @@ class _OvSession:
         buffers when it compiles, so a shape can be too large for it while others run).
         """
         key = tuple(sorted(shapes.items()))
+        shown = ", ".join(f"{k} {list(v)}" for k, v in key)
         if key not in self._compiled:
-            ov = _openvino()
-            model = self.model
-            if shapes:
-                model = self.model.clone()
-                try:
-                    model.reshape({k: ov.PartialShape(list(v)) for k, v in shapes.items()})
-                except Exception:  # shape-dependent graphs: compile as it is
-                    model = self.model
+            model = self._reshaped(shapes, shown) if shapes else self.model
             try:
                 compiled = _core().compile_model(model, "CPU", self.config)
             except Exception as e:
-                shown = ", ".join(f"{k} {list(v)}" for k, v in sorted(shapes.items()))
                 where = f" for input shapes {shown}" if shapes else ""
                 raise error(f"openvino cannot compile the model{where}: {_ov_first_line(e)}") from e
             self._compiled[key] = (compiled, compiled.create_infer_request())
         self._last = key
         return self._compiled[key]
+
+    def _reshaped(self, shapes: Mapping[str, tuple[int, ...]], shown: str) -> Any:
+        """A copy of the model with ``shapes`` fixed; the model as it is (dynamic shapes)
+        where OpenVINO refuses them (a graph whose shapes it cannot infer statically, as
+        an If branch that only runs on other inputs), said once in :attr:`notes`."""
+        ov = _openvino()
+        model = self.model.clone()
+        try:
+            model.reshape({k: ov.PartialShape(list(v)) for k, v in shapes.items()})
+        except Exception as e:
+            if not self.notes:
+                note = (
+                    f"openvino cannot fix the input shapes ({shown}: {_ov_first_line(e)}): "
+                    "the model runs with dynamic shapes (it fuses less: slower, and bf16 "
+                    "layers may round otherwise)"
+                )
+                logger.warning("%s", note)
+                self.notes.append(note)
+            return self.model
+        return model
 
     @property
     def compiled(self) -> Any:
