@@ -15,6 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 import mixprec
 from helpers import run_ort
 from mixprec.core.errors import MixprecError
+from mixprec.runtime import ort as ort_runtime
+from mixprec.runtime.engine import RuntimeOptions
 from mixprec.weights.blocks import BlockSpec, quantize_rtn
 from mixprec.weights.config import WeightsConfig
 from mixprec.weights.gptq import gptq_quantize
@@ -190,3 +192,31 @@ def test_the_report_names_rtn_where_gptq_fell_back_to_it() -> None:
     ran = mixprec.quantize(model, even, eval_data=held, **options).report.quantization
     assert (ran["method"], ran["fallbacks"]) == ("gptq", {}), ran
     assert ran["methods"] == {"mm1": "gptq", "mm2": "gptq"}, ran["methods"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_threads_0_reaches_onnx_runtime_as_0(stream, tmp_path, monkeypatch) -> None:
+    """``threads=0`` is the engine's choice (all cores). Before: the layer statistics and
+    the streamed checks ran with 2. Every ONNX Runtime session mixprec makes asks
+    ``thread_cap`` for its count; a recording wrapper (it calls through) sees what came."""
+    asked: list[int] = []
+    cap = ort_runtime.thread_cap
+
+    def recording(threads: int) -> int:
+        asked.append(threads)
+        return cap(threads)
+
+    monkeypatch.setattr(ort_runtime, "thread_cap", recording)
+    model = _mlp(outlier=1.0)
+    path = tmp_path / "mlp.onnx"
+    onnx.save(model, path)
+    options = {"weights": "int4", "block_size": 16, "ratio": 1.0, "stream": stream}
+    method = "rtn" if stream else "gptq"  # the streamed path has no GPTQ
+    runtime = RuntimeOptions(threads=0)
+    result = mixprec.quantize(
+        str(path), _samples(4), weight_method=method, runtime=runtime, **options
+    )
+    assert asked and set(asked) == {0}, asked
+    x = {"x": _correlated(16, 3)}
+    assert _rel_out(model, result.model_proto) < 0.2  # it ran, and quantized
+    assert run_ort(result.model_proto, x)["y"].shape == (16, K)

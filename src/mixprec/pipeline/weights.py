@@ -500,4 +500,4 @@ def _weights_data(
     """The first :data:`STATS_SAMPLES` calibration samples, as a list (None: none given)."""
     found = calibration_feeds(calibration_data)
     samples = [dict(s) for s in itertools.islice(found or (), STATS_SAMPLES)]
-    return WeightsData(samples, threads=config.runtime.threads or 2) if samples else None
+    return WeightsData(samples, threads=config.runtime.threads) if samples else None
