@@ -14,6 +14,7 @@ import mixprec
 from helpers import assert_close, run_ort
 from mixprec.runtime.engine import RuntimeOptions, RuntimeRunError
 from mixprec.runtime.engines import engine_for
+from mixprec.runtime.openvino import KEPT_COMPILED
 from mixprec.runtime.validation import validate_models
 
 pytest.importorskip("openvino", reason="the [openvino] extra (make test installs it)")
@@ -170,3 +171,21 @@ def test_dynamic_shapes_after_a_refused_reshape_are_said(caplog):
     assert report.passed and report.kind != "emulated", report.format_table()
     assert any("runs with dynamic shapes" in n for n in report.notes), report.notes
     assert "dynamic shapes" in report.format_table()
+
+
+def test_the_session_keeps_a_few_compiled_models():
+    """Before: one compiled model per distinct input shape, never dropped (text windows
+    of many lengths piled up). Outputs still match ONNX Runtime, evicted shapes rerun."""
+    model = _untaken_outer_product()
+    options = RuntimeOptions("openvino")
+    session = engine_for(options).session(model, options)
+    lengths = [1, 2, 3, 5, 8, 13, 21, 2]
+    for n in lengths:
+        feeds = _rows(n, n)
+        assert_close(run_ort(model, feeds)["y"], session.run(feeds)["y"], "fp32")
+        assert len(session.compiled_shapes) <= KEPT_COMPILED
+    kept = [shapes["x"][0] for shapes in session.compiled_shapes]
+    assert kept == [8, 13, 21, 2], kept  # 2 ran again last: the most recent
+    feeds = _rows(1, 1)  # dropped: compiled again
+    assert_close(run_ort(model, feeds)["y"], session.run(feeds)["y"], "fp32")
+    assert [shapes["x"][0] for shapes in session.compiled_shapes] == [13, 21, 2, 1]

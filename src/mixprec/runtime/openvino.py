@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import tempfile
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,13 +36,16 @@ from mixprec.runtime.engine import (
 )
 from mixprec.runtime.ort import PROTO_LIMIT, check_external, external_skeleton, thread_cap
 
-__all__ = ["MISSING_EXTRA", "OpenVinoEngine", "layer_precisions"]
+__all__ = ["KEPT_COMPILED", "MISSING_EXTRA", "OpenVinoEngine", "layer_precisions"]
 
 logger = logging.getLogger(__name__)
 
 #: What a user without the extra is told.
 MISSING_EXTRA = "--runtime openvino needs the openvino package: pip install 'mixprec[openvino]'"
 _BF16 = np.dtype(ml_dtypes.bfloat16)
+#: Compiled models an OpenVINO session keeps, one per set of input shapes; the least
+#: recently run goes first (text windows of many lengths would otherwise pile up).
+KEPT_COMPILED = 4
 _HINTS = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
 
 
@@ -110,7 +114,8 @@ class _OvSession:
     fuses less, and on PP-OCR's orientation classifier a bf16 model ran 2x slower and
     its FP32 islands no longer took the Convolution's output before rounding it (rel L2
     0.078 instead of 0.038). A model that cannot be reshaped runs with dynamic shapes,
-    with a warning logged and a note in :attr:`notes`.
+    with a warning logged and a note in :attr:`notes`. The last :data:`KEPT_COMPILED`
+    compiled models are kept (least recently run dropped first).
     """
 
     def __init__(self, model: Any, config: Mapping[str, str]) -> None:
@@ -118,7 +123,7 @@ class _OvSession:
         self.config = dict(config)
         #: What ran otherwise than asked (a model that kept dynamic shapes), for reports.
         self.notes: list[str] = []
-        self._compiled: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+        self._compiled: OrderedDict[tuple[Any, ...], tuple[Any, Any]] = OrderedDict()
         self._last: tuple[Any, ...] | None = None
         self.output_names = tuple(port.get_any_name() for port in model.outputs)
         self._inputs = {name for port in model.inputs for name in port.get_names()}
@@ -144,8 +149,16 @@ class _OvSession:
                 where = f" for input shapes {shown}" if shapes else ""
                 raise error(f"openvino cannot compile the model{where}: {_ov_first_line(e)}") from e
             self._compiled[key] = (compiled, compiled.create_infer_request())
+            while len(self._compiled) > KEPT_COMPILED:
+                self._compiled.popitem(last=False)
+        self._compiled.move_to_end(key)
         self._last = key
         return self._compiled[key]
+
+    @property
+    def compiled_shapes(self) -> list[dict[str, tuple[int, ...]]]:
+        """The input shapes of the compiled models kept, least recently run first."""
+        return [dict(key) for key in self._compiled]
 
     def _reshaped(self, shapes: Mapping[str, tuple[int, ...]], shown: str) -> Any:
         """A copy of the model with ``shapes`` fixed; the model as it is (dynamic shapes)
