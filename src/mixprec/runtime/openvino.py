@@ -36,7 +36,7 @@ from mixprec.runtime.engine import (
 )
 from mixprec.runtime.ort import PROTO_LIMIT, check_external, external_skeleton, thread_cap
 
-__all__ = ["KEPT_COMPILED", "MISSING_EXTRA", "OpenVinoEngine", "layer_precisions"]
+__all__ = ["KEPT_COMPILED", "MISSING_EXTRA", "OpenVinoEngine"]
 
 logger = logging.getLogger(__name__)
 
@@ -296,21 +296,3 @@ def _model_path(model: onnx.ModelProto | str | os.PathLike[str], tmp: Path) -> s
     else:
         onnx.save_model(external_skeleton(model, tmp), path)
     return str(path)
-
-
-def layer_precisions(session: object) -> dict[str, int]:
-    """How many of an OpenVINO session's compute layers ran in each precision (from its
-    runtime model; constants, reorders and inputs/outputs left out)."""
-    compiled = getattr(session, "compiled", None)
-    if compiled is None:
-        return {}
-    counts: dict[str, int] = {}
-    skip = {"Const", "Reorder", "Input", "Output", "Parameter", "Result"}
-    for op in compiled.get_runtime_model().get_ordered_ops():
-        info = op.get_rt_info()
-        layer = info["layerType"].astype(str) if "layerType" in info else ""
-        if layer in skip:
-            continue
-        precision = info["runtimePrecision"].astype(str) if "runtimePrecision" in info else "?"
-        counts[precision] = counts.get(precision, 0) + 1
-    return counts

@@ -38,7 +38,7 @@ import onnx_ir as ir
 from mixprec.core.metrics import equal_share, rel_l2_error, row_cosines, top1_agreement
 from mixprec.core.ops import tolerance
 from mixprec.core.output_kinds import OutputKind, classify_outputs
-from mixprec.pipeline.held_out import GUARD_MIN_SAMPLES, held_out_indices
+from mixprec.pipeline.held_out import GUARD_MIN_SAMPLES
 from mixprec.tune.metrics import Candidate, Labels, call_user_metric, shape_miss
 
 __all__ = [
@@ -52,7 +52,6 @@ __all__ = [
     "output_kinds",
     "search_and_grade",
     "shown",
-    "split_samples",
     "user_check",
 ]
 
@@ -192,20 +191,6 @@ def _split_kind(kind: OutputKind | str) -> tuple[str, int, str]:
         return kind.check, kind.axis, kind.reason
     base, _, axis = kind.partition("@")
     return base, int(axis) if axis else -1, ""
-
-
-def split_samples(samples: list[_T], seed: int = 0) -> tuple[list[_T], list[_T], bool]:
-    """``(calibrate, held_out, in_sample)`` of a list, by the guard's draw
-    (:func:`~mixprec.pipeline.held_out.held_out_indices`: a seeded random
-    share, at least one) when there are :data:`GUARD_MIN_SAMPLES` or
-    more, each list in the samples' order; otherwise every sample both calibrates and
-    checks (``in_sample`` True). The guard itself streams the same draw
-    (:func:`~mixprec.pipeline.held_out.split_for_guard`)."""
-    if len(samples) < GUARD_MIN_SAMPLES:
-        return samples, samples, True
-    chosen = set(held_out_indices(len(samples), seed))
-    held = [s for k, s in enumerate(samples) if k in chosen]
-    return [s for k, s in enumerate(samples) if k not in chosen], held, False
 
 
 def search_and_grade(held: list[_T]) -> tuple[list[_T], list[_T]]:
