@@ -67,3 +67,9 @@ def test_a_budget_that_is_not_a_number_is_a_mixprec_error(weights, option):
     """Before: ``float('abc')`` in the config's check raised a raw ValueError."""
     with pytest.raises(mixprec.MixprecError, match=f"{option} must be a number"):
         mixprec.quantize(_matmul(), weights=weights, **{option: "abc"})
+
+
+def test_a_metric_budget_that_is_not_a_number_says_so():
+    """Before: ``metric needs metric_budget``, as if none had been given."""
+    with pytest.raises(mixprec.MixprecError, match=r"metric_budget .* must be a number, not 'abc'"):
+        mixprec.quantize(_matmul(), metric="os.path:exists", metric_budget="abc")

@@ -166,10 +166,15 @@ class QuantizeConfig:
                 raise MixprecError(
                     f"metric must be a callable or 'MODULE:FUNCTION', not {self.metric!r}"
                 )
+            if self.metric_budget is None:
+                raise MixprecError("metric needs metric_budget (--metric-budget): its lowest score")
             if isinstance(self.metric_budget, bool) or not isinstance(
                 self.metric_budget, int | float
             ):
-                raise MixprecError("metric needs metric_budget (--metric-budget): its lowest score")
+                raise MixprecError(
+                    f"metric_budget (the lowest accepted score of metric) must be a number, "
+                    f"not {self.metric_budget!r}"
+                )
         object.__setattr__(self, "runtime", runtime_options(self.runtime))
         if self.log_dir is not None:
             if not isinstance(self.log_dir, str | os.PathLike):
