@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -74,8 +76,10 @@ def test_the_output_checks_have_one_home():
         max_abs_error,
         rel_l2_error,
         top1_agreement,
+        worst_rel_l2,
     )
-    from mixprec.tune import guard, metrics
+    from mixprec.guard import checks as guard
+    from mixprec.tune import metrics
 
     ref = np.array([[1.0, 2.0, np.nan], [3.0, 0.0, 1.0]], np.float32)
     out = ref * 1.01
@@ -92,4 +96,32 @@ def test_the_output_checks_have_one_home():
     assert equal_share(np.arange(4), np.array([0, 1, 2, 0])) == 0.75
     # the tuner's and the guard's measures are these, not copies
     assert metrics.rel_l2([{"y": ref}], [{"y": out}]) == rel_l2_error(ref, out)
-    assert guard.rel_l2_error is rel_l2_error and guard.top1_agreement is top1_agreement
+    assert guard.worst_rel_l2 is worst_rel_l2 and guard.top1_agreement is top1_agreement
+
+
+def test_rel_l2_has_one_value_wherever_it_is_read():
+    """Before: validate (compare_outputs) measured over the positions where both were
+    finite, the guard and tune (rel_l2_error) gave inf for an output not finite where
+    FP32 is, and tune pooled its samples into one norm where the guard took the worst."""
+    from mixprec.core.metrics import rel_l2_error, worst_rel_l2
+    from mixprec.guard import checks as guard
+    from mixprec.tune import metrics
+
+    ref = np.array([3.0, 4.0, np.nan, 1.0], np.float32)
+    broken = np.array([3.0, 4.0, 7.0, np.inf], np.float32)  # inf where FP32 is finite
+    (validated,) = compare_outputs({"y": ref}, {"y": broken}, rtol=1.0, atol=0.0)
+    assert validated.rel_l2_error == math.inf == rel_l2_error(ref, broken), validated
+    assert not validated.passed and "1 non-finite value(s)" in validated.note
+    close = np.array([3.0, 4.5, 0.0, 1.0], np.float32)  # the NaN position is not compared
+    (validated,) = compare_outputs({"y": ref}, {"y": close}, rtol=1.0, atol=0.0)
+    want = 0.5 / math.sqrt(26.0)
+    assert validated.rel_l2_error == pytest.approx(want, rel=1e-12) == rel_l2_error(ref, close)
+    # two samples: 0.1 on the first, 0.01 on the second (pooled: 0.014); every reader
+    # takes the worst sample
+    refs = [np.array([3.0, 4.0]), np.array([30.0, 40.0])]
+    outs = [np.array([3.0, 4.5]), np.array([30.0, 40.5])]
+    assert worst_rel_l2(refs, outs) == pytest.approx(0.1)
+    samples = [{"y": r} for r in refs], [{"y": o} for o in outs]
+    assert metrics.rel_l2(*samples) == pytest.approx(0.1)
+    checks = guard.check_outputs(*samples, {"y": "rel-l2"}, guard.GuardBudget.of(None, 0.05))
+    assert checks[0].value == pytest.approx(0.1) and not checks[0].passed, checks

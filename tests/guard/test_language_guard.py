@@ -308,3 +308,27 @@ def test_a_kv_cache_decoder_through_quantize_with_text(tmp_path: Path, capsys) -
     ]
     tokens = greedy_decode(lambda f: run_ort(written, f), CFG, np.array([5, 9, 2, 7]), 6)
     assert len(tokens) == 6 and all(0 <= t < CFG.vocab for t in tokens)
+
+
+def test_huge_logits_are_a_measured_miss_not_a_crash(tmp_path: Path, capsys) -> None:
+    """An lm_head scaled by 1e5: logits of ~1e4, a mean next-token loss far above 709,
+    whose exp overflows. Before: ``math.exp`` raised OverflowError before the finite
+    check, and the command ended in exit 3 ("internal error"). Now the perplexity is
+    inf, the guard misses with that reason, exits 1 and writes nothing."""
+    model = tiny_decoder(CFG, seed=3)
+    head = next(t for t in model.graph.initializer if t.name == "lm_head.weight")
+    head.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(head) * 1e5, head.name))
+    path = _folder(tmp_path, model)
+    evals = list(TextSamples(tmp_path / "eval.txt", path, tmp_path / "tokenizer.json", window=64))
+    with np.errstate(over="ignore"):
+        fp32 = _numpy_guard(model, path, evals[:4])  # the model against itself, in numpy
+    assert fp32["perplexity_fp32"] == np.inf  # float64 exp overflows too (numpy says inf)
+    out = tmp_path / "out.onnx"
+    args = ["quantize", str(path), "-o", str(out), "--weights", "int4", "--text-window", "64"]
+    args += ["--weight-method", "rtn", "--calibration-data", str(tmp_path / "calib.txt")]
+    args += ["--eval-data", str(tmp_path / "eval.txt")]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "language-model guard FAILED" in err and "not written" in err, err
+    assert "perplexity inf, not finite" in err, err
+    assert "internal error" not in err and not out.exists()

@@ -23,7 +23,6 @@ from mixprec.io.feeds import make_inputs
 from mixprec.runtime.cpu import cpu_features, parse_cpuinfo
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions
 from mixprec.runtime.engines import ENGINES, check_plan, engine_for
-from mixprec.runtime.openvino import layer_precisions
 from mixprec.runtime.ort import run_model
 from mixprec.runtime.validation import validate_models
 from proto_builders import BF16, F16, F32, _fp16_mlp, _model, _rel_l2, _vi
@@ -100,8 +99,6 @@ def test_bf16_model_validated_in_openvino_against_ort_fp32() -> None:
         assert report.kind == "openvino" and report.fallback_reason == "", report
         assert report.runtime["runtime"] == "openvino", report.runtime
         assert "OpenVINO" in report.format_table(), report.format_table()
-        session = engine_for("openvino").session(converted, RuntimeOptions("openvino"))
-        assert layer_precisions(session).get("bf16", 0) >= 1, layer_precisions(session)
         # the default choice for a bf16 model on this CPU is OpenVINO too
         assert validate_models(original, converted, feeds).kind == "openvino"
     else:

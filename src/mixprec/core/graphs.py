@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import onnx_ir as ir
 
+from mixprec.core.errors import MixprecError
 from mixprec.core.ops import is_onnx_domain, onnx_domain, onnx_opset
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "UniqueNames",
     "add_initializer",
     "all_graphs",
+    "exclude_patterns",
     "if_branch_owners",
     "is_constant_node",
     "iter_nodes",
@@ -104,6 +106,29 @@ def add_initializer(graph: ir.Graph, names: UniqueNames, base: str, array: np.nd
     )
     graph.register_initializer(value)
     return value
+
+
+def exclude_patterns(patterns: Iterable[str]) -> tuple[str, ...]:
+    """``exclude_nodes`` (``--exclude``) checked once, for every config that takes it.
+
+    Each must be a str that compiles as a regular expression: a bad one is one clear
+    error here, not a crash later where :class:`NodeExclusions` compiles it.
+
+    Example:
+        >>> exclude_patterns(["head", "block_[0-3]"])
+        ('head', 'block_[0-3]')
+    """
+    if isinstance(patterns, str):
+        raise MixprecError("exclude_nodes must be a list of names or patterns")
+    checked = tuple(patterns)
+    for pattern in checked:
+        if not isinstance(pattern, str):
+            raise MixprecError(f"exclude_nodes must hold str, got {pattern!r}")
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise MixprecError(f"bad exclude pattern {pattern!r}: {exc}") from None
+    return checked
 
 
 class NodeExclusions:

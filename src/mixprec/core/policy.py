@@ -24,6 +24,7 @@ import onnx.defs
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.graphs import exclude_patterns
 from mixprec.core.ops import TARGET_TYPES, parse_dtype
 from mixprec.core.registry import (
     OpClass,
@@ -308,6 +309,7 @@ class Policy:
                 f"missing: {', '.join(missing) or 'none'}"
             )
         _check_names("Policy exclude_nodes", self.exclude_nodes, tuple)
+        exclude_patterns(self.exclude_nodes)
         _check_names("Policy output_fp32_ops", self.output_fp32_ops, frozenset)
         _check_names("Policy range_checked", self.range_checked, frozenset)
         if not isinstance(self.force_all, bool):

@@ -35,11 +35,11 @@ from typing import TypeVar
 import numpy as np
 import onnx_ir as ir
 
-from mixprec.core.metrics import equal_share, rel_l2_error, row_cosines, top1_agreement
+from mixprec.core.metrics import equal_share, row_cosines, top1_agreement, worst_rel_l2
 from mixprec.core.ops import tolerance
 from mixprec.core.output_kinds import OutputKind, classify_outputs
 from mixprec.guard.confidence import CONFIDENCE, lower_bound, rows_to_confirm
-from mixprec.guard.samples import GUARD_MIN_SAMPLES, held_out_indices
+from mixprec.guard.samples import GUARD_MIN_SAMPLES
 from mixprec.tune.metrics import Candidate, Labels, call_user_metric, shape_miss
 
 __all__ = [
@@ -54,7 +54,6 @@ __all__ = [
     "output_kinds",
     "search_and_grade",
     "shown",
-    "split_samples",
     "user_check",
 ]
 
@@ -222,20 +221,6 @@ def _split_kind(kind: OutputKind | str) -> tuple[str, int, str]:
     return base, int(axis) if axis else -1, ""
 
 
-def split_samples(samples: list[_T], seed: int = 0) -> tuple[list[_T], list[_T], bool]:
-    """``(calibrate, held_out, in_sample)`` of a list, by the guard's draw
-    (:func:`~mixprec.guard.samples.held_out_indices`: a seeded random
-    share, at least one) when there are :data:`GUARD_MIN_SAMPLES` or
-    more, each list in the samples' order; otherwise every sample both calibrates and
-    checks (``in_sample`` True). The guard itself streams the same draw
-    (:func:`~mixprec.guard.samples.split_for_guard`)."""
-    if len(samples) < GUARD_MIN_SAMPLES:
-        return samples, samples, True
-    chosen = set(held_out_indices(len(samples), seed))
-    held = [s for k, s in enumerate(samples) if k in chosen]
-    return [s for k, s in enumerate(samples) if k not in chosen], held, False
-
-
 def search_and_grade(held: list[_T]) -> tuple[list[_T], list[_T]]:
     """The held-out samples the repair searches on and those it is graded on: the first
     half and the rest (one sample: both), so that a repair fitted to its samples is not
@@ -298,10 +283,7 @@ def _measure(
     if kind == "cosine":  # the mean over every held-out row: one embedding each
         cosines = np.concatenate([row_cosines(r, g, axis) for r, g in pairs] or [np.ones(1)])
         return float(np.mean(cosines)), len(cosines) if pairs else 0
-    # the worst sample, as validate() reports: a few held-out samples pooled into one
-    # norm let one bad sample hide behind good ones (MiniLM passed at 0.0985 pooled over
-    # 3 samples and measured 0.105 on other inputs)
-    return max((rel_l2_error(r, g) for r, g in pairs), default=0.0), len(pairs)
+    return worst_rel_l2(ref, got), len(pairs)  # the worst sample, as validate reports
 
 
 def guard_score(checks: Sequence[OutputCheck]) -> float:

@@ -40,6 +40,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from mixprec.core.errors import MixprecError
 from mixprec.core.output_kinds import OutputKind
 from mixprec.guard.checks import (
     GuardBudget,
@@ -159,7 +160,8 @@ def _checked(
 def _reference(model: ir.Model, samples: Samples, runtime: RuntimeOptions) -> Held:
     """The held-out samples' FP32 outputs in the deployment's engine (``runtime``: the
     INT8 model is checked there, so the FP32 model is too) and their labels (their arrays
-    that are not model inputs; None when none has any), in one pass over them."""
+    that are not model inputs; None when none has any), in one pass over them. The FP32
+    model failing there is one error line: no INT8 model could be judged against it."""
     inputs = {v.name for v in model.graph.inputs}
     found: list[dict[str, Any]] = []
 
@@ -168,7 +170,13 @@ def _reference(model: ir.Model, samples: Samples, runtime: RuntimeOptions) -> He
             found.append({k: v for k, v in sample.items() if k not in inputs})
             yield sample
 
-    outputs = _outputs(model, tee(samples), runtime)
+    try:
+        outputs = _outputs(model, tee(samples), runtime)
+    except (RuntimeLoadError, RuntimeRunError) as e:
+        raise MixprecError(
+            f"the accuracy guard cannot run the FP32 model in {runtime.name} on the held-out "
+            f"samples, so nothing can be checked against it: {e}"
+        ) from None
     return samples, outputs, found if any(found) else None
 
 

@@ -132,6 +132,14 @@ def next_token_stats(
     }
 
 
+def _perplexity(nll: float, tokens: float) -> float:
+    """``exp(nll / tokens)``; inf where that overflows (a broken model's huge logits)."""
+    try:
+        return math.exp(nll / tokens)
+    except OverflowError:
+        return math.inf
+
+
 class _Checker:
     """The FP32 reference on the check windows, kept once; measures a candidate."""
 
@@ -151,7 +159,7 @@ class _Checker:
             for k, v in next_token_stats(ref, logits, f["input_ids"]).items():
                 total[k] = total.get(k, 0.0) + v
         n = max(total.get("tokens", 0.0), 1.0)
-        ppl32, ppl = math.exp(total["nll_fp32"] / n), math.exp(total["nll"] / n)
+        ppl32, ppl = _perplexity(total["nll_fp32"], n), _perplexity(total["nll"], n)
         finite = all(np.isfinite(x).all() for x in got)
         return {
             "kl": total["kl"] / n if finite else math.inf,
@@ -172,7 +180,9 @@ class _Checker:
             why.append(
                 f"agreement {stats['agreement']:.3f} < {1.0 - budget.max_drop:g} (--max-drop)"
             )
-        if self.real_tokens and not stats["perplexity_rise"] <= budget.max_ppl_rise:
+        if self.real_tokens and not math.isfinite(stats["perplexity"]):
+            why.append(f"perplexity {stats['perplexity']:g}, not finite (--max-perplexity-rise)")
+        elif self.real_tokens and not stats["perplexity_rise"] <= budget.max_ppl_rise:
             why.append(
                 f"perplexity +{stats['perplexity_rise']:.1%} > +{budget.max_ppl_rise:.0%} "
                 "(--max-perplexity-rise)"

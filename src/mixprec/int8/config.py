@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from mixprec.core.callables import load_callable
-from mixprec.core.config import ConvertConfig
+from mixprec.core.config import ConvertConfig, check_budget
 from mixprec.core.errors import MixprecError
+from mixprec.core.graphs import exclude_patterns
 from mixprec.core.policy import default_policy
 from mixprec.int8.params import METHODS
 from mixprec.int8.rounding import ROUNDINGS
@@ -165,19 +166,22 @@ class QuantizeConfig:
                 raise MixprecError(
                     f"metric must be a callable or 'MODULE:FUNCTION', not {self.metric!r}"
                 )
+            if self.metric_budget is None:
+                raise MixprecError("metric needs metric_budget (--metric-budget): its lowest score")
             if isinstance(self.metric_budget, bool) or not isinstance(
                 self.metric_budget, int | float
             ):
-                raise MixprecError("metric needs metric_budget (--metric-budget): its lowest score")
+                raise MixprecError(
+                    f"metric_budget (the lowest accepted score of metric) must be a number, "
+                    f"not {self.metric_budget!r}"
+                )
         object.__setattr__(self, "runtime", runtime_options(self.runtime))
         if self.log_dir is not None:
             if not isinstance(self.log_dir, str | os.PathLike):
                 raise MixprecError(f"log_dir must be a path, not {type(self.log_dir).__name__}")
             object.__setattr__(self, "log_dir", Path(self.log_dir))
         for name in ("guard_drop", "guard_rel_l2", "guard_cosine"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not 0.0 < float(value) < 1.0):
-                raise MixprecError(f"{name} must lie in (0, 1), got {value!r}")
+            object.__setattr__(self, name, check_budget(name, getattr(self, name)))
         if self.fallback not in FALLBACKS:
             raise MixprecError(
                 f"fallback must be one of {', '.join(FALLBACKS)}, not {self.fallback!r}"
@@ -203,9 +207,7 @@ class QuantizeConfig:
             raise MixprecError(
                 f"activations must be one of {', '.join(_ACTIVATIONS)}, not {self.activations!r}"
             )
-        if isinstance(self.exclude_nodes, str):
-            raise MixprecError("exclude_nodes must be a list of names or patterns")
-        object.__setattr__(self, "exclude_nodes", tuple(self.exclude_nodes))
+        object.__setattr__(self, "exclude_nodes", exclude_patterns(self.exclude_nodes))
 
     @property
     def equalizes(self) -> bool:

@@ -45,6 +45,7 @@ from mixprec.io.signature import (
 __all__ = [
     "DEFAULT_SYMBOLIC_DIM",
     "MAX_SAMPLE_BYTES",
+    "CheckGeneratedSizePass",
     "Feeds",
     "GuessedDims",
     "ModelArg",
@@ -303,6 +304,31 @@ def guessed_dims(model: ModelArg, shapes: Mapping[str, Sequence[int]] | None = N
             if not isinstance(d, int):
                 found[(name, k)] = d or "?"
     return GuessedDims(found, itemsizes, m)
+
+
+class CheckGeneratedSizePass(ir.passes.InPlacePass):
+    """Refuse, in one line and at once, a model whose generated sample would be over
+    :data:`MAX_SAMPLE_BYTES` at the shapes :func:`resolve_input_shapes` picks (the
+    user's ``shapes`` first): run where no data was given, before anything reads the
+    declared dims. A file-type classifier declaring ``bytes`` of length 2^40 ran past
+    110 s: ONNX's shape inference with data propagation builds one dim per element of a
+    1-D input (minutes and gigabytes from 2^26 on), long before the sample was made.
+    Changes nothing.
+
+    Args:
+        shapes: the user's shapes by input name (``--shape``), or None.
+    """
+
+    def __init__(self, shapes: Mapping[str, Sequence[int]] | None = None) -> None:
+        super().__init__()
+        self.shapes = shapes
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        resolved, _ = resolve_input_shapes(model, self.shapes)
+        error = guessed_dims(model, self.shapes).oversize(resolved)
+        if error is not None:
+            raise error
+        return ir.passes.PassResult(model, modified=False)
 
 
 def _itemsize(dtype: ir.DataType) -> int:

@@ -24,6 +24,7 @@ from mixprec.calibrate.measure import CalibratePass, CountMacsPass
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import InternalError, MixprecError
 from mixprec.io.external import ResolveExternalDataPass
+from mixprec.io.feeds import CheckGeneratedSizePass
 from mixprec.io.input_checks import CheckAxesPass, CheckInputPass
 from mixprec.io.sanitize import (
     CheckOptionsPass,
@@ -149,6 +150,10 @@ class Pipeline:
             ),
             RepairNamesPass(),
             CheckInputPass(),
+        ]
+        if config.calibrate and self.calibration_data is None:  # a sample will be generated
+            passes.append(CheckGeneratedSizePass(config.shapes))
+        passes += [
             KeepInputSketchPass(),
             SetIrVersionPass(),
         ]

@@ -84,14 +84,14 @@ class ModelRuns:
         """The FP32 model's outputs on each feed dict; one line when it cannot run."""
         what = "ONNX Runtime cannot run the FP32 model"
         if isinstance(self.source, ir.Model):
-            threads = self.config.runtime.threads or 2
+            threads = self.config.runtime.threads
             return run_in_pieces(self.source, feeds, threads=threads, what=what)
         return _outputs(self.source, feeds, self.config, what)
 
     def quantized(self, model: ir.Model, feeds: list[dict[str, np.ndarray]]) -> list[Outputs]:
         """A weight-only model's outputs on each feed dict; one line when it cannot run."""
         if self.streamed:
-            threads = self.config.runtime.threads or 2
+            threads = self.config.runtime.threads
             return run_saved(model, feeds, threads=threads, max_bytes=PIECE_BYTES, what=CANNOT_RUN)
         return _outputs(ir.to_proto(model), feeds, self.config, CANNOT_RUN)
 

@@ -203,6 +203,13 @@ def quantize_weights_once(
     if applied is None or not applied.quantized:
         raise MixprecError(_nothing_to_do(report.nodes))
     report.quantization = _quantization(config, method, applied)
+    if applied.fallbacks:
+        ran = len(applied.methods) - len(applied.fallbacks)
+        why = Counter(applied.fallbacks.values()).most_common()
+        report.notes.append(
+            f"weight method {method.name} ran on {ran} of {len(applied.methods)} layers; "
+            + "; ".join(f"{k}x {reason}" for reason, k in why)
+        )
     if mixed:
         report.quantization["mixed"] = mixed
     report.param_bytes_after = param_bytes(work)
@@ -247,7 +254,9 @@ def _quantization(
         "bits": config.bits,
         "block_size": config.block_size,
         "scheme": "symmetric" if config.symmetric else "asymmetric",
-        "method": method.name,
+        "method": _method_used(method, applied),
+        "methods": applied.methods,
+        "fallbacks": applied.fallbacks,
         "levels": {f"int{bits}": why for bits, why in sorted(applied.levels.items())},
         "quantized": applied.quantized,
         "left_float": applied.left_float,
@@ -255,6 +264,19 @@ def _quantization(
         "packed_bytes": applied.packed_bytes,
         "shared_tables": applied.shared_tables,
     }
+
+
+def _method_used(method: WeightMethod, applied: QuantizeWeightsResult) -> str:
+    """The method the codes came from: the one asked for, or, where some layers fell
+    back (a data-aware method on layers without statistics), what each share used."""
+    if not applied.fallbacks:
+        return method.name
+    counts = Counter(applied.methods.values())
+    if len(counts) == 1:
+        used = next(iter(counts))
+        return f"{used} ({method.name} asked; no layer has input statistics)"
+    total = len(applied.methods)
+    return ", ".join(f"{name} on {k} of {total} layers" for name, k in counts.most_common())
 
 
 def config_dict(config: WeightsConfig) -> dict[str, object]:
@@ -401,4 +423,4 @@ def _weights_data(
     """The first :data:`STATS_SAMPLES` calibration samples, as a list (None: none given)."""
     found = calibration_feeds(calibration_data)
     samples = [dict(s) for s in itertools.islice(found or (), STATS_SAMPLES)]
-    return WeightsData(samples, threads=config.runtime.threads or 2) if samples else None
+    return WeightsData(samples, threads=config.runtime.threads) if samples else None

@@ -98,6 +98,12 @@ class Session(Protocol):
     @property
     def output_names(self) -> tuple[str, ...]: ...
 
+    @property
+    def notes(self) -> list[str]:
+        """What the engine ran otherwise than asked (OpenVINO keeping dynamic shapes),
+        one line each, for reports."""
+        ...
+
     def run(
         self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None
     ) -> dict[str, np.ndarray]:

@@ -14,9 +14,11 @@ check a bf16 model's accuracy there (:meth:`OpenVinoEngine.computes_bf16` is Fal
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import tempfile
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,11 +36,16 @@ from mixprec.runtime.engine import (
 )
 from mixprec.runtime.ort import PROTO_LIMIT, check_external, external_skeleton, thread_cap
 
-__all__ = ["MISSING_EXTRA", "OpenVinoEngine", "layer_precisions"]
+__all__ = ["KEPT_COMPILED", "MISSING_EXTRA", "OpenVinoEngine"]
+
+logger = logging.getLogger(__name__)
 
 #: What a user without the extra is told.
 MISSING_EXTRA = "--runtime openvino needs the openvino package: pip install 'mixprec[openvino]'"
 _BF16 = np.dtype(ml_dtypes.bfloat16)
+#: Compiled models an OpenVINO session keeps, one per set of input shapes; the least
+#: recently run goes first (text windows of many lengths would otherwise pile up).
+KEPT_COMPILED = 4
 _HINTS = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
 
 
@@ -106,38 +113,72 @@ class _OvSession:
     (``Model.reshape``), as OpenVINO advises for its CPU plugin: with dynamic shapes it
     fuses less, and on PP-OCR's orientation classifier a bf16 model ran 2x slower and
     its FP32 islands no longer took the Convolution's output before rounding it (rel L2
-    0.078 instead of 0.038). A model that cannot be reshaped runs with dynamic shapes.
+    0.078 instead of 0.038). A model that cannot be reshaped runs with dynamic shapes,
+    with a warning logged and a note in :attr:`notes`. The last :data:`KEPT_COMPILED`
+    compiled models are kept (least recently run dropped first).
     """
 
     def __init__(self, model: Any, config: Mapping[str, str]) -> None:
         self.model = model
         self.config = dict(config)
-        self._compiled: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+        #: What ran otherwise than asked (a model that kept dynamic shapes), for reports.
+        self.notes: list[str] = []
+        self._compiled: OrderedDict[tuple[Any, ...], tuple[Any, Any]] = OrderedDict()
         self._last: tuple[Any, ...] | None = None
         self.output_names = tuple(port.get_any_name() for port in model.outputs)
         self._inputs = {name for port in model.inputs for name in port.get_names()}
 
-    def _compile(self, shapes: Mapping[str, tuple[int, ...]]) -> tuple[Any, Any]:
-        """(compiled model, infer request) for ``shapes`` (empty: as the model says)."""
+    def _compile(
+        self,
+        shapes: Mapping[str, tuple[int, ...]],
+        error: type[MixprecError] = RuntimeLoadError,
+    ) -> tuple[Any, Any]:
+        """(compiled model, infer request) for ``shapes`` (empty: as the model says).
+
+        A failure raises ``error``: :meth:`run` passes :class:`RuntimeRunError`, since the
+        model loaded and only these shapes failed (OpenVINO's CPU plugin allocates its
+        buffers when it compiles, so a shape can be too large for it while others run).
+        """
         key = tuple(sorted(shapes.items()))
+        shown = ", ".join(f"{k} {list(v)}" for k, v in key)
         if key not in self._compiled:
-            ov = _openvino()
-            model = self.model
-            if shapes:
-                model = self.model.clone()
-                try:
-                    model.reshape({k: ov.PartialShape(list(v)) for k, v in shapes.items()})
-                except Exception:  # shape-dependent graphs: compile as it is
-                    model = self.model
+            model = self._reshaped(shapes, shown) if shapes else self.model
             try:
                 compiled = _core().compile_model(model, "CPU", self.config)
             except Exception as e:
-                raise RuntimeLoadError(
-                    f"openvino cannot compile the model: {_ov_first_line(e)}"
-                ) from e
+                where = f" for input shapes {shown}" if shapes else ""
+                raise error(f"openvino cannot compile the model{where}: {_ov_first_line(e)}") from e
             self._compiled[key] = (compiled, compiled.create_infer_request())
+            while len(self._compiled) > KEPT_COMPILED:
+                self._compiled.popitem(last=False)
+        self._compiled.move_to_end(key)
         self._last = key
         return self._compiled[key]
+
+    @property
+    def compiled_shapes(self) -> list[dict[str, tuple[int, ...]]]:
+        """The input shapes of the compiled models kept, least recently run first."""
+        return [dict(key) for key in self._compiled]
+
+    def _reshaped(self, shapes: Mapping[str, tuple[int, ...]], shown: str) -> Any:
+        """A copy of the model with ``shapes`` fixed; the model as it is (dynamic shapes)
+        where OpenVINO refuses them (a graph whose shapes it cannot infer statically, as
+        an If branch that only runs on other inputs), said once in :attr:`notes`."""
+        ov = _openvino()
+        model = self.model.clone()
+        try:
+            model.reshape({k: ov.PartialShape(list(v)) for k, v in shapes.items()})
+        except Exception as e:
+            if not self.notes:
+                note = (
+                    f"openvino cannot fix the input shapes ({shown}: {_ov_first_line(e)}): "
+                    "the model runs with dynamic shapes (it fuses less: slower, and bf16 "
+                    "layers may round otherwise)"
+                )
+                logger.warning("%s", note)
+                self.notes.append(note)
+            return self.model
+        return model
 
     @property
     def compiled(self) -> Any:
@@ -158,7 +199,8 @@ class _OvSession:
     ) -> dict[str, np.ndarray]:
         names = list(output_names) if output_names else list(self.output_names)
         arrays = {k: np.asarray(v) for k, v in feeds.items() if k in self._inputs}
-        compiled, request = self._compile({k: tuple(a.shape) for k, a in arrays.items()})
+        shapes = {k: tuple(a.shape) for k, a in arrays.items()}
+        compiled, request = self._compile(shapes, RuntimeRunError)
         ov = _openvino()
         try:
             request.infer({k: self._tensor(k, a) for k, a in arrays.items()})
@@ -254,21 +296,3 @@ def _model_path(model: onnx.ModelProto | str | os.PathLike[str], tmp: Path) -> s
     else:
         onnx.save_model(external_skeleton(model, tmp), path)
     return str(path)
-
-
-def layer_precisions(session: object) -> dict[str, int]:
-    """How many of an OpenVINO session's compute layers ran in each precision (from its
-    runtime model; constants, reorders and inputs/outputs left out)."""
-    compiled = getattr(session, "compiled", None)
-    if compiled is None:
-        return {}
-    counts: dict[str, int] = {}
-    skip = {"Const", "Reorder", "Input", "Output", "Parameter", "Result"}
-    for op in compiled.get_runtime_model().get_ordered_ops():
-        info = op.get_rt_info()
-        layer = info["layerType"].astype(str) if "layerType" in info else ""
-        if layer in skip:
-            continue
-        precision = info["runtimePrecision"].astype(str) if "runtimePrecision" in info else "?"
-        counts[precision] = counts.get(precision, 0) + 1
-    return counts

@@ -390,6 +390,7 @@ class _OrtSession:
     def __init__(self, session: ort.InferenceSession) -> None:
         self.session = session
         self.output_names = tuple(o.name for o in session.get_outputs())
+        self.notes: list[str] = []
 
     def run(
         self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None

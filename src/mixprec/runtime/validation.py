@@ -223,6 +223,9 @@ def validate_models(
     kinds = classify_outputs(ir.from_proto(original))  # top-1 on class scores only
     comparisons = compare_outputs(reference, result, rtol=tol, atol=atol, kinds=kinds)
     shapes = {k: [int(d) for d in np.shape(v)] for k, v in feeds_for(original, feeds).items()}
+    said = described.get("notes")  # what the engine ran otherwise than asked
+    if isinstance(said, list):
+        notes = (*notes, *said)
     return ValidationReport(
         kind, low_dtype, tol, atol, tuple(comparisons), fallback, shapes, tuple(notes), described
     )
@@ -244,7 +247,10 @@ def _run_as_is(
     try:
         session = engine.session(converted, options)
         outputs = session.run(feeds_for(converted, feeds))
-        return outputs, _KIND[engine.name], "", engine.describe(options)
+        described = engine.describe(options)
+        if session.notes:
+            described["notes"] = list(session.notes)
+        return outputs, _KIND[engine.name], "", described
     except (RuntimeLoadError, RuntimeRunError) as e:
         if mode == "ort" and engine.name == "ort":
             raise

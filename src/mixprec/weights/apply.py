@@ -47,10 +47,14 @@ class QuantizeWeightsResult(ir.passes.PassResult):
     """What was quantized (node -> how), left float (node -> why), and the bytes.
 
     ``float_bytes``: the float weights the quantized nodes read (each tensor once);
-    ``packed_bytes``: the codes, scales and zero points written in their place.
+    ``packed_bytes``: the codes, scales and zero points written in their place;
+    ``methods``: the method each quantized node's codes came from, and ``fallbacks``
+    why, for those where it is not the one asked for.
     """
 
     quantized: dict[str, str] = dataclasses.field(default_factory=dict)
+    methods: dict[str, str] = dataclasses.field(default_factory=dict)
+    fallbacks: dict[str, str] = dataclasses.field(default_factory=dict)
     left_float: dict[str, str] = dataclasses.field(default_factory=dict)
     float_bytes: int = 0
     packed_bytes: int = 0
@@ -66,6 +70,7 @@ class _Packed:
     to a quarter of its float size)."""
 
     spec: BlockSpec
+    method: str
     quant: BlockQuant | None
     b: ir.Value
     scales: ir.Value
@@ -120,7 +125,8 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
             zero = arrays.zero_points
             zp = None if zero is None else self._initializer(f"{base}_q{spec.bits}_zp", zero)
             kept = quant if source.transposed else None
-            self._packed[key] = _Packed(spec, kept, b, scales, zp, arrays.attributes)
+            used = self.method.used_for(inputs)
+            self._packed[key] = _Packed(spec, used, kept, b, scales, zp, arrays.attributes)
             self._count_float(source.value)
         return self._packed[key]
 
@@ -166,6 +172,15 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         new = self._node("MatMulNBits", inputs, attrs, node, MS_DOMAIN)
         self._replace(node, [new])
         self._result.quantized[node.name or ""] = f"{spec.describe()}, accuracy_level {level}"
+        tied = "tied to an embedding table" if decision.table is not None else ""
+        self._method(node, packed.method, tied or "no input statistics were recorded for it")
+
+    def _method(self, node: ir.Node, used: str, why: str) -> None:
+        """Record the method ``node``'s codes came from, and ``why`` when it is not the
+        one asked for."""
+        self._result.methods[node.name or ""] = used
+        if used != self.method.name:
+            self._result.fallbacks[node.name or ""] = f"{used}: {why}"
 
     # --- Gather -> GatherBlockQuantized -----------------------------------------------------
 
@@ -195,9 +210,12 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
             quant = kept
             data = self._packed[key].b
             self._result.shared_tables.append(table.name or "")
+            used, why = self._packed[key].method, "codes shared with the lm_head"
         else:
             quant = self._quantize(source, spec, None)
             self._count_float(table)
+            used, why = self.method.used_for(None), "an embedding table (no input statistics)"
+        self._method(node, used, why)
         arrays = gather_arrays(quant, shared=reshaped)
         base = table.name or "table"
         if not shared:

@@ -9,7 +9,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mixprec.core.config import check_budget
 from mixprec.core.errors import MixprecError
+from mixprec.core.graphs import exclude_patterns
 from mixprec.runtime.cpu import CpuFeatures, cpu_features
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import runtime_options
@@ -150,19 +152,16 @@ class WeightsConfig:
                 raise MixprecError(
                     f"{name} must be one of {', '.join(PRECISIONS)}, not {getattr(self, name)!r}"
                 )
-        if isinstance(self.exclude_nodes, str):
-            raise MixprecError("exclude_nodes must be a list of names or patterns")
-        object.__setattr__(self, "exclude_nodes", tuple(self.exclude_nodes))
+        object.__setattr__(self, "exclude_nodes", exclude_patterns(self.exclude_nodes))
         object.__setattr__(self, "layers", _layer_choices(self.layers))
         object.__setattr__(self, "shapes", {k: tuple(v) for k, v in self.shapes.items()})
-        for name in ("guard_drop", "guard_rel_l2"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not 0.0 < float(value) < 1.0):
-                raise MixprecError(f"{name} must lie in (0, 1), got {value!r}")
-        for name in ("guard_kl", "guard_perplexity"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not 0.0 < float(value) < 10.0):
-                raise MixprecError(f"{name} must lie in (0, 10), got {value!r}")
+        for name, high in (
+            ("guard_drop", 1.0),
+            ("guard_rel_l2", 1.0),
+            ("guard_kl", 10.0),
+            ("guard_perplexity", 10.0),
+        ):
+            object.__setattr__(self, name, check_budget(name, getattr(self, name), high))
         if self.log_dir is not None:
             object.__setattr__(self, "log_dir", Path(self.log_dir))
         object.__setattr__(self, "runtime", runtime_options(self.runtime))

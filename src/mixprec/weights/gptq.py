@@ -13,9 +13,7 @@ get zero weights, as in the paper. No reordering of rows (act-order): the blocks
 stay contiguous for ``MatMulNBits``.
 
 Cost: ``K N`` row updates in ``K`` Python steps plus ``K^2 N`` in matrix products and a
-``K^3`` Cholesky; memory two float64 ``[K, N]`` and one ``[K, K]``. numpy and torch
-(``backend="torch"``, the ``[torch]`` extra) run the same steps in float64; their codes
-agree except where a value sits within rounding noise of a half step.
+``K^3`` Cholesky; memory two float64 ``[K, N]`` and one ``[K, K]``, in numpy.
 """
 
 from __future__ import annotations
@@ -26,20 +24,12 @@ import numpy as np
 
 from mixprec.weights.blocks import BlockQuant, BlockSpec, quantize_rtn
 
-__all__ = ["BATCH", "DAMP", "gptq_quantize", "inverse_factor", "torch_available"]
+__all__ = ["BATCH", "DAMP", "gptq_quantize", "inverse_factor"]
 
 #: Damping added to ``H``'s diagonal, as a share of its mean diagonal.
 DAMP = 0.01
 #: Rows whose updates are applied together (rounded to whole blocks).
 BATCH = 128
-
-
-def torch_available() -> bool:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class _Numpy:
@@ -58,28 +48,7 @@ class _Numpy:
         return np.linalg.cholesky(inverse.T @ inverse).T
 
 
-class _Torch:
-    def __init__(self) -> None:
-        import torch
-
-        self.torch = torch
-
-    def array(self, a: np.ndarray) -> Any:
-        return self.torch.from_numpy(np.ascontiguousarray(a, np.float64))
-
-    def numpy(self, a: Any) -> np.ndarray:
-        return np.asarray(a.numpy())
-
-    def round_clip(self, a: Any, high: int) -> Any:
-        return self.torch.clamp(self.torch.round(a), 0, high)
-
-    def inverse_upper(self, h: np.ndarray) -> Any:
-        linalg = self.torch.linalg
-        lower = linalg.cholesky(self.array(h))
-        return linalg.cholesky(self.torch.cholesky_inverse(lower), upper=True)
-
-
-def _inverse_upper(h: np.ndarray, xp: _Numpy | _Torch) -> Any:
+def _inverse_upper(h: np.ndarray, xp: _Numpy) -> Any:
     """``U`` with ``U^T U = (H + damping)^-1``; the damping grows tenfold (up to 3 times)
     while ``H`` is not positive definite."""
     base = float(np.mean(np.diag(h))) or 1.0
@@ -87,7 +56,7 @@ def _inverse_upper(h: np.ndarray, xp: _Numpy | _Torch) -> Any:
         damped = h + np.eye(len(h)) * damp * base
         try:
             return xp.inverse_upper(damped)
-        except (np.linalg.LinAlgError, RuntimeError):
+        except np.linalg.LinAlgError:
             continue
     raise np.linalg.LinAlgError("the input's second moment is not positive definite")
 
@@ -110,7 +79,6 @@ def gptq_quantize(
     spec: BlockSpec,
     hessian: np.ndarray,
     *,
-    backend: str = "numpy",
     factor: np.ndarray | None = None,
 ) -> BlockQuant:
     """GPTQ of a ``[K, N]`` weight (module doc) for ``H = X^T X / n`` (``[K, K]``);
@@ -119,7 +87,7 @@ def gptq_quantize(
     Example:
         >>> q = gptq_quantize(w, BlockSpec(4, 32, False), x.T @ x / len(x))  # doctest: +SKIP
     """
-    xp: _Numpy | _Torch = _Torch() if backend == "torch" else _Numpy()
+    xp = _Numpy()
     k, n = weight.shape
     size = spec.block_size
     n_blocks = -(-k // size)

@@ -53,6 +53,15 @@ class WeightMethod:
     needs_data: bool
     summary: str
 
+    def used_for(self, inputs: object | None) -> str:
+        """The method that runs on a layer with these statistics (its
+        ``node.meta[LAYER_INPUTS]``): a data-aware method rounds to nearest ("rtn") on a
+        layer that has none (a tied lm_head, an embedding table, or no statistics
+        collected), as :func:`_gptq` does."""
+        if self.needs_data and not isinstance(inputs, LayerData):
+            return "rtn"
+        return self.name
+
 
 @dataclasses.dataclass
 class LayerData:
