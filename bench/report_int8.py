@@ -260,6 +260,28 @@ def labelled_text(fp32_labelled: dict[str, dict[str, Any] | None]) -> str:
     return ("FP32 on the labelled lines: " + "; ".join(parts) + ".") if parts else ""
 
 
+def guard_table(rows: Sequence[Row]) -> str:
+    """What each mixprec row's accuracy guard measured: held-out samples and the rows its
+    final checks were graded on, each check's value with its 95% lower bound (agreement
+    checks) beside the budget, whether the rows confirm the pass, and what was kept."""
+    head = ["| model | tool | held out | rows graded | check | value | 95% bound | budget "
+            "| confirmed | kept float | result |", "|" + "---|" * 11]
+    for row in rows:
+        guard = (row.get("report") or {}).get("guard")
+        if not guard:
+            continue
+        for check in guard.get("checks", []):
+            bound = check.get("bound")
+            side = "<=" if check.get("kind") == "rel-l2" else ">="
+            head.append(
+                f"| {row['model']} | {row['tool']} | {guard.get('eval_samples', '–')} "
+                f"| {check.get('rows', '–')} | {check.get('kind')} '{check.get('output')}' "
+                f"| {_num(check.get('value'), '.4g')} | {_num(bound, '.4g')} "
+                f"| {side} {check.get('limit'):g} | {'yes' if guard.get('confirmed') else 'no'} "
+                f"| {len(guard.get('kept_float', []))} | {_chosen(row) or '–'} |")
+    return "\n".join(head) if len(head) > 2 else ""
+
+
 def render(rows: Sequence[Row], agg: Sequence[dict[str, Any]],
            targets: dict[str, list[dict[str, Any]]], fp32_accuracy: dict[str, float | None],
            samples: dict[str, int],
@@ -275,7 +297,15 @@ def render(rows: Sequence[Row], agg: Sequence[dict[str, Any]],
     labelled = labelled_text(fp32_labelled or {})
     if labelled:
         lines += [labelled, ""]
-    lines += [model_table(rows, fp32_accuracy), "", "### Per tool", "", aggregate_table(agg), ""]
+    lines += [model_table(rows, fp32_accuracy), ""]
+    guards = guard_table(rows)
+    if guards:
+        lines += ["### The accuracy guard", "", "What mixprec's guard measured (issue 35): the "
+                  "held-out samples, the rows its final checks were graded on, and for "
+                  "agreement checks the 95% Wilson lower bound beside the budget; 'confirmed' "
+                  "= the rows support the pass (a result that is the input unchanged needs "
+                  "none).", "", guards, ""]
+    lines += ["### Per tool", "", aggregate_table(agg), ""]
     for tool, found in targets.items():
         lines += [f"### Issue 26 goals for {tool}", "", targets_markdown(found), ""]
     return "\n".join(lines)
