@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
+import mixprec.int8.config as int8_config
 from guard_models import (
     separable_classifier,
     separable_samples,
@@ -28,6 +29,7 @@ from mixprec.guard.checks import (
     search_and_grade,
 )
 from mixprec.guard.samples import held_out_indices
+from mixprec.runtime.cpu import parse_cpuinfo
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import engine_for
 
@@ -101,12 +103,19 @@ def test_a_model_built_to_fail_int8_is_caught_and_repaired_by_default():
     assert ops.count("DynamicQuantizeLinear") == 2 and ops.count("MatMul") == 1, ops
 
 
-def test_at_the_default_budget_the_guard_claims_only_what_its_rows_carry():
+@pytest.mark.parametrize("cpu", ["this CPU", "AVX2 without VNNI", "AVX-512 VNNI"])
+def test_at_the_default_budget_the_guard_claims_only_what_its_rows_carry(cpu, monkeypatch):
     """Before: the guard graded its repair on 2 samples of 16 rows, passed it, and the
     model agreed with FP32 on 0.984 of 128 unseen rows on an AVX2 CPU (budget 0.99).
     Now half the samples are held out; whatever INT8 keeps, a pass the held-out rows
     confirm carries to unseen rows, and one they cannot confirm says so on the last
-    line with the rows it would take."""
+    line with the rows it would take. Both CPU kinds' weight grids are run whatever this
+    CPU is (7-bit weights without VNNI, 8-bit with it: the flags the config reads)."""
+    flags = {"AVX2 without VNNI": "avx2", "AVX-512 VNNI": "avx2 avx512f avx512_vnni"}
+    if cpu in flags:
+        kind = parse_cpuinfo(f"model name\t: {cpu}\nflags\t\t: {flags[cpu]}\n")
+        monkeypatch.setattr(int8_config, "cpu_features", lambda: kind)
+        monkeypatch.setattr(int8_config.platform, "machine", lambda: "x86_64")
     model = wide_range_classifier()
     unseen = wide_range_samples(8, seed=1)
     result = mixprec.quantize(model, wide_range_samples(20), speed="off", smooth=None)
