@@ -113,7 +113,7 @@ def _outputs(
             session = engine_for(options).session(proto, options)
             return [session.run(feeds_for(model, s)) for s in samples]
         except RuntimeLoadError:
-            if options.name != "ort":
+            if not engine_for(options).refuses_bf16():
                 raise
             # ORT refuses the bf16 islands of --fallback bf16 (no bf16 kernels): emulate
     ort = RuntimeOptions(threads=options.threads)
