@@ -15,6 +15,8 @@ import onnx_ir as ir
 from mixprec.core.errors import MixprecError
 from mixprec.io.models import ModelLike, input_kind, load_input
 from mixprec.report.tune_plot import write_tune_log
+from mixprec.runtime.engine import RuntimeOptions
+from mixprec.runtime.engines import runtime_options
 from mixprec.tune.result import TuneResult
 from mixprec.tune.run import TuneRequest, tune_model
 from mixprec.tune.targets import make_target
@@ -35,6 +37,7 @@ def tune(
     threads: int = 2,
     mode: str = "emulated",
     metric_budget: float | None = None,
+    runtime: RuntimeOptions | str | None = None,
     **options: Any,
 ) -> TuneResult:
     """Find the model that keeps the most MACs in low precision (or INT8) within a budget.
@@ -67,6 +70,10 @@ def tune(
             fp16 kernels in float32 and so hides some errors). INT8 always runs as is:
             for target "int8", ``mode`` may name the quantize mode instead ("auto",
             "static" or "dynamic", as :func:`mixprec.quantize`).
+        runtime: where candidates, their sensitivity run and the FP32 reference run:
+            a :class:`~mixprec.runtime.engine.RuntimeOptions` or a runtime name (default:
+            ONNX Runtime's CPU provider, or the engine ``mode`` names); for int8 also
+            the quantizer's ``runtime`` unless ``options`` name one.
         **options: :func:`mixprec.convert`'s options for fp16/bf16, or
             :func:`mixprec.quantize`'s for int8 (``speed`` defaults to "off").
 
@@ -90,6 +97,7 @@ def tune(
         mode=mode,
         options=options,
         metric_budget=metric_budget,
+        runtime=runtime,
     )
 
 
@@ -108,12 +116,14 @@ def tune_with_options(
     mode: str = "emulated",
     metric_budget: float | None = None,
     calibrated: tuple[ir.Model, float] | None = None,
+    runtime: RuntimeOptions | str | None = None,
 ) -> TuneResult:
     """:func:`tune` with the target's options as a dict (``convert``'s or ``quantize``'s:
     a ``mode`` there is quantize's INT8 mode, apart from the tuner's own ``mode``).
     ``calibrated``: ``model`` already prepared and calibrated with these options on
     ``calibration_data`` (a private copy the tuner may change), and the seconds that
-    took; the tuner then searches from it instead of calibrating again."""
+    took; the tuner then searches from it instead of calibrating again. ``runtime``: where
+    the search runs (:func:`tune`)."""
     if max_evaluations is not None and (
         isinstance(max_evaluations, bool)
         or not isinstance(max_evaluations, int)
@@ -123,8 +133,12 @@ def tune_with_options(
     t0 = time.perf_counter()
     options = dict(options)
     log_dir = options.pop("log_dir", None)
+    chosen = runtime_options(runtime, threads) if runtime is not None else None
+    tuned = make_target(target, options, mode)
+    if chosen is not None and tuned.int8 and "runtime" not in options:
+        tuned = make_target(target, {**options, "runtime": chosen}, mode)
     request = TuneRequest(
-        target=make_target(target, options, mode),
+        target=tuned,
         data=data,
         metric=metric,
         budget=budget,
@@ -133,6 +147,7 @@ def tune_with_options(
         threads=threads,
         shapes=options.get("shapes"),
         metric_budget=metric_budget,
+        runtime=chosen,
     )
     if calibrated is None:
         work, kind = load_input(model)
