@@ -31,6 +31,7 @@ __all__ = [
     "RUNTIME_NAMES",
     "TIMING_HINTS",
     "BoundRun",
+    "DeviceBuffer",
     "Engine",
     "HostBound",
     "LoadHints",
@@ -164,6 +165,27 @@ class LoadHints:
 TIMING_HINTS = LoadHints(arena=False, spinning=False)
 
 
+@dataclass(frozen=True)
+class DeviceBuffer:
+    """An input the caller holds in memory of its own (a torch tensor's storage, on the
+    CPU or a GPU), bound without a copy by sessions that offer ``run_buffers``.
+
+    Attributes:
+        device: ``"cpu"`` or ``"cuda"``.
+        device_id: The device's index.
+        dtype: The element type.
+        shape: The dims.
+        pointer: The address of the first element (contiguous, kept alive by the caller
+            until the run returns).
+    """
+
+    device: str
+    device_id: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    pointer: int
+
+
 class BoundRun(Protocol):
     """Feeds bound once where a session computes (its device's memory), for repeated runs."""
 
@@ -206,6 +228,12 @@ class Session(Protocol):
             RuntimeRunError: the engine failed to bind or run the model.
         """
         ...
+
+
+# Optional, beside the protocol: ``run_buffers(inputs, device) -> list`` (ONNX Runtime's
+# sessions) runs on inputs given as arrays or :class:`DeviceBuffer` and returns the
+# outputs, in ``output_names`` order, where ``device`` holds them, as objects torch reads
+# through DLPack. Callers fall back to :meth:`Session.run` where a session has none.
 
 
 class HostBound:

@@ -36,6 +36,7 @@ from mixprec.core.config import ort_log_severity
 from mixprec.core.errors import MixprecError
 from mixprec.runtime.cpu import cpu_features
 from mixprec.runtime.engine import (
+    DeviceBuffer,
     LoadHints,
     ModelSource,
     RuntimeLoadError,
@@ -402,6 +403,26 @@ class _OrtSession:
 
     def bind(self, feeds: Mapping[str, np.ndarray]) -> _OrtBound:
         return _OrtBound(self.session, feeds, self.device)
+
+    def run_buffers(
+        self, inputs: Mapping[str, np.ndarray | DeviceBuffer], device: str
+    ) -> list[ort.OrtValue]:
+        """Runs on ``inputs`` (a :class:`DeviceBuffer` is bound in place, an array copied);
+        the outputs as OrtValues on ``device`` ("cpu" or "cuda"), in graph order."""
+        binding = self.session.io_binding()
+        try:
+            for name, x in inputs.items():
+                if isinstance(x, DeviceBuffer):
+                    shape = list(x.shape)
+                    binding.bind_input(name, x.device, x.device_id, x.dtype.type, shape, x.pointer)
+                else:
+                    binding.bind_cpu_input(name, x)
+            for name in self.output_names:
+                binding.bind_output(name, device)
+            self.session.run_with_iobinding(binding)
+        except Exception as e:
+            raise OrtRunError(f"onnxruntime failed to run the model: {ort_first_line(e)}") from e
+        return list(binding.get_outputs())
 
 
 class OrtEngine:
