@@ -297,7 +297,7 @@ class OpenVinoEngine:
             "precision": how,
             "threads": thread_cap(options.threads),
             "cpu": cpu_features().describe(),
-        }
+        } | ({"device": options.provider} if options.provider not in (None, "CPU") else {})
 
 
 #: Devices OpenVINO makes of others (not listed by ``available_devices``).

@@ -17,7 +17,7 @@ model's external data file is given as a reference to it (ONNX Runtime maps the 
 itself), any other large one as an in-memory initializer
 (:func:`~mixprec.io.protos.weightless_proto`). Sessions are built without prepacking by
 default (no second, repacked copy of the weights). Both run at the graph optimizations
-of the engine's own sessions (``deployed``: what a deployment gets).
+of the engine's own sessions (``optimization="all"``: what a deployment gets).
 
 :func:`run_saved` runs a model held in memory (a weight-only result) from a temporary
 file with external data, which ONNX Runtime maps: on a 366 MB MatMulNBits model one
