@@ -282,3 +282,20 @@ def test_one_kernel_probe_answers_for_every_caller() -> None:
             return False
 
     assert missing_kernels(model, ["Relu"], 17, NoKernels()) == ["Relu-14"]
+
+
+def test_torch_runs_in_place_or_through_host_arrays() -> None:
+    """The torch runner binds tensors in place through the ORT session's run_buffers, and
+    runs an engine session without it through host arrays: the same outputs."""
+    torch = pytest.importorskip("torch")
+    from mixprec.torch._runtime import OrtRunner
+
+    runner = OrtRunner(ir.from_proto(_cnn()), ["CPUExecutionProvider"])
+    assert runner.device == "cpu" and runner.kind == "onnxruntime"
+    x = torch.from_numpy(_samples(1)[0]["x"])
+    (in_place,) = runner.run({"x": x})
+    runner.session = _RecordingSession(runner.session, RecordingEngine())
+    (hosted,) = runner.run({"x": x})
+    torch.testing.assert_close(in_place, hosted, rtol=0, atol=0)
+    with pytest.raises(MixprecError, match="unknown execution provider 'GPU'"):
+        OrtRunner(ir.from_proto(_cnn()), ["GPU"])
