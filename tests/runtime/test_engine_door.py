@@ -25,6 +25,7 @@ from mixprec.runtime.engines import (
     check_plan,
     engine_for,
     register_engine,
+    runtime_taking,
     unregister_engine,
 )
 from mixprec.runtime.kernels import missing_kernels
@@ -237,6 +238,8 @@ def test_runtime_options_check_the_provider_with_the_engine() -> None:
         RuntimeOptions(optimization="most")
     with pytest.raises(MixprecError, match="no inference precision hint"):
         RuntimeOptions(precision="bf16")
+    # the CLI's default runtime for a precision hint: the first engine that takes it
+    assert [runtime_taking(p) for p in (None, "f32", "bf16")] == ["ort", "ort", "openvino"]
 
 
 def _without_cuda() -> None:

@@ -15,7 +15,7 @@ from mixprec.io.feeds import iter_calibration_npz
 from mixprec.io.models import load_model
 from mixprec.io.samples import NpzSamples
 from mixprec.runtime.engine import PERFORMANCE_HINTS, PRECISIONS, RuntimeOptions, runtime_names
-from mixprec.runtime.engines import engine_for
+from mixprec.runtime.engines import engine_for, runtime_taking
 
 __all__ = [
     "EXIT_ERROR",
@@ -252,7 +252,7 @@ def runtime_of(args: argparse.Namespace) -> RuntimeOptions | None:
     if (name, precision, performance, threads, provider) == defaults:
         return None
     options = RuntimeOptions(
-        name=name or ("openvino" if precision not in (None, "f32") else "ort"),
+        name=name or runtime_taking(precision),
         threads=threads,
         precision=precision,
         performance=performance,

@@ -38,6 +38,7 @@ __all__ = [
     "register_engine",
     "run_model",
     "runtime_options",
+    "runtime_taking",
     "unregister_engine",
 ]
 
@@ -101,6 +102,18 @@ def run_model(
     options = options or RuntimeOptions()
     session = engine_for(options).session(model, options, hints=hints)
     return session.run(feeds, output_names)
+
+
+def runtime_taking(precision: str | None) -> str:
+    """The first registered engine (the default first) that takes the inference
+    precision hint ``precision``: ONNX Runtime for None/f32, OpenVINO for bf16/f16."""
+    for name in runtime_names():
+        try:
+            RuntimeOptions(name, precision=precision)
+        except MixprecError:
+            continue
+        return name
+    raise MixprecError(f"no runtime takes the inference precision {precision!r}")
 
 
 def runtime_options(runtime: RuntimeOptions | str | None, threads: int = 2) -> RuntimeOptions:
