@@ -7,6 +7,7 @@ from typing import Any
 
 from mixprec.io.models import ModelLike
 from mixprec.report.tune_plot import write_tune_log
+from mixprec.runtime.engine import RuntimeOptions
 from mixprec.tune.options import tune_from_options
 from mixprec.tune.result import TuneResult
 
@@ -26,6 +27,7 @@ def tune(
     threads: int = 2,
     mode: str = "emulated",
     metric_budget: float | None = None,
+    runtime: RuntimeOptions | str | None = None,
     **options: Any,
 ) -> TuneResult:
     """Find the model that keeps the most MACs in low precision (or INT8) within a budget.
@@ -58,6 +60,10 @@ def tune(
             fp16 kernels in float32 and so hides some errors). INT8 always runs as is:
             for target "int8", ``mode`` may name the quantize mode instead ("auto",
             "static" or "dynamic", as :func:`mixprec.quantize`).
+        runtime: where candidates, their sensitivity run and the FP32 reference run:
+            a :class:`~mixprec.runtime.engine.RuntimeOptions` or a runtime name (default:
+            ONNX Runtime's CPU provider, or the engine ``mode`` names); for int8 also
+            the quantizer's ``runtime`` unless ``options`` name one.
         **options: :func:`mixprec.convert`'s options for fp16/bf16, or
             :func:`mixprec.quantize`'s for int8 (``speed`` defaults to "off").
 
@@ -81,6 +87,7 @@ def tune(
         mode=mode,
         options=options,
         metric_budget=metric_budget,
+        runtime=runtime,
     )
     if options.get("log_dir") is not None:
         write_tune_log(options["log_dir"], result)

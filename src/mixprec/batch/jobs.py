@@ -39,7 +39,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.ops import parse_dtype, short_name
 from mixprec.core.version import __version__
 from mixprec.io.external import external_locations
-from mixprec.runtime.engine import RUNTIME_NAMES
+from mixprec.runtime.engine import runtime_names
 
 __all__ = ["DATA_KINDS", "OPTION_NAMES", "Job", "external_files", "find_jobs", "output_name"]
 
@@ -117,9 +117,9 @@ def _options(given: Mapping[str, Any], where: str) -> dict[str, Any]:
         options["dtype"] = short_name(parse_dtype(options["dtype"]))
     except (MixprecError, TypeError) as exc:
         raise MixprecError(f"{where}: {exc}") from exc
-    if options["runtime"] is not None and options["runtime"] not in RUNTIME_NAMES:
+    if options["runtime"] is not None and options["runtime"] not in runtime_names():
         raise MixprecError(
-            f"{where}: unknown runtime {options['runtime']!r}; use {', '.join(RUNTIME_NAMES)}"
+            f"{where}: unknown runtime {options['runtime']!r}; use {', '.join(runtime_names())}"
         )
     if isinstance(options["budget"], str):
         with contextlib.suppress(ValueError):

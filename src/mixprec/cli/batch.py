@@ -11,7 +11,7 @@ from typing import Any
 
 from mixprec.batch.run import ENGINES, batch
 from mixprec.cli.options import add_policy_args, convert_kwargs, dtype_of
-from mixprec.runtime.engine import RUNTIME_NAMES
+from mixprec.runtime.engine import runtime_names
 
 __all__ = ["add_batch_parser", "cmd_batch"]
 
@@ -36,7 +36,7 @@ def add_batch_parser(sub: Any) -> argparse.ArgumentParser:
     b.add_argument("--rtol", type=float, default=None, help="validation tolerance (rel. L2)")
     b.add_argument(
         "--runtime",
-        choices=RUNTIME_NAMES,
+        choices=runtime_names(),
         default=None,
         help="the engine checks and INT8 speed plans run in (default: ort; bf16 is checked "
         "in openvino where this CPU computes bf16)",

@@ -14,7 +14,8 @@ from mixprec.core.ops import parse_dtype
 from mixprec.io.feeds import iter_calibration_npz
 from mixprec.io.models import load_model
 from mixprec.io.samples import NpzSamples
-from mixprec.runtime.engine import PERFORMANCE_HINTS, PRECISIONS, RUNTIME_NAMES, RuntimeOptions
+from mixprec.runtime.engine import PERFORMANCE_HINTS, PRECISIONS, RuntimeOptions, runtime_names
+from mixprec.runtime.engines import engine_for, runtime_taking
 
 __all__ = [
     "EXIT_ERROR",
@@ -201,15 +202,24 @@ def add_policy_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_runtime_args(p: argparse.ArgumentParser, what: str = "checks") -> None:
-    """``--runtime``, ``--threads``, ``--inference-precision``, ``--performance-hint``."""
+    """``--runtime``, ``--provider``, ``--threads``, ``--inference-precision``,
+    ``--performance-hint``."""
     g = p.add_argument_group("runtime", f"the engine that runs the model for {what}")
     g.add_argument(
         "--runtime",
-        choices=RUNTIME_NAMES,
+        choices=runtime_names(),
         default=None,
         help="onnxruntime (ort) or OpenVINO's CPU plugin (openvino, extra [openvino]); "
         "default: ort, except that a bf16 model is checked in openvino where this CPU "
         "computes bf16",
+    )
+    g.add_argument(
+        "--provider",
+        default=None,
+        metavar="NAME",
+        help="where the runtime computes: ort: cpu (default), cuda or tensorrt (from "
+        "onnxruntime-gpu, on a machine with a CUDA device); openvino: its device (CPU, "
+        "GPU, ...)",
     )
     g.add_argument(
         "--threads", type=int, default=2, metavar="N", help="intra-op threads (0: all cores)"
@@ -227,19 +237,30 @@ def add_runtime_args(p: argparse.ArgumentParser, what: str = "checks") -> None:
 
 
 def runtime_of(args: argparse.Namespace) -> RuntimeOptions | None:
-    """The runtime options given (None: no ``--runtime``, the default choice)."""
+    """The runtime options given (None: no ``--runtime``, the default choice).
+
+    Raises:
+        MixprecError: one line, when the runtime or its ``--provider`` is not installed
+            here (checked now, before any work).
+    """
     name = getattr(args, "runtime", None)
     threads = getattr(args, "threads", 2)
     precision = getattr(args, "inference_precision", None)
     performance = getattr(args, "performance_hint", "latency")
-    if name is None and precision is None and performance == "latency" and threads == 2:
+    provider = getattr(args, "provider", None)
+    defaults = (None, None, "latency", 2, None)
+    if (name, precision, performance, threads, provider) == defaults:
         return None
-    return RuntimeOptions(
-        name=name or ("openvino" if precision not in (None, "f32") else "ort"),
+    options = RuntimeOptions(
+        name=name or runtime_taking(precision),
         threads=threads,
         precision=precision,
         performance=performance,
+        provider=provider,
     )
+    if provider is not None:
+        engine_for(options)
+    return options
 
 
 def add_quiet_arg(p: argparse.ArgumentParser) -> None:

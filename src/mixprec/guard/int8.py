@@ -117,7 +117,7 @@ def _outputs(
             session = engine_for(options).session(proto, options)
             return [session.run(feeds_for(model, s)) for s in samples]
         except RuntimeLoadError:
-            if options.name != "ort":
+            if not engine_for(options).refuses_bf16():
                 raise
             # ORT refuses the bf16 islands of --fallback bf16 (no bf16 kernels): emulate
     ort = RuntimeOptions(threads=options.threads)
@@ -357,9 +357,10 @@ def _repair(job: _Job, search: Held) -> Any:
     if reuse.calibrated is not None:  # (a learned rounding run keeps none: it calibrates)
         seconds = sum(sum(stage.seconds.values()) for stage in reuse.stages.values())
         calibrated = (clone_model(reuse.calibrated), seconds)
-    return tune_from_options(
+    return tune_from_options(  # searched in the engine the gate runs in
         job.source, "int8", samples, calibration_data=job.calib, metric=metric, budget=1.0,
         progress=job.progress, options=options, calibrated=calibrated,
+        runtime=config.runtime,
     )  # fmt: skip
 
 

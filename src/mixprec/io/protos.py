@@ -132,7 +132,7 @@ def weightless_proto(
     (``collect_absmax(external=...)``), which copies them. With ``data_folder``, a tensor
     that is still a span of a checked file in that folder (:data:`FILE_SPAN`) is written
     as a reference to it instead: ONNX Runtime then maps the file itself (no copy) when
-    told the folder (``make_session(data_folder=...)``). ``model`` is unchanged afterwards.
+    told the folder (``LoadHints(data_folder=...)``). ``model`` is unchanged afterwards.
     """
     swapped: list[tuple[ir.Value, ir.TensorProtocol]] = []
     inlined: list[tuple[ir.Value, ir.TensorProtocol]] = []

@@ -39,7 +39,7 @@ from mixprec.passes.opset import UpgradeOpsetPass, ops_needing_upgrade
 from mixprec.passes.shapes import InferShapesPass
 from mixprec.precision.paint import PaintPass
 from mixprec.precision.rewrite import ApplyPrecisionPass, RemoveRedundantCastsPass
-from mixprec.runtime.ort import missing_kernels
+from mixprec.runtime.kernels import missing_kernels
 
 __all__ = ["STAGES", "Pipeline", "Stage"]
 

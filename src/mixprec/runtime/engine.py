@@ -1,11 +1,13 @@
-"""The runtime seam: what mixprec needs of an inference engine, and the options a user sets.
+"""The runtime door: what mixprec needs of an inference engine, and the options a user sets.
 
 An engine loads a model into a :class:`Session` (run feeds by input name, get outputs by
-name), tells its version, and says whether it computes bfloat16 in hardware on this CPU.
-ONNX Runtime (:mod:`mixprec.runtime.ort`) and OpenVINO (:mod:`mixprec.runtime.openvino`)
-implement it; :mod:`mixprec.runtime.engines` holds the one registry ``--runtime NAME``
-reads. Every place that runs or times a model (validate, the INT8 guard and speed plan,
-tune, batch) takes a :class:`RuntimeOptions`.
+name, or bind them once on the engine's device for timing), tells its version, and
+answers capability questions (:class:`Engine`: computes bf16, refuses bf16, runs contrib
+ops, fuses QDQ, has a kernel for a node) so that callers never test an engine's name.
+ONNX Runtime (:mod:`mixprec.runtime.ort`: CPU, CUDA and TensorRT providers) and OpenVINO
+(:mod:`mixprec.runtime.openvino`) implement it; :mod:`mixprec.runtime.engines` fills
+:data:`REGISTRY`, the one table ``--runtime NAME`` reads, and lets a caller register
+another engine. Every place that runs or times a model takes a :class:`RuntimeOptions`.
 """
 
 from __future__ import annotations
@@ -17,21 +19,31 @@ from typing import Protocol
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 
 __all__ = [
+    "GRAPH_OPTIMIZATIONS",
     "PERFORMANCE_HINTS",
     "PRECISIONS",
+    "REGISTRY",
     "RUNTIME_NAMES",
+    "TIMING_HINTS",
+    "BoundRun",
+    "DeviceBuffer",
     "Engine",
+    "HostBound",
+    "LoadHints",
+    "ModelSource",
     "RuntimeLoadError",
     "RuntimeOptions",
     "RuntimeRunError",
     "Session",
+    "runtime_names",
 ]
 
-#: The engines ``--runtime`` accepts, the default first.
+#: The built-in engines, the default first (:func:`runtime_names` lists the registered ones).
 RUNTIME_NAMES = ("ort", "openvino")
 #: Inference precisions a user may ask an engine for. ``None`` (the default) runs every
 #: tensor in the dtype the model gives it, which is what a mixed-precision model needs;
@@ -39,6 +51,20 @@ RUNTIME_NAMES = ("ort", "openvino")
 PRECISIONS = ("f32", "bf16", "f16")
 #: Performance hints: one request at a time (``latency``) or many (``throughput``).
 PERFORMANCE_HINTS = ("latency", "throughput")
+#: Graph optimizations an engine may apply before running: ``all`` (what a deployment
+#: gets: ONNX Runtime fuses QuantizeLinear/DequantizeLinear pairs into integer kernels),
+#: ``basic`` (constant folding, redundant nodes), ``off`` (none: an emulated model's Cast
+#: round trips must survive). Engines that cannot choose (OpenVINO) run their own.
+GRAPH_OPTIMIZATIONS = ("all", "basic", "off")
+
+#: The engines by ``--runtime`` name (filled by :mod:`mixprec.runtime.engines`, which
+#: registers the built-in ones and :func:`~mixprec.runtime.engines.register_engine`'s).
+REGISTRY: dict[str, Engine] = {}
+
+
+def runtime_names() -> tuple[str, ...]:
+    """The ``--runtime`` names registered now (the built-in ones first)."""
+    return tuple(REGISTRY) or RUNTIME_NAMES
 
 
 class RuntimeLoadError(MixprecError):
@@ -54,22 +80,35 @@ class RuntimeOptions:
     """Which engine runs a model, and how (frozen; validated on creation).
 
     Attributes:
-        name: ``"ort"`` (ONNX Runtime's CPU provider) or ``"openvino"`` (its CPU plugin).
+        name: A registered engine: ``"ort"`` (ONNX Runtime) or ``"openvino"``.
         threads: Intra-op threads (0: the engine's choice; ``MIXPREC_THREADS`` caps it).
         precision: ``None`` runs the model's own dtypes; ``"f32"``, ``"bf16"`` or ``"f16"``
             is OpenVINO's inference precision hint (ONNX Runtime takes only ``None``/f32).
         performance: ``"latency"`` or ``"throughput"`` (OpenVINO's performance hint).
+        provider: Where the engine computes; ``None`` is its default. ONNX Runtime:
+            ``"cpu"``, ``"cuda"`` or ``"tensorrt"`` (the latter two from onnxruntime-gpu);
+            OpenVINO: its device (``"CPU"``, ``"GPU"``...). Each engine checks the value
+            (:meth:`Engine.check_options`); whether it is installed here is asked when a
+            session is made (one error line naming what is missing).
+        optimization: One of :data:`GRAPH_OPTIMIZATIONS` (default ``"all"``).
+
+    Example:
+        >>> RuntimeOptions("ort", threads=4, provider="cpu").provider
+        'cpu'
     """
 
     name: str = "ort"
     threads: int = 2
     precision: str | None = None
     performance: str = "latency"
+    provider: str | None = None
+    optimization: str = "all"
 
     def __post_init__(self) -> None:
-        if self.name not in RUNTIME_NAMES:
+        engine = REGISTRY.get(self.name)
+        if engine is None and (REGISTRY or self.name not in RUNTIME_NAMES):
             raise MixprecError(
-                f"unknown runtime {self.name!r}: use one of {', '.join(RUNTIME_NAMES)}"
+                f"unknown runtime {self.name!r}: use one of {', '.join(runtime_names())}"
             )
         if isinstance(self.threads, bool) or not isinstance(self.threads, int):
             raise MixprecError(f"threads must be an int, not {type(self.threads).__name__}")
@@ -81,15 +120,82 @@ class RuntimeOptions:
             raise MixprecError(
                 f"unknown inference precision {self.precision!r}: use {', '.join(PRECISIONS)}"
             )
-        if self.name == "ort" and self.precision not in (None, "f32"):
-            raise MixprecError(
-                f"onnxruntime has no inference precision hint ({self.precision!r}): it runs "
-                "the model's own dtypes; use --runtime openvino for that"
-            )
         if self.performance not in PERFORMANCE_HINTS:
             raise MixprecError(
                 f"unknown performance hint {self.performance!r}: use {', '.join(PERFORMANCE_HINTS)}"
             )
+        if self.optimization not in GRAPH_OPTIMIZATIONS:
+            raise MixprecError(
+                f"unknown graph optimization {self.optimization!r}: "
+                f"use {', '.join(GRAPH_OPTIMIZATIONS)}"
+            )
+        if self.provider is not None and not isinstance(self.provider, str):
+            raise MixprecError(f"provider must be a str, not {type(self.provider).__name__}")
+        if engine is not None:
+            engine.check_options(self)
+
+
+@dataclass(frozen=True, eq=False)
+class LoadHints:
+    """How a session holds its memory (hints: an engine may ignore what it cannot do).
+
+    Attributes:
+        external: Large initializers handed over in memory, used in place (the model
+            refers to them by name without their bytes).
+        data_folder: Where the external-data references of a model given as bytes live.
+        owned: The model's file is mixprec's own temporary file (may be rewritten, e.g.
+            to lower an IR version the engine does not know).
+        prepack: Keep a repacked copy of the weights (faster MatMul/Conv, twice the memory).
+        in_order: Run nodes in the given order (probes after each producer then free
+            every activation right away).
+        arena: Keep activations allocated between runs (off for sessions kept side by side).
+        spinning: Let pool threads spin after a run (off for sessions timed side by side).
+    """
+
+    external: Mapping[str, np.ndarray] | None = None
+    data_folder: str | None = None
+    owned: bool = False
+    prepack: bool = True
+    in_order: bool = False
+    arena: bool = True
+    spinning: bool = True
+
+
+#: The hints of a session timed beside others (no arena, no spinning threads).
+TIMING_HINTS = LoadHints(arena=False, spinning=False)
+
+
+@dataclass(frozen=True)
+class DeviceBuffer:
+    """An input the caller holds in memory of its own (a torch tensor's storage, on the
+    CPU or a GPU), bound without a copy by sessions that offer ``run_buffers``.
+
+    Attributes:
+        device: ``"cpu"`` or ``"cuda"``.
+        device_id: The device's index.
+        dtype: The element type.
+        shape: The dims.
+        pointer: The address of the first element (contiguous, kept alive by the caller
+            until the run returns).
+    """
+
+    device: str
+    device_id: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    pointer: int
+
+
+class BoundRun(Protocol):
+    """Feeds bound once where a session computes (its device's memory), for repeated runs."""
+
+    def run(self) -> None:
+        """Runs the model once on the bound feeds; the outputs stay where they were made."""
+        ...
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        """The last run's outputs by name, copied to host memory."""
+        ...
 
 
 class Session(Protocol):
@@ -104,6 +210,11 @@ class Session(Protocol):
         one line each, for reports."""
         ...
 
+    #: Whether :meth:`bind` puts the feeds in a device's own memory (a GPU): timing then
+    #: runs the bound feeds, so that host-device copies are not timed. False on a CPU,
+    #: where timing runs :meth:`run` as it always did.
+    binds_on_device: bool
+
     def run(
         self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None
     ) -> dict[str, np.ndarray]:
@@ -114,39 +225,115 @@ class Session(Protocol):
         """
         ...
 
+    def bind(self, feeds: Mapping[str, np.ndarray]) -> BoundRun:
+        """``feeds`` copied once to where the session computes, its outputs bound there
+        (ONNX Runtime's ``io_binding``; :class:`HostBound` where an engine has no device
+        memory of its own). Its outputs equal :meth:`run`'s.
+
+        Raises:
+            RuntimeRunError: the engine failed to bind or run the model.
+        """
+        ...
+
+
+# Optional, beside the protocol: ``run_buffers(inputs, device) -> list`` (ONNX Runtime's
+# sessions) runs on inputs given as arrays or :class:`DeviceBuffer` and returns the
+# outputs, in ``output_names`` order, where ``device`` holds them, as objects torch reads
+# through DLPack. Callers fall back to :meth:`Session.run` where a session has none.
+
+
+class HostBound:
+    """A :class:`BoundRun` for a session without device memory: each run is ``run(feeds)``."""
+
+    def __init__(self, session: Session, feeds: Mapping[str, np.ndarray]) -> None:
+        self.session = session
+        self.feeds = dict(feeds)
+        self.last: dict[str, np.ndarray] = {}
+
+    def run(self) -> None:
+        self.last = self.session.run(self.feeds)
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        return dict(self.last)
+
+
+#: What an engine loads: a proto, serialized bytes, or a path.
+ModelSource = onnx.ModelProto | bytes | str | os.PathLike[str]
+
 
 class Engine(Protocol):
-    """An inference engine mixprec can validate and time models in."""
+    """An inference engine mixprec can validate and time models in.
+
+    Callers ask an engine what it can do (the capability questions below); they never
+    test its name.
+    """
 
     #: The ``--runtime`` name.
     name: str
     #: The engine's name for people ("ONNX Runtime", "OpenVINO").
     label: str
 
-    def missing(self) -> str | None:
-        """``None`` when the engine can be used here, else one line saying what to install."""
+    def missing(self, options: RuntimeOptions | None = None) -> str | None:
+        """``None`` when the engine (with ``options``' provider/device) can be used here,
+        else one line saying what is missing and what to install."""
         ...
 
     def version(self) -> str: ...
+
+    def check_options(self, options: RuntimeOptions) -> None:
+        """Raises :class:`MixprecError` (one line) for options this engine does not take:
+        an unknown provider or device, an inference precision hint it has not."""
+        ...
 
     def computes_bf16(self) -> bool:
         """Whether this engine runs a model's bfloat16 layers in bfloat16 on this CPU."""
         ...
 
+    def refuses_bf16(self) -> bool:
+        """Where it does not compute bf16: whether it refuses a bf16 model (a load or run
+        error: ONNX Runtime's CPU provider has no bf16 kernels for most ops; the caller
+        then runs an FP32 emulation) rather than silently computing its bf16 layers in
+        f32 (OpenVINO on a CPU without bf16, whose results would look like bf16's)."""
+        ...
+
+    def runs_contrib_ops(self) -> bool:
+        """Whether it runs ``com.microsoft`` contrib ops (MatMulNBits,
+        GatherBlockQuantized): what a weight-only model is made of."""
+        ...
+
+    def fuses_qdq(self) -> bool:
+        """Whether it runs QuantizeLinear/DequantizeLinear around a Conv/MatMul as one
+        integer kernel (so an INT8 placement is worth timing op by op)."""
+        ...
+
+    def has_kernel(self, node: ir.Node, opsets: Mapping[str, int]) -> bool:
+        """Whether it has a kernel for ``node`` as it stands (op, domain, attributes,
+        input and output dtypes) at ``opsets`` (domain -> version). A node that cannot be
+        tried alone (subgraph attributes, unknown dtypes) counts as having one."""
+        ...
+
+    def kernel_graph(self, model: onnx.ModelProto) -> onnx.ModelProto | None:
+        """The graph the engine really runs after its optimizations (which kernels it
+        chose), or None where it cannot show it."""
+        ...
+
     def session(
         self,
-        model: onnx.ModelProto | str | os.PathLike[str],
+        model: ModelSource,
         options: RuntimeOptions,
         *,
         timing: bool = False,
+        hints: LoadHints | None = None,
     ) -> Session:
-        """Loads ``model`` (a proto, or a path whose external data sits beside it).
+        """Loads ``model`` (a proto, serialized bytes, or a path whose external data sits
+        beside it).
 
-        ``timing`` sets the session up for being timed beside others (no thread
-        spinning, no arena holding activations between runs).
+        ``timing`` sets the session up for being timed beside others
+        (:data:`TIMING_HINTS`); ``hints`` say how to hold memory (:class:`LoadHints`).
 
         Raises:
-            RuntimeLoadError: the engine cannot read or compile the model.
+            RuntimeLoadError: the engine cannot read or compile the model, or the
+                provider asked for cannot start here.
         """
         ...
 

@@ -1,5 +1,9 @@
-"""The one registry of inference engines (``--runtime NAME``), and which engine checks a
-low-precision model's accuracy for real.
+"""The one registry of inference engines (``--runtime NAME``), the door every model run
+goes through, and which engine checks a low-precision model's accuracy for real.
+
+ONNX Runtime and OpenVINO are registered here; :func:`register_engine` adds another (an
+engine of a package of its own, or a test's) without touching any caller: callers reach
+engines through :func:`engine_for` and ask them what they can do.
 
 A bf16 model can only be checked for real where an engine computes bf16: ONNX Runtime's
 CPU provider never does, OpenVINO does on CPUs with AVX-512 BF16 or AMX. Elsewhere the
@@ -8,30 +12,108 @@ model is emulated in FP32 (:mod:`mixprec.runtime.emulate`), and the report says 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from mixprec.core.errors import MixprecError
 from mixprec.runtime.cpu import cpu_features
-from mixprec.runtime.engine import RUNTIME_NAMES, Engine, RuntimeOptions
+from mixprec.runtime.engine import (
+    REGISTRY,
+    Engine,
+    LoadHints,
+    ModelSource,
+    RuntimeOptions,
+    runtime_names,
+)
 from mixprec.runtime.openvino import OpenVinoEngine
 from mixprec.runtime.ort import OrtEngine
 
-__all__ = ["ENGINES", "CheckPlan", "check_plan", "engine_for", "runtime_options"]
+__all__ = [
+    "ENGINES",
+    "CheckPlan",
+    "check_plan",
+    "engine_for",
+    "register_engine",
+    "run_model",
+    "runtime_options",
+    "runtime_taking",
+    "unregister_engine",
+]
 
-ENGINES: dict[str, Engine] = {"ort": OrtEngine(), "openvino": OpenVinoEngine()}
-assert tuple(ENGINES) == RUNTIME_NAMES
+#: The registered engines by name (the same table :class:`RuntimeOptions` validates with).
+ENGINES: Mapping[str, Engine] = REGISTRY
+
+
+def register_engine(engine: Engine) -> None:
+    """Adds ``engine`` under ``engine.name``: ``RuntimeOptions(name=...)`` and
+    ``--runtime`` then take it, and every caller runs through it when asked to.
+
+    Example:
+        >>> register_engine(MyEngine())  # doctest: +SKIP
+        >>> mixprec.validate(original, converted, runtime=RuntimeOptions("mine"))  # doctest: +SKIP
+
+    Raises:
+        MixprecError: an engine of that name is registered already.
+    """
+    if engine.name in REGISTRY:
+        raise MixprecError(f"a runtime named {engine.name!r} is registered already")
+    REGISTRY[engine.name] = engine
+
+
+def unregister_engine(name: str) -> None:
+    """Removes the engine registered as ``name`` (nothing when there is none)."""
+    REGISTRY.pop(name, None)
+
+
+register_engine(OrtEngine())
+register_engine(OpenVinoEngine())
 
 
 def engine_for(options: RuntimeOptions | str) -> Engine:
-    """The engine ``options`` names; one error line when its extra is not installed."""
+    """The engine ``options`` names; one error line when it (or the provider ``options``
+    asks for) is not installed here."""
     name = options if isinstance(options, str) else options.name
-    engine = ENGINES.get(name)
+    engine = REGISTRY.get(name)
     if engine is None:
-        raise MixprecError(f"unknown runtime {name!r}: use one of {', '.join(ENGINES)}")
-    missing = engine.missing()
+        raise MixprecError(f"unknown runtime {name!r}: use one of {', '.join(runtime_names())}")
+    missing = engine.missing(None if isinstance(options, str) else options)
     if missing is not None:
         raise MixprecError(missing)
     return engine
+
+
+def run_model(
+    model: ModelSource,
+    feeds: Mapping[str, np.ndarray],
+    options: RuntimeOptions | None = None,
+    *,
+    output_names: Sequence[str] | None = None,
+    hints: LoadHints | None = None,
+) -> dict[str, np.ndarray]:
+    """Runs ``model`` once in the engine ``options`` names (default: ONNX Runtime's CPU
+    provider, all graph optimizations); the outputs by name.
+
+    Raises:
+        RuntimeLoadError: the engine cannot load the model.
+        RuntimeRunError: it cannot run it on ``feeds``.
+    """
+    options = options or RuntimeOptions()
+    session = engine_for(options).session(model, options, hints=hints)
+    return session.run(feeds, output_names)
+
+
+def runtime_taking(precision: str | None) -> str:
+    """The first registered engine (the default first) that takes the inference
+    precision hint ``precision``: ONNX Runtime for None/f32, OpenVINO for bf16/f16."""
+    for name in runtime_names():
+        try:
+            RuntimeOptions(name, precision=precision)
+        except MixprecError:
+            continue
+        return name
+    raise MixprecError(f"no runtime takes the inference precision {precision!r}")
 
 
 def runtime_options(runtime: RuntimeOptions | str | None, threads: int = 2) -> RuntimeOptions:
@@ -43,7 +125,7 @@ def runtime_options(runtime: RuntimeOptions | str | None, threads: int = 2) -> R
     if isinstance(runtime, str):
         return RuntimeOptions(name=runtime, threads=threads)
     raise MixprecError(
-        f"runtime must be a name ({', '.join(ENGINES)}) or RuntimeOptions, "
+        f"runtime must be a name ({', '.join(runtime_names())}) or RuntimeOptions, "
         f"not {type(runtime).__name__}"
     )
 
@@ -58,25 +140,31 @@ class CheckPlan:
     why: str = ""
 
 
+def _bf16_engine(threads: int) -> RuntimeOptions | None:
+    """Options for the first registered engine that computes bf16 here, if any."""
+    for engine in REGISTRY.values():
+        if engine.missing() is None and engine.computes_bf16():
+            return RuntimeOptions(name=engine.name, threads=threads)
+    return None
+
+
 def check_plan(low_dtype: str, runtime: RuntimeOptions | None, mode: str) -> CheckPlan:
     """Where to check a model whose low dtype is ``low_dtype``.
 
     ``runtime`` None is the default choice: ONNX Runtime, except for a bf16 model on a
-    CPU that computes bf16 with OpenVINO installed, which OpenVINO runs for real. In mode
-    ``auto`` a bf16 model is emulated when the engine would silently compute its bf16
-    layers in f32 (OpenVINO on a CPU without bf16); ONNX Runtime is tried as is, and the
-    caller emulates when it refuses the model (its CPU provider has no bf16 kernels for
-    most ops). Mode ``emulated`` always emulates.
+    CPU where an installed engine computes bf16 (OpenVINO), which runs it for real. In
+    mode ``auto`` a bf16 model is emulated when the engine would silently compute its bf16
+    layers in f32 (OpenVINO on a CPU without bf16); an engine that refuses bf16 (ONNX
+    Runtime) is tried as is, and the caller emulates when it refuses the model (its CPU
+    provider has no bf16 kernels for most ops). Mode ``emulated`` always emulates.
     """
     chosen = runtime or RuntimeOptions()
     if runtime is None and low_dtype == "bfloat16" and mode == "auto":
-        openvino = ENGINES["openvino"]
-        if openvino.missing() is None and openvino.computes_bf16():
-            chosen = RuntimeOptions(name="openvino", threads=chosen.threads)
+        chosen = _bf16_engine(chosen.threads) or chosen
     if mode == "emulated":
         return CheckPlan(chosen, True)
     engine = engine_for(chosen)
-    silent_f32 = engine.name != "ort" and not engine.computes_bf16()
+    silent_f32 = not engine.refuses_bf16() and not engine.computes_bf16()
     if low_dtype == "bfloat16" and mode == "auto" and silent_f32:
         return CheckPlan(chosen, True, _no_bf16_reason(engine))
     return CheckPlan(chosen, False)

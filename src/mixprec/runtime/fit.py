@@ -23,7 +23,7 @@ from typing import TypeVar
 from mixprec.core.errors import MixprecError
 from mixprec.io.bounds import LENGTH_OPS, LENGTH_STEPS
 from mixprec.io.feeds import DEFAULT_SYMBOLIC_DIM, MAX_SAMPLE_BYTES, GuessedDims
-from mixprec.runtime.ort import OrtRunError
+from mixprec.runtime.engine import RuntimeRunError
 
 __all__ = ["GROWTH", "MAX_RUNS", "fit_shapes"]
 
@@ -138,7 +138,7 @@ def fit_shapes(
         guessed: ``{(input, axis): dim label}`` of the dims that were guessed (symbolic,
             not given by the user): the only ones changed.
         attempt: runs the model on inputs generated at the shapes (raises
-            :class:`~mixprec.runtime.ort.OrtRunError` when ONNX Runtime refuses them).
+            :class:`~mixprec.runtime.engine.RuntimeRunError` when the runtime refuses them).
 
     Returns:
         ``(attempt's result, the shapes used, notes)``: one note per changed dim, and
@@ -155,7 +155,7 @@ def fit_shapes(
             raise too_large
         try:
             result = attempt(current)
-        except OrtRunError as exc:
+        except RuntimeRunError as exc:
             text, why = _full_text(exc), list[str]()
             changed = _expected(text, current, guessed)
             changed = changed or _grow(current, guessed, text, _innermost(str(exc)), why)

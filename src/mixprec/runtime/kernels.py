@@ -1,19 +1,20 @@
-"""Which kernels ONNX Runtime's CPU provider really runs: read from its optimized graph."""
+"""Kernels an engine has and runs: the kernel probe of an opset upgrade
+(:func:`missing_kernels`, through :meth:`Engine.has_kernel`), and which kernels ONNX
+Runtime's CPU provider really runs, read from its optimized graph
+(:func:`integer_kernel_share`, through :meth:`Engine.kernel_graph`)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import onnx
-import onnxruntime as ort
+import onnx_ir as ir
 
-from mixprec.core.config import ort_log_severity
-from mixprec.runtime.ort import thread_cap
+from mixprec.runtime.engine import Engine, RuntimeOptions
+from mixprec.runtime.engines import engine_for
 
-__all__ = ["FLOAT_KERNELS", "INTEGER_KERNELS", "integer_kernel_share"]
+__all__ = ["FLOAT_KERNELS", "INTEGER_KERNELS", "integer_kernel_share", "missing_kernels"]
 
 #: ONNX Runtime kernels that run a Conv/MatMul/Gemm in integers.
 INTEGER_KERNELS = frozenset(
@@ -42,26 +43,49 @@ FLOAT_KERNELS = frozenset(
 )
 
 
+def missing_kernels(
+    model: ir.Model, op_types: Sequence[str], opset: int, engine: Engine | None = None
+) -> list[str]:
+    """``op_type-opset`` of the main graph's nodes of ``op_types`` that ``engine``
+    (default: ONNX Runtime's CPU provider) has no kernel for at ``opset`` (with their
+    input dtypes): e.g. ``RandomNormalLike-22``, which ORT 1.32 implements only up to
+    opset 21."""
+    engine = engine or engine_for(RuntimeOptions())
+    wanted = set(op_types)
+    missing: list[str] = []
+    seen: set[tuple[str, tuple[int, ...]]] = set()
+    for node in model.graph:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in wanted:
+            continue
+        key = (node.op_type, tuple(int(v.dtype or 0) for v in node.inputs if v is not None))
+        if key in seen:
+            continue
+        seen.add(key)
+        if not engine.has_kernel(node, {"": opset}):
+            version = onnx.defs.get_schema(node.op_type, opset).since_version
+            missing.append(f"{node.op_type}-{version}")
+    return sorted(set(missing))
+
+
 def integer_kernel_share(
-    proto: onnx.ModelProto, macs: Mapping[str, int], outputs: Mapping[str, str] | None = None
+    proto: onnx.ModelProto,
+    macs: Mapping[str, int],
+    outputs: Mapping[str, str] | None = None,
+    engine: Engine | None = None,
 ) -> tuple[float | None, dict[str, int]]:
-    """Share of the given nodes' MACs that ONNX Runtime's CPU provider runs in integer
-    kernels, read from its optimized graph, and the count of each compute kernel there.
+    """Share of the given nodes' MACs that ``engine`` (default: ONNX Runtime's CPU
+    provider) runs in integer kernels, read from its optimized graph
+    (:meth:`Engine.kernel_graph`; ``(None, {})`` where it shows none), and the count of
+    each compute kernel there.
 
     A fused integer kernel writes the output of the QuantizeLinear that followed the
     node (or the Relu/Clip it absorbed), so kernels are traced back by that name;
     ``outputs`` adds other output -> node pairs (a dynamic MatMul's fused kernel writes
     the original MatMul's output).
     """
-    with tempfile.TemporaryDirectory(prefix="mixprec-") as folder:
-        path = os.path.join(folder, "optimized.onnx")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = thread_cap(0)
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        options.optimized_model_filepath = path
-        options.log_severity_level = ort_log_severity()
-        ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        optimized = onnx.load(path, load_external_data=False)
+    optimized = (engine or engine_for(RuntimeOptions())).kernel_graph(proto)
+    if optimized is None:
+        return None, {}
     kinds = Counter(
         n.op_type for n in optimized.graph.node if n.op_type in INTEGER_KERNELS | FLOAT_KERNELS
     )

@@ -26,15 +26,19 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import onnx
+import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.runtime.cpu import cpu_features
 from mixprec.runtime.engine import (
+    HostBound,
+    LoadHints,
+    ModelSource,
     RuntimeLoadError,
     RuntimeOptions,
     RuntimeRunError,
 )
-from mixprec.runtime.ort import PROTO_LIMIT, check_external, external_skeleton, thread_cap
+from mixprec.runtime.source import model_file, probe_model, thread_cap
 
 __all__ = ["KEPT_COMPILED", "MISSING_EXTRA", "OpenVinoEngine"]
 
@@ -118,11 +122,15 @@ class _OvSession:
     compiled models are kept (least recently run dropped first).
     """
 
-    def __init__(self, model: Any, config: Mapping[str, str]) -> None:
+    #: OpenVINO's tensors are host memory here: timing runs :meth:`run`.
+    binds_on_device = False
+
+    def __init__(self, model: Any, config: Mapping[str, str], device: str = "CPU") -> None:
         self.model = model
         self.config = dict(config)
         #: What ran otherwise than asked (a model that kept dynamic shapes), for reports.
         self.notes: list[str] = []
+        self.device = device
         self._compiled: OrderedDict[tuple[Any, ...], tuple[Any, Any]] = OrderedDict()
         self._last: tuple[Any, ...] | None = None
         self.output_names = tuple(port.get_any_name() for port in model.outputs)
@@ -144,7 +152,7 @@ class _OvSession:
         if key not in self._compiled:
             model = self._reshaped(shapes, shown) if shapes else self.model
             try:
-                compiled = _core().compile_model(model, "CPU", self.config)
+                compiled = _core().compile_model(model, self.device, self.config)
             except Exception as e:
                 where = f" for input shapes {shown}" if shapes else ""
                 raise error(f"openvino cannot compile the model{where}: {_ov_first_line(e)}") from e
@@ -220,26 +228,70 @@ class _OvSession:
         except Exception as e:
             raise RuntimeRunError(f"openvino failed to run the model: {_ov_first_line(e)}") from e
 
+    def bind(self, feeds: Mapping[str, np.ndarray]) -> HostBound:
+        return HostBound(self, feeds)
+
 
 class OpenVinoEngine:
-    """OpenVINO's CPU plugin (``--runtime openvino``)."""
+    """OpenVINO (``--runtime openvino``) on its CPU plugin, or the device
+    ``RuntimeOptions.provider`` names."""
 
     name = "openvino"
     label = "OpenVINO"
 
-    def missing(self) -> str | None:
+    def missing(self, options: RuntimeOptions | None = None) -> str | None:
         if _openvino() is None:
             return MISSING_EXTRA
-        return FORKED if _forked() else None
+        if _forked():
+            return FORKED
+        device = _device(options)
+        if device == "CPU":
+            return None
+        devices = list(_core().available_devices)
+        if device.split(".")[0] in {d.split(".")[0] for d in devices} or device in _VIRTUAL:
+            return None
+        return f"openvino has no {device} device here (available: {', '.join(devices)})"
 
     def version(self) -> str:
         ov = _openvino()
         return "not installed" if ov is None else str(ov.get_version()).split("-")[0]
 
+    def check_options(self, options: RuntimeOptions) -> None:
+        device = options.provider
+        if device is not None and (not device or device != device.upper()):
+            raise MixprecError(
+                f"openvino devices are upper-case names (CPU, GPU, NPU, AUTO), not {device!r}"
+            )
+
     def computes_bf16(self) -> bool:
         if _openvino() is None or not cpu_features().bf16:
             return False
         return "BF16" in _core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+    def refuses_bf16(self) -> bool:
+        return False  # it computes bf16 layers in f32 where the CPU has no bf16
+
+    def runs_contrib_ops(self) -> bool:
+        return False
+
+    def fuses_qdq(self) -> bool:
+        return True  # its low-precision transformations run QDQ as integer kernels
+
+    def has_kernel(self, node: ir.Node, opsets: Mapping[str, int]) -> bool:
+        probe = probe_model(node, opsets)
+        if probe is None:
+            return True
+        try:
+            with tempfile.TemporaryDirectory(prefix="mixprec-ov-") as tmp:
+                _core().compile_model(_read_onnx(model_file(probe, Path(tmp))), "CPU")
+        except MixprecError:
+            raise
+        except Exception:
+            return False
+        return True
+
+    def kernel_graph(self, model: onnx.ModelProto) -> onnx.ModelProto | None:
+        return None  # its runtime model is not ONNX
 
     def config(self, options: RuntimeOptions) -> dict[str, str]:
         """The CPU plugin's properties for ``options``: the model's own dtypes (hint f32)
@@ -252,20 +304,25 @@ class OpenVinoEngine:
 
     def session(
         self,
-        model: onnx.ModelProto | str | os.PathLike[str],
+        model: ModelSource,
         options: RuntimeOptions,
         *,
         timing: bool = False,
+        hints: LoadHints | None = None,
     ) -> _OvSession:
+        """Reads ``model`` (``hints`` are ONNX Runtime's memory knobs: not used here)."""
         _core()  # the extra is installed, and this process may use OpenVINO
+        missing = self.missing(options)
+        if missing is not None:
+            raise RuntimeLoadError(missing)
         try:
             with tempfile.TemporaryDirectory(prefix="mixprec-ov-") as tmp:
-                read = _read_onnx(_model_path(model, Path(tmp)))
+                read = _read_onnx(model_file(model, Path(tmp)))
         except MixprecError:
             raise
         except Exception as e:
             raise RuntimeLoadError(f"openvino cannot load the model: {_ov_first_line(e)}") from e
-        return _OvSession(read, self.config(options))
+        return _OvSession(read, self.config(options), _device(options))
 
     def describe(self, options: RuntimeOptions) -> dict[str, object]:
         precision = options.precision or "f32"
@@ -282,17 +339,12 @@ class OpenVinoEngine:
             "precision": how,
             "threads": thread_cap(options.threads),
             "cpu": cpu_features().describe(),
-        }
+        } | ({"device": options.provider} if options.provider not in (None, "CPU") else {})
 
 
-def _model_path(model: onnx.ModelProto | str | os.PathLike[str], tmp: Path) -> str:
-    """A path OpenVINO can read ``model`` from (an in-memory model goes to ``tmp``)."""
-    if not isinstance(model, onnx.ModelProto):
-        return os.fspath(model)
-    path = tmp / "model.onnx"
-    if model.ByteSize() <= PROTO_LIMIT:
-        check_external(model)
-        onnx.save_model(model, path)
-    else:
-        onnx.save_model(external_skeleton(model, tmp), path)
-    return str(path)
+#: Devices OpenVINO makes of others (not listed by ``available_devices``).
+_VIRTUAL = ("AUTO", "MULTI", "HETERO", "BATCH")
+
+
+def _device(options: RuntimeOptions | None) -> str:
+    return (options.provider if options is not None else None) or "CPU"

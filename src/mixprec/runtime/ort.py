@@ -1,19 +1,23 @@
-"""ONNX Runtime sessions: CPU sessions, the >2 GB path, bfloat16 arrays, :func:`run_model`.
+"""ONNX Runtime as an :class:`~mixprec.runtime.engine.Engine`: sessions on its CPU,
+CUDA or TensorRT provider, the >2 GB path, bfloat16 arrays, I/O binding, kernel probes.
 
 ONNX Runtime's CPU provider has float16 kernels for most ops but almost no bfloat16
 kernels (Cast is supported, MatMul/Add/Mul/Relu are not), and its numpy bridge has no
-bfloat16: :func:`run_model` routes bfloat16 arrays through ``OrtValue`` buffers.
+bfloat16: :func:`run_session` routes bfloat16 arrays through ``OrtValue`` buffers.
 
 Models larger than 2 GB cannot be serialized as one protobuf message. Functions that
 take a :class:`onnx.ModelProto` handle that by writing the model's initializers to a
-temporary external-data file; :func:`run_model` also accepts a path, which is the
-cheaper way to run such a model. Protobuf is used here only because ONNX Runtime reads it.
+temporary external-data file (:mod:`mixprec.runtime.source`); :func:`run_model` also
+accepts a path, which is the cheaper way to run such a model. Protobuf is used here only
+because ONNX Runtime reads it. Callers outside :mod:`mixprec.runtime` reach all of this
+through the engine (:func:`~mixprec.runtime.engines.engine_for`), never directly.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import os
 import re
@@ -26,40 +30,59 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 import onnxruntime as ort
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
-from mixprec.core.config import THREADS_ENV, ort_log_severity
+from mixprec.core.config import ort_log_severity
 from mixprec.core.errors import MixprecError
-from mixprec.io.protos import IN_MEMORY, copy_fields, element_count
 from mixprec.runtime.cpu import cpu_features
-from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
+from mixprec.runtime.engine import (
+    DeviceBuffer,
+    LoadHints,
+    ModelSource,
+    RuntimeLoadError,
+    RuntimeOptions,
+    RuntimeRunError,
+)
+from mixprec.runtime.source import (
+    PROTO_LIMIT,
+    check_external,
+    external_skeleton,
+    probe_model,
+    thread_cap,
+)
 
 __all__ = [
-    "PROTO_LIMIT",
+    "PROVIDERS",
     "OrtEngine",
     "OrtLoadError",
     "OrtRunError",
-    "check_external",
-    "external_skeleton",
     "make_session",
-    "missing_kernels",
     "ort_first_line",
     "run_model",
     "run_session",
-    "thread_cap",
+    "session_for",
 ]
 
 logger = logging.getLogger(__name__)
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
-# Largest serialized protobuf message; larger models go through external data.
-PROTO_LIMIT = 2_000_000_000
-# Packed sub-byte types: numpy holds them one element per byte, so raw bytes differ.
-_PACKED_TYPES = frozenset(
-    getattr(TensorProto, n)
-    for n in ("INT4", "UINT4", "FLOAT4E2M1", "INT2", "UINT2")
-    if hasattr(TensorProto, n)
-)
+#: ``RuntimeOptions.provider`` -> ONNX Runtime's execution providers, in priority order.
+PROVIDERS = {
+    "cpu": ("CPUExecutionProvider",),
+    "cuda": ("CUDAExecutionProvider", "CPUExecutionProvider"),
+    "tensorrt": (
+        "TensorrtExecutionProvider",
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ),
+}
+#: Where a provider's I/O binding puts its buffers.
+_DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda"}
+_LEVELS = {
+    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    "off": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+}
 
 
 class OrtLoadError(RuntimeLoadError):
@@ -83,80 +106,6 @@ def ort_first_line(error: BaseException) -> str:
     return type(error).__name__
 
 
-def external_skeleton(model: onnx.ModelProto, directory: Path) -> onnx.ModelProto:
-    """Writes the main graph's initializers to ``directory/model.onnx.data``.
-
-    Returns a copy of ``model`` whose initializers refer to that file. ``model`` itself
-    is left untouched, and only one tensor's bytes are duplicated at a time.
-    """
-    data_name = "model.onnx.data"
-    skeleton = onnx.ModelProto()
-    copy_fields(model, skeleton, frozenset({"graph"}))
-    copy_fields(model.graph, skeleton.graph, frozenset({"initializer"}))
-    data_fields = frozenset(
-        {
-            "raw_data",
-            "float_data",
-            "int32_data",
-            "string_data",
-            "int64_data",
-            "double_data",
-            "uint64_data",
-            "external_data",
-            "data_location",
-        }
-    )
-    offset = 0
-    with open(directory / data_name, "wb") as f:
-        for t in model.graph.initializer:
-            keep_inline = (
-                t.data_location == TensorProto.EXTERNAL
-                or t.data_type in (TensorProto.STRING, *_PACKED_TYPES)
-                or element_count(t.dims) < 1024
-            )
-            if keep_inline:
-                skeleton.graph.initializer.add().CopyFrom(t)
-                continue
-            raw = t.raw_data if t.raw_data else numpy_helper.to_array(t).tobytes()
-            nt = skeleton.graph.initializer.add()
-            copy_fields(t, nt, data_fields)
-            for key, value in (("location", data_name), ("offset", offset), ("length", len(raw))):
-                entry = nt.external_data.add()
-                entry.key = key
-                entry.value = str(value)
-            nt.data_location = TensorProto.EXTERNAL
-            f.write(raw)
-            offset += len(raw)
-    if skeleton.ByteSize() > PROTO_LIMIT:
-        raise MixprecError(
-            "the model is over 2 GB even without its initializers (large Constant nodes?); "
-            "save it with external data and pass its path"
-        )
-    return skeleton
-
-
-def _is_in_memory(t: TensorProto) -> bool:
-    return any(e.key == "location" and e.value == IN_MEMORY for e in t.external_data)
-
-
-def check_external(model: onnx.ModelProto) -> None:
-    for t in model.graph.initializer:
-        if t.data_location == TensorProto.EXTERNAL and not _is_in_memory(t):
-            raise MixprecError(
-                f"initializer {t.name!r} has external data that is not loaded; load the model "
-                "with onnx.load(path) or pass its path"
-            )
-
-
-def thread_cap(threads: int) -> int:
-    """``threads`` (0: ORT's choice, all cores) capped by :data:`THREADS_ENV` when set."""
-    text = os.environ.get(THREADS_ENV, "")
-    cap = int(text) if text.isdigit() and int(text) > 0 else 0
-    if cap == 0:
-        return threads
-    return cap if threads <= 0 else min(threads, cap)
-
-
 _IR_VERSION_ERROR = re.compile(
     r"Unsupported model IR version: (\d+), max supported IR version: (\d+)"
 )
@@ -166,76 +115,47 @@ def make_session(
     source: str | bytes,
     threads: int,
     *,
-    owned: bool = False,
-    optimize: bool = True,
-    in_order: bool = False,
-    external: Mapping[str, np.ndarray] | None = None,
-    prepack: bool = True,
-    data_folder: str | None = None,
-    arena: bool = True,
-    spinning: bool = True,
-    deployed: bool = False,
+    optimization: str = "basic",
+    hints: LoadHints | None = None,
+    provider: str = "cpu",
 ) -> ort.InferenceSession:
-    """Creates a CPU session.
+    """Creates a session on ``provider`` (``"cpu"``, ``"cuda"``, ``"tensorrt"``).
 
-    ``deployed``: the graph optimizations a deployment gets by default (ORT_ENABLE_ALL:
+    ``optimization`` "all" is what a deployment gets by default (ORT_ENABLE_ALL:
     QuantizeLinear/DequantizeLinear pairs fused into integer kernels, layout transforms);
-    the engine's sessions (the INT8 speed plan, the guards, validation) run so. Otherwise
-    ``optimize`` gives ORT_ENABLE_BASIC, where an INT8 QDQ model runs DequantizeLinear ->
-    float op -> QuantizeLinear (PP-OCRv4 det: 1.7x FP32's time, 0.6x when fused).
+    the engine's sessions run so by default. "basic" (ORT_ENABLE_BASIC) runs an INT8 QDQ
+    model as DequantizeLinear -> float op -> QuantizeLinear (PP-OCRv4 det: 1.7x FP32's
+    time, 0.6x when fused); "off" keeps an emulated model's Cast round trips, which
+    fusions (e.g. LayerNormFusion) would swallow.
 
-    ``external`` initializers are used in place (no copy). With ``prepack=False`` ORT
-    keeps no repacked copy of the weights either (MatMul/Conv run a little slower): the
-    session then holds no second copy of a large model's weights. ``data_folder`` is where
-    ORT resolves the external-data references of a model given as bytes (it maps those
-    files itself). Without the ``arena`` a session frees its activations after each run
-    (for sessions kept side by side); without ``spinning`` its pool threads sleep after a
-    run instead of taking the cores from the next session timed beside it.
+    ``hints`` (:class:`~mixprec.runtime.engine.LoadHints`): ``external`` initializers
+    are used in place (no copy). Without ``prepack`` ORT keeps no repacked copy of the
+    weights either (MatMul/Conv run a little slower): the session then holds no second
+    copy of a large model's weights. ``data_folder`` is where ORT resolves the
+    external-data references of a model given as bytes (it maps those files itself).
+    Without the ``arena`` a session frees its activations after each run (for sessions
+    kept side by side); without ``spinning`` its pool threads sleep after a run instead
+    of taking the cores from the next session timed beside it.
 
     When ORT rejects only the model's IR version (models written by a newer onnx than
     this ORT knows), the session is retried with the IR version ORT names; that rewrites
     in-memory bytes, or a file when ``owned`` (mixprec's own temporary files), never a
     user's file.
+
+    Raises:
+        OrtLoadError: ORT cannot load the model, or the provider did not start.
     """
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = thread_cap(threads)
-    so.inter_op_num_threads = 1
-    # Emulated models run unoptimized: ORT's fusions (e.g. LayerNormFusion) would
-    # swallow the Cast round trips that carry the emulation.
-    so.graph_optimization_level = (
-        ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if deployed
-        else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        if optimize
-        else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    )
-    if in_order:
-        # Run nodes in the given order: range probes placed after each producer then
-        # free every activation right away (the default order keeps them all alive).
-        so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    if not prepack:
-        so.add_session_config_entry("session.disable_prepacking", "1")
-    if not arena:
-        so.enable_cpu_mem_arena = False
-    if not spinning:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if data_folder is not None:
-        so.add_session_config_entry(
-            "session.model_external_initializers_file_folder_path", data_folder
-        )
-    if external:
-        names = list(external)
-        so.add_external_initializers(
-            names, [ort.OrtValue.ortvalue_from_numpy(external[n]) for n in names]
-        )
-    # errors come back as exceptions; ORT's own log only when MIXPREC_LOG_LEVEL asks
-    so.log_severity_level = ort_log_severity()
-    providers = ["CPUExecutionProvider"]
+    so = _session_options(threads, optimization, hints or LoadHints())
+    providers = list(PROVIDERS[provider])
     try:
-        return _released(ort.InferenceSession(source, sess_options=so, providers=providers))
+        return _started(
+            ort.InferenceSession(source, sess_options=so, providers=providers), providers[0]
+        )
+    except OrtLoadError:
+        raise
     except Exception as e:
         match = _IR_VERSION_ERROR.search(str(e))
-        if match is None or not (isinstance(source, bytes) or owned):
+        if match is None or not (isinstance(source, bytes) or (hints and hints.owned)):
             raise OrtLoadError(f"onnxruntime cannot load the model: {ort_first_line(e)}") from e
     supported = int(match.group(2))
     logger.info(
@@ -252,9 +172,54 @@ def make_session(
         proto.ir_version = supported
         onnx.save_model(proto, source)
     try:
-        return _released(ort.InferenceSession(source, sess_options=so, providers=providers))
+        return _started(
+            ort.InferenceSession(source, sess_options=so, providers=providers), providers[0]
+        )
+    except OrtLoadError:
+        raise
     except Exception as e:
         raise OrtLoadError(f"onnxruntime cannot load the model: {ort_first_line(e)}") from e
+
+
+def _session_options(threads: int, optimization: str, hints: LoadHints) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = thread_cap(threads)
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = _LEVELS[optimization]
+    if hints.in_order:
+        # Run nodes in the given order: range probes placed after each producer then
+        # free every activation right away (the default order keeps them all alive).
+        so.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+    if not hints.prepack:
+        so.add_session_config_entry("session.disable_prepacking", "1")
+    if not hints.arena:
+        so.enable_cpu_mem_arena = False
+    if not hints.spinning:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if hints.data_folder is not None:
+        so.add_session_config_entry(
+            "session.model_external_initializers_file_folder_path", hints.data_folder
+        )
+    if hints.external:
+        names = list(hints.external)
+        so.add_external_initializers(
+            names, [ort.OrtValue.ortvalue_from_numpy(hints.external[n]) for n in names]
+        )
+    # errors come back as exceptions; ORT's own log only when MIXPREC_LOG_LEVEL asks
+    so.log_severity_level = ort_log_severity()
+    return so
+
+
+def _started(session: ort.InferenceSession, wanted: str) -> ort.InferenceSession:
+    """``session`` once it is known to run on ``wanted``: ORT falls back to the CPU, with
+    only a log line, when a GPU provider cannot start (no device, no CUDA libraries)."""
+    used = session.get_providers()
+    if used and used[0] != wanted:
+        raise OrtLoadError(
+            f"onnxruntime's {wanted} could not start here (it ran on {used[0]}): "
+            "no device, or its CUDA/TensorRT libraries are missing"
+        )
+    return _released(session)
 
 
 def _released(session: ort.InferenceSession) -> ort.InferenceSession:
@@ -272,20 +237,20 @@ def _released(session: ort.InferenceSession) -> ort.InferenceSession:
 def session_for(
     model: onnx.ModelProto,
     threads: int,
-    optimize: bool = True,
+    optimization: str = "basic",
     *,
-    arena: bool = True,
-    spinning: bool = True,
-    deployed: bool = False,
+    hints: LoadHints | None = None,
+    provider: str = "cpu",
 ) -> Iterator[ort.InferenceSession]:
     """A session for an in-memory model; models over 2 GB go through a temporary dir
-    (ORT has read it when the session exists). ``arena``/``spinning``/``deployed``: see
-    make_session."""
+    (ORT has read it when the session exists). See :func:`make_session`."""
+    hints = hints or LoadHints()
     if model.ByteSize() <= PROTO_LIMIT:
-        check_external(model)
+        if hints.data_folder is None:
+            check_external(model)
         source: str | bytes = model.SerializeToString()
         session = make_session(
-            source, threads, optimize=optimize, arena=arena, spinning=spinning, deployed=deployed
+            source, threads, optimization=optimization, hints=hints, provider=provider
         )
         del source  # ORT has parsed it: not held while the session runs
         yield session
@@ -294,14 +259,9 @@ def session_for(
         skeleton = external_skeleton(model, Path(tmp))
         path = Path(tmp) / "model.onnx"
         onnx.save_model(skeleton, path)
+        owned = dataclasses.replace(hints, owned=True)
         yield make_session(
-            str(path),
-            threads,
-            owned=True,
-            optimize=optimize,
-            arena=arena,
-            spinning=spinning,
-            deployed=deployed,
+            str(path), threads, optimization=optimization, hints=owned, provider=provider
         )
 
 
@@ -356,7 +316,8 @@ def run_model(
     threads: int = 2,
     optimize: bool = True,
 ) -> dict[str, np.ndarray]:
-    """Runs a model once on ONNX Runtime's CPU execution provider.
+    """Runs a model once on ONNX Runtime's CPU execution provider (tests and benches; the
+    package runs models through :func:`mixprec.runtime.engines.run_model`).
 
     bfloat16 inputs (``ml_dtypes.bfloat16`` arrays) and outputs are supported even though
     ORT's numpy bridge is not. A model over 2 GB is best passed as a path to a file saved
@@ -376,64 +337,196 @@ def run_model(
     Raises:
         MixprecError: ORT cannot load the model, or fails to run it.
     """
+    optimization = "basic" if optimize else "off"
     if isinstance(model, onnx.ModelProto):
-        with session_for(model, threads, optimize) as session:
+        with session_for(model, threads, optimization) as session:
             return run_session(session, feeds, output_names)
     source = bytes(model) if isinstance(model, bytes | bytearray) else os.fspath(model)
-    session = make_session(source, threads, optimize=optimize)
+    session = make_session(source, threads, optimization=optimization)
     return run_session(session, feeds, output_names)
+
+
+class _OrtBound:
+    """A :class:`~mixprec.runtime.engine.BoundRun` over ORT's ``io_binding``: the feeds
+    copied once to the provider's device, the outputs allocated there."""
+
+    def __init__(
+        self, session: ort.InferenceSession, feeds: Mapping[str, np.ndarray], device: str
+    ) -> None:
+        self.session = session
+        self.binding = session.io_binding()
+        self.names = [o.name for o in session.get_outputs()]
+        try:
+            for name, array in feeds.items():
+                array = np.ascontiguousarray(array)
+                if array.dtype == _BF16:
+                    value = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                        array.view(np.uint16), TensorProto.BFLOAT16
+                    )
+                    self.binding.bind_ortvalue_input(name, value)
+                else:
+                    self.binding.bind_cpu_input(name, array)
+            for name in self.names:
+                self.binding.bind_output(name, device)
+        except Exception as e:
+            raise OrtRunError(f"onnxruntime cannot bind the feeds: {ort_first_line(e)}") from e
+
+    def run(self) -> None:
+        try:
+            self.session.run_with_iobinding(self.binding)
+        except Exception as e:
+            raise OrtRunError(f"onnxruntime failed to run the model: {ort_first_line(e)}") from e
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        values = self.binding.get_outputs()
+        if any(v.element_type() == TensorProto.BFLOAT16 for v in values):
+            return {
+                n: _bf16_from_ortvalue(v) if v.element_type() == TensorProto.BFLOAT16 else v.numpy()
+                for n, v in zip(self.names, values, strict=True)
+            }
+        return dict(zip(self.names, self.binding.copy_outputs_to_cpu(), strict=True))
 
 
 class _OrtSession:
     """An :class:`~mixprec.runtime.engine.Session` over an ``ort.InferenceSession``."""
 
-    def __init__(self, session: ort.InferenceSession) -> None:
+    def __init__(self, session: ort.InferenceSession, provider: str = "cpu") -> None:
         self.session = session
         self.output_names = tuple(o.name for o in session.get_outputs())
         self.notes: list[str] = []
+        self.device = _DEVICES[provider]
+        self.binds_on_device = self.device != "cpu"
 
     def run(
         self, feeds: Mapping[str, np.ndarray], output_names: Sequence[str] | None = None
     ) -> dict[str, np.ndarray]:
         return run_session(self.session, feeds, output_names)
 
+    def bind(self, feeds: Mapping[str, np.ndarray]) -> _OrtBound:
+        return _OrtBound(self.session, feeds, self.device)
+
+    def run_buffers(
+        self, inputs: Mapping[str, np.ndarray | DeviceBuffer], device: str
+    ) -> list[ort.OrtValue]:
+        """Runs on ``inputs`` (a :class:`DeviceBuffer` is bound in place, an array copied);
+        the outputs as OrtValues on ``device`` ("cpu" or "cuda"), in graph order."""
+        binding = self.session.io_binding()
+        try:
+            for name, x in inputs.items():
+                if isinstance(x, DeviceBuffer):
+                    shape = list(x.shape)
+                    binding.bind_input(name, x.device, x.device_id, x.dtype.type, shape, x.pointer)
+                else:
+                    binding.bind_cpu_input(name, x)
+            for name in self.output_names:
+                binding.bind_output(name, device)
+            self.session.run_with_iobinding(binding)
+        except Exception as e:
+            raise OrtRunError(f"onnxruntime failed to run the model: {ort_first_line(e)}") from e
+        return list(binding.get_outputs())
+
 
 class OrtEngine:
-    """ONNX Runtime's CPU execution provider as an :class:`~mixprec.runtime.engine.Engine`.
+    """ONNX Runtime as an :class:`~mixprec.runtime.engine.Engine` (``--runtime ort``), on
+    its CPU provider or, with ``provider="cuda"``/``"tensorrt"``, onnxruntime-gpu's.
 
     Its CPU provider has no bfloat16 kernels for the ops that matter (Conv, MatMul, Add),
-    so a bf16 model is checked by emulation when it runs here.
+    so it refuses a bf16 model, which is then checked by emulation.
     """
 
     name = "ort"
     label = "ONNX Runtime"
 
-    def missing(self) -> str | None:
-        return None
+    def missing(self, options: RuntimeOptions | None = None) -> str | None:
+        provider = (options.provider if options is not None else None) or "cpu"
+        wanted = PROVIDERS[provider][0]
+        available = ort.get_available_providers()
+        if wanted in available:
+            return None
+        return (
+            f"onnxruntime's {wanted} is not available here (available: "
+            f"{', '.join(available)}); install onnxruntime-gpu on a machine with a CUDA device"
+        )
 
     def version(self) -> str:
         return str(ort.__version__)
 
+    def check_options(self, options: RuntimeOptions) -> None:
+        if options.precision not in (None, "f32"):
+            raise MixprecError(
+                f"onnxruntime has no inference precision hint ({options.precision!r}): it runs "
+                "the model's own dtypes; use --runtime openvino for that"
+            )
+        if options.provider is not None and options.provider not in PROVIDERS:
+            raise MixprecError(
+                f"unknown onnxruntime provider {options.provider!r}: use {', '.join(PROVIDERS)}"
+            )
+
     def computes_bf16(self) -> bool:
         return False
 
+    def refuses_bf16(self) -> bool:
+        return True
+
+    def runs_contrib_ops(self) -> bool:
+        return True
+
+    def fuses_qdq(self) -> bool:
+        return True
+
+    def has_kernel(self, node: ir.Node, opsets: Mapping[str, int]) -> bool:
+        probe = probe_model(node, opsets)
+        if probe is None:
+            return True
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.log_severity_level = 4
+        try:
+            ort.InferenceSession(probe.SerializeToString(), so, providers=list(PROVIDERS["cpu"]))
+        except Exception as e:
+            text = str(e)
+            return "NOT_IMPLEMENTED" not in text and "is not a registered function/op" not in text
+        return True
+
+    def kernel_graph(self, model: onnx.ModelProto) -> onnx.ModelProto | None:
+        """The graph ORT's CPU provider runs (ORT_ENABLE_EXTENDED: its fused kernels)."""
+        with tempfile.TemporaryDirectory(prefix="mixprec-") as folder:
+            path = os.path.join(folder, "optimized.onnx")
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = thread_cap(0)
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+            so.optimized_model_filepath = path
+            so.log_severity_level = ort_log_severity()
+            try:
+                ort.InferenceSession(
+                    model.SerializeToString(), so, providers=list(PROVIDERS["cpu"])
+                )
+            except Exception as e:
+                raise OrtLoadError(f"onnxruntime cannot load the model: {ort_first_line(e)}") from e
+            return onnx.load(path, load_external_data=False)
+
     def session(
         self,
-        model: onnx.ModelProto | str | os.PathLike[str],
+        model: ModelSource,
         options: RuntimeOptions,
         *,
         timing: bool = False,
+        hints: LoadHints | None = None,
     ) -> _OrtSession:
-        quiet = not timing  # timed sessions: no arena between runs, no spinning threads
-        if not isinstance(model, onnx.ModelProto):
-            session = make_session(
-                os.fspath(model), options.threads, arena=quiet, spinning=quiet, deployed=True
-            )
-            return _OrtSession(session)
-        with session_for(
-            model, options.threads, arena=quiet, spinning=quiet, deployed=True
-        ) as session:
-            return _OrtSession(session)
+        hints = hints or LoadHints()
+        if timing:  # timed sessions: no arena between runs, no spinning threads
+            hints = dataclasses.replace(hints, arena=False, spinning=False)
+        provider = options.provider or "cpu"
+        missing = self.missing(options)
+        if missing is not None:
+            raise OrtLoadError(missing)
+        level, threads = options.optimization, options.threads
+        if isinstance(model, onnx.ModelProto):
+            with session_for(model, threads, level, hints=hints, provider=provider) as session:
+                return _OrtSession(session, provider)
+        source = bytes(model) if isinstance(model, bytes | bytearray) else os.fspath(model)
+        session = make_session(source, threads, optimization=level, hints=hints, provider=provider)
+        return _OrtSession(session, provider)
 
     def describe(self, options: RuntimeOptions) -> dict[str, object]:
         return {
@@ -443,58 +536,4 @@ class OrtEngine:
             "precision": "the model's own dtypes",
             "threads": thread_cap(options.threads),
             "cpu": cpu_features().describe(),
-        }
-
-
-def _probe_model(node: ir.Node, opset: int) -> onnx.ModelProto | None:
-    """A one-node model of ``node`` (its inputs as graph inputs, with their dtypes) at
-    ``opset``: what ORT needs to look its kernel up. None when it cannot stand alone."""
-    if any(
-        a.type in (ir.AttributeType.GRAPH, ir.AttributeType.GRAPHS)
-        for a in node.attributes.values()
-    ):
-        return None
-    values = [v for v in node.inputs if v is not None]
-    if any(v.dtype is None for v in values) or any(v.dtype is None for v in node.outputs):
-        return None
-    proto = ir.serde.serialize_node(node)
-    inputs = {v.name or "": int(v.dtype or 0) for v in values}
-    outputs = {v.name: int(v.dtype or 0) for v in node.outputs if v.name}
-    graph = onnx.helper.make_graph(
-        [proto],
-        "probe",
-        [onnx.helper.make_tensor_value_info(n, t, None) for n, t in inputs.items()],
-        [onnx.helper.make_tensor_value_info(n, t, None) for n, t in outputs.items()],
-    )
-    return onnx.helper.make_model(
-        graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=10
-    )
-
-
-def missing_kernels(model: ir.Model, op_types: Sequence[str], opset: int) -> list[str]:
-    """``op_type-opset`` of the main graph's nodes of ``op_types`` that ONNX Runtime's CPU
-    provider has no kernel for at ``opset`` (with their input dtypes): e.g.
-    ``RandomNormalLike-22``, which ORT 1.32 implements only up to opset 21."""
-    wanted = set(op_types)
-    missing: list[str] = []
-    seen: set[tuple[str, tuple[int, ...]]] = set()
-    for node in model.graph:
-        if node.domain not in ("", "ai.onnx") or node.op_type not in wanted:
-            continue
-        key = (node.op_type, tuple(int(v.dtype or 0) for v in node.inputs if v is not None))
-        if key in seen:
-            continue
-        seen.add(key)
-        probe = _probe_model(node, opset)
-        if probe is None:
-            continue
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        so.log_severity_level = 4
-        try:
-            ort.InferenceSession(probe.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        except Exception as e:
-            if "NOT_IMPLEMENTED" in str(e):
-                version = onnx.defs.get_schema(node.op_type, opset).since_version
-                missing.append(f"{node.op_type}-{version}")
-    return sorted(set(missing))
+        } | ({"provider": options.provider} if options.provider not in (None, "cpu") else {})

@@ -1,4 +1,5 @@
-"""A large model run in ONNX Runtime one piece at a time, in bounded memory.
+"""A large model run one piece at a time, in bounded memory (in ONNX Runtime by default,
+through the engine door).
 
 An ONNX Runtime session holds every weight of its model: for a model of several GB that
 is several GB of memory (twice that with MatMul prepacking), whatever its inputs. Here the
@@ -16,7 +17,7 @@ model's external data file is given as a reference to it (ONNX Runtime maps the 
 itself), any other large one as an in-memory initializer
 (:func:`~mixprec.io.protos.weightless_proto`). Sessions are built without prepacking by
 default (no second, repacked copy of the weights). Both run at the graph optimizations
-of the engine's own sessions (``deployed``: what a deployment gets).
+of the engine's own sessions (``optimization="all"``: what a deployment gets).
 
 :func:`run_saved` runs a model held in memory (a weight-only result) from a temporary
 file with external data, which ONNX Runtime maps: on a 366 MB MatMulNBits model one
@@ -42,7 +43,8 @@ from mixprec.core.errors import MixprecError
 from mixprec.io.external import DATA_FOLDER
 from mixprec.io.models import load_model, save_model
 from mixprec.io.protos import iter_node_graphs, weightless_proto
-from mixprec.runtime.ort import OrtLoadError, OrtRunError, make_session, run_session
+from mixprec.runtime.engine import LoadHints, RuntimeLoadError, RuntimeOptions, RuntimeRunError
+from mixprec.runtime.engines import engine_for
 
 __all__ = ["PIECE_BYTES", "Piece", "plan_pieces", "run_in_pieces", "run_saved"]
 
@@ -146,9 +148,11 @@ def run_in_pieces(
     max_bytes: int | None = PIECE_BYTES,
     prepack: bool = False,
     what: str = "ONNX Runtime cannot run the model",
+    runtime: RuntimeOptions | None = None,
 ) -> list[Outputs]:
     """``model``'s graph outputs on each of ``feeds``, one piece at a time (module doc);
-    ``max_bytes`` None: one piece (one session, still without copies of the weights).
+    ``max_bytes`` None: one piece (one session, still without copies of the weights);
+    ``runtime``: the engine (default ONNX Runtime's CPU provider, ``threads`` threads).
 
     Raises:
         MixprecError: ONNX Runtime cannot load or run a piece (``what``: the message).
@@ -169,18 +173,13 @@ def run_in_pieces(
             continue  # nothing after it reads what it makes (dead nodes)
         source = _piece_model(proto, piece, envs[0])
         external = {n: arrays[n] for n in piece.initializers if n in arrays}
+        hints = LoadHints(external=external, data_folder=folder, prepack=prepack)
+        options = runtime or RuntimeOptions(threads=threads)
         try:
-            session = make_session(
-                source,
-                threads,
-                external=external,
-                prepack=prepack,
-                data_folder=folder,
-                deployed=True,
-            )
+            session = engine_for(options).session(source, options, hints=hints)
             for env in envs:
-                env.update(run_session(session, {n: env[n] for n in piece.inputs}, piece.outputs))
-        except (OrtLoadError, OrtRunError) as e:
+                env.update(session.run({n: env[n] for n in piece.inputs}, piece.outputs))
+        except (RuntimeLoadError, RuntimeRunError) as e:
             raise MixprecError(f"{what}: {e}") from None
         del session
         later = keep | {n for p in pieces[index + 1 :] for n in p.inputs}
@@ -197,6 +196,7 @@ def run_saved(
     threads: int,
     max_bytes: int | None = None,
     what: str = "ONNX Runtime cannot run the model",
+    runtime: RuntimeOptions | None = None,
 ) -> list[Outputs]:
     """``model``'s outputs on each of ``feeds``, from a temporary copy saved with external
     data (module doc), removed afterwards; ``max_bytes``: run in pieces of at most that
@@ -211,10 +211,17 @@ def run_saved(
         if max_bytes is not None:
             saved = load_model(path)
             return run_in_pieces(
-                saved, feeds, threads=threads, max_bytes=max_bytes, prepack=True, what=what
+                saved,
+                feeds,
+                threads=threads,
+                max_bytes=max_bytes,
+                prepack=True,
+                what=what,
+                runtime=runtime,
             )
+        options = runtime or RuntimeOptions(threads=threads)
         try:
-            session = make_session(str(path), threads, owned=True, deployed=True)
-            return [run_session(session, f, None) for f in feeds]
-        except (OrtLoadError, OrtRunError) as e:
+            session = engine_for(options).session(str(path), options, hints=LoadHints(owned=True))
+            return [session.run(f, None) for f in feeds]
+        except (RuntimeLoadError, RuntimeRunError) as e:
             raise MixprecError(f"{what}: {e}") from None

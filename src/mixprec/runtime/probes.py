@@ -1,4 +1,5 @@
-"""ONNX Runtime sessions that expose a model's inner tensors, for calibration.
+"""Sessions that expose a model's inner tensors, for calibration (in ONNX Runtime by
+default; any engine through :func:`~mixprec.runtime.engines.engine_for`).
 
 * :class:`ProbeSession`: the model with ``ReduceMin``/``ReduceMax``/``Shape`` probes
   after each measured tensor (and, for histograms, a :class:`Subsample` of its values:
@@ -19,19 +20,13 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
-import onnxruntime as ort
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.ops import onnx_opset
 from mixprec.io.external import DATA_FOLDER
 from mixprec.io.protos import weightless_proto
-from mixprec.runtime.ort import (
-    PROTO_LIMIT,
-    check_external,
-    external_skeleton,
-    make_session,
-    run_session,
-)
+from mixprec.runtime.engine import LoadHints, RuntimeOptions, Session
+from mixprec.runtime.engines import engine_for
 from mixprec.runtime.probe_nodes import (
     POSITIONS,
     SampleConstants,
@@ -40,6 +35,7 @@ from mixprec.runtime.probe_nodes import (
     range_nodes,
     sample_nodes,
 )
+from mixprec.runtime.source import PROTO_LIMIT, check_external, external_skeleton
 
 __all__ = ["ProbeSession", "Subsample", "VariantRunner"]
 
@@ -96,7 +92,7 @@ class ProbeSession:
 
     def __init__(
         self,
-        session: ort.InferenceSession,
+        session: Session,
         outputs: _Outputs,
         subsample: Subsample | None = None,
     ):
@@ -157,14 +153,16 @@ class ProbeSession:
             while len(model.graph.inputs) > inputs_before:
                 model.graph.inputs.pop()
         detached.update(external or {})
+        hints = LoadHints(
+            external=detached,
+            data_folder=folder,
+            prepack=False,  # calibration runs a few samples: no second weight copy
+            in_order=True,
+        )
+        options = _options(threads)
         try:
-            session = make_session(
-                augmented.SerializeToString(),
-                threads,
-                in_order=True,
-                external=detached,
-                prepack=False,  # calibration runs a few samples: no second weight copy
-                data_folder=folder,
+            session = engine_for(options).session(
+                augmented.SerializeToString(), options, hints=hints
             )
         except MixprecError as e:
             logger.debug("range analysis: probe session failed (%s); fetching tensors", e)
@@ -184,7 +182,7 @@ class ProbeSession:
         if self._subsample is not None:
             self.last_positions = draw_positions(self._rng, self._subsample.size)
             feeds = {**feeds, POSITIONS: self.last_positions}
-        outs = run_session(self._session, feeds, wanted)
+        outs = self._session.run(feeds, wanted)
         self.last_means = {name: np.asarray(outs[out]) for name, out in o.means.items()}
         self.last_absmax = {name: np.asarray(outs[out]) for name, out in o.absmax.items()}
         self.last_fetched = {name: np.asarray(outs[name]) for name in o.fetched}
@@ -277,7 +275,7 @@ class VariantRunner:
         self._threads = threads
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         # The sessions of the last few output sets (the chunks repeat for every sample).
-        self._sessions: OrderedDict[tuple[str, ...], ort.InferenceSession] = OrderedDict()
+        self._sessions: OrderedDict[tuple[str, ...], Session] = OrderedDict()
         if model.ByteSize() > PROTO_LIMIT:
             self._dir = tempfile.TemporaryDirectory(prefix="mixprec-")
             try:
@@ -295,7 +293,7 @@ class VariantRunner:
             self._dir.cleanup()
             self._dir = None
 
-    def _session(self, outputs: Sequence[onnx.ValueInfoProto]) -> ort.InferenceSession:
+    def _session(self, outputs: Sequence[onnx.ValueInfoProto]) -> Session:
         key = tuple(vi.name for vi in outputs)
         if key in self._sessions:
             self._sessions.move_to_end(key)
@@ -315,15 +313,15 @@ class VariantRunner:
         finally:
             del graph.output[:]
             graph.output.extend(self.original_outputs)
-        session = make_session(
-            source,
-            self._threads,
-            owned=self._dir is not None,
+        hints = LoadHints(
             external=self._external,
-            prepack=False,
             data_folder=self._data_folder,
+            owned=self._dir is not None,
+            prepack=False,
             arena=False,  # several sessions are kept: none holds its activations
         )
+        options = _options(self._threads)
+        session = engine_for(options).session(source, options, hints=hints)
         self._sessions[key] = session
         return session
 
@@ -336,7 +334,12 @@ class VariantRunner:
             MixprecError: ONNX Runtime cannot build or run this variant.
         """
         session = self._session(outputs)
-        return run_session(session, feeds, [vi.name for vi in outputs])
+        return session.run(feeds, [vi.name for vi in outputs])
+
+
+def _options(threads: int) -> RuntimeOptions:
+    """Calibration's sessions: ONNX Runtime's CPU provider with its basic optimizations."""
+    return RuntimeOptions(threads=threads, optimization="basic")
 
 
 def _copy_vi(vi: onnx.ValueInfoProto) -> onnx.ValueInfoProto:

@@ -19,15 +19,14 @@ from mixprec.core.registry import node_info
 from mixprec.io.feeds import feeds_for
 from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
-from mixprec.runtime.engines import ENGINES, check_plan, engine_for
-from mixprec.runtime.ort import run_model
+from mixprec.runtime.engines import check_plan, engine_for, run_model
 
 __all__ = ["ValidationReport", "detect_low_dtype", "validate_models"]
 
 logger = logging.getLogger(__name__)
 
 _HOW = {"onnxruntime": "ONNX Runtime", "openvino": "OpenVINO", "emulated": "FP32 emulation"}
-# What ran a model, as ValidationReport.kind names it.
+# What ran a model, as ValidationReport.kind names it (another engine: its name).
 _KIND = {"ort": "onnxruntime", "openvino": "openvino"}
 # Relative tolerance used when the converted model has no low-precision tensor at all.
 _NO_LOW_RTOL = 1e-4
@@ -203,7 +202,8 @@ def validate_models(
         raise MixprecError(f"unknown validation mode {mode!r}; use auto, ort or emulated")
     low_dtype = detect_low_dtype(converted)
     tol = rtol if rtol is not None else DEFAULT_RTOL.get(low_dtype, _NO_LOW_RTOL)
-    reference = run_model(original, feeds_for(original, feeds), threads=threads)
+    basic = RuntimeOptions(threads=threads, optimization="basic")
+    reference = run_model(original, feeds_for(original, feeds), basic)
     if runtime is None and threads != 2:
         runtime = RuntimeOptions(threads=threads)
     plan = check_plan(low_dtype, runtime, mode)
@@ -214,10 +214,10 @@ def validate_models(
     if result is None:
         kind = "emulated"
         emulated = emulate_low_precision(converted)
-        result = run_model(
-            emulated, feeds_for(emulated, feeds), threads=plan.options.threads, optimize=False
-        )
-        described = {**ENGINES["ort"].describe(plan.options), "precision": "FP32 emulation"}
+        # unoptimized: fusions would swallow the Cast round trips that carry the emulation
+        plain = RuntimeOptions(threads=plan.options.threads, optimization="off")
+        result = run_model(emulated, feeds_for(emulated, feeds), plain)
+        described = {**engine_for(plain).describe(plan.options), "precision": "FP32 emulation"}
         if fallback and plan.emulated:
             fallback = f"{fallback}; emulated the {low_dtype} model in float32 instead"
     kinds = classify_outputs(ir.from_proto(original))  # top-1 on class scores only
@@ -239,10 +239,12 @@ def _run_as_is(
 ) -> tuple[dict[str, np.ndarray] | None, str, str, dict[str, object]]:
     """Runs ``converted`` as is: (outputs or None to emulate, kind, fallback, described).
 
-    A model OpenVINO cannot load goes to ONNX Runtime (then emulation) with its reason.
+    A model another engine (OpenVINO) cannot load goes to the default engine, ONNX
+    Runtime's CPU provider (then emulation), with its reason.
     """
     engine = engine_for(options)
     low = detect_low_dtype(converted)
+    default = RuntimeOptions(threads=options.threads)
     fallback = ""
     try:
         session = engine.session(converted, options)
@@ -250,15 +252,14 @@ def _run_as_is(
         described = engine.describe(options)
         if session.notes:
             described["notes"] = list(session.notes)
-        return outputs, _KIND[engine.name], "", described
+        return outputs, _KIND.get(engine.name, engine.name), "", described
     except (RuntimeLoadError, RuntimeRunError) as e:
-        if mode == "ort" and engine.name == "ort":
+        if mode == "ort" and options == default:
             raise
         fallback = str(e)
         logger.info("validation: %s", e)
-    if engine.name != "ort":
-        ort_options = RuntimeOptions(threads=options.threads)
-        found, kind, more, described = _run_as_is(converted, feeds, ort_options, "auto")
+    if options != default:
+        found, kind, more, described = _run_as_is(converted, feeds, default, "auto")
         if found is not None:
             return found, kind, f"{fallback}; checked in onnxruntime instead", described
         return None, "emulated", f"{fallback}; {more}", described

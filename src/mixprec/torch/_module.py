@@ -134,7 +134,7 @@ class ConvertedModule(torch.nn.Module):
 
     @property
     def providers(self) -> list[str]:
-        return list(self._runner.session.get_providers())
+        return list(self._runner.providers)
 
     def feeds(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """The tensors by input name for a call with ``args`` and ``kwargs``.

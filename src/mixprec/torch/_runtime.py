@@ -1,8 +1,10 @@
-"""Running a converted model on ONNX Runtime with torch tensors in and out.
+"""Running a converted model on ONNX Runtime with torch tensors in and out, through the
+runtime door (:func:`~mixprec.runtime.engines.engine_for`).
 
-Inputs are bound in place through ``io_binding`` (no copy for contiguous tensors of the
-graph's dtype, on CPU or, with the CUDA execution provider, on the GPU); outputs are
-allocated by ONNX Runtime on the device of the first input and handed to torch.
+Inputs are bound in place (:class:`~mixprec.runtime.engine.DeviceBuffer`: no copy for
+contiguous tensors of the graph's dtype, on CPU or, with the CUDA execution provider, on
+the GPU); outputs are allocated by ONNX Runtime on the device of the first input and
+handed to torch.
 
 ONNX Runtime's CPU provider has almost no bfloat16 kernels: a bfloat16 model that it
 cannot load is run as its FP32 emulation (:class:`mixprec.EmulateLowPrecisionPass`:
@@ -12,18 +14,20 @@ every bfloat16 tensor rounded through bfloat16, arithmetic in FP32), and
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import onnx_ir as ir
-import onnxruntime as ort
 import torch
 
-from mixprec.core.config import ort_log_severity
 from mixprec.core.errors import MixprecError
 from mixprec.runtime.emulate import emulate_low_precision
-from mixprec.runtime.ort import ort_first_line
+from mixprec.runtime.engine import DeviceBuffer, RuntimeOptions, Session
+from mixprec.runtime.engines import engine_for
 
 __all__ = ["OrtRunner", "default_providers"]
 
@@ -31,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 _CUDA = "CUDAExecutionProvider"
 _CPU = "CPUExecutionProvider"
+#: ONNX Runtime's execution provider names -> ``RuntimeOptions.provider``.
+_PROVIDERS = {_CPU: "cpu", _CUDA: "cuda", "TensorrtExecutionProvider": "tensorrt"}
 _NUMPY_TYPES: dict[ir.DataType, type[np.generic]] = {
     ir.DataType.FLOAT: np.float32,
     ir.DataType.FLOAT16: np.float16,
@@ -58,8 +64,18 @@ _TORCH_TYPES: dict[ir.DataType, torch.dtype] = {
 
 def default_providers() -> list[str]:
     """CUDA then CPU when this onnxruntime build has the CUDA provider, else CPU."""
-    available = ort.get_available_providers()
-    return [_CUDA, _CPU] if _CUDA in available else [_CPU]
+    cuda = RuntimeOptions(provider="cuda")
+    return [_CUDA, _CPU] if engine_for("ort").missing(cuda) is None else [_CPU]
+
+
+def _provider(providers: Sequence[str]) -> str:
+    """The ``RuntimeOptions.provider`` of an ONNX Runtime provider list (its first)."""
+    first = providers[0] if providers else _CPU
+    if first not in _PROVIDERS:
+        raise MixprecError(
+            f"unknown execution provider {first!r}: use one of {', '.join(_PROVIDERS)}"
+        )
+    return _PROVIDERS[first]
 
 
 def torch_dtype_of(dtype: ir.DataType | None) -> torch.dtype | None:
@@ -78,8 +94,9 @@ def _has_bfloat16(model: ir.Model) -> bool:
     )
 
 
-def _to_torch(value: ort.OrtValue) -> torch.Tensor:
-    """An output OrtValue as a tensor: shared through DLPack, copied where that fails."""
+def _to_torch(value: Any) -> torch.Tensor:
+    """An output (an OrtValue or an array) as a tensor: shared through DLPack, copied
+    where that fails."""
     try:
         return torch.from_dlpack(value)
     except (RuntimeError, TypeError, BufferError):
@@ -110,38 +127,46 @@ class OrtRunner:
         self.kind = "onnxruntime"
         self.fallback_reason = ""
         self._threads = threads
+        self._chosen = providers is not None
         try:
             self.session = self._session(model)
-        except Exception as exc:
+        except MixprecError as exc:
             if not _has_bfloat16(model):
-                raise MixprecError(
-                    f"onnxruntime cannot load the converted model: {ort_first_line(exc)}"
-                ) from exc
+                raise MixprecError(f"cannot load the converted model: {exc}") from exc
             self.fallback_reason = (
                 f"onnxruntime ({', '.join(self.providers)}) cannot run this bfloat16 model "
-                f"({ort_first_line(exc)}); running its FP32 emulation"
+                f"({exc}); running its FP32 emulation"
             )
             logger.info("%s", self.fallback_reason)
             self.kind = "emulated"
             self.session = self._session(emulate_low_precision(model), optimize=False)
 
-    def _session(self, model: ir.Model, optimize: bool = True) -> ort.InferenceSession:
-        options = ort.SessionOptions()
-        options.log_severity_level = ort_log_severity()
-        if self._threads:
-            options.intra_op_num_threads = self._threads
-        if not optimize:
-            # ORT's fusions would swallow the emulation's Cast round trips.
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        data = ir.to_proto(model).SerializeToString()
-        return ort.InferenceSession(data, sess_options=options, providers=self.providers)
+    def _session(self, model: ir.Model, optimize: bool = True) -> Session:
+        # unoptimized beyond the basics: ORT's fusions would swallow an emulation's Casts
+        options = RuntimeOptions(
+            threads=self._threads,
+            provider=_provider(self.providers),
+            optimization="all" if optimize else "basic",
+        )
+        proto = ir.to_proto(model)
+        try:
+            return engine_for(options).session(proto, options)
+        except MixprecError:
+            if self._chosen or options.provider == "cpu":
+                raise
+        # the default CUDA provider did not start (no device): the CPU, as ORT would
+        self.providers = [_CPU]
+        options = dataclasses.replace(options, provider="cpu")
+        return engine_for(options).session(proto, options)
 
     @property
     def device(self) -> str:
-        """``"cuda"`` when the session runs on the CUDA provider, else ``"cpu"``."""
-        return "cuda" if self.session.get_providers()[0] == _CUDA else "cpu"
+        """``"cuda"`` when the session runs on a GPU provider, else ``"cpu"``."""
+        return "cpu" if _provider(self.providers) == "cpu" else "cuda"
 
-    def _bind(self, binding: ort.IOBinding, name: str, tensor: torch.Tensor) -> torch.Tensor:
+    def _buffer(self, name: str, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """(the tensor to keep alive, what to bind): a :class:`DeviceBuffer` over its
+        storage, or a numpy array where the dtype has no numpy twin."""
         expected = self.input_types.get(name)
         want = torch_dtype_of(expected)
         if want is not None and tensor.dtype != want:
@@ -151,17 +176,15 @@ class OrtRunner:
         on_gpu = tensor.is_cuda and self.device == "cuda"
         tensor = tensor.contiguous() if on_gpu else tensor.detach().cpu().contiguous()
         if expected is None or expected not in _NUMPY_TYPES:
-            binding.bind_cpu_input(name, tensor.numpy())
-            return tensor
-        binding.bind_input(
-            name,
+            return tensor, tensor.numpy()
+        buffer = DeviceBuffer(
             "cuda" if on_gpu else "cpu",
             tensor.device.index or 0 if on_gpu else 0,
-            _NUMPY_TYPES[expected],
-            list(tensor.shape),
+            np.dtype(_NUMPY_TYPES[expected]),
+            tuple(tensor.shape),
             tensor.data_ptr(),
         )
-        return tensor
+        return tensor, buffer
 
     def run(self, feeds: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
         """Run on named tensors; the outputs in graph order, on the first input's device.
@@ -170,25 +193,44 @@ class OrtRunner:
             MixprecError: a dtype does not match, or onnxruntime fails (e.g. a shape
                 that the export made static); the message shows the expected shapes.
         """
-        binding = self.session.io_binding()
         kept = []  # the bound tensors must outlive the run
+        inputs: dict[str, Any] = {}
         device = "cpu"
         for name, tensor in feeds.items():
             if name not in self.input_types:
                 continue
             device = "cuda" if tensor.is_cuda and self.device == "cuda" else device
-            kept.append(self._bind(binding, name, tensor))
-        for name in self.output_names:
-            binding.bind_output(name, self.device)
+            held, inputs[name] = self._buffer(name, tensor)
+            kept.append(held)
         try:
-            self.session.run_with_iobinding(binding)
-        except Exception as exc:
+            values = self._run(inputs)
+        except MixprecError as exc:
             got = {n: list(t.shape) for n, t in feeds.items()}
             raise MixprecError(
-                f"onnxruntime failed to run the converted model: {ort_first_line(exc)} "
-                f"(inputs {got}; the exported model takes {self.input_shapes})"
+                f"{exc} (inputs {got}; the exported model takes {self.input_shapes})"
             ) from exc
         del kept
-        outputs = [_to_torch(value) for value in binding.get_outputs()]
+        outputs = [_to_torch(value) for value in values]
         target = torch.device(device)
         return [out.to(target) if out.device != target else out for out in outputs]
+
+    def _run(self, inputs: Mapping[str, Any]) -> list[Any]:
+        """The outputs in graph order: in place where the session binds buffers, else
+        through host arrays."""
+        run_buffers = getattr(self.session, "run_buffers", None)
+        if run_buffers is not None:
+            return list(run_buffers(inputs, self.device))
+        arrays = {n: _host_array(x) for n, x in inputs.items()}
+        out = self.session.run(arrays)
+        return [np.ascontiguousarray(out[name]) for name in self.output_names]
+
+
+def _host_array(x: Any) -> np.ndarray:
+    """A bound input as a host array (a CPU :class:`DeviceBuffer` viewed, not copied)."""
+    if not isinstance(x, DeviceBuffer):
+        return np.asarray(x)
+    if x.device != "cpu":
+        raise MixprecError("this runtime's sessions take host arrays: move the inputs to the CPU")
+    count = int(np.prod(x.shape)) if x.shape else 1
+    raw = (ctypes.c_byte * (count * x.dtype.itemsize)).from_address(x.pointer)
+    return np.frombuffer(memoryview(raw).cast("B"), dtype=x.dtype).reshape(x.shape)

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import onnx_ir as ir
 
 from mixprec.core.callables import load_callable
 from mixprec.core.errors import MixprecError
@@ -44,7 +45,6 @@ from mixprec.core.metrics import (
 from mixprec.core.ops import TOLERANCES
 from mixprec.core.output_kinds import OutputKind
 from mixprec.io.feeds import feeds_for
-from mixprec.runtime.ort import run_session
 
 __all__ = [
     "BUILTIN_METRICS",
@@ -62,11 +62,6 @@ Outputs = Mapping[str, np.ndarray]
 #: One dict per sample of its arrays that are not model inputs (labels, boxes).
 Labels = Sequence[Mapping[str, np.ndarray]]
 logger = logging.getLogger(__name__)
-_NUMPY_FLOATS: dict[str, np.dtype[Any]] = {
-    "tensor(float)": np.dtype(np.float32),
-    "tensor(float16)": np.dtype(np.float16),
-    "tensor(double)": np.dtype(np.float64),
-}
 #: name -> (higher is better, default budget by target or None).
 BUILTIN_METRICS = TOLERANCES
 
@@ -76,9 +71,10 @@ class Candidate:
 
     Attributes:
         model: the candidate as an ``onnx.ModelProto`` (bfloat16 candidates emulated in
-            float32, since ONNX Runtime's CPU provider lacks bfloat16 kernels).
-        session: an ``onnxruntime.InferenceSession`` of ``model``, or with tune's mode
-            "openvino" an OpenVINO session (:class:`~mixprec.runtime.engine.Session`).
+            float32 where the runtime refuses bfloat16, as ONNX Runtime's CPU provider does).
+        session: the runtime's session of ``model``
+            (:class:`~mixprec.runtime.engine.Session`: ``session.run(feeds)`` gives the
+            outputs by name).
     """
 
     def __init__(self, model: Any, session: Any, samples: Sequence[Mapping[str, np.ndarray]]):
@@ -86,23 +82,15 @@ class Candidate:
         self.session = session
         self._samples = samples
         self._outputs: list[dict[str, np.ndarray]] | None = None
+        self._signature: ir.Model | None = None
 
     def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The candidate's outputs, by name, for one feed dict (float arrays are cast to
-        the dtypes the session takes)."""
-        if not hasattr(self.session, "get_inputs"):  # an engine's session (OpenVINO)
-            return self.session.run(feeds_for(self.model, feeds))
-        wanted = {i.name: _NUMPY_FLOATS.get(i.type) for i in self.session.get_inputs()}
-        missing = sorted(set(wanted) - set(feeds))
-        if missing:
-            raise MixprecError(f"no input data for model input(s) {', '.join(missing)}")
-        cast: dict[str, np.ndarray] = {}
-        for name, dtype in wanted.items():
-            array = np.asarray(feeds[name])
-            if dtype is not None and array.dtype.kind == "f" and array.dtype != dtype:
-                array = array.astype(dtype)
-            cast[name] = array
-        return run_session(self.session, cast, None)
+        the dtypes the model takes)."""
+        if self._signature is None:  # read once: the inputs' names and dtypes
+            model = self.model
+            self._signature = model if isinstance(model, ir.Model) else ir.from_proto(model)
+        return dict(self.session.run(feeds_for(self._signature, feeds)))
 
     @property
     def outputs(self) -> list[dict[str, np.ndarray]]:

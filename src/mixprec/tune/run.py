@@ -11,6 +11,7 @@ the log dir around it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -36,8 +37,9 @@ from mixprec.io.feeds import (
 from mixprec.pipeline.convert import report_stages
 from mixprec.pipeline.quantize import fill_report
 from mixprec.pipeline.report import Report
+from mixprec.runtime.engine import RuntimeOptions, runtime_names
+from mixprec.runtime.engines import engine_for, run_model
 from mixprec.runtime.fit import fit_shapes
-from mixprec.runtime.ort import run_model, run_session, session_for
 from mixprec.tune.metrics import (
     Candidate,
     Labels,
@@ -51,7 +53,7 @@ from mixprec.tune.search import Search
 from mixprec.tune.sensitivity import NodeSensitivity, measure_sensitivity, rank
 from mixprec.tune.targets import FloatTarget, Int8Target
 
-__all__ = ["SENSITIVITY_SAMPLES", "TuneRequest", "tune_model"]
+__all__ = ["SENSITIVITY_SAMPLES", "TuneRequest", "candidate_runtime", "tune_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +70,10 @@ Data = Mapping[str, Any] | Iterable[Mapping[str, Any]] | str | os.PathLike[str] 
 
 @dataclass(frozen=True)
 class TuneRequest:
-    """What one tuning run is asked: the target, the data, the metric and its budget."""
+    """What one tuning run is asked: the target, the data, the metric and its budget, and
+    the runtime its candidates run in (``runtime`` None: ONNX Runtime's CPU provider, or
+    the engine a float target's mode names, e.g. "openvino"; given, the FP32 reference
+    runs there too)."""
 
     target: FloatTarget | Int8Target
     data: Data
@@ -79,6 +84,23 @@ class TuneRequest:
     max_evaluations: int | None = None
     threads: int = 2
     shapes: Any = None
+    runtime: RuntimeOptions | None = None
+
+
+def candidate_runtime(request: TuneRequest) -> RuntimeOptions:
+    """Where the candidates of ``request`` run (see :class:`TuneRequest`)."""
+    if request.runtime is not None:
+        return request.runtime
+    mode = getattr(request.target, "mode", None)
+    name = mode if mode in runtime_names() else RuntimeOptions().name
+    return RuntimeOptions(name=name, threads=request.threads)
+
+
+def _reference_runtime(request: TuneRequest) -> RuntimeOptions:
+    """Where the FP32 reference runs: the request's runtime, else ONNX Runtime's CPU
+    provider, with basic graph optimizations."""
+    chosen = request.runtime or RuntimeOptions(threads=request.threads)
+    return dataclasses.replace(chosen, optimization="basic")
 
 
 def load_samples(data: Data, model: ir.Model, shapes: Any) -> list[dict[str, np.ndarray]]:
@@ -101,13 +123,14 @@ def load_samples(data: Data, model: ir.Model, shapes: Any) -> list[dict[str, np.
 
 def _generated_sample(model: ir.Model, shapes: Any) -> dict[str, np.ndarray]:
     """One generated sample the model runs on (the calibration's rule: the first guess,
-    then what ONNX Runtime's refusals teach, :func:`~mixprec.runtime.fit.fit_shapes`)."""
+    then what the runtime's refusals teach, :func:`~mixprec.runtime.fit.fit_shapes`)."""
     first, _ = resolve_input_shapes(model, shapes)
     proto = ir.to_proto(model)
+    basic = RuntimeOptions(optimization="basic")
 
     def attempt(tried: dict[str, list[int]]) -> dict[str, np.ndarray]:
         feeds, _ = make_inputs(model, shapes=tried, seed=0)
-        run_model(proto, feeds)  # raises OrtRunError when refused
+        run_model(proto, feeds, basic)  # raises RuntimeRunError when refused
         return feeds
 
     feeds, _, notes = fit_shapes(first, guessed_dims(model, shapes), attempt)
@@ -117,14 +140,17 @@ def _generated_sample(model: ir.Model, shapes: Any) -> dict[str, np.ndarray]:
 
 
 def _reference(
-    fp32: onnx.ModelProto, samples: list[dict[str, np.ndarray]], metric: Metric, threads: int
+    fp32: onnx.ModelProto,
+    samples: list[dict[str, np.ndarray]],
+    metric: Metric,
+    options: RuntimeOptions,
 ) -> tuple[list[dict[str, np.ndarray]], float | None]:
     """The FP32 model's outputs on every sample, and a callable metric's FP32 score."""
-    with session_for(fp32, threads) as session:
-        reference = [run_session(session, s, None) for s in samples]
-        score = None
-        if metric.user is not None:
-            score = float(metric.user(Candidate(fp32, session, samples)))
+    session = engine_for(options).session(fp32, options)
+    reference = [session.run(s) for s in samples]
+    score = None
+    if metric.user is not None:
+        score = float(metric.user(Candidate(fp32, session, samples)))
     return reference, score
 
 
@@ -141,7 +167,7 @@ def _search(
     target, threads = request.target, request.threads
     metric = resolve_metric(request.metric, request.metric_budget, classify_outputs(calibrated))
     fp32 = ir.to_proto(calibrated)
-    reference, reference_score = _reference(fp32, samples, metric, threads)
+    reference, reference_score = _reference(fp32, samples, metric, _reference_runtime(request))
     base = ir.from_proto(fp32)
     base.meta[CALIBRATION] = calibrated.meta[CALIBRATION]
     base = target.pipeline((), check=False).run(base, start="annotate", until="annotate")
@@ -153,11 +179,15 @@ def _search(
         # Cast takes bfloat16).
         rounder = target.rounder(base)
         some = samples[:SENSITIVITY_SAMPLES]
-        return rank(measure_sensitivity(base, candidates, rounder, some, threads=threads))
+        return rank(
+            measure_sensitivity(
+                base, candidates, rounder, some, threads=threads, runtime=request.runtime
+            )
+        )
 
     search = Search(
         target, base, list(candidates), measure, metric, samples, reference, None,
-        request.max_evaluations, threads,
+        request.max_evaluations, threads, candidate_runtime(request),
     )  # fmt: skip
     if metric.score is not None and request.metric_budget is not None:
         if request.budget is not None:

@@ -28,6 +28,7 @@ The steps (:mod:`mixprec.tune.run` drives them):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -42,9 +43,8 @@ from mixprec.calibrate.measure import CALIBRATION, MACS, SHAPES, CountMacsPass
 from mixprec.core.graphs import iter_nodes
 from mixprec.pipeline.stages import Stage
 from mixprec.runtime.emulate import emulate_low_precision
-from mixprec.runtime.engine import RuntimeOptions, RuntimeRunError
+from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError, Session
 from mixprec.runtime.engines import engine_for
-from mixprec.runtime.ort import OrtLoadError, make_session
 from mixprec.tune.metrics import Budget, Candidate, Labels, Metric, call_user_metric, shape_miss
 from mixprec.tune.result import Step
 from mixprec.tune.sensitivity import NodeSensitivity
@@ -86,6 +86,7 @@ class Search:
         budget: Budget | None,
         max_evaluations: int | None,
         threads: int,
+        runtime: RuntimeOptions | None = None,
     ) -> None:
         self.target = target
         # Bytes, parsed afresh per candidate: the apply stage may take over weight buffers.
@@ -101,6 +102,8 @@ class Search:
         self.budget = budget
         self.max_evaluations = max_evaluations
         self.threads = threads
+        #: Where candidates run (default: ONNX Runtime's CPU provider, ``threads``).
+        self.runtime = runtime or RuntimeOptions(threads=threads)
         self.counts = {"subset": 0, "full": 0, "reference": 1}
         self.path: list[Step] = []
         self.full: dict[int, Step] = {}  # by k, the ranked prefix moved to float
@@ -191,18 +194,21 @@ class Search:
         self.last_pipeline = pipeline
         return model, share
 
-    def session(self, model: ir.Model) -> tuple[onnx.ModelProto, Any]:
-        proto, optimize = self.target.runnable(model)
-        if getattr(self.target, "mode", None) == "openvino":
-            options = RuntimeOptions("openvino", threads=self.threads)
-            return proto, engine_for(options).session(proto, options)
+    def session(self, model: ir.Model) -> tuple[onnx.ModelProto, Session]:
+        """Candidate ``model`` as the target runs it (as is, or emulated) and its session
+        in the search's runtime; a model the runtime refuses to load is emulated (FP16 ops
+        a CPU provider has no kernel for), except INT8 candidates."""
+        engine = engine_for(self.runtime)
+        proto, optimization = self.target.runnable(model, engine)
+        options = dataclasses.replace(self.runtime, optimization=optimization)
         try:
-            return proto, make_session(proto.SerializeToString(), self.threads, optimize=optimize)
-        except OrtLoadError:
-            if self.target.int8 or not optimize:
+            return proto, engine.session(proto, options)
+        except RuntimeLoadError:
+            if self.target.int8 or optimization == "off":
                 raise
             proto = emulate_low_precision(proto)
-            return proto, make_session(proto.SerializeToString(), self.threads, optimize=False)
+            options = dataclasses.replace(self.runtime, optimization="off")
+            return proto, engine.session(proto, options)
 
     def score(
         self, k: int | Sequence[str], subset: Sequence[int] | None
@@ -238,7 +244,7 @@ class Search:
         return value, each
 
     def _evaluate(
-        self, proto: onnx.ModelProto, session: Any, idx: list[int], *, full: bool
+        self, proto: onnx.ModelProto, session: Session, idx: list[int], *, full: bool
     ) -> tuple[float, list[float], str]:
         """The metric on the samples ``idx``, the per-sample values (built-in metrics,
         ``full`` only), and why the candidate is a miss ("" when it is not).

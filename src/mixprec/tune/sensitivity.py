@@ -34,8 +34,8 @@ import onnx_ir as ir
 
 from mixprec.core.graphs import UniqueNames
 from mixprec.io.feeds import feeds_for
-from mixprec.runtime.engine import RuntimeRunError
-from mixprec.runtime.ort import run_session, session_for
+from mixprec.runtime.engine import RuntimeOptions, RuntimeRunError
+from mixprec.runtime.engines import engine_for
 
 __all__ = ["NodeSensitivity", "Rounder", "measure_sensitivity", "rank"]
 
@@ -301,6 +301,7 @@ def measure_sensitivity(
     *,
     threads: int = 2,
     accumulated: bool = True,
+    runtime: RuntimeOptions | None = None,
 ) -> list[NodeSensitivity]:
     """Run the instrumented model once per sample and return every candidate's errors.
 
@@ -316,14 +317,18 @@ def measure_sensitivity(
         candidates: ``{node name: (op type, MACs)}`` of the nodes that may go low.
         make_rounder: builds the target's :class:`Rounder` for the instrumented graph.
         samples: feed dicts (a few suffice: errors are pooled over them).
-        threads: ONNX Runtime intra-op threads.
+        threads: intra-op threads (when ``runtime`` is None).
         accumulated: also carry the whole low-precision stream.
+        runtime: the engine of the instrumented run (default ONNX Runtime's CPU
+            provider); it runs without graph optimizations, which would fold the
+            rounding Casts.
 
     Returns:
         One :class:`NodeSensitivity` per candidate, in ``candidates`` order.
     """
+    options = dataclasses.replace(runtime or RuntimeOptions(threads=threads), optimization="off")
     measure = functools.partial(_measure, model, make_rounder=make_rounder, samples=samples,
-                                threads=threads)  # fmt: skip
+                                options=options)  # fmt: skip
     try:
         return measure(candidates, accumulated=accumulated)
     except RuntimeRunError as exc:
@@ -354,7 +359,7 @@ def _measure(
     *,
     make_rounder: Callable[[ir.Graph, UniqueNames], Rounder],
     samples: Sequence[Mapping[str, np.ndarray]],
-    threads: int,
+    options: RuntimeOptions,
     accumulated: bool,
 ) -> list[NodeSensitivity]:
     """One instrumented run per sample (:func:`measure_sensitivity`, without the
@@ -364,11 +369,11 @@ def _measure(
     )
     sums: dict[str, float] = {}
     if comparisons:  # none when every candidate sits in a subgraph
-        with session_for(ir.to_proto(instrumented), threads, optimize=False) as session:
-            for feeds in samples:
-                out = run_session(session, feeds_for(instrumented, feeds), None)
-                for name, array in out.items():
-                    sums[name] = sums.get(name, 0.0) + float(np.asarray(array, np.float64))
+        session = engine_for(options).session(ir.to_proto(instrumented), options)
+        for feeds in samples:
+            out = session.run(feeds_for(instrumented, feeds))
+            for name, array in out.items():
+                sums[name] = sums.get(name, 0.0) + float(np.asarray(array, np.float64))
     errors: dict[tuple[str, str], float] = {}
     for c in comparisons:
         err = _rel(sums.get(c.num, 0.0), sums.get(c.den, 0.0))

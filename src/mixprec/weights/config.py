@@ -14,7 +14,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import exclude_patterns
 from mixprec.runtime.cpu import CpuFeatures, cpu_features
 from mixprec.runtime.engine import RuntimeOptions
-from mixprec.runtime.engines import runtime_options
+from mixprec.runtime.engines import ENGINES, runtime_options
 from mixprec.weights.blocks import BITS, BLOCK_SIZES, BlockSpec
 from mixprec.weights.methods import AUTO, METHODS
 
@@ -165,7 +165,7 @@ class WeightsConfig:
         if self.log_dir is not None:
             object.__setattr__(self, "log_dir", Path(self.log_dir))
         object.__setattr__(self, "runtime", runtime_options(self.runtime))
-        if self.runtime.name != "ort":
+        if not ENGINES[self.runtime.name].runs_contrib_ops():
             raise MixprecError(
                 f"weight-only models use ONNX Runtime's contrib ops (MatMulNBits): runtime "
                 f"{self.runtime.name!r} cannot run them; use ort"

@@ -26,14 +26,13 @@ import dataclasses
 import functools
 
 import numpy as np
-import onnx
 import onnx_ir as ir
 
 from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import NodeExclusions, iter_nodes
 from mixprec.core.ops import FLOAT_TYPES, is_onnx_domain
-from mixprec.runtime.engine import RuntimeLoadError
-from mixprec.runtime.ort import make_session
+from mixprec.runtime.engine import RuntimeOptions
+from mixprec.runtime.engines import engine_for
 from mixprec.weights.config import WeightsConfig
 
 __all__ = [
@@ -167,36 +166,26 @@ def embedding_table(node: ir.Node, inputs: set[ir.Value]) -> tuple[ir.Value | No
 
 @functools.cache
 def gather_kernel_missing() -> str | None:
-    """Why this ONNX Runtime cannot run ``GatherBlockQuantized`` on uint8 data (None: it
-    can), probed once on a 16x16 table."""
-    h = onnx.helper
-    node = h.make_node(
-        "GatherBlockQuantized",
-        ["data", "indices", "scales"],
-        ["out"],
-        domain="com.microsoft",
-        bits=4,
-        block_size=16,
-        gather_axis=0,
-        quantize_axis=1,
-    )
-    graph = h.make_graph(
-        [node],
-        "probe",
-        [h.make_tensor_value_info("indices", onnx.TensorProto.INT64, [1])],
-        [h.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)],
-        [
-            onnx.numpy_helper.from_array(np.zeros((16, 8), np.uint8), "data"),
-            onnx.numpy_helper.from_array(np.ones((16, 1), np.float32), "scales"),
-        ],
-    )
-    opsets = [h.make_opsetid("", 17), h.make_opsetid("com.microsoft", 1)]
-    model = h.make_model(graph, opset_imports=opsets, ir_version=8)
-    try:
-        make_session(model.SerializeToString(), 1)
-    except RuntimeLoadError as e:
-        return f"this ONNX Runtime has no GatherBlockQuantized for uint8 tables ({e})"
-    return None
+    """Why the runtime (ONNX Runtime's CPU provider) cannot run ``GatherBlockQuantized``
+    on uint8 data (None: it can), asked once of its kernel probe."""
+    typed = {"data": ir.DataType.UINT8, "indices": ir.DataType.INT64, "scales": ir.DataType.FLOAT}
+    inputs = [ir.Value(name=name, type=ir.TensorType(dtype)) for name, dtype in typed.items()]
+    attributes = [
+        ir.AttrInt64(name, value)
+        for name, value in (
+            ("bits", 4),
+            ("block_size", 16),
+            ("gather_axis", 0),
+            ("quantize_axis", 1),
+        )
+    ]
+    node = ir.Node("com.microsoft", "GatherBlockQuantized", inputs, attributes, num_outputs=1)
+    node.outputs[0].name = "out"
+    node.outputs[0].dtype = ir.DataType.FLOAT
+    engine = engine_for(RuntimeOptions())
+    if engine.has_kernel(node, {"": 17, "com.microsoft": 1}):
+        return None
+    return f"this {engine.label} has no GatherBlockQuantized for uint8 tables"
 
 
 def class_score_outputs(model: ir.Model) -> set[str]:
