@@ -114,3 +114,45 @@ def test_every_subpackage_has_a_layer() -> None:
     folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert folders <= set(RANK), folders - set(RANK)
     assert len(folders) >= 6
+
+
+#: The engines' own libraries and modules: only ``runtime/`` opens them (its one door).
+ENGINE_IMPORTS = ("onnxruntime", "openvino", "mixprec.runtime.ort", "mixprec.runtime.openvino")
+
+
+def test_only_the_runtime_door_imports_an_engine() -> None:
+    """Every model run goes through ``runtime.engines`` (issue 35): a module outside
+    ``runtime/`` that imported ONNX Runtime, OpenVINO or their engine modules would be a
+    caller a third engine (a GPU provider) has to be edited into."""
+    outside = {
+        module: found
+        for module, tree in MODULES.items()
+        if _layer(module) != "runtime"
+        for found in [
+            [
+                t
+                for node, _ in _imports(tree)
+                for t in _targets(node)
+                if t.startswith(ENGINE_IMPORTS)
+            ]
+        ]
+        if found
+    }
+    assert outside == {}, outside
+    # inside runtime/, the engine modules are reached only through its registry
+    registry = {"mixprec.runtime.engines", "mixprec.runtime.ort", "mixprec.runtime.openvino"}
+    within = {
+        module: found
+        for module, tree in MODULES.items()
+        if _layer(module) == "runtime" and module not in registry
+        for found in [
+            [
+                t
+                for node, _ in _imports(tree)
+                for t in _targets(node)
+                if t in ("mixprec.runtime.ort", "mixprec.runtime.openvino")
+            ]
+        ]
+        if found
+    }
+    assert within == {}, within
