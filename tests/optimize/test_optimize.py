@@ -263,3 +263,28 @@ def test_a_classifier_without_softmax_is_still_checked(tmp_path: Path) -> None:
     ]
     result = mixprec.optimize(model, data, candidates=["fp32-ort", "fp32-openvino"])
     assert result.table[1].checks[0].kind == "top1"
+
+
+def test_cli_metric_eval_data_and_json_metadata(model_file: Path, samples, tmp_path, capsys):
+    """``--metric FILE.py:FUNCTION`` judges every candidate on ``--eval-data``, and
+    ``--json`` carries the winner's metadata fields."""
+    metric = tmp_path / "score.py"
+    metric.write_text(
+        "import numpy as np\n"
+        "def agree(reference, outputs):\n"
+        "    return float(np.mean([np.mean(r['probs'].argmax(-1) == o['probs'].argmax(-1))\n"
+        "                          for r, o in zip(reference, outputs)]))\n"
+    )
+    evals = tmp_path / "eval.npz"
+    np.savez(evals, x=np.stack([s["x"] for s in separable_samples(4, rows=16, seed=9)]))
+    out = tmp_path / "out.onnx"
+    argv = ["optimize", str(model_file), "-o", str(out), "--calibration-data"]
+    argv += [str(_npz(tmp_path, samples)), "--eval-data", str(evals), "--json"]
+    argv += ["--metric", f"{metric}:agree", "--metric-budget", "0.99"]
+    assert main([*argv, "--candidates", "fp32-openvino"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["winner"] == "fp32-openvino" and data["output"] == str(out)
+    assert data["metadata"][RUNTIME_KEY] == "openvino"
+    row = data["candidates"][1]
+    assert row["checks"][0]["kind"] == "metric" and row["accurate"]
+    assert "4 held-out sample(s)" in data["notes"][0]

@@ -29,7 +29,13 @@ import onnx_ir as ir
 from mixprec.core.callables import load_callable
 from mixprec.core.errors import MixprecError
 from mixprec.core.output_kinds import OutputKind
-from mixprec.guard.checks import GuardBudget, UserMetric, check_outputs, output_kinds
+from mixprec.guard.checks import (
+    GuardBudget,
+    OutputCheck,
+    UserMetric,
+    check_outputs,
+    output_kinds,
+)
 from mixprec.guard.int8 import guarded_quantize
 from mixprec.guard.samples import Samples, label_dicts, samples_of, split_for_guard
 from mixprec.int8.speed import MAJORITY
@@ -88,7 +94,7 @@ class _Held:
     budget: GuardBudget
     metric: UserMetric | None
 
-    def check(self, proto: onnx.ModelProto, options: RuntimeOptions) -> tuple[Any, ...]:
+    def check(self, proto: onnx.ModelProto, options: RuntimeOptions) -> tuple[OutputCheck, ...]:
         """The candidate's checks, run in its own engine (a run that fails is a miss)."""
         session = engine_for(options).session(proto, options)
         outputs = [session.run(f) for f in self.feeds]
@@ -221,7 +227,8 @@ def optimize_model(
     held = _held(job, model)
     feeds = feeds_for(model, calibration.first())
     ort = RuntimeOptions(threads=threads)
-    timer = Timer(timing_session(source, ort), feeds, time_budget, len(chosen))
+    timed = [c for c in chosen if c.name != BASELINE and skip_reason(c) is None]
+    timer = Timer(timing_session(source, ort), feeds, time_budget, len(timed))
     _check_budget(time_budget, timer.run_seconds)
     rows: list[Row] = []
     models: dict[str, onnx.ModelProto] = {}
