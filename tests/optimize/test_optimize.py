@@ -287,4 +287,4 @@ def test_cli_metric_eval_data_and_json_metadata(model_file: Path, samples, tmp_p
     assert data["metadata"][RUNTIME_KEY] == "openvino"
     row = data["candidates"][1]
     assert row["checks"][0]["kind"] == "metric" and row["accurate"]
-    assert "4 held-out sample(s)" in data["notes"][0]
+    assert "checked on 4 sample(s) (eval data)" in data["notes"][0]

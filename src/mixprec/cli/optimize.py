@@ -115,6 +115,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         return 0
     print(f"wrote {out}")
     if not args.quiet:  # the last lines: every candidate, then the winner
+        for note in result.notes:
+            print(f"note: {note}")
         print(result.format_table())
     print(f"mixprec: {result.summary}")
     return 0

@@ -93,6 +93,7 @@ class _Held:
     kinds: dict[str, OutputKind]
     budget: GuardBudget
     metric: UserMetric | None
+    how: str = "held out of calibration"
 
     def check(self, proto: onnx.ModelProto, options: RuntimeOptions) -> tuple[OutputCheck, ...]:
         """The candidate's checks, run in its own engine (a run that fails is a miss)."""
@@ -128,7 +129,11 @@ def _held(job: _Job, model: ir.Model) -> _Held:
     reference = [session.run(f) for f in feeds]
     budget = GuardBudget.of(None, None)
     kinds = output_kinds(model)
-    return _Held(feeds, reference, labels if any(labels) else None, kinds, budget, job.metric)
+    how = "eval data" if split.given else "held out of calibration"
+    if split.in_sample:
+        how = "too few to hold any out: the calibration samples themselves"
+    found = labels if any(labels) else None
+    return _Held(feeds, reference, found, kinds, budget, job.metric, how)
 
 
 def _built(job: _Job, candidate: Candidate) -> tuple[onnx.ModelProto | None, str]:
@@ -308,6 +313,7 @@ def _where(held: _Held, feeds: Feeds, threads: int) -> str:
     shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in feeds.items())
     how = "the user's metric" if held.metric is not None else "the guard's checks"
     return (
-        f"each candidate checked on {len(held.feeds)} held-out sample(s) against the input "
-        f"in ONNX Runtime by {how}, and timed beside it at {shapes} with {threads} thread(s)"
+        f"each candidate checked on {len(held.feeds)} sample(s) ({held.how}) against the "
+        f"input in ONNX Runtime by {how}, and timed beside it at {shapes} with {threads} "
+        "thread(s)"
     )
