@@ -288,3 +288,16 @@ def test_cli_metric_eval_data_and_json_metadata(model_file: Path, samples, tmp_p
     row = data["candidates"][1]
     assert row["checks"][0]["kind"] == "metric" and row["accurate"]
     assert "checked on 4 sample(s) (eval data)" in data["notes"][0]
+
+
+def test_a_budget_the_input_itself_misses_is_said(model_file: Path, samples) -> None:
+    result = mixprec.optimize(
+        str(model_file),
+        samples,
+        candidates=["fp32-ort", "fp32-openvino"],
+        metric=lambda reference, outputs: 0.5,
+        metric_budget=0.9,
+    )
+    assert result.unchanged and result.winner == "fp32-ort"
+    assert result.summary.startswith("the input itself misses the budget (score 0.5")
+    assert {r.name: r.verdict for r in result.table}["fp32-openvino"] == "inaccurate"

@@ -53,7 +53,7 @@ from mixprec.optimize.metadata import stamp
 from mixprec.optimize.result import OptimizeResult
 from mixprec.optimize.timing import Timer, minimum_seconds
 from mixprec.pipeline.quantize import resolve_qconfig
-from mixprec.runtime.engine import RuntimeOptions, RuntimeRunError
+from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import engine_for, runtime_hints
 
 __all__ = ["optimize_model", "user_metric"]
@@ -96,7 +96,11 @@ class _Held:
     how: str = "held out of calibration"
 
     def check(self, proto: onnx.ModelProto, options: RuntimeOptions) -> tuple[OutputCheck, ...]:
-        """The candidate's checks, run in its own engine (a run that fails is a miss)."""
+        """The candidate's checks, run in its own engine.
+
+        Raises:
+            MixprecError: the engine cannot load or run it (the candidate failed).
+        """
         session = engine_for(options).session(proto, options)
         outputs = [session.run(f) for f in self.feeds]
         return tuple(
@@ -188,7 +192,7 @@ def _row(
     job.say(f"{candidate.name}: timing against {BASELINE}")
     try:
         timing = timer.time(timing_session(proto, options), bar)
-    except RuntimeRunError as e:
+    except MixprecError as e:  # RuntimeLoadError / RuntimeRunError in a timing session
         return dataclasses.replace(row, status="failed", note=str(e)), None
     if timing is None:
         left = "not timed: the time budget ran out"
@@ -262,6 +266,11 @@ def _summary(winner: str, table: Sequence[Row], options: RuntimeOptions) -> str:
     """The last line: who won, by how much, how accurate, and how it runs."""
     row = next(r for r in table if r.name == winner)
     if winner == BASELINE:
+        if not row.accurate:  # the user's metric, whose budget the FP32 model misses
+            return (
+                f"the input itself misses the budget ({accuracy_text(row.checks)}): no "
+                "candidate can meet it; the input is written unchanged"
+            )
         if row.listed:
             return (
                 f"no candidate beats the input in ONNX Runtime ({BASELINE}): the input is "
