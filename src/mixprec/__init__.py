@@ -15,6 +15,7 @@ import mixprec.core.quiet  # noqa: F401  (first: ONNX Runtime logs to stderr whi
 # isort: on
 
 from mixprec.api.convert import convert, inspect
+from mixprec.api.optimize import optimize
 from mixprec.api.quantize import quantize
 from mixprec.api.tune import tune
 from mixprec.api.validate import validate
@@ -33,6 +34,7 @@ from mixprec.core.policy import (
 )
 from mixprec.core.version import __version__ as __version__
 from mixprec.int8.config import QuantizeConfig
+from mixprec.optimize.result import OptimizeResult
 from mixprec.pipeline.convert import ConversionResult
 from mixprec.pipeline.report import NodeReport, Report
 from mixprec.pipeline.stages import STAGES, Pipeline
@@ -55,6 +57,7 @@ __all__ = [
     "NodeReport",
     "OpClass",
     "OpRule",
+    "OptimizeResult",
     "Pipeline",
     "Policy",
     "QuantizeConfig",
@@ -66,6 +69,7 @@ __all__ = [
     "convert",
     "default_policy",
     "inspect",
+    "optimize",
     "quantize",
     "register_rule",
     "tune",

@@ -21,6 +21,7 @@ LAYERS = (
     ("pipeline",),
     ("tune",),
     ("guard",),
+    ("optimize",),
     ("report",),
     ("api",),
     ("batch",),

@@ -208,7 +208,8 @@ def test_cli_reference_names_every_flag() -> None:
     hooks = _load_hooks()
     flags = hooks.cli_flags()  # read from argparse: a new option is checked without edits here
     assert set(flags) - {""} == {
-        "convert", "quantize", "tune", "inspect", "validate", "lists", "report", "batch"
+        "convert", "quantize", "optimize", "tune", "inspect", "validate", "lists", "report",
+        "batch",
     }  # fmt: skip
     assert "--calibration-data" in flags["convert"] and "--version" in flags[""]
     assert missing_flags(hooks.cli_reference(), flags) == {}
@@ -217,7 +218,7 @@ def test_cli_reference_names_every_flag() -> None:
 def test_a_flag_left_out_of_the_reference_is_caught() -> None:
     hooks = _load_hooks()
     page = hooks.cli_reference().replace("--eval-data", "--eval-dat")
-    assert set(missing_flags(page, hooks.cli_flags())) == {"quantize", "batch"}
+    assert set(missing_flags(page, hooks.cli_flags())) == {"quantize", "optimize", "batch"}
 
 
 def test_site_builds_strictly(tmp_path: Path) -> None:

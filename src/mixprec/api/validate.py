@@ -15,7 +15,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.io.feeds import guessed_dims, make_inputs, resolve_input_shapes
 from mixprec.io.models import ModelLike, load_input, load_model
 from mixprec.runtime.engine import RuntimeOptions
-from mixprec.runtime.engines import runtime_options
+from mixprec.runtime.engines import options_from_metadata, runtime_options
 from mixprec.runtime.fit import fit_shapes
 from mixprec.runtime.validation import ValidationReport, validate_models
 
@@ -50,6 +50,7 @@ def validate(
     seed: int = 0,
     base_dir: str | os.PathLike[str] | None = None,
     runtime: RuntimeOptions | str | None = None,
+    threads: int = 2,
 ) -> ValidationReport:
     """Run both models on the same inputs and compare every output.
 
@@ -72,9 +73,12 @@ def validate(
             :func:`~mixprec.convert`); a model given by path is read from its own folder.
         runtime: the engine that runs the converted model: "ort", "openvino" or a
             :class:`~mixprec.RuntimeOptions` (threads, inference precision, performance
-            hint). Default: ONNX Runtime, except a bf16 model, which OpenVINO runs with
-            real bf16 kernels where this CPU has them (else it is emulated). The FP32
-            original always runs in ONNX Runtime.
+            hint). Default: the runtime the converted model's ``metadata_props`` name
+            (``mixprec.runtime`` and ``mixprec.runtime_hints``, as ``mixprec optimize``
+            writes them); without them ONNX Runtime, except a bf16 model, which OpenVINO
+            runs with real bf16 kernels where this CPU has them (else it is emulated).
+            The FP32 original always runs in ONNX Runtime.
+        threads: intra-op threads, where ``runtime`` is a name or None.
 
     Returns:
         A ``ValidationReport`` (``.passed``, ``.outputs``, ``.kind``, ``.format_table()``).
@@ -84,25 +88,25 @@ def validate(
         >>> report.passed                                            # doctest: +SKIP
         True
     """
-    if mode not in ("auto", "ort", "emulated"):
-        raise MixprecError(f"unknown validation mode {mode!r}: use auto, ort or emulated")
+    _check_arguments(mode, rtol, atol, seed)
     samples = _samples(inputs)
-    for name, value in (("rtol", rtol), ("atol", atol)):
-        if value is None and name == "rtol":
-            continue
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise MixprecError(f"{name} must be a number, not {type(value).__name__}")
-        if not math.isfinite(value) or value <= 0:
-            raise MixprecError(f"{name} must be a finite number > 0, got {value!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise MixprecError(f"seed must be an int, not {type(seed).__name__}")
-    options = None if runtime is None else runtime_options(runtime)
     ref_model = _proto(original, base_dir)
     new_model = _proto(converted, base_dir)
+    if runtime is None:  # the runtime the converted model says it runs in, if any
+        options = options_from_metadata(new_model, threads)
+    else:
+        options = runtime_options(runtime, threads)
     if samples is not None:
         reports = [
             validate_models(
-                ref_model, new_model, dict(feeds), rtol=rtol, atol=atol, mode=mode, runtime=options
+                ref_model,
+                new_model,
+                dict(feeds),
+                rtol=rtol,
+                atol=atol,
+                mode=mode,
+                threads=threads,
+                runtime=options,
             )
             for feeds in samples
         ]
@@ -119,6 +123,7 @@ def validate(
             rtol=rtol,
             atol=atol,
             mode=mode,
+            threads=threads,
             notes=notes,
             runtime=options,
         )
@@ -127,6 +132,21 @@ def validate(
     first, guess_notes = resolve_input_shapes(ref_model, shapes)
     report, _, fit_notes = fit_shapes(first, guessed_dims(ref_model, shapes), attempt)
     return dataclasses.replace(report, notes=(*guess_notes, *report.notes, *fit_notes))
+
+
+def _check_arguments(mode: str, rtol: float | None, atol: float, seed: int) -> None:
+    """One error line for a bad mode, tolerance or seed."""
+    if mode not in ("auto", "ort", "emulated"):
+        raise MixprecError(f"unknown validation mode {mode!r}: use auto, ort or emulated")
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is None and name == "rtol":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise MixprecError(f"{name} must be a number, not {type(value).__name__}")
+        if not math.isfinite(value) or value <= 0:
+            raise MixprecError(f"{name} must be a finite number > 0, got {value!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise MixprecError(f"seed must be an int, not {type(seed).__name__}")
 
 
 def _samples(inputs: object) -> list[Mapping[str, np.ndarray]] | None:

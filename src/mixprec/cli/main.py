@@ -1,5 +1,5 @@
-"""Command line: ``mixprec convert | quantize | tune | inspect | report | validate | lists |
-batch``.
+"""Command line: ``mixprec convert | quantize | optimize | tune | inspect | report | validate
+| lists | batch``.
 
 Exit statuses:
 
@@ -32,6 +32,7 @@ from typing import Any
 from mixprec.cli.batch import add_batch_parser, cmd_batch
 from mixprec.cli.convert import add_convert_parser, cmd_convert
 from mixprec.cli.inspect import add_inspect_parser, add_lists_parser, cmd_inspect, cmd_lists
+from mixprec.cli.optimize import add_optimize_parser, cmd_optimize
 from mixprec.cli.options import (
     EXIT_ERROR,
     EXIT_INTERNAL_ERROR,
@@ -55,6 +56,7 @@ __all__ = ["build_parser", "main"]
 _PARSERS: tuple[Callable[[Any], argparse.ArgumentParser], ...] = (
     add_convert_parser,
     add_quantize_parser,
+    add_optimize_parser,
     add_tune_parser,
     add_inspect_parser,
     add_validate_parser,
@@ -66,6 +68,7 @@ _PARSERS: tuple[Callable[[Any], argparse.ArgumentParser], ...] = (
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "convert": cmd_convert,
     "quantize": cmd_quantize,
+    "optimize": cmd_optimize,
     "tune": cmd_tune,
     "inspect": cmd_inspect,
     "report": cmd_report,

@@ -38,7 +38,11 @@ def add_validate_parser(sub: Any) -> argparse.ArgumentParser:
         help="max abs error accepted where the reference is near zero",
     )
     v.add_argument("--mode", choices=("auto", "ort", "emulated"), default="auto")
-    add_runtime_args(v, "the converted model (the FP32 original runs in onnxruntime)")
+    add_runtime_args(
+        v,
+        "the converted model (the FP32 original runs in onnxruntime); default: the runtime "
+        "its metadata names (mixprec.runtime, written by mixprec optimize)",
+    )
     v.add_argument("--json", action="store_true")
     add_quiet_arg(v)
     return v
@@ -46,6 +50,9 @@ def add_validate_parser(sub: Any) -> argparse.ArgumentParser:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     feeds = load_feeds(args.inputs, args.original)
+    # no runtime named: the one the converted model's metadata names (else the default)
+    given = (args.runtime, args.inference_precision, args.provider, args.performance_hint)
+    named = given != (None, None, None, "latency")
     report = validate(
         args.original,
         args.converted,
@@ -54,7 +61,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         rtol=args.rtol,
         atol=args.atol,
         mode=args.mode,
-        runtime=runtime_of(args),
+        runtime=runtime_of(args) if named else None,
+        threads=args.threads,
     )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2, default=str))

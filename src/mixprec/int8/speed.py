@@ -40,8 +40,11 @@ __all__ = [
     "BAND",
     "MAJORITY",
     "MARGIN",
+    "PRUNE_AFTER",
+    "RUN_SECONDS",
     "STAY_FLOAT",
     "SURE",
+    "WARMUP_ROUNDS",
     "Placement",
     "SpeedDecision",
     "candidate_placements",
@@ -70,6 +73,9 @@ _MIN_ROUNDS, _MAX_ROUNDS, _WARMUP = 15, 60, 2
 #: rounds, or MARGIN slower than an earlier placement found faster), so the plan's cost
 #: grows with the model, not with the number of candidates.
 _PRUNE_AFTER, _HOPELESS_SHARE = 5, 0.2
+#: The same, for callers that time with a budget of their own (``mixprec optimize``):
+#: the rounds before pruning, the warm-up rounds, and the least time of one timed run.
+PRUNE_AFTER, WARMUP_ROUNDS, RUN_SECONDS = _PRUNE_AFTER, _WARMUP, _RUN_SECONDS
 
 
 @dataclass(frozen=True)
@@ -220,19 +226,29 @@ def _runner(session: Session, feeds: Mapping[str, np.ndarray]) -> Callable[[], o
 
 
 def time_paired(
-    sessions: Mapping[str, Session], feeds: Mapping[str, np.ndarray], bar: float | None = None
+    sessions: Mapping[str, Session],
+    feeds: Mapping[str, np.ndarray],
+    bar: float | None = None,
+    *,
+    seconds: float | None = None,
+    dropped: set[str] | None = None,
 ) -> dict[str, list[float]]:
     """Seconds per run of each session, round by round (rotating order; ``"fp32"`` is
     the reference the rounds pair with). After :data:`_PRUNE_AFTER` rounds a placement
     that can no longer be chosen drops out (its list stops there): slower than FP32, or
     :data:`MARGIN` slower in the median than ``bar``, the paired ratio of a placement
     listed before it and already found faster (:func:`decide` would choose that one).
-    When none is left, timing stops."""
+    When none is left, timing stops.
+
+    ``seconds``: stop once that many seconds passed and :data:`PRUNE_AFTER` rounds are
+    done (default: :data:`_BUDGET_SECONDS` and at least :data:`_MIN_ROUNDS` rounds);
+    ``dropped`` gets the labels that dropped out."""
     runners = {label: _runner(s, feeds) for label, s in sessions.items()}
     start = time.perf_counter()
     runners["fp32"]()
     repeat = max(1, int(_RUN_SECONDS / max(time.perf_counter() - start, 1e-6)))
     labels = list(runners)
+    least, limit = (_MIN_ROUNDS, _BUDGET_SECONDS) if seconds is None else (_PRUNE_AFTER, seconds)
     times: dict[str, list[float]] = {label: [] for label in labels}
     began = time.perf_counter()
     rounds = 0
@@ -247,8 +263,11 @@ def time_paired(
         rounds += 1
         done = rounds - _WARMUP
         if done >= _PRUNE_AFTER:
-            labels = [x for x in labels if x == "fp32" or not _hopeless(times, x, bar)]
-        if done >= _MIN_ROUNDS and time.perf_counter() - began >= _BUDGET_SECONDS:
+            kept = [x for x in labels if x == "fp32" or not _hopeless(times, x, bar)]
+            if dropped is not None:
+                dropped.update(set(labels) - set(kept))
+            labels = kept
+        if done >= least and time.perf_counter() - began >= limit:
             break
     return times
 

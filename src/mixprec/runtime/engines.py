@@ -12,10 +12,12 @@ model is emulated in FP32 (:mod:`mixprec.runtime.emulate`), and the report says 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 
 from mixprec.core.errors import MixprecError
 from mixprec.runtime.cpu import cpu_features
@@ -32,11 +34,16 @@ from mixprec.runtime.ort import OrtEngine
 
 __all__ = [
     "ENGINES",
+    "HINTS_KEY",
+    "PRECISION_HINT",
+    "RUNTIME_KEY",
     "CheckPlan",
     "check_plan",
     "engine_for",
+    "options_from_metadata",
     "register_engine",
     "run_model",
+    "runtime_hints",
     "runtime_options",
     "runtime_taking",
     "unregister_engine",
@@ -128,6 +135,60 @@ def runtime_options(runtime: RuntimeOptions | str | None, threads: int = 2) -> R
         f"runtime must be a name ({', '.join(runtime_names())}) or RuntimeOptions, "
         f"not {type(runtime).__name__}"
     )
+
+
+#: ``metadata_props`` key naming the engine a model is meant to run in (``mixprec
+#: optimize`` writes it; absent: ONNX Runtime).
+RUNTIME_KEY = "mixprec.runtime"
+#: ``metadata_props`` key holding the engine's properties as a JSON object (``{}``: none).
+HINTS_KEY = "mixprec.runtime_hints"
+#: The property that carries :attr:`RuntimeOptions.precision` (OpenVINO's name for it).
+PRECISION_HINT = "INFERENCE_PRECISION_HINT"
+
+
+def runtime_hints(options: RuntimeOptions) -> dict[str, str]:
+    """The engine properties ``options`` set beyond the engine's defaults, as
+    :data:`HINTS_KEY` stores them: ``{"INFERENCE_PRECISION_HINT": "bf16"}``, ``{}`` for
+    none (threads are the deployment's own choice and are not stored)."""
+    return {} if options.precision is None else {PRECISION_HINT: options.precision}
+
+
+def options_from_metadata(model: onnx.ModelProto, threads: int = 2) -> RuntimeOptions | None:
+    """The runtime a model's ``metadata_props`` say it runs in (:data:`RUNTIME_KEY`,
+    :data:`HINTS_KEY`, as ``mixprec optimize`` writes them), with ``threads``; None when
+    the model names none (then it runs in ONNX Runtime, the default).
+
+    Example:
+        >>> options_from_metadata(model)  # doctest: +SKIP
+        RuntimeOptions(name='openvino', threads=2, precision='bf16', ...)
+
+    Raises:
+        MixprecError: one line, when the fields name an unknown runtime, are not a JSON
+            object, or carry a property mixprec cannot set.
+    """
+    props = {p.key: p.value for p in model.metadata_props}
+    name = props.get(RUNTIME_KEY)
+    if name is None:
+        return None
+    try:
+        hints = json.loads(props.get(HINTS_KEY) or "{}")
+    except json.JSONDecodeError as e:
+        raise MixprecError(f"metadata {HINTS_KEY} is not JSON ({e.msg})") from None
+    if not isinstance(hints, dict):
+        raise MixprecError(f"metadata {HINTS_KEY} must be a JSON object, not {hints!r}")
+    unknown = sorted(set(hints) - {PRECISION_HINT})
+    if unknown:
+        raise MixprecError(
+            f"metadata {HINTS_KEY} sets {', '.join(map(repr, unknown))}: mixprec reads only "
+            f"{PRECISION_HINT}"
+        )
+    precision = hints.get(PRECISION_HINT)
+    if precision is not None and not isinstance(precision, str):
+        raise MixprecError(f"metadata {HINTS_KEY}: {PRECISION_HINT} must be a string")
+    try:
+        return RuntimeOptions(name=name, threads=threads, precision=precision)
+    except MixprecError as e:
+        raise MixprecError(f"metadata {RUNTIME_KEY}={name!r}: {e}") from None
 
 
 @dataclass(frozen=True)

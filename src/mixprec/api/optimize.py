@@ -1,0 +1,89 @@
+"""``mixprec.optimize``: load -> try every candidate (precision x runtime) -> the winner."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import onnx_ir as ir
+
+from mixprec.io.external import input_files
+from mixprec.io.models import ModelLike, load_input
+from mixprec.optimize.candidates import Candidate
+from mixprec.optimize.result import OptimizeResult
+from mixprec.optimize.run import optimize_model, user_metric
+
+__all__ = ["optimize"]
+
+
+def optimize(
+    model: ModelLike,
+    calibration_data: Any,
+    *,
+    eval_data: Any = None,
+    runtime: str = "auto",
+    threads: int = 2,
+    candidates: Sequence[str | Candidate] | None = None,
+    metric: Callable[..., float] | str | None = None,
+    metric_budget: float | None = None,
+    time_budget: float | None = None,
+    progress: Callable[[str], None] | None = None,
+    base_dir: str | os.PathLike[str] | None = None,
+) -> OptimizeResult:
+    """The fastest model that keeps its answers, on this machine, in the runtime it will
+    run in: each candidate (``fp32-ort``: the input in ONNX Runtime; ``fp32-openvino``;
+    ``bf16-openvino``, where this CPU computes bf16; ``int8-ort`` and ``int8-openvino``:
+    :func:`mixprec.quantize` with its accuracy guard, in that runtime) is checked on
+    held-out samples against the input in ONNX Runtime and, when accurate, timed beside
+    it; the fastest accurate one wins when it is 3% faster (ties go to the simpler one).
+
+    Args:
+        model: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``; never mutated.
+        calibration_data: samples (forms as :func:`mixprec.quantize` takes): the INT8
+            candidates calibrate on them, a seeded random half (at most 64) is held out
+            to check every candidate, and the first sample's shape is timed.
+        eval_data: samples to check the candidates on instead of the held-out half.
+        runtime: ``"auto"`` (every runtime installed), ``"ort"`` or ``"openvino"`` (that
+            runtime's candidates only; one error line when it is not installed).
+        threads: intra-op threads, for every candidate and the input alike.
+        candidates: names (``["fp32-ort", "int8-ort"]``) or
+            :class:`~mixprec.optimize.candidates.Candidate` entries; default every one.
+            Without ``fp32-ort`` the input is the reference only, and the fastest
+            accurate candidate given wins.
+        metric: the user's score ``metric(fp32_outputs, outputs[, labels])`` (a callable
+            or ``"MODULE:FUNCTION"``) instead of the per-output checks, with ...
+        metric_budget: ... its lowest accepted score.
+        time_budget: seconds for the timing of all candidates (building and checking
+            them is not counted); one error line when too small to time any.
+        progress: called with a short message at each step.
+        base_dir: the folder an in-memory model's external data is read from.
+
+    Returns:
+        An :class:`~mixprec.optimize.result.OptimizeResult`: ``.model_proto`` (carrying
+        ``mixprec.runtime`` and ``mixprec.runtime_hints``, except the input unchanged),
+        ``.runtime``, ``.table``, ``.summary``, ``.save(path)``.
+
+    Example:
+        >>> result = mixprec.optimize("model.onnx", "samples/")  # doctest: +SKIP
+        >>> print(result.format_table()); result.save("model_fast.onnx")  # doctest: +SKIP
+    """
+    metric_of = user_metric(metric, metric_budget)
+    work, kind = load_input(model, base_dir)
+    files = input_files(work)  # one file: the model holds all its weights
+    source = ir.to_proto(work)
+    del work
+    result = optimize_model(
+        source,
+        calibration_data,
+        eval_data,
+        candidates=candidates,
+        runtime=runtime,
+        threads=threads,
+        metric=metric_of,
+        time_budget=time_budget,
+        progress=progress,
+    )
+    whole = next(iter(files)) if kind == "path" and len(files) == 1 else None
+    return dataclasses.replace(result, source_file=whole if result.unchanged else None)

@@ -1,0 +1,172 @@
+"""The choice: the fastest accurate candidate, and why each of the others lost.
+
+:func:`choose` reads only the table (a pure function, tested on made-up timings):
+
+* a candidate that was skipped, failed, missed its accuracy budget or was not timed
+  cannot win (a pruned one was clearly slower than an earlier one, or than the input,
+  and loses to it);
+* one that was timed wins only when it is :data:`GAIN` (3%) faster than the input in
+  ONNX Runtime in the median paired ratio and faster in :data:`MAJORITY` of the rounds
+  (noise explains less);
+* among those, the first in the candidates' order (the simplest) wins unless a later one
+  is :data:`GAIN` faster still, so that two runs on one machine choose alike;
+* when none qualifies, the input is the answer: ``fp32-ort`` wins, and the model is
+  written unchanged. Where the caller left ``fp32-ort`` out of the candidates, the
+  fastest accurate candidate among theirs wins however it compares with the input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mixprec.guard.checks import OutputCheck, shown
+from mixprec.int8.speed import MAJORITY
+from mixprec.optimize.candidates import BASELINE
+from mixprec.optimize.timing import Timing
+
+__all__ = ["GAIN", "MAJORITY", "Row", "accuracy_text", "choose"]
+
+#: A candidate must be this much faster than the input (median paired ratio), and this
+#: much faster than an earlier one, to be chosen over it.
+GAIN = 0.03
+
+
+@dataclass(frozen=True)
+class Row:
+    """One candidate in the table.
+
+    Attributes:
+        name: The candidate.
+        runtime: The engine it runs in.
+        hints: The engine properties it runs with (``{"INFERENCE_PRECISION_HINT": "bf16"}``).
+        status: ``"timed"``, ``"baseline"`` (the input: ratio 1 by definition),
+            ``"skipped"``, ``"failed"``, ``"inaccurate"`` or ``"not timed"``.
+        checks: Its outputs held to their budgets against FP32 in ONNX Runtime.
+        timing: What timing it measured (None where it was not timed).
+        note: Why it was skipped, failed or not timed; how it was built.
+        listed: Among the candidates the caller asked for (the input is always in the
+            table, as the reference).
+        verdict: ``"wins"``, ``"lost"``, ``"skipped"``, ``"failed"``, ``"inaccurate"`` or
+            ``"reference"`` (filled by :func:`choose`).
+        reason: Why it lost (filled by :func:`choose`).
+    """
+
+    name: str
+    runtime: str
+    hints: dict[str, str] = field(default_factory=dict)
+    status: str = "timed"
+    checks: tuple[OutputCheck, ...] = ()
+    timing: Timing | None = None
+    note: str = ""
+    listed: bool = True
+    verdict: str = ""
+    reason: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        """Latency as a ratio to the input in ONNX Runtime (1 for the input itself)."""
+        if self.status == "baseline":
+            return 1.0
+        return None if self.timing is None else self.timing.ratio
+
+    @property
+    def accurate(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks)
+
+    def eligible(self) -> bool:
+        """It may be chosen: listed, accurate, and timed (or the input). A pruned
+        candidate is eligible too: whatever it was clearly slower than ranks before it."""
+        if not self.listed or not self.accurate:
+            return False
+        return self.status == "baseline" or (self.status == "timed" and self.timing is not None)
+
+    def to_dict(self) -> dict[str, object]:
+        t = self.timing
+        return {
+            "name": self.name,
+            "runtime": self.runtime,
+            "hints": dict(self.hints),
+            "status": self.status,
+            "ratio": self.ratio,
+            "ms": None if t is None else t.ms,
+            "faster_share": None if t is None else t.faster_share,
+            "rounds": None if t is None else t.rounds,
+            "pruned": None if t is None else t.pruned,
+            "accurate": self.accurate if self.checks else None,
+            "accuracy": accuracy_text(self.checks),
+            "checks": [c.to_dict() for c in self.checks],
+            "verdict": self.verdict,
+            "reason": self.reason,
+            "note": self.note,
+        }
+
+
+def accuracy_text(checks: Sequence[OutputCheck]) -> str:
+    """The worst check as ``top-1 1 on 'probs' (needs >= 0.99)``; empty without checks."""
+    if not checks:
+        return ""
+    worst = min(checks, key=lambda c: c.slack())
+    if worst.note:
+        return f"a miss on {worst.output!r} ({worst.note})"
+    side = "<=" if worst.kind == "rel-l2" else ">="
+    label = worst.needs().split(f" {side} ")[0]
+    got = shown(worst.value, worst.limit)
+    return f"{label} {got} on {worst.output!r} (needs {side} {worst.limit:g})"
+
+
+def _beats_input(row: Row) -> bool:
+    t = row.timing
+    if row.status == "baseline" or t is None:
+        return row.status == "baseline"
+    return t.ratio <= 1.0 - GAIN and t.faster_share >= MAJORITY
+
+
+def choose(rows: Sequence[Row]) -> tuple[str, list[Row]]:
+    """The winner's name and the rows with their verdict and reason (``rows`` in the
+    candidates' order, the input's row among them)."""
+    listed_input = any(r.name == BASELINE and r.listed for r in rows)
+    pool = [r for r in rows if r.eligible()]
+    if listed_input:
+        pool = [r for r in pool if _beats_input(r)]
+    timed = [r for r in pool if r.ratio is not None]
+    winner = BASELINE
+    if timed:
+        best = min(timed, key=lambda r: r.ratio or 0.0)
+        winner = next(r.name for r in timed if (r.ratio or 0.0) <= (best.ratio or 0.0) + GAIN)
+    by_name = {r.name: r for r in rows}
+    done = []
+    for r in rows:
+        verdict, reason = _verdict(r, winner, by_name, listed_input)
+        done.append(dataclasses.replace(r, verdict=verdict, reason=reason))
+    return winner, done
+
+
+def _verdict(row: Row, winner: str, rows: dict[str, Row], strict: bool) -> tuple[str, str]:
+    """The row's verdict and why it lost (to ``winner``); ``strict``: the input is a
+    candidate, so the others must beat it."""
+    if row.name == winner:
+        return "wins", ""
+    if row.status in ("skipped", "failed"):
+        return row.status, row.note
+    if row.checks and not row.accurate:
+        why = f"misses its budget: {accuracy_text(row.checks)}"
+        return "inaccurate", why
+    if not row.listed:
+        return "reference", "not among the candidates: timed against only"
+    best = rows[winner]
+    t = row.timing
+    if row.status == "not timed" or (t is None and row.status != "baseline"):
+        return "lost", row.note or "not timed"
+    if t is not None and t.pruned:
+        why = f"pruned after {t.rounds} rounds: clearly slower than the best so far"
+        return "lost", why
+    ratio, best_ratio = row.ratio or 1.0, best.ratio or 1.0
+    if row.status == "baseline" or (winner != BASELINE and ratio >= best_ratio):
+        return "lost", f"slower than {winner} ({best_ratio:.2f}x)"
+    if strict and t is not None and t.ratio > 1.0 - GAIN:
+        return "lost", f"not {GAIN:.0%} faster than the input in ONNX Runtime"
+    if strict and t is not None and t.faster_share < MAJORITY:
+        return "lost", f"faster in only {t.faster_share:.0%} of the rounds (needs {MAJORITY:.0%})"
+    return "lost", f"within {GAIN:.0%} of {winner} ({best_ratio:.2f}x): ties go to the earlier one"

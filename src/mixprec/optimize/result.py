@@ -1,0 +1,87 @@
+"""What :func:`mixprec.optimize` returns: the winner's model and runtime, and the table."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import onnx
+import onnx_ir as ir
+
+from mixprec.io.models import copy_model_file, save_model
+from mixprec.optimize.choice import Row, accuracy_text
+from mixprec.optimize.metadata import runtime_metadata
+from mixprec.runtime.engine import RuntimeOptions
+
+__all__ = ["OptimizeResult", "format_row"]
+
+
+@dataclass
+class OptimizeResult:
+    """The fastest accurate candidate, how to run it, and every candidate's verdict.
+
+    Attributes:
+        model_proto: The winner's model; the input as given when nothing beat it (then
+            without metadata), else carrying ``mixprec.runtime`` / ``mixprec.runtime_hints``.
+        runtime: The runtime options the winner was timed with.
+        winner: The winning candidate's name (``"fp32-ort"``: the input unchanged).
+        table: Every candidate: latency ratio to the input in ONNX Runtime, accuracy
+            against its budget, rounds timed, verdict and the reason it lost.
+        summary: One line: who won and how to run it, or that the input stays.
+        unchanged: The input is the answer (written byte for byte when given as a file).
+        source_file: The input's file (all of it), copied as is when ``unchanged``.
+        notes: How the samples were split, where timing ran.
+
+    Example:
+        >>> result = mixprec.optimize("m.onnx", samples)  # doctest: +SKIP
+        >>> result.save("m_fast.onnx")                    # doctest: +SKIP
+    """
+
+    model_proto: onnx.ModelProto
+    runtime: RuntimeOptions
+    winner: str
+    table: list[Row]
+    summary: str
+    unchanged: bool
+    source_file: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the winner atomically (a temporary file, then a rename); the input
+        unchanged from its own file is copied byte for byte."""
+        if self.unchanged and self.source_file is not None:
+            copy_model_file(self.source_file, path)
+        else:
+            save_model(ir.from_proto(self.model_proto), path)
+
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The ``metadata_props`` fields written (none for the input unchanged)."""
+        return {} if self.unchanged else runtime_metadata(self.runtime)
+
+    def format_table(self) -> str:
+        """The table, one candidate a line, under a header."""
+        head = f"{'candidate':<15} {'runtime':<9} {'vs ORT FP32':>11} {'rounds':>6}  "
+        head += f"{'accuracy':<46} verdict"
+        return "\n".join([head, *(format_row(r) for r in self.table)])
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready dict: the winner, its runtime and metadata, and the table."""
+        return {
+            "winner": self.winner,
+            "unchanged": self.unchanged,
+            "runtime": self.runtime.name,
+            "metadata": self.metadata,
+            "summary": self.summary,
+            "candidates": [r.to_dict() for r in self.table],
+            "notes": list(self.notes),
+        }
+
+
+def format_row(row: Row) -> str:
+    """``fp32-openvino   openvino        0.74x     15  top-1 1 on 'probs' (...)  wins``."""
+    ratio = "-" if row.ratio is None else f"{row.ratio:.2f}x"
+    rounds = "-" if row.timing is None else str(row.timing.rounds)
+    accuracy = accuracy_text(row.checks) or "-"
+    verdict = f"{row.verdict}: {row.reason}" if row.reason else row.verdict
+    return f"{row.name:<15} {row.runtime:<9} {ratio:>11} {rounds:>6}  {accuracy:<46} {verdict}"

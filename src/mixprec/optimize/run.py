@@ -1,0 +1,328 @@
+"""The driver of ``mixprec optimize``: build each candidate, check it, time it, choose.
+
+1. The held-out samples (:func:`~mixprec.guard.samples.split_for_guard`: ``eval_data``,
+   else a seeded random half of the calibration samples, at most 64) and the input's
+   outputs on them in ONNX Runtime: every candidate is held to those, by the guard
+   room's checks (:func:`~mixprec.guard.checks.check_outputs`: each output's kind and
+   the INT8 default budgets) or the user's metric. The INT8 candidates' own guard ran on
+   the same split; they are checked again here so that the table is uniform.
+2. Each candidate in order: skipped where it cannot run here (with why), built, checked,
+   and, when accurate, timed beside the input (:mod:`mixprec.optimize.timing`, pruned
+   once clearly slower than the best so far). One candidate's model is alive at a time
+   besides the input and the accurate ones timed so far.
+3. :func:`~mixprec.optimize.choice.choose` picks the winner from the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from mixprec.core.callables import load_callable
+from mixprec.core.errors import MixprecError
+from mixprec.core.output_kinds import OutputKind
+from mixprec.guard.checks import (
+    GuardBudget,
+    OutputCheck,
+    UserMetric,
+    check_outputs,
+    output_kinds,
+)
+from mixprec.guard.int8 import guarded_quantize
+from mixprec.guard.samples import Samples, label_dicts, samples_of, split_for_guard
+from mixprec.int8.speed import MAJORITY
+from mixprec.int8.speed import session as timing_session
+from mixprec.io.feeds import feeds_for
+from mixprec.optimize.candidates import (
+    BASELINE,
+    CANDIDATES,
+    Candidate,
+    select_candidates,
+    skip_reason,
+)
+from mixprec.optimize.choice import GAIN, Row, accuracy_text, choose
+from mixprec.optimize.metadata import stamp
+from mixprec.optimize.result import OptimizeResult
+from mixprec.optimize.timing import Timer, minimum_seconds
+from mixprec.pipeline.quantize import resolve_qconfig
+from mixprec.runtime.engine import RuntimeOptions
+from mixprec.runtime.engines import engine_for, runtime_hints
+
+__all__ = ["optimize_model", "user_metric"]
+
+Say = Callable[[str], None]
+Feeds = dict[str, np.ndarray]
+
+
+def user_metric(metric: Any, budget: float | None) -> UserMetric | None:
+    """``metric`` (a callable or ``"MODULE:FUNCTION"``) with its lowest accepted score.
+
+    Raises:
+        MixprecError: one of the two without the other, or a budget that is no number.
+    """
+    if metric is None and budget is None:
+        return None
+    if metric is None:
+        raise MixprecError("metric_budget (--metric-budget) needs metric (--metric)")
+    if budget is None:
+        raise MixprecError("metric needs metric_budget (--metric-budget): its lowest score")
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or math.isnan(budget):
+        raise MixprecError(f"metric_budget must be a number, not {budget!r}")
+    score = load_callable(metric) if isinstance(metric, str) else metric
+    if not callable(score):
+        raise MixprecError(f"metric must be a callable or 'MODULE:FUNCTION', not {metric!r}")
+    return UserMetric(score, float(budget), getattr(score, "__name__", "metric"))
+
+
+@dataclass(frozen=True)
+class _Held:
+    """The held-out samples' feeds, the input's outputs on them in ONNX Runtime, their
+    labels, each output's kind, the budget and the user's metric."""
+
+    feeds: list[Feeds]
+    reference: list[dict[str, np.ndarray]]
+    labels: list[Feeds] | None
+    kinds: dict[str, OutputKind]
+    budget: GuardBudget
+    metric: UserMetric | None
+    how: str = "held out of calibration"
+
+    def check(self, proto: onnx.ModelProto, options: RuntimeOptions) -> tuple[OutputCheck, ...]:
+        """The candidate's checks, run in its own engine.
+
+        Raises:
+            MixprecError: the engine cannot load or run it (the candidate failed).
+        """
+        session = engine_for(options).session(proto, options)
+        outputs = [session.run(f) for f in self.feeds]
+        return tuple(
+            check_outputs(
+                self.reference, outputs, self.kinds, self.budget, self.metric, self.labels
+            )
+        )
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every candidate is built from: the input, its samples, threads, progress."""
+
+    source: onnx.ModelProto
+    calibration: Samples
+    eval_data: Samples | None
+    threads: int
+    metric: UserMetric | None
+    say: Say
+
+
+def _held(job: _Job, model: ir.Model) -> _Held:
+    split = split_for_guard(job.calibration, job.eval_data, model)
+    samples = list(split.held)
+    inputs = {v.name or "" for v in model.graph.inputs}
+    feeds = [feeds_for(model, s) for s in samples]
+    labels = label_dicts(samples, inputs)
+    options = RuntimeOptions(threads=job.threads)
+    session = engine_for(options).session(job.source, options)
+    reference = [session.run(f) for f in feeds]
+    budget = GuardBudget.of(None, None)
+    kinds = output_kinds(model)
+    how = "eval data" if split.given else "held out of calibration"
+    if split.in_sample:
+        how = "too few to hold any out: the calibration samples themselves"
+    found = labels if any(labels) else None
+    return _Held(feeds, reference, found, kinds, budget, job.metric, how)
+
+
+def _built(job: _Job, candidate: Candidate) -> tuple[onnx.ModelProto | None, str]:
+    """The candidate's model and a note on how it was built (None: nothing to try, and
+    the note says why)."""
+    if candidate.build == "input":
+        return job.source, ""
+    if callable(candidate.build):
+        return candidate.build(job.source), ""
+    if candidate.build != "int8":
+        raise MixprecError(f"candidate {candidate.name!r}: unknown build {candidate.build!r}")
+    options = candidate.options(job.threads)
+    fields: dict[str, Any] = {"runtime": options}
+    if job.metric is not None:
+        fields.update(metric=job.metric.score, metric_budget=job.metric.budget)
+    config = resolve_qconfig(None, fields)
+    work, report = guarded_quantize(job.source, config, job.calibration, job.eval_data, job.say)
+    summary = str((report.guard or {}).get("summary", ""))
+    if not report.unchanged:
+        return ir.to_proto(work), summary
+    speed = (report.quantization or {}).get("speed") or {}
+    if isinstance(speed, dict) and speed.get("chosen") == "fp32":
+        why = f"the speed plan found no INT8 placement faster than FP32 in {options.name}"
+    else:
+        why = summary or "the accuracy guard kept every node float"
+    return None, f"no node runs in INT8: {why}"
+
+
+def _row(
+    job: _Job, held: _Held, candidate: Candidate, timer: Timer, bar: float | None
+) -> tuple[Row, onnx.ModelProto | None]:
+    """The candidate's row (and its model where it may win)."""
+    options = candidate.options(job.threads)
+    hints = runtime_hints(options)
+    why = skip_reason(candidate)
+    if why is not None:
+        return Row(candidate.name, candidate.runtime, hints, "skipped", note=why), None
+    job.say(f"{candidate.name}: building")
+    try:
+        proto, note = _built(job, candidate)
+        if proto is None:
+            return Row(candidate.name, candidate.runtime, hints, "skipped", note=note), None
+        job.say(f"{candidate.name}: checking on {len(held.feeds)} held-out sample(s)")
+        checks = held.check(proto, options)
+    except MixprecError as e:  # the runtime cannot load or run it: a failed candidate
+        return Row(candidate.name, candidate.runtime, hints, "failed", note=str(e)), None
+    row = Row(candidate.name, candidate.runtime, hints, checks=checks, note=note)
+    if not row.accurate:
+        return dataclasses.replace(row, status="inaccurate"), None
+    if candidate.name == BASELINE:
+        return dataclasses.replace(row, status="baseline"), proto
+    job.say(f"{candidate.name}: timing against {BASELINE}")
+    try:
+        timing = timer.time(timing_session(proto, options), bar)
+    except MixprecError as e:  # RuntimeLoadError / RuntimeRunError in a timing session
+        return dataclasses.replace(row, status="failed", note=str(e)), None
+    if timing is None:
+        left = "not timed: the time budget ran out"
+        return dataclasses.replace(row, status="not timed", note=left), None
+    return dataclasses.replace(row, timing=timing), proto
+
+
+def _baseline_first(chosen: Sequence[Candidate]) -> list[tuple[Candidate, bool]]:
+    """The candidates with whether the caller listed them: the input in ONNX Runtime is
+    always in the table (the reference), listed or not."""
+    listed = [(c, True) for c in chosen]
+    if all(c.name != BASELINE for c in chosen):
+        listed.insert(0, (CANDIDATES[0], False))
+    return listed
+
+
+def optimize_model(
+    source: onnx.ModelProto,
+    calibration_data: Any,
+    eval_data: Any = None,
+    *,
+    candidates: Sequence[str | Candidate] | None = None,
+    runtime: str = "auto",
+    threads: int = 2,
+    metric: UserMetric | None = None,
+    time_budget: float | None = None,
+    progress: Say | None = None,
+) -> OptimizeResult:
+    """Tries the candidates on ``source`` (the input as loaded); the winner's model is
+    the input itself when nothing beat it. Arguments as :func:`mixprec.optimize` takes
+    them."""
+    chosen = _checked_arguments(candidates, runtime, threads, time_budget)
+    say = progress or (lambda _msg: None)
+    model = ir.from_proto(source)
+    calibration = samples_of(calibration_data, model)
+    if calibration is None:
+        raise MixprecError("optimize needs calibration_data: the candidates are built, "
+                           "checked and timed on it")  # fmt: skip
+    job = _Job(source, calibration, samples_of(eval_data, model, "eval_data"), threads, metric, say)
+    say("running the input in ONNX Runtime on the held-out samples")
+    held = _held(job, model)
+    feeds = feeds_for(model, calibration.first())
+    ort = RuntimeOptions(threads=threads)
+    timed = [c for c in chosen if c.name != BASELINE and skip_reason(c) is None]
+    timer = Timer(timing_session(source, ort), feeds, time_budget, len(timed))
+    _check_budget(time_budget, timer.run_seconds)
+    rows: list[Row] = []
+    models: dict[str, onnx.ModelProto] = {}
+    bar: float | None = None
+    for candidate, listed in _baseline_first(chosen):
+        row, proto = _row(job, held, candidate, timer, bar)
+        rows.append(dataclasses.replace(row, listed=listed))
+        t = row.timing
+        if proto is not None and listed:
+            models[row.name] = proto
+        if t is not None and t.ratio <= 1.0 - GAIN and t.faster_share >= MAJORITY:
+            bar = t.ratio if bar is None else min(bar, t.ratio)
+    winner, table = choose(rows)
+    notes = [_where(held, feeds, threads)]
+    if winner == BASELINE:
+        summary = _summary(winner, table, ort)
+        return OptimizeResult(source, ort, winner, table, summary, True, notes=notes)
+    won = next(c for c, _ in _baseline_first(chosen) if c.name == winner)
+    options = won.options(threads)
+    summary = _summary(winner, table, options)
+    model = stamp(models[winner], options)
+    return OptimizeResult(model, options, winner, table, summary, False, notes=notes)
+
+
+def _summary(winner: str, table: Sequence[Row], options: RuntimeOptions) -> str:
+    """The last line: who won, by how much, how accurate, and how it runs."""
+    row = next(r for r in table if r.name == winner)
+    if winner == BASELINE:
+        if not row.accurate:  # the user's metric, whose budget the FP32 model misses
+            return (
+                f"the input itself misses the budget ({accuracy_text(row.checks)}): no "
+                "candidate can meet it; the input is written unchanged"
+            )
+        if row.listed:
+            return (
+                f"no candidate beats the input in ONNX Runtime ({BASELINE}): the input is "
+                "written unchanged"
+            )
+        return "no candidate is accurate and timed: the input is written unchanged"
+    hints = runtime_hints(options)
+    how = f"mixprec.runtime={options.name}"
+    if hints:
+        how += f", mixprec.runtime_hints={json.dumps(hints, sort_keys=True)}"
+    return (
+        f"{winner} wins: {row.ratio or 1.0:.2f}x ORT FP32, {accuracy_text(row.checks)}; "
+        f"written with {how}"
+    )
+
+
+def _checked_arguments(
+    candidates: Sequence[str | Candidate] | None,
+    runtime: str,
+    threads: int,
+    time_budget: float | None,
+) -> tuple[Candidate, ...]:
+    """The candidates to try; one error line for a bad argument, before any work."""
+    chosen = select_candidates(candidates, runtime)
+    if runtime != "auto":
+        engine_for(runtime)  # a runtime the user names must be here
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise MixprecError(f"threads must be an int >= 0 (0: all cores), not {threads!r}")
+    if time_budget is not None:
+        if isinstance(time_budget, bool) or not isinstance(time_budget, int | float):
+            raise MixprecError(f"time_budget must be a number of seconds, not {time_budget!r}")
+        _check_budget(time_budget, 0.0)
+    return chosen
+
+
+def _check_budget(time_budget: float | None, run_seconds: float) -> None:
+    """A time budget must time at least one candidate (:func:`minimum_seconds`)."""
+    if time_budget is None:
+        return
+    least = minimum_seconds(run_seconds)
+    if not math.isfinite(time_budget) or time_budget < least:
+        raise MixprecError(
+            f"time budget {time_budget:g} s is too small to time any candidate on this model: "
+            f"give at least {math.ceil(least * 10) / 10:g} s"
+        )
+
+
+def _where(held: _Held, feeds: Feeds, threads: int) -> str:
+    shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in feeds.items())
+    how = "the user's metric" if held.metric is not None else "the guard's checks"
+    return (
+        f"each candidate checked on {len(held.feeds)} sample(s) ({held.how}) against the "
+        f"input in ONNX Runtime by {how}, and timed beside it at {shapes} with {threads} "
+        "thread(s)"
+    )

@@ -1,0 +1,128 @@
+"""Timing the candidates against the input in ONNX Runtime, and pruning.
+
+Each candidate is timed beside the input in ONNX Runtime (``fp32-ort``), the two taking
+turns within each round, at the calibration sample's shape and with the user's threads
+(:func:`mixprec.int8.speed.time_paired`); each round gives a ratio candidate / FP32
+measured milliseconds apart, and the median of those is the candidate's latency ratio.
+
+Pruning, so that the time grows with the model rather than with the candidates: after
+:data:`~mixprec.int8.speed.PRUNE_AFTER` (5) rounds a candidate stops being timed once it
+is clearly slower than the best so far: its median ratio is 5% (``MARGIN``) above the
+best ratio of an earlier candidate that would win, or it is slower than the input in the
+median and faster in at most a fifth of the rounds. The table shows how many rounds each
+candidate was timed for.
+
+With a time budget each candidate gets an equal share of what is left; a share too small
+for :data:`~mixprec.int8.speed.PRUNE_AFTER` rounds (after the warm-up) leaves the rest
+untimed, and a budget too small to time even one is refused before any work
+(:func:`minimum_seconds`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from mixprec.int8.speed import PRUNE_AFTER, RUN_SECONDS, WARMUP_ROUNDS, time_paired
+from mixprec.runtime.engine import Session
+
+__all__ = ["Timer", "Timing", "minimum_seconds"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What timing one candidate beside the input measured.
+
+    Attributes:
+        ratio: The median paired ratio candidate / input in ONNX Runtime.
+        faster_share: The share of rounds in which the candidate was faster.
+        ms: The candidate's median milliseconds per run.
+        rounds: The rounds it was timed for.
+        pruned: It stopped early, clearly slower than the best so far.
+    """
+
+    ratio: float
+    faster_share: float
+    ms: float
+    rounds: int
+    pruned: bool = False
+
+    @classmethod
+    def of(cls, candidate: list[float], reference: list[float], pruned: bool) -> Timing:
+        """From the seconds per round of the candidate and of the input beside it."""
+        own = np.asarray(candidate, dtype=np.float64)
+        ratios = own / np.asarray(reference[: len(own)], dtype=np.float64)
+        return cls(
+            float(np.median(ratios)),
+            float(np.mean(ratios < 1.0)),
+            float(np.median(own)) * 1e3,
+            len(own),
+            pruned,
+        )
+
+
+def minimum_seconds(run_seconds: float) -> float:
+    """The least time one candidate's timing takes, for a model one run of which takes
+    ``run_seconds``: the warm-up and the rounds before pruning, of two sessions, each run
+    repeated to at least 10 ms."""
+    rounds = WARMUP_ROUNDS + PRUNE_AFTER
+    return rounds * 2 * max(run_seconds, RUN_SECONDS)
+
+
+class Timer:
+    """Times candidates one by one beside the input's session, within a budget.
+
+    Args:
+        reference: the input in ONNX Runtime, set up for timing.
+        feeds: the inputs every run gets.
+        budget: seconds for all the timing (None: about a second per candidate).
+        count: the candidates to time (the budget is shared among them).
+    """
+
+    def __init__(
+        self,
+        reference: Session,
+        feeds: Mapping[str, np.ndarray],
+        budget: float | None,
+        count: int,
+    ) -> None:
+        self.reference = reference
+        self.feeds = dict(feeds)
+        self.left = math.inf if budget is None else budget
+        self.budget = budget
+        self.count = max(count, 1)
+        reference.run(self.feeds)  # the first run sets up (allocations, kernels' caches)
+        start = time.perf_counter()
+        reference.run(self.feeds)
+        self.run_seconds = time.perf_counter() - start
+
+    def share(self) -> float | None:
+        """The seconds the next candidate gets (None: the default), or 0 when the budget
+        cannot time another one."""
+        if self.budget is None:
+            return None
+        share = self.left / self.count
+        return share if share >= minimum_seconds(self.run_seconds) else 0.0
+
+    def time(self, session: Session, bar: float | None) -> Timing | None:
+        """Times ``session`` beside the input; ``bar``: the best ratio so far of a
+        candidate that would win (pruning's mark). None when the budget is spent."""
+        seconds = self.share()
+        self.count = max(self.count - 1, 1)
+        if seconds == 0.0:
+            return None
+        dropped: set[str] = set()
+        start = time.perf_counter()
+        times = time_paired(
+            {"fp32": self.reference, "candidate": session},
+            self.feeds,
+            bar,
+            seconds=seconds,
+            dropped=dropped,
+        )
+        self.left -= time.perf_counter() - start
+        return Timing.of(times["candidate"], times["fp32"], "candidate" in dropped)

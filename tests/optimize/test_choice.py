@@ -1,0 +1,183 @@
+"""The choice of ``mixprec optimize`` on made-up tables: the fastest accurate candidate
+wins when it is clearly faster than the input, ties go to the earlier one, an
+inaccurate one never wins; and the metadata the winner carries reads back as runtime
+options. No timing here: the rows are written by hand."""
+
+from __future__ import annotations
+
+import math
+
+import onnx
+import pytest
+
+from guard_models import separable_classifier
+from mixprec.core.errors import MixprecError
+from mixprec.guard.checks import OutputCheck
+from mixprec.optimize.candidates import CANDIDATES, select_candidates
+from mixprec.optimize.choice import Row, accuracy_text, choose
+from mixprec.optimize.metadata import runtime_metadata, stamp
+from mixprec.optimize.timing import Timer, Timing, minimum_seconds
+from mixprec.runtime.engine import RuntimeOptions
+from mixprec.runtime.engines import HINTS_KEY, RUNTIME_KEY, options_from_metadata
+
+GOOD = (OutputCheck("probs", "top1", 1.0, 0.99, True),)
+BAD = (OutputCheck("probs", "top1", 0.9, 0.99, False),)
+
+
+def _row(name: str, ratio: float | None, checks=GOOD, share: float = 1.0, **kw) -> Row:
+    timing = None if ratio is None else Timing(ratio, share, ratio, 15, kw.pop("pruned", False))
+    status = kw.pop("status", "baseline" if name == "fp32-ort" else "timed")
+    return Row(name, "ort", status=status, checks=checks, timing=timing, **kw)
+
+
+def _verdicts(rows: list[Row]) -> dict[str, tuple[str, str]]:
+    return {r.name: (r.verdict, r.reason) for r in rows}
+
+
+def test_the_fastest_accurate_candidate_wins() -> None:
+    rows = [_row("fp32-ort", None), _row("fp32-openvino", 0.74), _row("int8-ort", 0.6)]
+    winner, table = choose(rows)
+    assert winner == "int8-ort"
+    found = _verdicts(table)
+    assert found["int8-ort"] == ("wins", "")
+    assert found["fp32-openvino"] == ("lost", "slower than int8-ort (0.60x)")
+    assert found["fp32-ort"] == ("lost", "slower than int8-ort (0.60x)")
+
+
+def test_an_inaccurate_candidate_cannot_win_however_fast() -> None:
+    rows = [_row("fp32-ort", None), _row("fp32-openvino", 0.9), _row("int8-ort", 0.3, BAD)]
+    winner, table = choose(rows)
+    assert winner == "fp32-openvino"
+    verdict, reason = _verdicts(table)["int8-ort"]
+    assert verdict == "inaccurate"
+    assert reason == "misses its budget: top-1 0.9 on 'probs' (needs >= 0.99)"
+
+
+def test_ties_and_small_gains_go_to_the_earlier_candidate() -> None:
+    # 0.98x is not 3% faster than the input: the input stays
+    winner, table = choose([_row("fp32-ort", None), _row("fp32-openvino", 0.98)])
+    assert winner == "fp32-ort"
+    assert _verdicts(table)["fp32-openvino"][1] == "not 3% faster than the input in ONNX Runtime"
+    # within 3% of the best: the earlier (simpler) one wins
+    rows = [_row("fp32-ort", None), _row("fp32-openvino", 0.80), _row("int8-ort", 0.78)]
+    winner, table = choose(rows)
+    assert winner == "fp32-openvino"
+    assert "ties go to the earlier one" in _verdicts(table)["int8-ort"][1]
+
+
+def test_a_gain_seen_in_too_few_rounds_does_not_count() -> None:
+    winner, table = choose([_row("fp32-ort", None), _row("fp32-openvino", 0.9, share=0.4)])
+    assert winner == "fp32-ort"
+    assert _verdicts(table)["fp32-openvino"][1] == "faster in only 40% of the rounds (needs 60%)"
+
+
+def test_skipped_failed_and_pruned_rows_lose_with_their_reason() -> None:
+    rows = [
+        _row("fp32-ort", None),
+        _row("fp32-openvino", 1.4, pruned=True),
+        _row("bf16-openvino", None, (), status="skipped", note="this CPU does not compute bf16"),
+        _row("int8-ort", None, (), status="failed", note="openvino cannot compile the model"),
+    ]
+    winner, table = choose(rows)
+    assert winner == "fp32-ort"
+    found = _verdicts(table)
+    assert found["fp32-ort"] == ("wins", "")
+    assert found["fp32-openvino"][1].startswith("pruned after 15 rounds")
+    assert found["bf16-openvino"] == ("skipped", "this CPU does not compute bf16")
+    assert found["int8-ort"] == ("failed", "openvino cannot compile the model")
+
+
+def test_without_the_input_listed_the_fastest_accurate_listed_one_wins() -> None:
+    rows = [
+        _row("fp32-ort", None, listed=False),
+        _row("fp32-openvino", 1.3, pruned=True),
+        _row("int8-openvino", 1.6, BAD),
+    ]
+    winner, table = choose(rows)
+    assert winner == "fp32-openvino"
+    assert _verdicts(table)["fp32-ort"][0] == "reference"
+    # none accurate: the input stays
+    winner, _ = choose([rows[0], rows[2]])
+    assert winner == "fp32-ort"
+
+
+def test_accuracy_text_names_the_worst_check() -> None:
+    checks = (
+        OutputCheck("probs", "top1", 1.0, 0.99, True),
+        OutputCheck("boxes", "rel-l2", 0.02, 0.1, True),
+    )
+    assert accuracy_text(checks) == "rel L2 0.02 on 'boxes' (needs <= 0.1)"
+    miss = (OutputCheck("probs", "top1", math.nan, 0.99, False, "shape changed"),)
+    assert accuracy_text(miss) == "a miss on 'probs' (shape changed)"
+
+
+def test_candidate_names_are_checked() -> None:
+    assert [c.name for c in select_candidates(None)] == [c.name for c in CANDIDATES]
+    assert [c.runtime for c in select_candidates(None, "ort")] == ["ort", "ort"]
+    picked = select_candidates(["int8-ort", "fp32-ort"])
+    assert [c.name for c in picked] == ["fp32-ort", "int8-ort"]  # the built-in order
+    with pytest.raises(MixprecError, match="unknown candidate 'fp64-ort'"):
+        select_candidates(["fp64-ort"])
+    with pytest.raises(MixprecError, match="named twice"):
+        select_candidates(["int8-ort", "int8-ort"])
+    with pytest.raises(MixprecError, match="runs in openvino"):
+        select_candidates(["fp32-openvino"], "ort")
+    with pytest.raises(MixprecError, match="unknown runtime"):
+        select_candidates(None, "tensorflow")
+
+
+def test_metadata_round_trip() -> None:
+    model = separable_classifier()
+    bf16 = RuntimeOptions("openvino", threads=4, precision="bf16")
+    stamped = stamp(model, bf16)
+    props = {p.key: p.value for p in stamped.metadata_props}
+    assert props == {
+        RUNTIME_KEY: "openvino",
+        HINTS_KEY: '{"INFERENCE_PRECISION_HINT": "bf16"}',
+    }
+    assert not model.metadata_props  # a copy: the input is not touched
+    assert options_from_metadata(stamped, threads=4) == bf16
+    again = stamp(stamped, RuntimeOptions("ort"))  # fields replaced, not repeated
+    assert runtime_metadata(RuntimeOptions("ort")) == {RUNTIME_KEY: "ort", HINTS_KEY: "{}"}
+    assert options_from_metadata(again) == RuntimeOptions("ort")
+    assert options_from_metadata(model) is None  # no field: the default (ONNX Runtime)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({RUNTIME_KEY: "tensorflow"}, "unknown runtime 'tensorflow'"),
+        ({RUNTIME_KEY: "openvino", HINTS_KEY: "{"}, "is not JSON"),
+        ({RUNTIME_KEY: "openvino", HINTS_KEY: "[1]"}, "must be a JSON object"),
+        ({RUNTIME_KEY: "openvino", HINTS_KEY: '{"NUM_STREAMS": "4"}'}, "sets 'NUM_STREAMS'"),
+        ({RUNTIME_KEY: "ort", HINTS_KEY: '{"INFERENCE_PRECISION_HINT": "bf16"}'}, "onnxruntime"),
+    ],
+)
+def test_bad_metadata_is_one_error_line(fields: dict[str, str], error: str) -> None:
+    model = onnx.ModelProto()
+    model.CopyFrom(separable_classifier())
+    for key, value in fields.items():
+        model.metadata_props.add(key=key, value=value)
+    with pytest.raises(MixprecError, match=error):
+        options_from_metadata(model)
+
+
+class _Instant:
+    """A session that returns at once (timing's bookkeeping, without a model)."""
+
+    binds_on_device = False
+    output_names = ()
+    notes = ()
+
+    def run(self, feeds, output_names=None):
+        return {}
+
+
+def test_a_spent_time_budget_leaves_the_rest_untimed() -> None:
+    least = minimum_seconds(0.0)
+    assert least == pytest.approx(0.14)  # 7 rounds (2 warm-up) of 2 sessions, 10 ms each
+    timer = Timer(_Instant(), {}, budget=least * 3, count=5)  # a share each: 0.6 of one
+    assert timer.time(_Instant(), None) is None
+    timer = Timer(_Instant(), {}, budget=least * 1.5, count=1)
+    timing = timer.time(_Instant(), None)
+    assert timing is not None and timing.rounds >= 5

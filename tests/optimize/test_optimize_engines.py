@@ -1,0 +1,93 @@
+"""``mixprec optimize`` reaches engines only through the runtime door: a third engine
+registered by a test joins as a candidate, is checked and timed in, and is named in the
+written model's metadata; and the bf16 candidate runs where the engine says it computes
+bf16 (asked, never read from the CPU here: this CPU has no bf16)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+import pytest
+
+import mixprec
+from guard_models import separable_classifier, separable_samples
+from mixprec.optimize.candidates import Candidate
+from mixprec.runtime.engine import RuntimeOptions
+from mixprec.runtime.engines import (
+    ENGINES,
+    HINTS_KEY,
+    RUNTIME_KEY,
+    register_engine,
+    unregister_engine,
+)
+
+OrtEngine = type(ENGINES["ort"])
+
+
+class CountingEngine(OrtEngine):
+    """A third engine: ONNX Runtime underneath, its sessions counted."""
+
+    name = "counting"
+    label = "Counting"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sessions = 0
+
+    def session(self, model, options, *, timing=False, hints=None):
+        self.sessions += 1
+        ort = dataclasses.replace(options, name="ort")
+        return super().session(model, ort, timing=timing, hints=hints)
+
+
+@pytest.fixture
+def counting() -> Iterator[CountingEngine]:
+    engine = CountingEngine()
+    register_engine(engine)
+    try:
+        yield engine
+    finally:
+        unregister_engine(engine.name)
+
+
+def test_a_registered_engine_is_a_candidate(counting: CountingEngine, tmp_path: Path) -> None:
+    model = tmp_path / "m.onnx"
+    onnx.save(separable_classifier(), model)
+    samples = separable_samples(12, rows=16)
+    mine = Candidate("fp32-counting", "counting", None, "input", "the input, counted")
+    result = mixprec.optimize(str(model), samples, candidates=[mine])
+    assert result.winner == "fp32-counting"  # the only one listed, and accurate
+    row = result.table[1]
+    assert row.accurate and row.timing is not None
+    assert counting.sessions == 2  # checked in it once, timed in it once
+    out = tmp_path / "out.onnx"
+    result.save(out)
+    props = {p.key: p.value for p in onnx.load(out).metadata_props}
+    assert props == {RUNTIME_KEY: "counting", HINTS_KEY: "{}"}
+    report = mixprec.validate(str(model), str(out), inputs=samples[:1])
+    assert report.kind == "counting" and counting.sessions == 3
+
+
+def test_bf16_runs_where_the_engine_says_it_computes_bf16(monkeypatch, tmp_path: Path) -> None:
+    pytest.importorskip("openvino")
+    openvino = ENGINES["openvino"]
+    monkeypatch.setattr(openvino, "computes_bf16", lambda: True)
+    model = tmp_path / "m.onnx"
+    onnx.save(separable_classifier(), model)
+    samples = separable_samples(12, rows=16)
+    result = mixprec.optimize(str(model), samples, candidates=["bf16-openvino"])
+    row = {r.name: r for r in result.table}["bf16-openvino"]
+    assert row.status == "timed" and row.hints == {"INFERENCE_PRECISION_HINT": "bf16"}
+    assert result.winner == "bf16-openvino"
+    assert result.runtime == RuntimeOptions("openvino", threads=2, precision="bf16")
+    out = tmp_path / "out.onnx"
+    result.save(out)
+    props = {p.key: p.value for p in onnx.load(out).metadata_props}
+    assert json.loads(props[HINTS_KEY]) == {"INFERENCE_PRECISION_HINT": "bf16"}
+    report = mixprec.validate(str(model), str(out), inputs=samples[:1])
+    assert report.kind == "openvino"
+    assert "hint bf16" in str(report.runtime["precision"])
