@@ -19,7 +19,7 @@ import onnx_ir as ir
 from mixprec.api.weights import quantize_weights
 from mixprec.core.errors import MixprecError
 from mixprec.guard.int8 import EvalData, guarded_quantize, quantize_once
-from mixprec.int8.config import QuantizeConfig
+from mixprec.int8.config import QuantizeConfig, guard_spellings
 from mixprec.io.external import input_files
 from mixprec.io.models import ModelLike, load_input
 from mixprec.pipeline.convert import CalibrationData, ConversionResult
@@ -88,7 +88,7 @@ def quantize(
         >>> result = mixprec.quantize("model.onnx", batches, method="entropy")  # doctest: +SKIP
         >>> result.save("model_int8.onnx")                                      # doctest: +SKIP
     """
-    options = _guard_spellings(options)
+    options = guard_spellings(options)
     if weights is not None:
         if config is not None:
             raise MixprecError("give weights= or config= (INT8 options), not both")
@@ -128,26 +128,6 @@ def _unguarded(config: QuantizeConfig) -> str:
         why = "accuracy guard off (guard=False / --no-guard): the INT8 model is not checked"
     logger.warning("%s", why)
     return why
-
-
-def _guard_spellings(options: dict[str, Any]) -> dict[str, Any]:
-    """``max_drop`` / ``max_rel_l2`` / ``min_cosine``, the CLI's ``--max-drop`` /
-    ``--max-rel-l2`` / ``--min-cosine``, are the guard's budgets (``guard_drop`` /
-    ``guard_rel_l2`` / ``guard_cosine``): one meaning for each name."""
-    spellings = (
-        ("max_drop", "guard_drop"),
-        ("max_rel_l2", "guard_rel_l2"),
-        ("min_cosine", "guard_cosine"),
-    )
-    for short, field in spellings:
-        if short not in options:
-            continue
-        value = options.pop(short)
-        if options.get(field) is not None and value is not None:
-            raise MixprecError(f"give {short}= or {field}=, not both (they are one option)")
-        if value is not None:
-            options[field] = value
-    return options
 
 
 def plan_int8(

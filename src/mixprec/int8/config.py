@@ -28,6 +28,7 @@ __all__ = [
     "PER_CHANNEL_OPSET",
     "PLACEMENTS",
     "QuantizeConfig",
+    "guard_spellings",
 ]
 
 #: Precisions of the nodes left out of INT8 (the fallback).
@@ -242,3 +243,23 @@ class QuantizeConfig:
             upgrade_opset=False,
             log_dir=self.log_dir,
         )
+
+
+def guard_spellings(options: dict[str, Any]) -> dict[str, Any]:
+    """``max_drop`` / ``max_rel_l2`` / ``min_cosine``, the CLI's ``--max-drop`` /
+    ``--max-rel-l2`` / ``--min-cosine``, are the guard's budgets (``guard_drop`` /
+    ``guard_rel_l2`` / ``guard_cosine``): one meaning for each name."""
+    spellings = (
+        ("max_drop", "guard_drop"),
+        ("max_rel_l2", "guard_rel_l2"),
+        ("min_cosine", "guard_cosine"),
+    )
+    for short, field in spellings:
+        if short not in options:
+            continue
+        value = options.pop(short)
+        if options.get(field) is not None and value is not None:
+            raise MixprecError(f"give {short}= or {field}=, not both (they are one option)")
+        if value is not None:
+            options[field] = value
+    return options

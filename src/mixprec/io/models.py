@@ -43,6 +43,7 @@ __all__ = [
     "input_kind",
     "load_input",
     "load_model",
+    "runnable_proto",
     "save_model",
     "write_text",
 ]
@@ -488,3 +489,20 @@ def load_input(
     raise MixprecError(
         f"model must be a path, onnx.ModelProto or onnx_ir.Model, not {type(model).__name__}"
     )
+
+
+def runnable_proto(model: ModelLike, base_dir: str | os.PathLike[str] | None) -> onnx.ModelProto:
+    """The model as a proto to run, every external tensor read from its own folder
+    (checked); a path whose model cannot be read as it is is one error line."""
+    if isinstance(model, str | os.PathLike):
+        try:
+            return ir.to_proto(load_model(model))  # read from the file's own folder
+        except ir.serde.SerdeError as e:  # e.g. a node name that is not UTF-8
+            cause: BaseException = e
+            while cause.__cause__ is not None or cause.__context__ is not None:
+                cause = cause.__cause__ or cause.__context__  # type: ignore[assignment]
+            reason = f"{type(cause).__name__}: {cause}".splitlines()[0]
+            raise MixprecError(f"{model}: cannot be run as it is ({reason})") from e
+    if not isinstance(model, str | os.PathLike | onnx.ModelProto | ir.Model):
+        raise MixprecError(f"expected a path or a model, not {type(model).__name__}")
+    return ir.to_proto(load_input(model, base_dir)[0])
