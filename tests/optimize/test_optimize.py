@@ -170,6 +170,8 @@ def test_openvino_winner_runs_as_its_metadata_says(model_file: Path, samples, tm
     report = mixprec.validate(str(model_file), str(out), inputs=samples[:2])
     assert report.kind == "openvino" and report.runtime["runtime"] == "openvino"
     assert report.passed
+    # an FP32 model (no low tensor) is named so, not "none model" (was)
+    assert "PASSED: float32 model checked with OpenVINO" in report.format_table()
     # an explicit runtime still wins over the metadata
     assert mixprec.validate(str(model_file), str(out), runtime="ort").kind == "onnxruntime"
 

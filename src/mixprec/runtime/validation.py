@@ -142,8 +142,9 @@ class ValidationReport:
             how = f"{self.runtime.get('label', how)} {self.runtime.get('version', '')}".strip()
             how += f" ({self.runtime.get('precision')})"
         verdict = "PASSED" if self.passed else "FAILED"
+        what = "float32" if self.low_dtype == "none" else self.low_dtype  # no low tensor
         lines.append(
-            f"{verdict}: {self.low_dtype} model checked with {how}, "
+            f"{verdict}: {what} model checked with {how}, "
             f"rtol {self.rtol:g}, atol {self.atol:g}"
         )
         if self.input_shapes:
