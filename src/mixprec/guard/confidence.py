@@ -8,6 +8,10 @@ guard compares the one-sided Wilson score lower bound of the share (95%: z = 1.6
 the budget as well as the share itself: a pass whose bound is below the budget is a pass
 the held-out rows cannot confirm, and the guard says so with the rows it would take.
 
+The bound treats rows as independent answers. Rows of one image's class map (a
+segmentation's pixels, a detector's anchor positions, a recogniser's timesteps) are not:
+there it is optimistic, and the sample count is the sounder reading of how much was seen.
+
 Wilson's interval, not the normal approximation, because the shares here sit near 1
 (where the normal interval collapses to zero width when every row agrees); not
 Clopper-Pearson, which is conservative by design and would ask for ~10% more rows.
