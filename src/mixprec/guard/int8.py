@@ -8,9 +8,11 @@
 2. Quantize as asked (speed plan included) and hold each output to its check
    (:mod:`mixprec.guard.checks`: top-1 on class scores, cosine on embeddings, rel L2
    elsewhere, each with the reason for its kind; or the user's metric, given the
-   samples' labels) against the user's FP32 model in the deployment's runtime.
+   samples' labels) against the user's FP32 model run in the deployment's runtime too
+   (its drift from ONNX Runtime's CPU provider reported where that runtime is another).
 3. On a miss, the tuner's search (:func:`mixprec.tune`, target int8, the guard's checks
-   as its metric) runs on the first half of the held-out samples and names the
+   as its metric, in the deployment's runtime with its graph optimizations) runs on the
+   first half of the held-out samples and names the
    Conv/MatMul/Gemm nodes to keep float; quantize again without them (speed plan
    included) and grade it on the other half (one held-out sample: the same). If
    that still misses, the tuner's own model is the result when it is clearly faster than
