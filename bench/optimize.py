@@ -210,10 +210,11 @@ def _chosen_row(spec: ModelSpec, base: Baseline, chosen: Path | None, run: Row,
 
 
 def add_latency(rows: dict[str, Row], runners: Mapping[str, Runner], base: Baseline) -> None:
-    """Every runner timed in one interleaved loop at the model's bench shape."""
+    """Every runner timed in one interleaved loop at the model's bench shape, in a random
+    order each round (bf16.interleaved's ``shuffle``)."""
     try:
         timing = interleaved({k: r.bind(base.latency_feeds) for k, r in runners.items()},
-                             REFERENCE)
+                             REFERENCE, shuffle=True)
     except Exception as exc:
         for name in runners:
             rows[name]["latency_error"] = first_line(exc)
@@ -376,7 +377,9 @@ def candidates_table(results: Sequence[Row]) -> str:
 
 COLUMNS = (
     "Recipes, each timed in one interleaved loop with the others and with optimize's output "
-    "(2 threads; ORT spinning off; OpenVINO INFERENCE_NUM_THREADS 2, PERFORMANCE_HINT "
+    "(each round runs every session once in a seeded random order: with a fixed order the "
+    "OpenVINO session right after ORT's measured 4-8% slower than the same model further "
+    "along; 2 threads; ORT spinning off; OpenVINO INFERENCE_NUM_THREADS 2, PERFORMANCE_HINT "
     "LATENCY, compiled for the bench shape): ort-fp32 (the reference, ratio 1.00), ov-fp32, "
     "ov-bf16 (OpenVINO's blanket bf16 hint), ort-u8s8 (ORT quantize_static U8S8 QDQ, "
     "per-channel, MinMax, on the same 16 calibration samples) in ORT, ov-u8s8 (the same "
