@@ -1,7 +1,8 @@
 """Benchmark mixprec against peer FP16/BF16 converters on real pretrained models.
 
     python bench/bench.py [--models a,b] [--converters x,y] [--timeout 600] [--no-latency]
-                          [--int8-only | --bf16-only | --weights-only] [--no-int8] [--no-bf16]
+                          [--int8-only | --bf16-only | --weights-only | --optimize-only]
+                          [--no-int8] [--no-bf16]
                           [--quantizers t,u] [--weight-tools v,w]
 
 Needs the corpus (bench/fetch.py) and the derived models (bench/export_minilm.py,
@@ -12,7 +13,9 @@ model, OpenVINO's blanket bf16 and mixprec's bf16 in OpenVINO. Writes
 bench/results/<date>.json, .md and .png (<date>-int8.json and .md with --int8-only,
 <date>-bf16.json and .md with --bf16-only) and prints the markdown. --weights-only runs
 only the weight-only part (weights.py: INT4/INT8 weight-only quantizers on SmolLM2-135M
-with its KV cache and on MiniLM) into <date>-weights.json and .md.
+with its KV cache and on MiniLM) into <date>-weights.json and .md. --optimize-only runs
+only the --optimize part (optimize.py: `mixprec optimize` against the obvious recipes) into
+<date>-optimize.json and .md.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from evaluate import Baseline, evaluate, first_line, make_baseline
 from metrics import macs_by_name, runtime_shapes
 
 import int8
+import optimize
 import report
 import weights
 from models import MODELS, ModelSpec
@@ -175,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="run only the bf16 part (results in <date>-bf16.json/.md)")
     part.add_argument("--weights-only", action="store_true",
                       help="run only the weight-only part (results in <date>-weights.json/.md)")
+    part.add_argument("--optimize-only", action="store_true",
+                      help="run only the --optimize part: mixprec optimize against the "
+                      "obvious recipes (results in <date>-optimize.json/.md)")
     parser.add_argument("--no-int8", action="store_true", help="skip the INT8 part")
     parser.add_argument("--no-bf16", action="store_true",
                         help="skip the bf16 part (OpenVINO blanket bf16 vs mixprec bf16)")
@@ -205,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             "bf16_part": with_bf16}
     if args.weights_only:
         return weights_part(info, work, args, started)
+    if args.optimize_only:
+        return optimize_part(info, work, args, started, specs)
     print(f"bench: {len(specs)} models x ({len(jobs)} conversions + {len(tools)} INT8 "
           f"quantizers{' + the bf16 part' if with_bf16 else ''}); work dir {work}", flush=True)
 
@@ -311,6 +320,45 @@ def weights_part(info: dict[str, Any], work: Path, args: argparse.Namespace,
     print(markdown)
     print(f"bench: wrote {stem}.json, .md in {info['elapsed_s']:.0f}s")
     return 0
+
+
+def optimize_part(info: dict[str, Any], work: Path, args: argparse.Namespace, started: float,
+                  specs: list[ModelSpec]) -> int:
+    """The --optimize part alone: <date>-optimize.json and .md, rewritten after each model
+    (a run stopped part way keeps the models done); models in --models' order."""
+    info.update(jobs=[], int8_tools=[], bf16_part=False, optimize_part=True)
+    if args.models:
+        order = args.models.split(",")
+        specs = sorted(specs, key=lambda s: order.index(s.name))
+    print(f"bench: --optimize part on {len(specs)} models; work dir {work}", flush=True)
+    results: list[dict[str, Any]] = []
+    for spec in specs:
+        base, _ = prepare(spec, work)
+        results.append(optimize.run_model(spec, base, work, args.timeout, not args.no_latency))
+        markdown = write_optimize(info, results, args.results, started)
+    print(markdown)
+    print(f"bench: wrote {args.results / info['date']}-optimize.json, .md in "
+          f"{info['elapsed_s']:.0f}s")
+    return 0
+
+
+def write_optimize(info: dict[str, Any], results: list[dict[str, Any]], folder: Path,
+                   started: float) -> str:
+    """Writes <date>-optimize.json and .md for the models done; returns the markdown."""
+    found = optimize.part(results)
+    info["elapsed_s"] = time.perf_counter() - started
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = folder / f"{info['date']}-optimize"
+    stem.with_suffix(".json").write_text(
+        json.dumps(_json_safe({**info, "optimize": found}), indent=1))
+    m = info["machine"]
+    markdown = "\n".join([
+        f"# mixprec benchmark, optimize part, {info['date']}", "",
+        f"Machine: {m['cpu']}, {m['usable_cores']} usable cores, {m['memory_gib']} GiB.",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v), "",
+        optimize.render(found), f"Total bench.py time: {info['elapsed_s']:.0f} s.", ""])
+    stem.with_suffix(".md").write_text(markdown)
+    return markdown
 
 
 def render(info: dict[str, Any], baselines: dict[str, dict[str, Any]], rows: list[dict[str, Any]],

@@ -26,6 +26,9 @@ Tools:
   ort-dynamic onnxruntime.quantization.quantize_dynamic with its defaults (QInt8 weights,
              per tensor), no calibration
   nncf       nncf.quantize(onnx model, nncf.Dataset(samples)), ONNX backend, default preset
+  mixprec-optimize
+      `python -m mixprec optimize IN -o OUT --calibration-data DIR --threads 2 --json`
+      (the bench's --optimize part, optimize.py; not one of the INT8 part's TOOLS)
 
 Per-channel DequantizeLinear (its `axis`) needs ai.onnx opset 13. mixprec raises the opset
 itself; ORT's quantize_static and NNCF do not (ORT writes `axis` into an opset-12 graph,
@@ -181,7 +184,19 @@ def _nncf(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
     return run
 
 
+#: the --optimize part's tool (optimize.py): run here the same way, not in the INT8 part
+OPTIMIZE = "mixprec-optimize"
+
+
+def _optimize(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
+    argv = ["mixprec", "optimize", args.model, "-o", args.out, "--calibration-data",
+            args.calib_dir, "--threads", "2", "--json"]
+    return run_mixprec_cli(argv, "mixprec optimize")
+
+
 def build(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
+    if args.tool == OPTIMIZE:
+        return _optimize(args)
     if args.tool == "mixprec" or args.tool.startswith("mixprec-"):
         return _mixprec(args, "" if args.tool == "mixprec" else args.tool.removeprefix("mixprec-"))
     if args.tool == "ort-dynamic":
@@ -195,7 +210,7 @@ def build(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run one INT8 quantizer on one model.")
-    parser.add_argument("tool", choices=TOOLS)
+    parser.add_argument("tool", choices=(*TOOLS, OPTIMIZE))
     parser.add_argument("model")
     parser.add_argument("out")
     parser.add_argument("result")
