@@ -13,9 +13,17 @@ import optimize
 
 
 def _summary(model: str, versus: float, wall: float, accurate: bool = True) -> dict:
-    return {"model": model, "status": "ok", "accurate": accurate, "accuracy": "agree 0.9700",
-            "ratio": versus * 0.8, "best_recipe": "ov-fp32", "best_ratio": 0.8,
-            "versus_best": versus, "wall_s": wall}
+    return {
+        "model": model,
+        "status": "ok",
+        "accurate": accurate,
+        "accuracy": "agree 0.9700",
+        "ratio": versus * 0.8,
+        "best_recipe": "ov-fp32",
+        "best_ratio": 0.8,
+        "versus_best": versus,
+        "wall_s": wall,
+    }
 
 
 def _met(targets: list[dict]) -> dict[str, tuple[bool, list[str]]]:
@@ -23,25 +31,41 @@ def _met(targets: list[dict]) -> dict[str, tuple[bool, list[str]]]:
 
 
 def test_goals_name_the_misses() -> None:
-    rows = [_summary("a", 0.70, 30), _summary("b", 0.85, 100), _summary("c", 1.10, 700, False),
-            {"model": "d", "status": "timeout", "accurate": None, "accuracy": "–",
-             "wall_s": 600.0, "error": "killed"}]
+    rows = [
+        _summary("a", 0.70, 30),
+        _summary("b", 0.85, 100),
+        _summary("c", 1.10, 700, False),
+        {
+            "model": "d",
+            "status": "timeout",
+            "accurate": None,
+            "accuracy": "–",
+            "wall_s": 600.0,
+            "error": "killed",
+        },
+    ]
     met = _met(optimize.goals(rows))
     assert met["every model accurate"] == (False, ["c: agree 0.9700", "d: optimize timeout"])
     assert met["never slower than the best accurate recipe by more than 5%"] == (
-        False, ["c: 1.10x ov-fp32"])
+        False,
+        ["c: 1.10x ov-fp32"],
+    )
     # median of 0.70, 0.85, 1.10: 0.85 <= 0.90
     assert met["median at least 10% faster than the best accurate recipe"] == (True, [])
     # the time-out counts: the median of 30, 100, 600, 700 s is 350 s
     assert met["optimize wall time median <= 2 min"] == (False, ["median 350 s"])
     assert met["optimize wall time worst <= 10 min"] == (
-        False, ["c: 700 s", "d: 600 s (timed out)"])
+        False,
+        ["c: 700 s", "d: 600 s (timed out)"],
+    )
 
 
 def test_the_median_goal_misses_when_optimize_only_ties() -> None:
     met = _met(optimize.goals([_summary("a", 1.0, 10), _summary("b", 0.95, 10)]))
     assert met["median at least 10% faster than the best accurate recipe"] == (
-        False, ["median 0.97x the best recipe"])
+        False,
+        ["median 0.97x the best recipe"],
+    )
     assert met["never slower than the best accurate recipe by more than 5%"] == (True, [])
 
 
@@ -54,10 +78,12 @@ def test_accurate_and_the_best_recipe() -> None:
     assert optimize.accurate(plain, None) is False  # a box regression off by 20%
     assert optimize.accurate({**plain, "regression_rel_l2": 0.05}, None) is True
     assert optimize.accurate({"status": "error"}, None) is None
-    rows = [{"variant": "ort-fp32", "accurate": True, "latency": {"ratio": 1.0}},
-            {"variant": "ov-fp32", "accurate": True, "latency": {"ratio": 0.7}},
-            {"variant": "ov-u8s8", "accurate": False, "latency": {"ratio": 0.4}},
-            {"variant": "optimize", "accurate": True, "latency": {"ratio": 0.5}}]
+    rows = [
+        {"variant": "ort-fp32", "accurate": True, "latency": {"ratio": 1.0}},
+        {"variant": "ov-fp32", "accurate": True, "latency": {"ratio": 0.7}},
+        {"variant": "ov-u8s8", "accurate": False, "latency": {"ratio": 0.4}},
+        {"variant": "optimize", "accurate": True, "latency": {"ratio": 0.5}},
+    ]
     assert optimize.best_recipe(rows)["variant"] == "ov-fp32"
     table = optimize.goals_markdown(optimize.goals([_summary("a", 0.7, 30)]))
     assert table.count("| yes |") == 5, table

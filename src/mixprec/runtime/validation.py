@@ -144,8 +144,7 @@ class ValidationReport:
         verdict = "PASSED" if self.passed else "FAILED"
         what = "float32" if self.low_dtype == "none" else self.low_dtype  # no low tensor
         lines.append(
-            f"{verdict}: {what} model checked with {how}, "
-            f"rtol {self.rtol:g}, atol {self.atol:g}"
+            f"{verdict}: {what} model checked with {how}, rtol {self.rtol:g}, atol {self.atol:g}"
         )
         if self.input_shapes:
             shown = ", ".join(f"{k} {list(v)}" for k, v in self.input_shapes.items())
