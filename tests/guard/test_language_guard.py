@@ -235,8 +235,8 @@ def test_the_repair_promotes_the_most_sensitive_layers_until_the_budget_holds(
     checks = [held[k] for k in held_out[:4]]
     calibration = [w for k, w in enumerate(held) if k not in held_out][:4]
     config = WeightsConfig(bits=4)
-    ranked = [name for name, _ in rank_layers(onnx.load(str(path)), config, calibration)]
-    on_checks = [name for name, _ in rank_layers(onnx.load(str(path)), config, checks)]
+    ranked = [s.name for s in rank_layers(onnx.load(str(path)), config, calibration)]
+    on_checks = [s.name for s in rank_layers(onnx.load(str(path)), config, checks)]
     assert ranked != on_checks  # the two rankings differ: which windows rank matters
     promoted = guard["promoted"]
     assert set(promoted) == set(ranked[: guard["repaired_with"]["layers"]]) - _mixed(result)

@@ -45,7 +45,7 @@ from mixprec.io.signature import declared_dims, graph_inputs
 from mixprec.pipeline.streamed import Source
 from mixprec.pipeline.weights import GuardContext, WeightsGuard, WeightsReport
 from mixprec.weights.config import LayerChoice, WeightsConfig
-from mixprec.weights.sensitivity import rank_layers
+from mixprec.weights.sensitivity import LayerScore, SizeBudget, rank_layers
 
 __all__ = [
     "DEFAULT_MAX_DROP",
@@ -204,15 +204,15 @@ def rank_for_repair(
     config: WeightsConfig,
     samples: Sequence[Feeds] | None,
     names: Sequence[str],
-) -> tuple[list[tuple[str, float]], str]:
+) -> tuple[list[LayerScore], str]:
     """The repair's seam: ``names`` (quantized linear MatMuls of ``source``), most
-    sensitive first, each with its score, and what the score is: the output error 8 bits
-    saves per weight on ``samples``, calibration windows apart from the check windows
-    (:func:`mixprec.weights.sensitivity.rank_layers`); ``samples`` None (a streamed
-    model, whose layer inputs would need the whole FP32 model in one session, or no
-    calibration data): the weight error 8 bits saves per weight."""
+    sensitive first, each with its score and its cost in bytes, and what the score is:
+    the output error 8 bits saves per weight on ``samples``, calibration windows apart
+    from the check windows (:func:`mixprec.weights.sensitivity.rank_layers`); ``samples``
+    None (a streamed model, whose layer inputs would need the whole FP32 model in one
+    session, or no calibration data): the weight error 8 bits saves per weight."""
     wanted = set(names)
-    ranked = [(n, s) for n, s in rank_layers(source, config, samples) if n in wanted]
+    ranked = [s for s in rank_layers(source, config, samples) if s.name in wanted]
     if samples is None:
         return ranked, "weight error 8 bits saves per weight (no layer inputs read)"
     return ranked, "output error 8 bits saves per weight on calibration windows"
@@ -228,7 +228,7 @@ def _steps(count: int, int4: bool) -> list[tuple[int, str]]:
 
 
 def _layers(
-    ranked: list[tuple[str, float]],
+    ranked: list[LayerScore],
     now: dict[str, str],
     step: tuple[int, str],
     what: str,
@@ -238,13 +238,26 @@ def _layers(
     float, the rest of the int4 ones at 8 bits (the 8-bit steps before it all missed)."""
     k, to = step
     layers = {}
-    for rank, (name, score) in enumerate(ranked, 1):
+    for rank, layer in enumerate(ranked, 1):
         precision = to if rank <= k else "int8"
-        if precision == now.get(name) or (rank > k and to == "int8"):
+        if precision == now.get(layer.name) or (rank > k and to == "int8"):
             continue
-        why = f"{REPAIRED}: sensitivity rank {rank} of {len(ranked)} ({what} {score:.3g}); {missed}"
-        layers[name] = LayerChoice(precision, why)
+        why = (
+            f"{REPAIRED}: sensitivity rank {rank} of {len(ranked)} ({what} {layer.score:.3g});"
+            f" {missed}"
+        )
+        layers[layer.name] = LayerChoice(precision, why)
     return layers
+
+
+def _cost(ranked: list[LayerScore], now: dict[str, str], layers: dict[str, LayerChoice]) -> int:
+    """The bytes a step's layer choices add to the model as it is now."""
+    extra = {s.name: {"int4": 0, "int8": s.extra8, "float": s.extra_float} for s in ranked}
+    return sum(
+        extra[name][choice.precision] - extra[name].get(now.get(name, "int4"), 0)
+        for name, choice in layers.items()
+        if name in extra
+    )
 
 
 def lm_guard(
@@ -273,6 +286,7 @@ def lm_guard(
         "first": first,
         **stats,
         "repair": repair.steps,
+        "size_limit": repair.limit,
         "repaired_with": repair.chosen,
         "promoted": {
             n.name: [n.precision, n.reason]
@@ -305,6 +319,8 @@ class _Repair:
         self.best_config = context.config
         self.steps: list[dict[str, Any]] = []
         self.chosen: dict[str, Any] | None = None
+        #: what the size budget kept the repair from trying (None: nothing)
+        self.limit: str | None = None
 
     def run(self, now: dict[str, str]) -> None:
         context = self.context
@@ -315,7 +331,7 @@ class _Repair:
         missed = "; ".join(self.best[3])
         lo = 0
         last_to = ""
-        for k, to in _steps(len(ranked), "int4" in now.values()):
+        for k, to in self._affordable(ranked, now):
             lo = lo if to == last_to else 0
             last_to = to
             if self._try(ranked, now, (k, to), what, missed):
@@ -323,9 +339,40 @@ class _Repair:
                 return
             lo = k
 
+    def _affordable(self, ranked: list[LayerScore], now: dict[str, str]) -> list[tuple[int, str]]:
+        """The steps within the run's size budget (:mod:`mixprec.weights.sensitivity`):
+        shares of the int8 promotions it has room for, then the float steps that fit.
+        Without a budget (8-bit weights), every step; ``limit`` says what it cut."""
+        steps = _steps(len(ranked), "int4" in now.values())
+        mixed = (self.best[1].quantization or {}).get("mixed")
+        size = SizeBudget.of(mixed)
+        if size is None or not isinstance(mixed, dict):
+            return steps
+        room = size.goal_bytes - int(mixed.get("estimated_bytes", size.base_bytes))
+        top, spent = 0, 0
+        for k, layer in enumerate(ranked, 1):
+            spent += layer.extra8 if now.get(layer.name) == "int4" else 0
+            if spent > room:
+                break
+            top = k
+        shares = {max(1, math.ceil(top * share)) for share in REPAIR_SHARES} if top else set()
+        fits = [
+            (k, to)
+            for k, to in steps
+            if to == "float" and _cost(ranked, now, _layers(ranked, now, (k, to), "", "")) <= room
+        ]
+        int4 = sum(1 for p in now.values() if p == "int4")
+        if top < int4:
+            self.limit = (
+                f"the size budget ({size.goal_bytes / 1e6:.1f} MB, "
+                f"{size.goal_bytes / size.float_bytes:.3f}x FP32: {size.rule}) has room for "
+                f"{top} of {int4} int4 layers at 8 bits (--max-size to allow more)"
+            )
+        return [(k, "int8") for k in sorted(shares) if "int4" in now.values()] + fits
+
     def _bisect(
         self,
-        ranked: list[tuple[str, float]],
+        ranked: list[LayerScore],
         now: dict[str, str],
         span: tuple[int, int, str],
         what: str,
@@ -343,7 +390,7 @@ class _Repair:
 
     def _try(
         self,
-        ranked: list[tuple[str, float]],
+        ranked: list[LayerScore],
         now: dict[str, str],
         step: tuple[int, str],
         what: str,
@@ -413,6 +460,8 @@ def _summary(
         text += f"; {after / 1e6:.1f} MB ({after / before:.2f}x FP32)"
     if misses:
         text += f"; language-model guard FAILED ({'; '.join(misses)})"
+        if repair.limit:
+            text += f"; {repair.limit}"
     return text
 
 

@@ -33,7 +33,8 @@ from mixprec.weights.blocks import (
     matmul_nbits_arrays,
 )
 from mixprec.weights.config import WeightsConfig
-from mixprec.weights.methods import LAYER_INPUTS, LayerData, WeightMethod
+from mixprec.weights.inputs import LAYER_INPUTS, LayerData
+from mixprec.weights.methods import WeightMethod
 from mixprec.weights.select import WEIGHTS, WeightDecision, WeightSource, weight_decision
 from mixprec.weights.slices import quantize_in_slices
 

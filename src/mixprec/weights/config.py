@@ -77,7 +77,12 @@ class WeightsConfig:
             data given allows (:mod:`mixprec.weights.methods`).
         ratio: the share of linear-layer weights left at 4 bits when ``bits`` is 4 (0 to
             1), the rest going to 8 bits by sensitivity (:mod:`mixprec.weights.sensitivity`);
-            None (default) lets the measured scores choose, within 0.35x the float size.
+            None (default): the layers whose score stands out go to 8 bits, within a size
+            budget of 90% of the linear weights at 4 bits, which the guard's repair may
+            spend and never exceed.
+        max_size: a size budget instead of ``ratio``: the parameter bytes at most this
+            share of the float model's (embeddings included), the 4/8-bit mix chosen by
+            sensitivity to fill it (with ``bits`` 4).
         accuracy_level: ``MatMulNBits``' compute: 0 (float) or 4 (activations quantized to
             int8 per block inside the kernel; 1-3 as ONNX Runtime defines them). None
             chooses by this CPU (:func:`default_accuracy_level`).
@@ -113,6 +118,7 @@ class WeightsConfig:
     symmetric: bool = False
     method: str = AUTO
     ratio: float | None = None
+    max_size: float | None = None
     accuracy_level: int | None = None
     lm_head: str = "int8"
     embeddings: str = "int8"
@@ -147,6 +153,7 @@ class WeightsConfig:
             isinstance(ratio, bool) or not isinstance(ratio, int | float) or not 0 <= ratio <= 1
         ):
             raise MixprecError(f"ratio (weights at 4 bits) must lie in [0, 1], not {ratio!r}")
+        _check_max_size(self.max_size, self.bits, ratio)
         for name in ("lm_head", "embeddings"):
             if getattr(self, name) not in PRECISIONS:
                 raise MixprecError(
@@ -190,6 +197,19 @@ class WeightsConfig:
 def _check_int(name: str, value: Any, allowed: tuple[int, ...], what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value not in allowed:
         raise MixprecError(f"{name} must be {what}, not {value!r}")
+
+
+def _check_max_size(max_size: Any, bits: int, ratio: float | None) -> None:
+    if max_size is None:
+        return
+    if isinstance(max_size, bool) or not isinstance(max_size, int | float) or not 0 < max_size <= 1:
+        raise MixprecError(
+            f"max size (a share of the float size) must lie in (0, 1], not {max_size!r}"
+        )
+    if ratio is not None:
+        raise MixprecError("give a size budget (max size, bits per weight) or ratio, not both")
+    if bits != 4:
+        raise MixprecError("a size budget chooses the 4/8-bit mix of --weights int4, not int8")
 
 
 def _layer_choices(layers: Mapping[str, LayerChoice | str]) -> dict[str, LayerChoice]:

@@ -18,20 +18,17 @@ import numpy as np
 from mixprec.core.errors import MixprecError
 from mixprec.weights.blocks import BlockQuant, BlockSpec, quantize_rtn
 from mixprec.weights.gptq import gptq_quantize, inverse_factor
+from mixprec.weights.inputs import LayerData
+from mixprec.weights.search import quantize_search
 
 __all__ = [
     "AUTO",
-    "LAYER_INPUTS",
     "METHODS",
-    "LayerData",
     "WeightMethod",
     "register_method",
     "resolve_method",
 ]
 
-#: ``node.meta`` key of what the calibrate stage measured of a MatMul's input, for the
-#: methods that read data (absent for RTN).
-LAYER_INPUTS = "mixprec.weights.layer_inputs"
 #: The method name that picks the best available one (:func:`resolve_method`).
 AUTO = "auto"
 
@@ -46,35 +43,27 @@ class WeightMethod:
         needs_data: it reads calibration statistics (without data it is not chosen by
             "auto", and asking for it by name is an error).
         summary: one line for the report and ``--help``.
+        scales: activation-aware scaling (:mod:`mixprec.weights.awq`) runs on the graph
+            before the weights are rounded (the statistics it reads are then those of the
+            scaled inputs).
+        fallback: what a data-aware method runs on a layer without statistics.
     """
 
     name: str
     quantize: Callable[[np.ndarray, BlockSpec, object | None], BlockQuant]
     needs_data: bool
     summary: str
+    scales: bool = False
+    fallback: str = "search"
 
     def used_for(self, inputs: object | None) -> str:
         """The method that runs on a layer with these statistics (its
-        ``node.meta[LAYER_INPUTS]``): a data-aware method rounds to nearest ("rtn") on a
+        ``node.meta[LAYER_INPUTS]``): a data-aware method runs its ``fallback`` on a
         layer that has none (a tied lm_head, an embedding table, or no statistics
-        collected), as :func:`_gptq` does."""
+        collected)."""
         if self.needs_data and not isinstance(inputs, LayerData):
-            return "rtn"
+            return self.fallback
         return self.name
-
-
-@dataclasses.dataclass
-class LayerData:
-    """What the calibrate step recorded for one MatMul (``node.meta[LAYER_INPUTS]``): its
-    input's ``H = X^T X / n`` (float64 ``[K, K]``, shared by MatMuls reading one input),
-    the rows it came from, and this weight's quantizations by (method, spec), made once
-    for the sensitivity ranking and the rewrite alike."""
-
-    hessian: np.ndarray
-    rows: int
-    cache: dict[tuple[str, BlockSpec], BlockQuant] = dataclasses.field(default_factory=dict)
-    #: what the MatMuls of one input share (GPTQ's factor of ``H^-1``), by name
-    shared: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def _cached(
@@ -93,10 +82,10 @@ def _rtn(weight: np.ndarray, spec: BlockSpec, inputs: object | None) -> BlockQua
 
 
 def _gptq(weight: np.ndarray, spec: BlockSpec, inputs: object | None) -> BlockQuant:
-    """GPTQ where the layer's input statistics were recorded; RTN where not (a tied
-    lm_head, whose codes also serve the embedding)."""
+    """GPTQ where the layer's input statistics were recorded; the data-free search where
+    not (a tied lm_head, whose codes also serve the embedding)."""
     if not isinstance(inputs, LayerData):
-        return quantize_rtn(weight, spec)
+        return quantize_search(weight, spec)
 
     def make() -> BlockQuant:
         if "gptq" not in inputs.shared:
@@ -106,12 +95,33 @@ def _gptq(weight: np.ndarray, spec: BlockSpec, inputs: object | None) -> BlockQu
     return _cached("gptq", inputs, spec, make)
 
 
-#: Every method by name, in order of preference for "auto" (the first usable wins). RTN
-#: comes first: on SmolLM2-135M (int4, block 32, 8 windows of 256 tokens) GPTQ lowered
-#: the next-token KL by 20% (0.370 -> 0.296) but perplexity only from +31.2% to +29.7%
-#: of FP32's, at 2.2x the time; mixed 4/8 bits and the guard's repair are what hold the
-#: accuracy, so GPTQ is there on request (``--weight-method gptq``).
+def _search(weight: np.ndarray, spec: BlockSpec, inputs: object | None) -> BlockQuant:
+    """The searched scales (:mod:`mixprec.weights.search`), each input channel's error
+    weighted by its mean square where the layer's statistics were recorded."""
+    if not isinstance(inputs, LayerData):
+        return quantize_search(weight, spec)
+    return _cached(
+        "search", inputs, spec, lambda: quantize_search(weight, spec, inputs.importance())
+    )
+
+
+#: Every method by name, in order of preference for "auto" (the first usable wins).
 METHODS: dict[str, WeightMethod] = {
+    "awq": WeightMethod(
+        "awq",
+        _search,
+        True,
+        "activation-aware scaling folded into the op before each layer, then searched "
+        "scales weighted by the input channels' mean square (calibration data)",
+        scales=True,
+    ),
+    "search": WeightMethod(
+        "search",
+        _search,
+        False,
+        "searched scales: each block tries 11 scales around its range's and keeps the "
+        "least weighted squared error (data-free, k-quant style)",
+    ),
     "rtn": WeightMethod("rtn", _rtn, False, "round to nearest: each block's range sets its scale"),
     "gptq": WeightMethod(
         "gptq",
@@ -119,6 +129,13 @@ METHODS: dict[str, WeightMethod] = {
         True,
         "GPTQ: rows rounded in order, each one's error spread over the rest by the "
         "inverse of the input's X^T X (calibration data)",
+    ),
+    "awq-gptq": WeightMethod(
+        "awq-gptq",
+        _gptq,
+        True,
+        "activation-aware scaling, then GPTQ on the scaled inputs (calibration data)",
+        scales=True,
     ),
 }
 

@@ -9,11 +9,17 @@ the rewrite) and ``Q8`` round to nearest; its **score** is the gain per weight (
 more byte at 8 bits buys), and layers rank by it, most sensitive first. Without data
 ``H`` is the identity (the weights' own error, NNCF's data-free criterion).
 
-**Mixed bits.** ``ratio`` (the share of linear-layer weights left at 4 bits, NNCF's
-meaning) moves the highest scores to 8 bits while at most ``1 - ratio`` of the weights are.
-Without ``ratio`` (the default) the choice comes from the scores: the layers whose score
-is more than :data:`OUTLIER` times the median go to 8 bits, highest first, while the model
-stays within :data:`SIZE_GOAL` of its float size (the lm_head and embeddings count).
+**The size budget.** Every 4/8-bit choice stays within one budget of parameter bytes:
+``max_size`` times the float size when given; else, with ``ratio`` (the share of
+linear-layer weights left at 4 bits, NNCF's meaning), all linear layers at 4 bits plus
+``1 - ratio`` of what 8 bits would add; else (the default) the same with
+:data:`DEFAULT_RATIO`. The lm_head and embeddings count at their configured precision.
+
+**Mixed bits.** With ``max_size`` or ``ratio``, the highest scores go to 8 bits while the
+budget holds. By default only the layers whose score is more than :data:`OUTLIER` times
+the median go, highest first, within the budget; the language-model guard's repair may
+spend the rest of it (:mod:`mixprec.guard.language`), never more: a miss at that size is
+reported, not paid for in size.
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ from mixprec.core.constants import const_tensor
 from mixprec.core.errors import MixprecError
 from mixprec.io.external import clone_model, release_mapped_pages
 from mixprec.io.feeds import Feeds
+from mixprec.weights.awq import scale_inputs
 from mixprec.weights.blocks import BlockSpec
 from mixprec.weights.config import WeightsConfig
-from mixprec.weights.methods import LAYER_INPUTS, METHODS, LayerData, WeightMethod
+from mixprec.weights.inputs import LAYER_INPUTS, LayerData
+from mixprec.weights.methods import METHODS, WeightMethod
 from mixprec.weights.select import (
     WEIGHTS,
     SelectWeightsPass,
@@ -52,33 +60,39 @@ from mixprec.weights.stats import (
 )
 
 __all__ = [
+    "DEFAULT_RATIO",
     "OUTLIER",
-    "SIZE_GOAL",
     "LayerScore",
     "MixedChoice",
+    "SizeBudget",
     "choose_mixed",
     "layer_scores",
     "packed_bytes",
     "plan_layers",
     "rank_layers",
+    "size_budget",
 ]
 
 #: The default mixed choice keeps at 8 bits the layers scoring above this many times the
 #: median score (module doc).
 OUTLIER = 4.0
-#: The default mixed choice keeps the model within this share of its float size.
-SIZE_GOAL = 0.35
+#: Without ``ratio`` or ``max_size``, the size budget keeps at least this share of the
+#: linear-layer weights stays at 4 bits (module doc): at most a tenth go to 8 bits.
+DEFAULT_RATIO = 0.9
 
 
 @dataclasses.dataclass(frozen=True)
 class LayerScore:
     """One linear layer's sensitivity: ``error4`` / ``error8`` the mean squared output
-    error at 4 / 8 bits, ``weights`` its K*N, ``score`` (error4 - error8) / weights."""
+    error at 4 / 8 bits, ``weights`` its K*N, ``score`` (error4 - error8) / weights;
+    ``extra8`` / ``extra_float`` the bytes 8 bits / float add over 4 bits."""
 
     name: str
     error4: float
     error8: float
     weights: int
+    extra8: int = 0
+    extra_float: int = 0
 
     @property
     def score(self) -> float:
@@ -120,7 +134,9 @@ def layer_scores(model: ir.Model, config: WeightsConfig, method: WeightMethod) -
         else:
             error4, error8 = _data_free(model, matrix, config, method)
         k, n = matrix.shape
-        scores.append(LayerScore(node.name or "", error4, error8, k * n))
+        four = packed_bytes(k, n, config.spec("int4"))
+        extra8, extra_float = packed_bytes(k, n, config.spec("int8")) - four, 4 * k * n - four
+        scores.append(LayerScore(node.name or "", error4, error8, k * n, extra8, extra_float))
     return sorted(scores, key=lambda s: -s.score)
 
 
@@ -159,13 +175,92 @@ def _errors(
 
 
 @dataclasses.dataclass(frozen=True)
+class SizeBudget:
+    """The parameter bytes a 4/8-bit run may reach (module doc): the float model's, all
+    linear layers at 4 bits (``base_bytes``), the ``goal_bytes``, and the rule."""
+
+    float_bytes: int
+    base_bytes: int
+    goal_bytes: int
+    rule: str
+
+    def to_json(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def of(section: object) -> SizeBudget | None:
+        """The budget a report's ``mixed`` section recorded (None: none)."""
+        found = section.get("budget") if isinstance(section, dict) else None
+        return SizeBudget(**found) if isinstance(found, dict) else None
+
+
+@dataclasses.dataclass(frozen=True)
 class MixedChoice:
     """The layers moved to 8 bits and why, and the estimated parameter bytes."""
 
     int8: dict[str, str]
     rule: str
-    bytes_before: int
+    budget: SizeBudget
     bytes_after: int
+
+
+def size_budget(model: ir.Model, config: WeightsConfig, scores: Sequence[LayerScore]) -> SizeBudget:
+    """The run's budget (module doc); a ``max_size`` below the smallest reachable size
+    is one error naming it."""
+    before = _float_bytes(model)
+    base = _estimate(model, config, set())
+    extra = sum(s.extra8 for s in scores if s.name not in config.layers)
+    if config.max_size is not None:
+        if base > config.max_size * before:
+            hint = (
+                ""
+                if config.lm_head == config.embeddings == "int4"
+                else ("; --lm-head int4 --embeddings int4 make it smaller")
+            )
+            raise MixprecError(
+                f"size budget {config.max_size:g}x FP32 cannot be met: the smallest reachable "
+                f"is {base / before:.3f}x (every linear layer at 4 bits, block "
+                f"{config.block_size}, lm_head {config.lm_head}, embeddings {config.embeddings})"
+                f"{hint}"
+            )
+        goal = int(config.max_size * before)
+        rule = f"max size {config.max_size:g}x FP32"
+    else:
+        ratio = DEFAULT_RATIO if config.ratio is None else config.ratio
+        goal = base + int((1.0 - ratio) * extra)
+        how = "default " if config.ratio is None else ""
+        rule = f"{how}ratio {ratio:g}: at most {1 - ratio:.0%} of linear weights at 8 bits"
+    return SizeBudget(before, base, goal, rule)
+
+
+def choose_mixed(
+    model: ir.Model, config: WeightsConfig, scores: Sequence[LayerScore]
+) -> MixedChoice:
+    """Move the most sensitive layers to 8 bits within the size budget (module doc):
+    records each one's decision (int8, with its score as the reason) and returns what was
+    moved. Layers a ``layers=`` map names are left as it says."""
+    budget = size_budget(model, config, scores)
+    free = [s for s in scores if s.name not in config.layers]
+    median = float(np.median([s.score for s in free])) if free else 0.0
+    outliers_only = config.ratio is None and config.max_size is None
+    rule = budget.rule
+    if outliers_only:
+        rule = f"score > {OUTLIER:g}x the median {median:.3g}, within {budget.rule}"
+    moved: dict[str, str] = {}
+    spent = budget.base_bytes
+    for s in free:
+        if outliers_only and s.score <= OUTLIER * median:
+            break
+        if spent + s.extra8 > budget.goal_bytes:
+            continue
+        spent += s.extra8
+        moved[s.name] = f"8 bits by sensitivity (score {s.score:.3g}; {rule})"
+    for node in model.graph:
+        if node.name in moved:
+            d = weight_decision(node)
+            assert d is not None
+            node.meta[WEIGHTS] = WeightDecision("int8", d.role, moved[node.name], d.table)
+    return MixedChoice(moved, rule, budget, _estimate(model, config, set(moved)))
 
 
 def _float_bytes(model: ir.Model) -> int:
@@ -195,50 +290,14 @@ def _estimate(model: ir.Model, config: WeightsConfig, moved: set[str]) -> int:
     return total
 
 
-def choose_mixed(
-    model: ir.Model, config: WeightsConfig, scores: Sequence[LayerScore]
-) -> MixedChoice:
-    """Move the most sensitive layers to 8 bits (module doc): records each one's
-    decision (int8, with its score as the reason) and returns what was moved. Layers a
-    ``layers=`` map names are left as it says."""
-    before = _float_bytes(model)
-    free = [s for s in scores if s.name not in config.layers]
-    total = sum(s.weights for s in free)
-    moved: dict[str, str] = {}
-    if config.ratio is not None:
-        rule = f"ratio {config.ratio:g}: {1 - config.ratio:.0%} of linear weights at 8 bits"
-        budget = (1.0 - config.ratio) * total
-        spent = 0
-        for s in free:  # at most 1 - ratio of the weights at 8 bits
-            if spent + s.weights <= budget + 1e-9:
-                spent += s.weights
-                moved[s.name] = f"8 bits by sensitivity (score {s.score:.3g}, {rule})"
-    else:
-        median = float(np.median([s.score for s in free])) if free else 0.0
-        goal = SIZE_GOAL * before
-        rule = f"score > {OUTLIER:g}x the median {median:.3g}, within {SIZE_GOAL:g}x float size"
-        for s in free:
-            if s.score <= OUTLIER * median:
-                break
-            if _estimate(model, config, {*moved, s.name}) > goal:
-                continue
-            moved[s.name] = f"8 bits by sensitivity (score {s.score:.3g} > {OUTLIER:g}x median)"
-    for node in model.graph:
-        if node.name in moved:
-            d = weight_decision(node)
-            assert d is not None
-            node.meta[WEIGHTS] = WeightDecision("int8", d.role, moved[node.name], d.table)
-    return MixedChoice(moved, rule, before, _estimate(model, config, set()))
-
-
 def rank_layers(
     model: ir.Model | onnx.ModelProto,
     config: WeightsConfig,
     data: Sequence[Feeds] | Hessians | None,
     *,
     method: str = "rtn",
-) -> list[tuple[str, float]]:
-    """``(node name, score)`` of each 4-bit linear layer, most sensitive first (module
+) -> list[LayerScore]:
+    """The score of each 4-bit linear layer (:class:`LayerScore`), most sensitive first (module
     doc): ``data`` the calibration samples (a few; run once) or sums already collected,
     None for the data-free score. ``method`` quantizes the 4-bit side ("rtn" is quick;
     "gptq" scores what GPTQ leaves). ``model`` (FP32) is read, not changed."""
@@ -252,7 +311,7 @@ def rank_layers(
             hessians = collect_hessians(work, samples, hessian_inputs(work))
         attach_hessians(work, hessians)
     chosen = METHODS[method]
-    return [(s.name, s.score) for s in layer_scores(work, config, chosen)]
+    return layer_scores(work, config, chosen)
 
 
 def plan_layers(
@@ -277,23 +336,29 @@ def plan_layers(
             f"layer statistics: X^T X of {len(widths)} MatMul inputs ({count} MatMuls) over "
             f"{data.hessians.samples} calibration samples, {rows // max(len(widths), 1)} rows each"
         )
-    if config.bits != 4 or config.ratio == 1.0:
+        if method.scales:
+            notes += scale_inputs(model, config.spec(config.precision), data.scales)
+    if config.bits != 4:
         return notes, {}
     scores = layer_scores(model, config, method)
     if not scores:
         return notes, {}
     choice = choose_mixed(model, config, scores)
     basis = "output error on the calibration data" if data else "weight error (no data)"
-    size = f"{choice.bytes_after / 1e6:.1f} MB ({choice.bytes_after / choice.bytes_before:.2f}x)"
+    before = choice.budget.float_bytes
+    size = f"{choice.bytes_after / 1e6:.1f} MB ({choice.bytes_after / before:.3f}x)"
+    goal = choice.budget.goal_bytes
     notes.append(
         f"mixed bits by sensitivity ({basis}): {len(choice.int8)} of {len(scores)} linear "
-        f"layers at 8 bits ({choice.rule}); estimated parameters {size}"
+        f"layers at 8 bits ({choice.rule}); estimated parameters {size}, budget "
+        f"{goal / 1e6:.1f} MB ({goal / before:.3f}x)"
     )
     section = {
         "rule": choice.rule,
         "basis": basis,
         "int8": choice.int8,
         "estimated_bytes": choice.bytes_after,
+        "budget": choice.budget.to_json(),
         "scores": {s.name: s.score for s in scores},
     }
     return notes, section

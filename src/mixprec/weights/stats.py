@@ -26,7 +26,7 @@ import onnx_ir as ir
 from mixprec.calibrate.runner import stream_tensors
 from mixprec.core.batching import runs_within
 from mixprec.io.feeds import Feeds
-from mixprec.weights.methods import LAYER_INPUTS, LayerData
+from mixprec.weights.inputs import LAYER_INPUTS, LayerData
 from mixprec.weights.select import matmul_weight, weight_decision
 
 __all__ = [
@@ -132,3 +132,5 @@ class WeightsData:
     samples: Sequence[Feeds]
     hessians: Hessians = dataclasses.field(default_factory=Hessians)
     threads: int = 2
+    #: activation-aware scales by input name (:mod:`mixprec.weights.awq`), searched once
+    scales: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
