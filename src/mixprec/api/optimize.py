@@ -12,6 +12,7 @@ import onnx_ir as ir
 from mixprec.io.external import input_files
 from mixprec.io.models import ModelLike, load_input
 from mixprec.optimize.candidates import Candidate
+from mixprec.optimize.metadata import runtime_fields
 from mixprec.optimize.result import OptimizeResult
 from mixprec.optimize.run import optimize_model, user_metric
 
@@ -85,5 +86,7 @@ def optimize(
         time_budget=time_budget,
         progress=progress,
     )
-    whole = next(iter(files)) if kind == "path" and len(files) == 1 else None
+    # byte for byte only where the file is the answer as it is (no earlier runtime fields)
+    as_is = kind == "path" and len(files) == 1 and not runtime_fields(source)
+    whole = next(iter(files)) if as_is else None
     return dataclasses.replace(result, source_file=whole if result.unchanged else None)

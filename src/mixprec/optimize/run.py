@@ -49,12 +49,12 @@ from mixprec.optimize.candidates import (
     skip_reason,
 )
 from mixprec.optimize.choice import GAIN, Row, accuracy_text, choose
-from mixprec.optimize.metadata import stamp
+from mixprec.optimize.metadata import runtime_fields, stamp, unstamped
 from mixprec.optimize.result import OptimizeResult
 from mixprec.optimize.timing import Timer, minimum_seconds
 from mixprec.pipeline.quantize import resolve_qconfig
 from mixprec.runtime.engine import RuntimeOptions
-from mixprec.runtime.engines import engine_for, runtime_hints
+from mixprec.runtime.engines import RUNTIME_KEY, engine_for, runtime_hints
 
 __all__ = ["optimize_model", "user_metric"]
 
@@ -226,6 +226,8 @@ def optimize_model(
     them."""
     chosen = _checked_arguments(candidates, runtime, threads, time_budget)
     say = progress or (lambda _msg: None)
+    earlier = runtime_fields(source)
+    source = unstamped(source)  # the input runs in ONNX Runtime: an earlier stamp goes
     model = ir.from_proto(source)
     calibration = samples_of(calibration_data, model)
     if calibration is None:
@@ -252,6 +254,11 @@ def optimize_model(
             bar = t.ratio if bar is None else min(bar, t.ratio)
     winner, table = choose(rows)
     notes = [_where(held, feeds, threads)]
+    if earlier:
+        notes.append(
+            f"the input's own {RUNTIME_KEY}={earlier.get(RUNTIME_KEY)!r} (an earlier "
+            "optimize's) is not carried over: the output's fields say how it runs"
+        )
     if winner == BASELINE:
         summary = _summary(winner, table, ort)
         return OptimizeResult(source, ort, winner, table, summary, True, notes=notes)
