@@ -173,8 +173,8 @@ def options_from_metadata(model: onnx.ModelProto, threads: int = 2) -> RuntimeOp
         RuntimeOptions(name='openvino', threads=2, precision='bf16', ...)
 
     Raises:
-        MixprecError: one line, when the fields name an unknown runtime, are not a JSON
-            object, or carry a property mixprec cannot set.
+        MixprecError: one line, when the fields name an unknown runtime or one not
+            installed here, are not a JSON object, or carry a property mixprec cannot set.
     """
     props = {p.key: p.value for p in model.metadata_props}
     name = props.get(RUNTIME_KEY)
@@ -196,9 +196,16 @@ def options_from_metadata(model: onnx.ModelProto, threads: int = 2) -> RuntimeOp
     if precision is not None and not isinstance(precision, str):
         raise MixprecError(f"metadata {HINTS_KEY}: {PRECISION_HINT} must be a string")
     try:
-        return RuntimeOptions(name=name, threads=threads, precision=precision)
+        options = RuntimeOptions(name=name, threads=threads, precision=precision)
     except MixprecError as e:
         raise MixprecError(f"metadata {RUNTIME_KEY}={name!r}: {e}") from None
+    missing = REGISTRY[name].missing(options)
+    if missing is not None:  # the runtime it was chosen for is not here: say so, and how
+        raise MixprecError(
+            f"the model's metadata {RUNTIME_KEY}={name!r} names a runtime that cannot run "
+            f"here ({missing}); name another runtime to run it anyway (--runtime ort)"
+        )
+    return options
 
 
 def options_of_model(model: ModelSource, threads: int = 2) -> RuntimeOptions | None:
