@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import onnx_ir as ir
@@ -12,6 +12,7 @@ import onnx_ir as ir
 from mixprec.io.external import input_files
 from mixprec.io.models import ModelLike, load_input
 from mixprec.optimize.candidates import Candidate
+from mixprec.optimize.metadata import runtime_fields
 from mixprec.optimize.result import OptimizeResult
 from mixprec.optimize.run import optimize_model, user_metric
 
@@ -29,6 +30,7 @@ def optimize(
     metric: Callable[..., float] | str | None = None,
     metric_budget: float | None = None,
     time_budget: float | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
     progress: Callable[[str], None] | None = None,
     base_dir: str | os.PathLike[str] | None = None,
 ) -> OptimizeResult:
@@ -57,6 +59,10 @@ def optimize(
         metric_budget: ... its lowest accepted score.
         time_budget: seconds for the timing of all candidates (building and checking
             them is not counted); one error line when too small to time any.
+        shapes: the serving shape by input name (``{"x": [8, 3, 224, 224]}``): every
+            candidate, and the INT8 speed plan's placements, are timed on inputs of it
+            (default: the first calibration sample's shape). Checked against the model's
+            inputs (names, rank, fixed dims) before any work.
         progress: called with a short message at each step.
         base_dir: the folder an in-memory model's external data is read from.
 
@@ -84,6 +90,9 @@ def optimize(
         metric=metric_of,
         time_budget=time_budget,
         progress=progress,
+        shapes=shapes,
     )
-    whole = next(iter(files)) if kind == "path" and len(files) == 1 else None
+    # byte for byte only where the file is the answer as it is (no earlier runtime fields)
+    as_is = kind == "path" and len(files) == 1 and not runtime_fields(source)
+    whole = next(iter(files)) if as_is else None
     return dataclasses.replace(result, source_file=whole if result.unchanged else None)

@@ -15,6 +15,10 @@ folder skipped) and TOML manifests::
     calibration_data = "data/resnet50"     # relative to the manifest
     exclude = ["^head/"]
 
+    [[models]]
+    path = "vision/mobilenet.onnx"
+    optimize = true                        # mixprec optimize (candidates = [...] a subset)
+
 Data by convention, beside a model ``NAME.onnx`` (used when the options name none):
 ``NAME.calib.npz`` or ``NAME.calib/`` (calibration), ``NAME.inputs.npz`` or
 ``NAME.inputs/`` (validation samples), ``NAME.eval.npz`` or ``NAME.eval/`` (the INT8
@@ -39,9 +43,18 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.ops import parse_dtype, short_name
 from mixprec.core.version import __version__
 from mixprec.io.external import external_locations
+from mixprec.optimize.candidates import select_candidates
 from mixprec.runtime.engine import runtime_names
 
-__all__ = ["DATA_KINDS", "OPTION_NAMES", "Job", "external_files", "find_jobs", "output_name"]
+__all__ = [
+    "DATA_KINDS",
+    "OPTIMIZED",
+    "OPTION_NAMES",
+    "Job",
+    "external_files",
+    "find_jobs",
+    "output_name",
+]
 
 #: The options a batch (or one manifest entry) takes, with their defaults.
 DEFAULTS: dict[str, Any] = {
@@ -57,8 +70,12 @@ DEFAULTS: dict[str, Any] = {
     "external_data": False,
     "runtime": None,
     "policy": {},
+    "optimize": False,
+    "candidates": None,
 }
 OPTION_NAMES = (*DEFAULTS, "exclude")
+#: The ``dtype`` of an optimize job (its output: ``NAME.optimized.onnx``).
+OPTIMIZED = "optimized"
 #: Option -> the suffix of the file or folder found beside a model by convention.
 DATA_KINDS = {"calibration_data": ".calib", "inputs": ".inputs", "eval_data": ".eval"}
 
@@ -121,10 +138,29 @@ def _options(given: Mapping[str, Any], where: str) -> dict[str, Any]:
         raise MixprecError(
             f"{where}: unknown runtime {options['runtime']!r}; use {', '.join(runtime_names())}"
         )
+    if options["optimize"]:
+        _optimize_options(options, where)
     if isinstance(options["budget"], str):
         with contextlib.suppress(ValueError):
             options["budget"] = float(options["budget"])
     return options
+
+
+def _optimize_options(options: dict[str, Any], where: str) -> None:
+    """An optimize job's options checked (its candidates, in its runtime), before any
+    work; its ``dtype`` becomes ``optimized``: the precision is chosen per model, and
+    the output is ``NAME.optimized.onnx``."""
+    if options["tune"]:
+        raise MixprecError(f"{where}: optimize and tune are separate jobs: choose one")
+    names = options["candidates"]
+    if isinstance(names, str):
+        names = [n.strip() for n in names.split(",") if n.strip()]
+    try:
+        chosen = select_candidates(names, options["runtime"] or "auto")
+    except MixprecError as exc:
+        raise MixprecError(f"{where}: {exc}") from None
+    options["candidates"] = None if names is None else [c.name for c in chosen]
+    options["dtype"] = OPTIMIZED
 
 
 def _beside(model: Path, suffix: str) -> Path | None:

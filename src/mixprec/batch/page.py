@@ -1,7 +1,8 @@
 """``index.html``: the zoo page of a batch. Self-contained and offline (inline CSS, script
 and SVG): counts by status, bytes saved, which models were checked on real data, the
 slowest models, a chart of error against low-precision share, and a table of every model
-(click a header to sort) linking to each model's own report page."""
+(click a header to sort) linking to each model's own report page; for ``--optimize`` rows,
+the chosen candidate, its runtime and its latency ratio to ONNX Runtime FP32."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from mixprec.io.models import write_text
 
-__all__ = ["PAGE", "error_of", "real_data_of", "write_page"]
+__all__ = ["PAGE", "chosen_cells", "error_of", "real_data_of", "write_page"]
 
 PAGE = "index.html"
 _COLORS = {
@@ -69,7 +70,24 @@ def _cell(text: object, value: object = None, cls: str = "") -> str:
     return f"<td{attr}{klass}>{html.escape(str(text))}</td>"
 
 
-def _row_html(row: dict[str, Any]) -> str:
+def chosen_cells(row: dict[str, Any]) -> tuple[str, str, float | None]:
+    """An optimize row's chosen candidate, its runtime (with its precision hint) and its
+    latency ratio to ONNX Runtime FP32; empty for other rows."""
+    summary = row.get("optimize") or {}
+    if not summary:
+        return "", "", None
+    runtime = str(summary.get("runtime", ""))
+    hint = (summary.get("hints") or {}).get("INFERENCE_PRECISION_HINT")
+    if hint:
+        runtime += f" ({hint})"
+    ratio = summary.get("ratio")
+    winner = str(summary.get("winner", ""))
+    if summary.get("unchanged"):
+        winner += " (input unchanged)"
+    return winner, runtime, float(ratio) if isinstance(ratio, int | float) else None
+
+
+def _row_html(row: dict[str, Any], optimized: bool = False) -> str:
     name = html.escape(row["model"])
     link = row.get("report")
     model = f'<td><a href="{html.escape(link)}">{name}</a></td>' if link else f"<td>{name}</td>"
@@ -77,6 +95,11 @@ def _row_html(row: dict[str, Any]) -> str:
     share = row.get("low_mac_share")
     err = error_of(row)
     color = _COLORS.get(status, "#222")
+    chosen = []
+    if optimized:
+        winner, runtime, ratio = chosen_cells(row)
+        shown = "" if ratio is None else f"{ratio:.2f}x"
+        chosen = [_cell(winner, cls="t"), _cell(runtime, cls="t"), _cell(shown, ratio)]
     return (
         "<tr>"
         + "".join(
@@ -84,6 +107,7 @@ def _row_html(row: dict[str, Any]) -> str:
                 model,
                 f'<td class="s" style="color:{color}">{status}</td>',
                 _cell(row.get("dtype", "")),
+                *chosen,
                 _cell(real_data_of(row)),
                 _cell("" if share is None else f"{share:.0%}", share),
                 _cell("" if err is None else f"{err:.3g}", err),
@@ -159,10 +183,12 @@ def _summary(rows: Sequence[dict[str, Any]]) -> str:
 
 def write_page(out_dir: Path, rows: Sequence[dict[str, Any]], title: str) -> Path:
     """Write ``out_dir/index.html`` for ``rows`` (atomically); its path."""
+    optimized = any(r.get("optimize") for r in rows)
     headers = [
         "model",
         "status",
         "dtype",
+        *(["chosen", "runtime", "vs ORT FP32"] if optimized else []),
         "real data",
         "low MACs",
         "rel L2",
@@ -174,7 +200,7 @@ def write_page(out_dir: Path, rows: Sequence[dict[str, Any]], title: str) -> Pat
         "note",
     ]
     head = "".join(f"<th>{h}</th>" for h in headers)
-    body = "".join(_row_html(r) for r in rows)
+    body = "".join(_row_html(r, optimized) for r in rows)
     page = (
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"

@@ -1,4 +1,4 @@
-""":func:`batch`: convert, quantize or tune every model that the sources name, each in its
+""":func:`batch`: convert, quantize, tune or optimize every model that the sources name, each in its
 own worker process, on a local pool or a Ray cluster; resumable; rows appended to
 ``OUTDIR/results.jsonl`` as models finish; the zoo page ``OUTDIR/index.html``."""
 
@@ -92,7 +92,7 @@ def batch(
     allow_unchecked: bool = False,
     **options: Any,
 ) -> BatchResult:
-    """Convert (fp16/bf16), quantize (int8) or tune every model ``sources`` name.
+    """Convert (fp16/bf16), quantize (int8), tune or optimize every model ``sources`` name.
 
     Args:
         sources: ``.onnx`` files, folders (searched recursively) and TOML manifests
@@ -113,9 +113,12 @@ def batch(
             row, which makes the exit code 1 unless this is set.
         **options: ``dtype`` ("fp16", "bf16", "int8"), ``validate``, ``rtol``, ``tune``,
             ``budget``, ``metric``, ``calibration_data``, ``inputs``, ``eval_data``,
-            ``external_data``, ``exclude`` (node-name regexes) and ``policy`` (a dict of
-            :func:`mixprec.convert` or :func:`mixprec.quantize` options). Per model, a
-            manifest entry and the data found beside the model override them.
+            ``external_data``, ``runtime``, ``exclude`` (node-name regexes) and ``policy``
+            (a dict of :func:`mixprec.convert` or :func:`mixprec.quantize` options); or
+            ``optimize=True`` with ``candidates`` (names, or one comma-separated string):
+            each model through :func:`mixprec.optimize` (``NAME.optimized.onnx``; see
+            :mod:`mixprec.batch.optimize_job`). Per model, a manifest entry and the data
+            found beside the model override them.
 
     Returns:
         A :class:`BatchResult`; ``exit_code`` 0 when every model is ``ok``, 1 when some

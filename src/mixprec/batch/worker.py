@@ -1,6 +1,7 @@
 """One model of a batch, in its own process: ``python -m mixprec.batch.worker JOB RESULT``.
 
-The worker converts, quantizes or tunes the job's model through :mod:`mixprec.api`,
+The worker converts, quantizes, tunes or optimizes (:mod:`mixprec.batch.optimize_job`)
+the job's model through :mod:`mixprec.api`,
 validates it when asked, and writes the model and its report page into its staging
 folder (inside the output folder, same file system); the parent moves them into place
 (:mod:`mixprec.batch.process`). It writes its row as JSON to ``RESULT``.
@@ -40,6 +41,7 @@ from mixprec.api.quantize import quantize
 from mixprec.api.tune import tune
 from mixprec.api.validate import validate
 from mixprec.batch.jobs import external_files
+from mixprec.batch.optimize_job import optimize_row
 from mixprec.core.config import BATCH_PARENT_ENV
 from mixprec.core.errors import MixprecError
 from mixprec.io.feeds import iter_calibration_npz
@@ -148,6 +150,8 @@ def _status(job: dict[str, Any], passed: bool) -> str:
 
 def run_job(job: dict[str, Any], staging: Path) -> dict[str, Any]:
     """Run ``job``; its files go under ``staging`` at their output paths; its row."""
+    if job["options"].get("optimize"):
+        return optimize_row(job, staging)
     start = time.perf_counter()
     result, own_check = _result(job)
     validation = _validation(job, result)

@@ -11,6 +11,7 @@ from typing import Any
 
 from mixprec.batch.run import ENGINES, batch
 from mixprec.cli.options import add_policy_args, convert_kwargs, dtype_of
+from mixprec.core.errors import MixprecError
 from mixprec.runtime.engine import runtime_names
 
 __all__ = ["add_batch_parser", "cmd_batch"]
@@ -19,7 +20,7 @@ __all__ = ["add_batch_parser", "cmd_batch"]
 def add_batch_parser(sub: Any) -> argparse.ArgumentParser:
     b = sub.add_parser(
         "batch",
-        help="convert, quantize or tune a whole model zoo",
+        help="convert, quantize, tune or optimize a whole model zoo",
         description="Every model of SRC (.onnx files, folders searched recursively, TOML "
         "manifests) in its own worker process; OUTDIR/results.jsonl gets one row per model "
         "as it finishes and OUTDIR/index.html is the zoo page. Data beside a model NAME.onnx "
@@ -43,6 +44,21 @@ def add_batch_parser(sub: Any) -> argparse.ArgumentParser:
     )
     b.add_argument("--eval-data", metavar="PATH", help="INT8 accuracy guard's samples")
     b.add_argument("--tune", action="store_true", help="tune each model to --budget")
+    b.add_argument(
+        "--optimize",
+        action="store_true",
+        help="run each model through mixprec optimize (every precision in every runtime, "
+        "guarded and timed; needs calibration data: NAME.calib.npz or --calibration-data); "
+        "writes NAME.optimized.onnx with its mixprec.runtime fields, and the zoo page shows "
+        "each model's chosen candidate, runtime and ratio (--runtime: that runtime's "
+        "candidates only)",
+    )
+    b.add_argument(
+        "--candidates",
+        metavar="LIST",
+        default=None,
+        help="with --optimize: the candidates to try (comma-separated; default all)",
+    )
     b.add_argument("--budget", default=None, help="tune: the bound on --metric")
     b.add_argument("--metric", default="rel-l2", help="tune: rel-l2, max-abs, top1, cosine")
     b.add_argument("--external-data", action="store_true", help="weights beside each model")
@@ -107,6 +123,8 @@ def _line(row: dict[str, Any], done: int, total: int) -> str:
     width = len(str(total))
     if row.get("resumed"):
         what = "resumed: unchanged since its last ok run"
+    elif row.get("optimize") and not row.get("error"):
+        what = _chosen(row["optimize"])
     else:
         share = row.get("low_mac_share")
         what = row.get("error") or ("" if share is None else f"low MACs {share:.0%}")
@@ -114,7 +132,25 @@ def _line(row: dict[str, Any], done: int, total: int) -> str:
     return f"[{done:{width}}/{total}] {row['status']:<7} {row['model']}  {seconds:.1f}s  {what}"
 
 
+def _optimize_args(args: argparse.Namespace) -> None:
+    """``--optimize`` chooses the precision per model: no ``--dtype``, no ``--tune``."""
+    if args.candidates is not None and not args.optimize:
+        raise MixprecError("--candidates needs --optimize")
+    if args.optimize and dtype_of(args) is not None:
+        raise MixprecError("--optimize chooses the precision per model: drop --dtype")
+
+
+def _chosen(summary: dict[str, Any]) -> str:
+    """``fp32-openvino in openvino, 0.62x ORT FP32`` (or the input unchanged)."""
+    if summary.get("unchanged"):
+        return f"{summary['winner']}: the input unchanged"
+    ratio = summary.get("ratio")
+    versus = "" if ratio is None else f", {ratio:.2f}x ORT FP32"
+    return f"{summary['winner']} in {summary['runtime']}{versus}"
+
+
 def cmd_batch(args: argparse.Namespace) -> int:
+    _optimize_args(args)
     result = batch(
         args.sources,
         args.output,
@@ -137,6 +173,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
         external_data=args.external_data,
         runtime=args.runtime,
         policy=_policy(args),
+        optimize=args.optimize,
+        candidates=args.candidates,
     )
     if args.json:  # the last JSON line: the batch as a whole
         whole = {k: v for k, v in result.to_dict().items() if k != "rows"}

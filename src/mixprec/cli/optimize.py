@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from mixprec.api.optimize import optimize
-from mixprec.cli.options import FORMS, add_quiet_arg, progress
+from mixprec.cli.options import FORMS, add_quiet_arg, add_shape_arg, progress
 from mixprec.core.errors import MixprecError
 from mixprec.io.models import check_output_path, load_model
 from mixprec.io.samples import NpzSamples
 from mixprec.optimize.candidates import CANDIDATES, RUNTIME_CHOICES
+from mixprec.report.optimize_page import write_optimize_html
 
 __all__ = ["add_optimize_parser", "cmd_optimize"]
 
@@ -74,6 +75,18 @@ def add_optimize_parser(sub: Any) -> argparse.ArgumentParser:
         help="seconds for timing all candidates (building and checking them not counted); "
         "default about a second each",
     )
+    add_shape_arg(
+        p,
+        help="the serving shape of an input: every candidate (and the INT8 speed plan) is "
+        "timed at it, symbolic dims included (repeatable; default: the first calibration "
+        "sample's shape)",
+    )
+    p.add_argument(
+        "--report",
+        metavar="PAGE.html",
+        default=None,
+        help="also write an HTML page: the candidate table above the chosen model's graph",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable result on stdout")
     add_quiet_arg(p)
     return p
@@ -96,6 +109,9 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         raise MixprecError(f"--threads must be >= 0 (0: all cores), got {args.threads}")
     if args.time_budget is not None and args.time_budget <= 0:
         raise MixprecError(f"--time-budget must be > 0 seconds, got {args.time_budget:g}")
+    page = None if args.report is None else check_output_path(args.report)
+    if page is not None and page.resolve() in (out.resolve(), Path(args.model).resolve()):
+        raise MixprecError(f"{page}: --report would overwrite the model")
     calibration = NpzSamples(args.calibration_data, load_model(args.model), labels=True)
     result = optimize(
         args.model,
@@ -107,13 +123,19 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         metric=args.metric,
         metric_budget=args.metric_budget,
         time_budget=args.time_budget,
+        shapes=dict(args.shape) or None,
         progress=progress(args.quiet or args.json),
     )
     result.save(out)
+    if page is not None:
+        write_optimize_html(result, page)
     if args.json:
-        print(json.dumps({**result.to_dict(), "output": str(out)}, indent=2, default=str))
+        written = {"output": str(out), "report": None if page is None else str(page)}
+        print(json.dumps({**result.to_dict(), **written}, indent=2, default=str))
         return 0
     print(f"wrote {out}")
+    if page is not None:
+        print(f"wrote {page}")
     if not args.quiet:  # the last lines: every candidate, then the winner
         for note in result.notes:
             print(f"note: {note}")

@@ -98,14 +98,17 @@ def add_input_args(p: argparse.ArgumentParser, calibration: bool = True) -> None
     add_shape_arg(p)
 
 
-def add_shape_arg(p: argparse.ArgumentParser) -> None:
+def add_shape_arg(
+    p: argparse.ArgumentParser,
+    help: str = "concrete shape for an input with symbolic dims (repeatable)",
+) -> None:
     p.add_argument(
         "--shape",
         action="append",
         type=shape_arg,
         default=[],
         metavar="NAME=D0,D1,...",
-        help="concrete shape for an input with symbolic dims (repeatable)",
+        help=help,
     )
 
 

@@ -17,7 +17,7 @@ import onnx
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import HINTS_KEY, RUNTIME_KEY, runtime_hints
 
-__all__ = ["runtime_metadata", "stamp"]
+__all__ = ["runtime_fields", "runtime_metadata", "stamp", "unstamped"]
 
 
 def runtime_metadata(options: RuntimeOptions) -> dict[str, str]:
@@ -36,5 +36,25 @@ def stamp(model: onnx.ModelProto, options: RuntimeOptions) -> onnx.ModelProto:
     kept = [(p.key, p.value) for p in out.metadata_props if p.key not in fields]
     del out.metadata_props[:]
     for key, value in [*kept, *fields.items()]:
+        out.metadata_props.add(key=key, value=value)
+    return out
+
+
+def runtime_fields(model: onnx.ModelProto) -> dict[str, str]:
+    """The model's ``mixprec.runtime`` / ``mixprec.runtime_hints`` fields (an earlier
+    ``mixprec optimize``'s), ``{}`` for none."""
+    return {p.key: p.value for p in model.metadata_props if p.key in (RUNTIME_KEY, HINTS_KEY)}
+
+
+def unstamped(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` without the runtime fields (the model itself when it has none): what
+    runs in ONNX Runtime, as the fields' absence says."""
+    if not runtime_fields(model):
+        return model
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    kept = [(p.key, p.value) for p in out.metadata_props if p.key not in (RUNTIME_KEY, HINTS_KEY)]
+    del out.metadata_props[:]
+    for key, value in kept:
         out.metadata_props.add(key=key, value=value)
     return out

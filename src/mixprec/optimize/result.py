@@ -46,13 +46,14 @@ class OptimizeResult:
     source_file: str | None = None
     notes: list[str] = field(default_factory=list)
 
-    def save(self, path: str | os.PathLike[str]) -> None:
+    def save(self, path: str | os.PathLike[str], *, external_data: bool = False) -> None:
         """Write the winner atomically (a temporary file, then a rename); the input
-        unchanged from its own file is copied byte for byte."""
-        if self.unchanged and self.source_file is not None:
+        unchanged from its own file is copied byte for byte. ``external_data``: weights
+        in a file beside the model (as :func:`mixprec.io.models.save_model` writes them)."""
+        if self.unchanged and self.source_file is not None and not external_data:
             copy_model_file(self.source_file, path)
         else:
-            save_model(ir.from_proto(self.model_proto), path)
+            save_model(ir.from_proto(self.model_proto), path, external_data=external_data)
 
     @property
     def metadata(self) -> dict[str, str]:

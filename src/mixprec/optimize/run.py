@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,7 @@ from mixprec.guard.int8 import guarded_quantize
 from mixprec.guard.samples import Samples, label_dicts, samples_of, split_for_guard
 from mixprec.int8.speed import MAJORITY
 from mixprec.int8.speed import session as timing_session
-from mixprec.io.feeds import feeds_for
+from mixprec.io.feeds import feeds_for, make_inputs, resolve_input_shapes
 from mixprec.optimize.candidates import (
     BASELINE,
     CANDIDATES,
@@ -49,12 +49,12 @@ from mixprec.optimize.candidates import (
     skip_reason,
 )
 from mixprec.optimize.choice import GAIN, Row, accuracy_text, choose
-from mixprec.optimize.metadata import stamp
+from mixprec.optimize.metadata import runtime_fields, stamp, unstamped
 from mixprec.optimize.result import OptimizeResult
 from mixprec.optimize.timing import Timer, minimum_seconds
 from mixprec.pipeline.quantize import resolve_qconfig
 from mixprec.runtime.engine import RuntimeOptions
-from mixprec.runtime.engines import engine_for, runtime_hints
+from mixprec.runtime.engines import RUNTIME_KEY, engine_for, runtime_hints
 
 __all__ = ["optimize_model", "user_metric"]
 
@@ -120,6 +120,7 @@ class _Job:
     threads: int
     metric: UserMetric | None
     say: Say
+    shapes: dict[str, list[int]] = dataclasses.field(default_factory=dict)
 
 
 def _held(job: _Job, model: ir.Model) -> _Held:
@@ -151,6 +152,8 @@ def _built(job: _Job, candidate: Candidate) -> tuple[onnx.ModelProto | None, str
         raise MixprecError(f"candidate {candidate.name!r}: unknown build {candidate.build!r}")
     options = candidate.options(job.threads)
     fields: dict[str, Any] = {"runtime": options}
+    if job.shapes:  # the speed plan times its placements at the serving shape too
+        fields["latency_shapes"] = {k: tuple(v) for k, v in job.shapes.items()}
     if job.metric is not None:
         fields.update(metric=job.metric.score, metric_budget=job.metric.budget)
     config = resolve_qconfig(None, fields)
@@ -220,21 +223,26 @@ def optimize_model(
     metric: UserMetric | None = None,
     time_budget: float | None = None,
     progress: Say | None = None,
+    shapes: Mapping[str, Sequence[int]] | None = None,
 ) -> OptimizeResult:
     """Tries the candidates on ``source`` (the input as loaded); the winner's model is
     the input itself when nothing beat it. Arguments as :func:`mixprec.optimize` takes
     them."""
     chosen = _checked_arguments(candidates, runtime, threads, time_budget)
     say = progress or (lambda _msg: None)
+    earlier = runtime_fields(source)
+    source = unstamped(source)  # the input runs in ONNX Runtime: an earlier stamp goes
     model = ir.from_proto(source)
     calibration = samples_of(calibration_data, model)
     if calibration is None:
         raise MixprecError("optimize needs calibration_data: the candidates are built, "
                            "checked and timed on it")  # fmt: skip
-    job = _Job(source, calibration, samples_of(eval_data, model, "eval_data"), threads, metric, say)
+    given = _serving_shapes(model, shapes)
+    evals = samples_of(eval_data, model, "eval_data")
+    job = _Job(source, calibration, evals, threads, metric, say, given)
     say("running the input in ONNX Runtime on the held-out samples")
     held = _held(job, model)
-    feeds = feeds_for(model, calibration.first())
+    feeds = _timing_feeds(model, calibration.first(), given)
     ort = RuntimeOptions(threads=threads)
     timed = [c for c in chosen if c.name != BASELINE and skip_reason(c) is None]
     timer = Timer(timing_session(source, ort), feeds, time_budget, len(timed))
@@ -252,6 +260,11 @@ def optimize_model(
             bar = t.ratio if bar is None else min(bar, t.ratio)
     winner, table = choose(rows)
     notes = [_where(held, feeds, threads)]
+    if earlier:
+        notes.append(
+            f"the input's own {RUNTIME_KEY}={earlier.get(RUNTIME_KEY)!r} (an earlier "
+            "optimize's) is not carried over: the output's fields say how it runs"
+        )
     if winner == BASELINE:
         summary = _summary(winner, table, ort)
         return OptimizeResult(source, ort, winner, table, summary, True, notes=notes)
@@ -260,6 +273,33 @@ def optimize_model(
     summary = _summary(winner, table, options)
     model = stamp(models[winner], options)
     return OptimizeResult(model, options, winner, table, summary, False, notes=notes)
+
+
+def _serving_shapes(
+    model: ir.Model, shapes: Mapping[str, Sequence[int]] | None
+) -> dict[str, list[int]]:
+    """``shapes`` checked against the model's inputs (names, rank, fixed dims); one
+    error line for a bad one, before any work."""
+    if not shapes:
+        return {}
+    if not isinstance(shapes, Mapping):
+        raise MixprecError(f"shapes must map input names to dims, not {type(shapes).__name__}")
+    given = {str(k): [int(d) for d in v] for k, v in shapes.items()}
+    resolve_input_shapes(model, given)  # raises on an unknown name or a clash
+    return given
+
+
+def _timing_feeds(
+    model: ir.Model, first: Mapping[str, Any], shapes: Mapping[str, list[int]]
+) -> Feeds:
+    """What every candidate is timed on: the first calibration sample, or, with serving
+    ``shapes``, inputs generated at them (the sample's shapes for the other inputs)."""
+    feeds = feeds_for(model, first)
+    if all(k in feeds and list(np.shape(feeds[k])) == v for k, v in shapes.items()):
+        return feeds  # the sample is at the serving shape already
+    at = {**{k: list(np.shape(v)) for k, v in feeds.items()}, **shapes}
+    generated, _ = make_inputs(model, shapes=at, seed=0)
+    return feeds_for(model, generated)
 
 
 def _summary(winner: str, table: Sequence[Row], options: RuntimeOptions) -> str:

@@ -130,6 +130,7 @@ def render_page(
     curve: Sequence[tuple[float, float]] | None = None,
     curve_labels: tuple[str, str] = ("share of nodes in low precision", "error"),
     engine: str = "auto",
+    top: str = "",
 ) -> str:
     """The report page for ``model`` (annotated or converted) as one HTML string.
 
@@ -141,6 +142,8 @@ def render_page(
         extra: more summary rows (label -> value), e.g. from a tuner.
         curve: points (x, y) of a search curve, drawn as a small chart.
         engine: layout engine for :func:`mixprec.report.layout.layout_graph`.
+        top: a section of HTML (escaped by its maker) shown full width above the graph,
+            e.g. ``mixprec optimize``'s candidate table.
     """
     views = build_views(model, report)
     t0 = time.perf_counter()
@@ -183,6 +186,7 @@ def render_page(
         side="".join(side),
         options=options,
         svgs="".join(svgs),
+        top=top,
     )
 
 
@@ -230,7 +234,7 @@ _PAGE = """<!DOCTYPE html>
 <title>{title}</title>
 <style>{css}</style></head>
 <body>
-<header><h1>{title}</h1>{legend}</header>
+<header><h1>{title}</h1>{legend}</header>{top}
 <div id="main">
 <aside id="side">{side}</aside>
 <section id="view">

@@ -13,6 +13,7 @@ model is emulated in FP32 (:mod:`mixprec.runtime.emulate`), and the report says 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ __all__ = [
     "check_plan",
     "engine_for",
     "options_from_metadata",
+    "options_of_model",
     "register_engine",
     "run_model",
     "runtime_hints",
@@ -99,14 +101,22 @@ def run_model(
     output_names: Sequence[str] | None = None,
     hints: LoadHints | None = None,
 ) -> dict[str, np.ndarray]:
-    """Runs ``model`` once in the engine ``options`` names (default: ONNX Runtime's CPU
-    provider, all graph optimizations); the outputs by name.
+    """Runs ``model`` once in the engine ``options`` names; the outputs by name.
+
+    Without ``options``, the model runs where its ``metadata_props`` say
+    (:func:`options_from_metadata`: ``mixprec optimize`` writes them), else in ONNX
+    Runtime's CPU provider with all graph optimizations.
+
+    Example:
+        >>> run_model("model_fast.onnx", {"x": x})  # doctest: +SKIP
+        {'probs': array(...)}
 
     Raises:
         RuntimeLoadError: the engine cannot load the model.
         RuntimeRunError: it cannot run it on ``feeds``.
+        MixprecError: the metadata names a runtime that is not installed here.
     """
-    options = options or RuntimeOptions()
+    options = options or options_of_model(model) or RuntimeOptions()
     session = engine_for(options).session(model, options, hints=hints)
     return session.run(feeds, output_names)
 
@@ -163,8 +173,8 @@ def options_from_metadata(model: onnx.ModelProto, threads: int = 2) -> RuntimeOp
         RuntimeOptions(name='openvino', threads=2, precision='bf16', ...)
 
     Raises:
-        MixprecError: one line, when the fields name an unknown runtime, are not a JSON
-            object, or carry a property mixprec cannot set.
+        MixprecError: one line, when the fields name an unknown runtime or one not
+            installed here, are not a JSON object, or carry a property mixprec cannot set.
     """
     props = {p.key: p.value for p in model.metadata_props}
     name = props.get(RUNTIME_KEY)
@@ -186,9 +196,31 @@ def options_from_metadata(model: onnx.ModelProto, threads: int = 2) -> RuntimeOp
     if precision is not None and not isinstance(precision, str):
         raise MixprecError(f"metadata {HINTS_KEY}: {PRECISION_HINT} must be a string")
     try:
-        return RuntimeOptions(name=name, threads=threads, precision=precision)
+        options = RuntimeOptions(name=name, threads=threads, precision=precision)
     except MixprecError as e:
         raise MixprecError(f"metadata {RUNTIME_KEY}={name!r}: {e}") from None
+    missing = REGISTRY[name].missing(options)
+    if missing is not None:  # the runtime it was chosen for is not here: say so, and how
+        raise MixprecError(
+            f"the model's metadata {RUNTIME_KEY}={name!r} names a runtime that cannot run "
+            f"here ({missing}); name another runtime to run it anyway (--runtime ort)"
+        )
+    return options
+
+
+def options_of_model(model: ModelSource, threads: int = 2) -> RuntimeOptions | None:
+    """:func:`options_from_metadata` of a model given as a proto, its bytes or its path
+    (read without its external data: only the fields are wanted)."""
+    try:
+        if isinstance(model, onnx.ModelProto):
+            proto = model
+        elif isinstance(model, bytes | bytearray):
+            proto = onnx.load_model_from_string(bytes(model))
+        else:
+            proto = onnx.load(os.fspath(model), load_external_data=False)
+    except Exception:  # not an ONNX model: the engine says so when it loads it
+        return None
+    return options_from_metadata(proto, threads)
 
 
 @dataclass(frozen=True)
