@@ -28,6 +28,8 @@ _WEIGHT_FLAGS = (
     ("lm_head", "--lm-head"),
     ("embeddings", "--embeddings"),
     ("ratio", "--ratio"),
+    ("max_size", "--max-size"),
+    ("bits_per_weight", "--bits"),
     ("stream", "--stream/--no-stream"),
     ("guard_kl", "--max-kl"),
     ("guard_perplexity", "--max-perplexity-rise"),
@@ -98,8 +100,10 @@ def add_weight_args(p: argparse.ArgumentParser) -> None:
         "--weight-method",
         choices=(AUTO, *sorted(METHODS)),
         default=None,
-        help="rtn: round to nearest; gptq: GPTQ on the calibration data's layer inputs; "
-        "auto (default): rtn (GPTQ gained little on SmolLM2-135M for 2.2x the time)",
+        help="search: each block's scale searched (data-free); awq: activation-aware "
+        "scaling folded into the op before each layer, then the search weighted by the "
+        "inputs (calibration data); gptq / awq-gptq: GPTQ's error feedback; rtn: round "
+        "to nearest; auto (default): awq with calibration data, search without",
     )
     g.add_argument(
         "--accuracy-level",
@@ -116,7 +120,25 @@ def add_weight_args(p: argparse.ArgumentParser) -> None:
         metavar="R",
         help="with int4: the share of linear-layer weights kept at 4 bits (0-1), the rest "
         "at 8 bits by measured sensitivity (default: the layers whose sensitivity stands "
-        "out, within 0.35x the float size; 1: all at 4 bits)",
+        "out, within a budget of 0.9; 1: all at 4 bits)",
+    )
+    budget = g.add_mutually_exclusive_group()
+    budget.add_argument(
+        "--max-size",
+        type=float,
+        default=None,
+        metavar="R",
+        help="with int4: a size budget, the parameters at most R x the float size "
+        "(embeddings included); the 4/8-bit mix fills it by sensitivity and the guard's "
+        "repair stays within it (default: 90%% of the linear weights at 4 bits)",
+    )
+    budget.add_argument(
+        "--bits",
+        dest="bits_per_weight",
+        type=float,
+        default=None,
+        metavar="B",
+        help="with int4: the size budget as mean bits per float32 weight (--max-size B/32)",
     )
     g.add_argument(
         "--stream",
@@ -190,6 +212,11 @@ def cmd_weights(args: argparse.Namespace, out: Path, feeds: Any) -> int:
     options: dict[str, Any] = {
         dest: getattr(args, dest) for dest, _ in _WEIGHT_FLAGS if getattr(args, dest) is not None
     }
+    if "bits_per_weight" in options:
+        bits = options.pop("bits_per_weight")
+        if not 0 < bits <= 32:
+            raise MixprecError(f"--bits (mean bits per weight) must lie in (0, 32], not {bits:g}")
+        options["max_size"] = bits / 32
     text = is_text_path(getattr(args, "calibration_data", None))
     result = quantize_weights(
         args.model,

@@ -37,6 +37,7 @@ import onnx_ir as ir
 from mixprec.core.constants import const_tensor
 from mixprec.core.ops import is_onnx_domain
 from mixprec.weights.blocks import BlockSpec, quantize_rtn
+from mixprec.weights.config import WeightsConfig
 from mixprec.weights.inputs import LAYER_INPUTS, LayerData
 from mixprec.weights.select import WeightSource, matmul_weight, weight_decision
 
@@ -220,12 +221,13 @@ def _scale_weight(source: WeightSource, s: np.ndarray) -> None:
 
 def scale_inputs(
     model: ir.Model,
-    spec: BlockSpec,
+    config: WeightsConfig,
     cache: dict[str, np.ndarray] | None = None,
     say: Callable[[str], None] | None = None,
 ) -> list[str]:
-    """Search and fold each group's scales (module doc); ``cache`` keeps the chosen
-    ``s`` by input name across quantizations of one run. Returns the report's notes."""
+    """Search and fold each group's scales (module doc), each searched at the bits its
+    MatMuls are marked for; ``cache`` keeps the chosen ``s`` by input name across
+    quantizations of one run. Returns the report's notes."""
     groups, skipped = scale_groups(model)
     cache = {} if cache is None else cache
     gains, alphas = [], []
@@ -233,7 +235,7 @@ def scale_inputs(
         name = group.input.name or ""
         if name not in cache:
             weights = [src.matrix().astype(np.float32) for src in group.sources]
-            alpha, s, error, plain = search_alpha(weights, group.data.hessian, spec)
+            alpha, s, error, plain = search_alpha(weights, group.data.hessian, _spec(group, config))
             cache[name] = s
             alphas.append(alpha)
             gains.append(error / plain if plain > 0 else 1.0)
@@ -251,6 +253,12 @@ def scale_inputs(
     if say is not None and gains:
         say(f"activation-aware scaling searched on {len(gains)} inputs")
     return [_note(groups, skipped, cache, gains, alphas)]
+
+
+def _spec(group: ScaleGroup, config: WeightsConfig) -> BlockSpec:
+    """The block spec of the group's fewest bits."""
+    marked = [d.precision for n in group.nodes if (d := weight_decision(n)) is not None]
+    return config.spec("int4" if "int4" in marked else "int8")
 
 
 def _note(

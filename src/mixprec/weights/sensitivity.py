@@ -337,7 +337,7 @@ def plan_layers(
             f"{data.hessians.samples} calibration samples, {rows // max(len(widths), 1)} rows each"
         )
         if method.scales:
-            notes += scale_inputs(model, config.spec(config.precision), data.scales)
+            notes += scale_inputs(model, config, data.scales)
     if config.bits != 4:
         return notes, {}
     scores = layer_scores(model, config, method)
