@@ -26,6 +26,7 @@ from mixprec.guard.language import next_token_stats
 from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
 from mixprec.io.text import TextSamples, find_tokenizer
 from mixprec.weights.config import WeightsConfig
+from mixprec.weights import sensitivity
 from mixprec.weights.sensitivity import rank_layers
 
 tokenizers = pytest.importorskip("tokenizers", reason="the [llm] extra (tokenizers) is missing")
@@ -215,7 +216,7 @@ def test_next_token_stats_match_float64_sums() -> None:
 
 
 def test_the_repair_promotes_the_most_sensitive_layers_until_the_budget_holds(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch
 ) -> None:
     """A KL budget that int4 misses and 8 bits meets: the first check misses, the repair
     moves the layers rank_layers puts first on calibration windows (never the held-out
@@ -224,6 +225,8 @@ def test_the_repair_promotes_the_most_sensitive_layers_until_the_budget_holds(
     and within the budget."""
     path = _folder(tmp_path, tiny_decoder(CFG, seed=3))
     budget = {"guard_kl": 0.004, "guard_drop": 0.5, "guard_perplexity": 0.5}
+    # a default size budget with room for every linear layer at 8 bits
+    monkeypatch.setattr(sensitivity, "DEFAULT_RATIO", 0.0)
     result = mixprec.quantize(
         path, tmp_path / "calib.txt", weights="int4", text_window=64, **budget
     )
@@ -255,6 +258,27 @@ def test_the_repair_promotes_the_most_sensitive_layers_until_the_budget_holds(
     for key in ("kl", "agreement", "perplexity", "perplexity_fp32"):
         assert guard[key] == pytest.approx(expect[key], rel=1e-3, abs=1e-5), key
     assert "repaired by sensitivity" in guard["summary"]
+
+
+def test_the_repair_stays_within_the_size_budget_and_says_so(tmp_path: Path, capsys) -> None:
+    """The default size budget (a tenth of the linear weights at 8 bits) has room for
+    two of the tiny decoder's 14 layers: the repair tries them and no more, and the
+    miss names the budget instead of growing the model."""
+    path = _folder(tmp_path, tiny_decoder(CFG, seed=3))
+    out = tmp_path / "out.onnx"
+    args = ["quantize", str(path), "-o", str(out), "--weights", "int4", "--text-window", "64"]
+    args += ["--calibration-data", str(tmp_path / "calib.txt"), "--max-kl", "0.004"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "language-model guard FAILED" in err and "has room for 2 of 14 int4 layers" in err
+    assert not out.exists()
+    result = mixprec.quantize(
+        path, tmp_path / "calib.txt", weights="int4", text_window=64, guard_kl=0.004
+    )
+    guard, mixed = result.report.guard, result.report.quantization["mixed"]
+    assert [s["layers"] for s in guard["repair"]] == [1, 2]
+    assert all(s["to"] == "int8" for s in guard["repair"])
+    assert result.report.param_bytes_after <= mixed["budget"]["goal_bytes"]
 
 
 def _mixed(result) -> set[str]:

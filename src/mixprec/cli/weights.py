@@ -11,7 +11,12 @@ from mixprec.api.weights import quantize_weights
 from mixprec.cli.options import calibration_data, progress, runtime_of
 from mixprec.cli.outputs import validate_and_write
 from mixprec.core.errors import MixprecError
-from mixprec.guard.language import DEFAULT_MAX_DROP, DEFAULT_MAX_KL, DEFAULT_MAX_PPL_RISE
+from mixprec.guard.language import (
+    DEFAULT_MAX_DROP,
+    DEFAULT_MAX_KL,
+    DEFAULT_MAX_PPL_RISE,
+    INT4_BUDGET,
+)
 from mixprec.io.text import DEFAULT_WINDOW, is_text_path
 from mixprec.weights.blocks import BLOCK_SIZES
 from mixprec.weights.config import ACCURACY_LEVELS, PRECISIONS
@@ -176,8 +181,9 @@ def _add_language_model_args(g: argparse._ArgumentGroup) -> None:
         default=None,
         metavar="NATS",
         help="language models (input_ids in, logits out): the guard's bound on the mean "
-        f"next-token KL(FP32 || quantized) per token (default {DEFAULT_MAX_KL}); their "
-        f"--max-drop bounds top-1 next-token agreement (default {DEFAULT_MAX_DROP})",
+        f"next-token KL(FP32 || quantized) per token (default {DEFAULT_MAX_KL} for int8, "
+        f"{INT4_BUDGET[0]} for int4); their --max-drop bounds top-1 next-token agreement "
+        f"(default {DEFAULT_MAX_DROP}, int4 {INT4_BUDGET[1]})",
     )
     g.add_argument(
         "--max-perplexity-rise",
@@ -186,7 +192,8 @@ def _add_language_model_args(g: argparse._ArgumentGroup) -> None:
         default=None,
         metavar="X",
         help="language models: the accepted relative perplexity rise on the check text "
-        f"(default {DEFAULT_MAX_PPL_RISE}: +{DEFAULT_MAX_PPL_RISE * 100:.0f}%%)",
+        f"(default {DEFAULT_MAX_PPL_RISE}: +{DEFAULT_MAX_PPL_RISE * 100:.0f}%%; int4 "
+        f"{INT4_BUDGET[2]}: +{INT4_BUDGET[2] * 100:.0f}%%)",
     )
 
 

@@ -43,8 +43,8 @@ from mixprec.weights.select import WeightSource, matmul_weight, weight_decision
 
 __all__ = ["ALPHAS", "ScaleGroup", "scale_groups", "scale_inputs", "search_alpha"]
 
-#: The exponents tried (0: no scaling).
-ALPHAS = tuple(float(a) for a in np.linspace(0.0, 1.0, 11))
+#: The exponents searched (0: no scaling): the quarters, then the eighths beside the best.
+ALPHAS = tuple(float(a) for a in np.linspace(0.0, 1.0, 9))
 
 
 @dataclasses.dataclass
@@ -183,23 +183,26 @@ def search_alpha(
     weights: list[np.ndarray], hessian: np.ndarray, spec: BlockSpec
 ) -> tuple[float, np.ndarray, float, float]:
     """``(alpha, s, error, error at alpha 0)`` of the least summed output error (module
-    doc) over ``weights`` (each ``[K, N]``) reading one input of second moment ``hessian``."""
-    h = hessian.astype(np.float32)
-    best: tuple[float, np.ndarray, float] | None = None
-    plain = 0.0
-    for alpha in ALPHAS:
-        s = _rms_scales(hessian, alpha)
-        error = 0.0
-        for w in weights:
-            q = quantize_rtn(w * s[:, None], spec).dequantize() / s[:, None]
-            d = w - q
-            error += float(np.sum(d * (h @ d)))
-        if alpha == 0:
-            plain = error
-        if best is None or error < best[2]:
-            best = (alpha, s, error)
-    assert best is not None
-    return best[0], best[1], best[2], plain
+    doc) over ``weights`` (each ``[K, N]``) reading one input of second moment
+    ``hessian``: :data:`ALPHAS`' quarters first, then the eighths beside the best."""
+    h = np.asarray(hessian, np.float32)
+    errors: dict[float, tuple[np.ndarray, float]] = {}
+
+    def error(alpha: float) -> float:
+        if alpha not in errors:
+            s = _rms_scales(hessian, alpha)
+            total = 0.0
+            for w in weights:
+                d = w - quantize_rtn(w * s[:, None], spec).dequantize() / s[:, None]
+                total += float(np.einsum("kn,kn->", d, h @ d))
+            errors[alpha] = (s, total)
+        return errors[alpha][1]
+
+    best = min(ALPHAS[::2], key=error)
+    step = ALPHAS[1]
+    best = min((a for a in (best - step, best, best + step) if 0 <= a <= 1), key=error)
+    s, found = errors[best]
+    return best, s, found, error(0.0)
 
 
 def _divide(value: ir.Value, axis: int, s: np.ndarray) -> None:

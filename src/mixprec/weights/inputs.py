@@ -19,7 +19,7 @@ LAYER_INPUTS = "mixprec.weights.layer_inputs"
 @dataclasses.dataclass
 class LayerData:
     """What the calibrate step recorded for one MatMul (``node.meta[LAYER_INPUTS]``): its
-    input's ``H = X^T X / n`` (float64 ``[K, K]``, shared by MatMuls reading one input),
+    input's ``H = X^T X / n`` (float32 ``[K, K]``, shared by MatMuls reading one input),
     the rows it came from, and this weight's quantizations by (method, spec), made once
     for the sensitivity ranking and the rewrite alike."""
 

@@ -303,7 +303,7 @@ def rank_layers(
     "gptq" scores what GPTQ leaves). ``model`` (FP32) is read, not changed."""
     # a copy of the graph that shares the weights (a memory-mapped model stays mapped)
     work = ir.from_proto(model) if isinstance(model, onnx.ModelProto) else clone_model(model)
-    SelectWeightsPass(dataclasses.replace(config, bits=4, ratio=1.0))(work)
+    SelectWeightsPass(dataclasses.replace(config, bits=4, ratio=1.0, max_size=None))(work)
     if data is not None:
         hessians = data if isinstance(data, Hessians) else None
         if hessians is None:
