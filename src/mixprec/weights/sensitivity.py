@@ -267,6 +267,11 @@ def _float_bytes(model: ir.Model) -> int:
     return sum(t.nbytes for v in model.graph.initializers.values() if (t := const_tensor(v)))
 
 
+def _tensor_bytes(value: ir.Value) -> int:
+    tensor = const_tensor(value)
+    return tensor.nbytes if tensor is not None else 0
+
+
 def _estimate(model: ir.Model, config: WeightsConfig, moved: set[str]) -> int:
     """Parameter bytes after quantizing as decided (``moved``: also at 8 bits)."""
     total = _float_bytes(model)
@@ -281,6 +286,15 @@ def _estimate(model: ir.Model, config: WeightsConfig, moved: set[str]) -> int:
             source, _ = matmul_weight(node, inputs)
         else:
             source = WeightSource(node.inputs[0], True) if node.inputs[0] else None
+            if source is not None and d.table is not None:  # reads the lm_head's codes
+                if not any(v is source.value for v, _ in seen):
+                    total -= _tensor_bytes(source.value)
+                seen.add((source.value, "shared"))
+                k, n = source.shape  # its own copy of the scales and zero points
+                spec = config.spec(precision)
+                codes = n * -(-k // spec.block_size) * spec.block_size * spec.bits // 8
+                total += packed_bytes(k, n, spec) - codes
+                continue
         if source is None or (source.value, precision) in seen:
             continue
         first = not any(v is source.value for v, _ in seen)
