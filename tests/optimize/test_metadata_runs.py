@@ -88,3 +88,17 @@ def test_an_earlier_stamp_is_not_carried_over(tmp_path) -> None:
     assert runtime_fields(saved) == {}  # it runs in ONNX Runtime, as chosen
     assert options_of_model(out) is None
     assert any(f"{RUNTIME_KEY}='openvino'" in n for n in result.notes)
+
+
+def test_convert_and_quantize_drop_an_optimized_inputs_runtime_fields(tmp_path: Path) -> None:
+    """A stamped input (OpenVINO, f32) converted to fp16 or weight-quantized: the output
+    no longer says OpenVINO f32 (those fields chose the input's runtime), and the report
+    says they were dropped."""
+    path = _stamped(tmp_path)
+    samples = separable_samples(4)
+    fp16 = mixprec.convert(path, "fp16", calibration_data=samples)
+    int8w = mixprec.quantize(path, samples, weights="int8", guard=False)
+    for result in (fp16, int8w):
+        assert runtime_fields(result.model_proto) == {}
+        assert any("runtime fields" in n and "dropped" in n for n in result.report.notes)
+    assert runtime_fields(onnx.load(str(path)))  # the input is left as it was

@@ -31,6 +31,7 @@ from mixprec.pipeline.report import NodeReport, Report
 from mixprec.pipeline.stages import Pipeline, Stage
 from mixprec.precision.paint import painted
 from mixprec.precision.rewrite import ApplyPrecisionResult, RemoveRedundantCastsResult
+from mixprec.runtime.engines import HINTS_KEY, RUNTIME_KEY
 
 __all__ = [
     "ConversionResult",
@@ -105,8 +106,18 @@ def param_bytes(model: ir.Model) -> int:
 
 
 def notes_about_input(model: ir.Model) -> list[str]:
-    """What the report says about the input as given (parts left alone and why)."""
+    """What the report says about the input as given (parts left alone and why). An
+    earlier ``mixprec optimize``'s runtime fields are dropped from ``model`` (they chose a
+    runtime for the input's precisions, not for what this run writes)."""
     notes = []
+    stale = {k: v for k, v in model.metadata_props.items() if k in (RUNTIME_KEY, HINTS_KEY)}
+    if stale:
+        for key in stale:
+            del model.metadata_props[key]
+        fields = ", ".join(f"{k}={v}" for k, v in stale.items())
+        notes.append(
+            f"the input's runtime fields ({fields}) dropped: they chose the input's runtime"
+        )
     has_low = any(
         v is not None and v.dtype in LOW_TYPES
         for n in iter_nodes(model.graph)
