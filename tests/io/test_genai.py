@@ -153,6 +153,8 @@ def test_onnxruntime_genai_generates_what_a_greedy_ort_loop_does(tmp_path: Path)
     assert main(argv) == 0
     written = sorted(p.name for p in out_dir.iterdir())
     assert written == [GENAI_CONFIG, "model.int4.onnx", "tokenizer.json", "tokenizer_config.json"]
+    modes = {(out_dir / n).stat().st_mode for n in (GENAI_CONFIG, "tokenizer.json")}
+    assert len(modes) == 1  # the copies get the umask's mode, as the config does
     ops = {n.op_type for n in onnx.load(str(out)).graph.node}
     assert "MatMulNBits" in ops
     config = json.loads((out_dir / GENAI_CONFIG).read_text())

@@ -343,6 +343,9 @@ def _copy_atomic(source: Path, target: Path) -> None:
     os.close(fd)
     try:
         shutil.copyfile(source, tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's file is private; a copy reads as a file
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
