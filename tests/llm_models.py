@@ -21,12 +21,13 @@ embedding table). Every weight is a seeded normal scaled by ``1/sqrt(fan_in)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["DecoderConfig", "decoder_feeds", "greedy_decode", "tiny_decoder"]
+__all__ = ["DataFile", "DecoderConfig", "decoder_feeds", "greedy_decode", "tiny_decoder"]
 
 
 @dataclass(frozen=True)
@@ -53,13 +54,58 @@ class DecoderConfig:
         return [f"present.{i}.{k}" for i in range(self.layers) for k in ("key", "value")]
 
 
+class DataFile:
+    """Where ``tiny_decoder(..., data=)`` puts its large weights: one external data file,
+    each weight written through a ``np.memmap`` of its span (4 KiB aligned) as it is made,
+    so that no more than one weight is in memory. With ``dense_rows``, a weight ``[K, N]``
+    is real only in its first ``dense_rows`` rows and zero below: those rows are the only
+    bytes written, the rest of the file is a hole (a sparse file of any size costs little
+    disk and time)."""
+
+    def __init__(self, path: Path, *, min_bytes: int = 1 << 16, dense_rows: int | None = None):
+        self.path = path
+        self.min_bytes = min_bytes
+        self.dense_rows = dense_rows
+        self.offset = 0
+        path.write_bytes(b"")
+
+    def rows(self, rows: int) -> int:
+        return rows if self.dense_rows is None else min(rows, self.dense_rows)
+
+    def tensor(self, name: str, value: np.ndarray, shape: tuple[int, ...]) -> onnx.TensorProto:
+        """``value`` (the first rows of a float32 weight of ``shape``) as an external tensor."""
+        nbytes = 4 * int(np.prod(shape))
+        if value.size:
+            span = np.memmap(self.path, np.float32, "r+", self.offset, value.shape)
+            span[...] = value
+            span.flush()
+            del span
+        tensor = onnx.TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(shape))
+        tensor.data_location = TensorProto.EXTERNAL
+        for key, entry in (
+            ("location", self.path.name),
+            ("offset", self.offset),
+            ("length", nbytes),
+        ):
+            item = tensor.external_data.add()
+            item.key, item.value = key, str(entry)
+        self.offset = -(-(self.offset + nbytes) // 4096) * 4096
+        return tensor
+
+    def close(self) -> None:
+        """Set the file's size (the sparse tail of the last weight included)."""
+        with open(self.path, "r+b") as f:
+            f.truncate(max(self.offset, f.seek(0, 2)))
+
+
 class _Builder:
-    def __init__(self, cfg: DecoderConfig, seed: int) -> None:
+    def __init__(self, cfg: DecoderConfig, seed: int, data: DataFile | None = None) -> None:
         self.cfg = cfg
         self.rng = np.random.default_rng(seed)
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self.count = 0
+        self.data = data
 
     def ops(self, op_type: str, inputs: list[str], n_out: int, **attrs: object) -> list[str]:
         self.count += 1
@@ -76,8 +122,14 @@ class _Builder:
         self.inits.append(numpy_helper.from_array(np.asarray(value), name))
         return name
 
-    def weight(self, name: str, rows: int, cols: int) -> str:
-        w = self.rng.standard_normal((rows, cols)) / np.sqrt(rows)
+    def weight(self, name: str, rows: int, cols: int, scale: float | None = None) -> str:
+        scale = 1.0 / np.sqrt(rows) if scale is None else scale
+        if self.data is not None and 4 * rows * cols >= self.data.min_bytes:
+            real = self.data.rows(rows)
+            w = (self.rng.standard_normal((real, cols)) * scale).astype(np.float32)
+            self.inits.append(self.data.tensor(name, w, (rows, cols)))
+            return name
+        w = self.rng.standard_normal((rows, cols)) * scale
         return self.const(name, w.astype(np.float32))
 
     def rms_norm(self, x: str, name: str) -> str:
@@ -224,15 +276,16 @@ def _shared_constants(b: _Builder) -> None:
         b.const(name, np.asarray(value))
 
 
-def tiny_decoder(cfg: DecoderConfig | None = None, *, seed: int = 0) -> onnx.ModelProto:
-    """The decoder as an ONNX model (opset ``cfg.opset``, IR version 8), checked."""
+def tiny_decoder(
+    cfg: DecoderConfig | None = None, *, seed: int = 0, data: DataFile | None = None
+) -> onnx.ModelProto:
+    """The decoder as an ONNX model (opset ``cfg.opset``, IR version 8), checked; with
+    ``data``, its large weights are in that external data file (save the proto beside it,
+    without ``save_as_external_data``), and it is not checked here."""
     cfg = cfg or DecoderConfig()
-    b = _Builder(cfg, seed)
+    b = _Builder(cfg, seed, data)
     _shared_constants(b)
-    embed = b.const(
-        "embed_tokens.weight",
-        (b.rng.standard_normal((cfg.vocab, cfg.hidden)) * 0.5).astype(np.float32),
-    )
+    embed = b.weight("embed_tokens.weight", cfg.vocab, cfg.hidden, scale=0.5)
     x = b.op("Gather", [embed, "input_ids"], axis=0)
     cos, sin, bias = _positions_and_mask(b)
     for i in range(cfg.layers):
@@ -269,7 +322,10 @@ def tiny_decoder(cfg: DecoderConfig | None = None, *, seed: int = 0) -> onnx.Mod
         ir_version=8,
         producer_name="tests.llm_models",
     )
-    onnx.checker.check_model(model, full_check=True)
+    if data is None:
+        onnx.checker.check_model(model, full_check=True)
+    else:
+        data.close()  # check the saved file: onnx.checker.check_model(path)
     return model
 
 

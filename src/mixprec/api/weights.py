@@ -17,7 +17,7 @@ from mixprec.io.models import ModelLike, load_input
 from mixprec.io.protos import weightless_proto
 from mixprec.io.text import DEFAULT_WINDOW, TextData
 from mixprec.pipeline.convert import CalibrationData, ConversionResult
-from mixprec.pipeline.streamed import Source, streams
+from mixprec.pipeline.streamed import Source, keeps_mapped
 from mixprec.pipeline.weights import WeightsGuard, run_weights
 from mixprec.report.logdir import write_log_dir
 from mixprec.weights.config import WeightsConfig, weights_config
@@ -84,9 +84,9 @@ def quantize_weights(
     guard: WeightsGuard = weights_guard or output_check
     if weights_guard is None and config.guard and is_language_model(work):
         calibration_data, eval_data, guard = language_model_guard(work, calibration_data, eval_data)
-    # a streamed model stays memory-mapped (pipeline.streamed's module doc); others are
-    # copied into one proto, as the stages and checks of a small model read it
-    source: Source = work if streams(work, config) else ir.to_proto(work)
+    # a model with external data stays memory-mapped (pipeline.streamed's module doc);
+    # others are copied into one proto, as the stages and checks of a small model read it
+    source: Source = work if keeps_mapped(work, config) else ir.to_proto(work)
     del work
     load_s = time.perf_counter() - t0
     model_out, report = run_weights(

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from mixprec.api.quantize import quantize
+from mixprec.cli.genai import add_genai_args, plan_genai, write_genai
 from mixprec.cli.options import (
     add_input_args,
     add_quiet_arg,
@@ -123,8 +124,14 @@ def add_quantize_parser(sub: Any) -> argparse.ArgumentParser:
     add_quiet_arg(q)
     add_output_args(q)
     add_runtime_args(q, "the speed plan and the accuracy guard (the deployment's)")
-    add_weight_args(q)
+    _add_weight_only_args(q)
     return q
+
+
+def _add_weight_only_args(q: argparse.ArgumentParser) -> None:
+    """``--weights`` and its options, and ``--genai`` (which needs it)."""
+    add_weight_args(q)
+    add_genai_args(q)
 
 
 def _add_check_args(p: argparse.ArgumentParser) -> None:
@@ -214,9 +221,13 @@ def _smooth(value: str | None) -> float | str | None:
 def cmd_quantize(args: argparse.Namespace) -> int:
     check_weight_args(args)
     out = checked_output(args)
+    genai = plan_genai(args, out)
     feeds = load_feeds(args.inputs, args.model)
     if args.weights is not None:
-        return cmd_weights(args, out, feeds)
+        status = cmd_weights(args, out, feeds)
+        if status == 0 and genai is not None:
+            write_genai(genai, out, quiet=args.quiet or args.json)
+        return status
     result = quantize(
         args.model,
         calibration_data(args, feeds, labels=True),

@@ -47,7 +47,7 @@ from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, split_for_guard
 from mixprec.io.feeds import Feeds, feeds_for
 from mixprec.io.signature import declared_dims, graph_inputs
 from mixprec.pipeline.streamed import Source
-from mixprec.pipeline.weights import GuardContext, WeightsGuard, WeightsReport
+from mixprec.pipeline.weights import GuardContext, WeightsGuard, WeightsReport, let_go
 from mixprec.weights.config import LayerChoice, WeightsConfig
 from mixprec.weights.sensitivity import LayerScore, SizeBudget, rank_layers
 
@@ -228,6 +228,7 @@ def rank_for_repair(
     session, or no calibration data): the weight error 8 bits saves per weight."""
     wanted = set(names)
     ranked = [s for s in rank_layers(source, config, samples) if s.name in wanted]
+    let_go(source)  # the ranking's graph copy and its X^T X sums
     if samples is None:
         return ranked, "weight error 8 bits saves per weight (no layer inputs read)"
     return ranked, "output error 8 bits saves per weight on calibration windows"

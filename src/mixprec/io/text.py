@@ -31,6 +31,7 @@ from mixprec.io.signature import ModelArg, as_ir, declared_dims, dtype_of, graph
 __all__ = [
     "DEFAULT_WINDOW",
     "TEXT_SUFFIXES",
+    "TOKENIZER_FILE",
     "TextData",
     "TextSamples",
     "find_tokenizer",

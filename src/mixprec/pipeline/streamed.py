@@ -7,7 +7,15 @@ quantization works on a copy of its graph that shares those maps and reads a wei
 slice at a time (:mod:`mixprec.weights.slices`), and the checks run the FP32 and the
 quantized model in pieces of at most :data:`~mixprec.runtime.pieces.PIECE_BYTES` of
 weights (:mod:`mixprec.runtime.pieces`), so no whole session of either is built.
-Other models are one proto, parsed again for each quantization and run in one session.
+**Mapped models.** A smaller model read from a file with external data is not copied into
+protobuf either: the source is the loaded ``onnx_ir`` model (its weights memory-mapped),
+each quantization works on a copy of its graph that shares the maps, and the checks run
+the FP32 model in one ONNX Runtime session that maps the data file itself (a proto that
+refers to the file, no weight bytes in it), with the same options as a proto's session
+and so the same outputs. One copy of a 622 MB model in protobuf, its serialized bytes
+and a session parsed from them held 2.6 GB at once; the mapped session, 0.7 GB.
+Other models (no external data) are one proto, parsed again for each quantization and
+run in one session.
 """
 
 from __future__ import annotations
@@ -19,8 +27,9 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
-from mixprec.io.external import clone_model, external_bytes
-from mixprec.runtime.engine import RuntimeLoadError, RuntimeRunError
+from mixprec.io.external import DATA_FOLDER, clone_model, external_bytes
+from mixprec.io.protos import weightless_proto
+from mixprec.runtime.engine import LoadHints, RuntimeLoadError, RuntimeRunError
 from mixprec.runtime.engines import engine_for
 from mixprec.runtime.pieces import PIECE_BYTES, run_in_pieces, run_saved
 from mixprec.weights.config import WeightsConfig
@@ -31,6 +40,7 @@ __all__ = [
     "ModelRuns",
     "Outputs",
     "Source",
+    "keeps_mapped",
     "refuse_streamed",
     "streamed_note",
     "streams",
@@ -56,6 +66,12 @@ def streams(model: ir.Model, config: WeightsConfig) -> bool:
     return external_bytes(model) > STREAM_ABOVE
 
 
+def keeps_mapped(model: ir.Model, config: WeightsConfig) -> bool:
+    """Whether ``model`` (as loaded) stays the source as it is, its weights memory-mapped:
+    a streamed model, or one with external data (module doc)."""
+    return streams(model, config) or external_bytes(model) > 0
+
+
 def work_copy(source: Source) -> ir.Model:
     """A model the passes may change: parsed from a proto, or a copy of a streamed
     model's graphs that shares its (memory-mapped) weights."""
@@ -66,8 +82,8 @@ def work_copy(source: Source) -> ir.Model:
 class ModelRuns:
     """How the check runs models in ONNX Runtime: the FP32 ``source`` and a candidate.
 
-    In memory (a proto source): one session per model. Streamed (``source`` a loaded
-    ``onnx_ir`` model, module doc): the FP32 model in pieces of at most
+    In memory (a proto source, or a mapped ``onnx_ir`` one that is not ``streamed``): one
+    session per model. Streamed (module doc): the FP32 model in pieces of at most
     :data:`~mixprec.runtime.pieces.PIECE_BYTES` of weights, and so the quantized one,
     from a temporary file ONNX Runtime maps (one session of an int8 result would cost
     about 1.6x its size beside mixprec's copy: over half the model for a large model).
@@ -75,17 +91,16 @@ class ModelRuns:
 
     source: Source
     config: WeightsConfig
-
-    @property
-    def streamed(self) -> bool:
-        return isinstance(self.source, ir.Model)
+    streamed: bool = False
 
     def fp32(self, feeds: list[dict[str, np.ndarray]]) -> list[Outputs]:
         """The FP32 model's outputs on each feed dict; one line when it cannot run."""
         what = "ONNX Runtime cannot run the FP32 model"
-        if isinstance(self.source, ir.Model):
+        if isinstance(self.source, ir.Model) and self.streamed:
             threads = self.config.runtime.threads
             return run_in_pieces(self.source, feeds, threads=threads, what=what)
+        if isinstance(self.source, ir.Model):
+            return _mapped_outputs(self.source, feeds, self.config, what)
         return _outputs(self.source, feeds, self.config, what)
 
     def quantized(self, model: ir.Model, feeds: list[dict[str, np.ndarray]]) -> list[Outputs]:
@@ -97,14 +112,30 @@ class ModelRuns:
 
 
 def _outputs(
-    model: onnx.ModelProto, feeds: list[dict[str, np.ndarray]], config: WeightsConfig, what: str
+    model: onnx.ModelProto | bytes,
+    feeds: list[dict[str, np.ndarray]],
+    config: WeightsConfig,
+    what: str,
+    hints: LoadHints | None = None,
 ) -> list[Outputs]:
     """``model``'s outputs on each feed dict, in ONNX Runtime; one line when it cannot."""
     try:
-        session = engine_for(config.runtime).session(model, config.runtime)
+        session = engine_for(config.runtime).session(model, config.runtime, hints=hints)
         return [session.run(f) for f in feeds]
     except (RuntimeLoadError, RuntimeRunError) as e:
         raise MixprecError(f"{what}: {e}") from None
+
+
+def _mapped_outputs(
+    source: ir.Model, feeds: list[dict[str, np.ndarray]], config: WeightsConfig, what: str
+) -> list[Outputs]:
+    """A mapped model's outputs in one session: the proto refers to the data file, which
+    ONNX Runtime maps (other large weights are handed over in memory); no weight bytes
+    are copied into protobuf."""
+    folder = source.meta.get(DATA_FOLDER)
+    proto, arrays = weightless_proto(source, data_folder=folder)
+    hints = LoadHints(external=arrays, data_folder=folder)
+    return _outputs(proto.SerializeToString(), feeds, config, what, hints)
 
 
 _NO_STATISTICS = (

@@ -13,14 +13,15 @@ live in :mod:`mixprec.guard`: each output against FP32
 (:mod:`mixprec.guard.language`), which repairs through ``context.requantize(config)``
 (e.g. a ``layers`` map with the worst layers at 8 bits).
 
-**Streamed models** (over 2 GB of external data) keep their weights memory-mapped and are
-run in pieces by the checks: :mod:`mixprec.pipeline.streamed`.
+**Models with external data** keep their weights memory-mapped; **streamed** ones (over
+2 GB of external data) are also run in pieces by the checks: :mod:`mixprec.pipeline.streamed`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import itertools
 import os
 import time
@@ -36,6 +37,7 @@ import onnx_ir.passes.common as common
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
 from mixprec.core.policy import default_policy
+from mixprec.io.external import release_mapped_pages
 from mixprec.io.feeds import calibration_feeds, feeds_for, iter_calibration_npz, make_inputs
 from mixprec.passes.cleanup import annotated_values
 from mixprec.pipeline.convert import CalibrationData, notes_about_input, param_bytes
@@ -46,6 +48,7 @@ from mixprec.pipeline.streamed import (
     Source,
     refuse_streamed,
     streamed_note,
+    streams,
     work_copy,
 )
 from mixprec.weights.apply import QuantizeWeightsPass, QuantizeWeightsResult
@@ -61,6 +64,7 @@ __all__ = [
     "WeightsGuard",
     "WeightsPipeline",
     "WeightsReport",
+    "let_go",
     "quantize_weights_once",
     "run_weights",
 ]
@@ -216,7 +220,18 @@ def quantize_weights_once(
     note = _loadable_ir_version(work)
     if note:
         report.notes.append(note)
+    let_go(work)
     return work, report
+
+
+def let_go(model: Source) -> None:
+    """Free what a quantization left behind before the next session runs: the pages it
+    read of the memory-mapped FP32 weights (read again from the file if needed), and the
+    graphs it dropped (``onnx_ir`` graphs are reference cycles, freed only by the cycle
+    collector, with the arrays they hold: statistics, replaced tensors)."""
+    if isinstance(model, ir.Model):
+        release_mapped_pages(model)
+    gc.collect()
 
 
 def _nothing_to_do(rows: list[NodeReport]) -> str:
@@ -368,7 +383,8 @@ def run_weights(
     guard: WeightsGuard,
 ) -> tuple[ir.Model, WeightsReport]:
     """Weight-only quantization of ``source`` (the input as loaded; an ``onnx_ir`` model
-    is streamed: module doc): quantize, check that ONNX Runtime loads and runs the
+    keeps its weights memory-mapped, and is streamed when :func:`streams` says so: module
+    doc): quantize, check that ONNX Runtime loads and runs the
     result, then ``guard`` (``config.guard=False``: only the load-and-run check). A
     model that ONNX Runtime cannot load or run raises one line (:class:`MixprecError`)."""
     say = progress or (lambda _msg: None)
@@ -377,12 +393,13 @@ def run_weights(
     samples, where = check_samples(graph, data.samples if data else None, eval_data, config.shapes)
     del graph
     method, why = resolve_method(config.method, has_data=data is not None)
-    runs = ModelRuns(source, config)
-    if runs.streamed and method.needs_data:
+    streamed = isinstance(source, ir.Model) and streams(source, config)
+    runs = ModelRuns(source, config, streamed)
+    if streamed and method.needs_data:
         raise refuse_streamed(method.name)
     model, report = quantize_weights_once(source, config, method, progress, data)
     # the run's notes go on the report returned last (a repair returns its own)
-    notes = [why, *([streamed_note(source)] if isinstance(source, ir.Model) else [])]
+    notes = [why, *([streamed_note(source)] if isinstance(source, ir.Model) and streamed else [])]
     clock = time.perf_counter()
     if config.guard:
         say(f"checking the outputs against FP32 on {len(samples)} sample(s)")
