@@ -25,8 +25,8 @@ from mixprec.core.errors import MixprecError
 from mixprec.guard.language import next_token_stats
 from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
 from mixprec.io.text import TextSamples, find_tokenizer
-from mixprec.weights.config import WeightsConfig
 from mixprec.weights import sensitivity
+from mixprec.weights.config import WeightsConfig
 from mixprec.weights.sensitivity import rank_layers
 
 tokenizers = pytest.importorskip("tokenizers", reason="the [llm] extra (tokenizers) is missing")
