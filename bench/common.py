@@ -150,12 +150,23 @@ def vm_hwm_mb(pid: int | str = "self") -> float | None:
     return None
 
 
+def rss_cap_mb() -> float | None:
+    """The peak RSS (MiB) above which run_measured kills a child (env
+    MIXPREC_BENCH_RSS_CAP_MB; unset: no cap), so that one tool cannot take a shared
+    machine's memory."""
+    value = os.environ.get("MIXPREC_BENCH_RSS_CAP_MB")
+    return float(value) if value else None
+
+
 def run_measured(cmd: list[str], timeout: float, log: Path) -> dict[str, Any]:
     """Runs ``cmd``; returns exit code, wall time, sampled peak RSS and time-out flag.
 
     Peak RSS is sampled from /proc/PID/status (VmHWM) while the child runs; the child
-    also reports its own final VmHWM, which the caller prefers.
+    also reports its own final VmHWM, which the caller prefers. A child whose peak RSS
+    passes :func:`rss_cap_mb` is killed and reported as timed out, with ``rss_capped``.
     """
+    cap = rss_cap_mb()
+    capped = False
     start = time.perf_counter()
     timed_out = False
     peak: float | None = None
@@ -169,7 +180,8 @@ def run_measured(cmd: list[str], timeout: float, log: Path) -> dict[str, Any]:
             pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
-            if time.perf_counter() - start > timeout:
+            capped = cap is not None and peak is not None and peak > cap
+            if time.perf_counter() - start > timeout or capped:
                 timed_out = True
                 os.killpg(proc.pid, signal.SIGKILL)
                 pid, status, _ = os.wait4(proc.pid, 0)
@@ -177,7 +189,8 @@ def run_measured(cmd: list[str], timeout: float, log: Path) -> dict[str, Any]:
             time.sleep(0.02)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {"exit_code": proc.returncode, "wall_s": time.perf_counter() - start,
-            "sampled_peak_rss_mb": peak, "timed_out": timed_out}
+            "sampled_peak_rss_mb": peak, "timed_out": timed_out, "rss_capped": capped,
+            "rss_cap_mb": cap}
 
 
 def result_row(proc: dict[str, Any], result_json: Path, log: Path, timeout: float,
@@ -189,7 +202,10 @@ def result_row(proc: dict[str, Any], result_json: Path, log: Path, timeout: floa
         row.update(json.loads(result_json.read_text()))
     samples = [v for v in (row.get("vm_hwm_mb"), proc["sampled_peak_rss_mb"]) if v is not None]
     row.update(wall_s=proc["wall_s"], peak_rss_mb=max(samples) if samples else None)
-    if proc["timed_out"]:
+    if proc.get("rss_capped"):
+        row.update(status="rss cap", error=f"killed at {proc['rss_cap_mb']:.0f} MiB peak RSS "
+                   f"(MIXPREC_BENCH_RSS_CAP_MB) after {proc['wall_s']:.0f}s")
+    elif proc["timed_out"]:
         row.update(status="timeout", error=f"killed after {timeout:.0f}s")
     elif "status" not in row:
         tail = log.read_text(errors="replace")[-1500:]
