@@ -303,7 +303,8 @@ def weights_part(info: dict[str, Any], work: Path, args: argparse.Namespace,
                  started: float) -> int:
     """The weight-only part alone: <date>-weights.json and .md."""
     picked = args.weight_tools.split(",") if args.weight_tools else None
-    tools = [t for t in weights.TOOLS if picked is None or t in picked]
+    # in --weight-tools' order (e.g. the peers first, a slow tool last)
+    tools = list(weights.TOOLS) if picked is None else [t for t in picked if t in weights.TOOLS]
     models = tuple(m for m in (args.weight_models or ",".join(weights.WEIGHT_MODELS)).split(",")
                    if m in weights.WEIGHT_MODELS)
     info.update(jobs=[], int8_tools=[], bf16_part=False, weight_tools=tools,

@@ -256,7 +256,9 @@ def run_llm(llm: LlmModel, work: Path, tools: list[str], timeout: float,
                                                        bos=bos))
     stream = llm_eval.token_stream(tokenizer, llm_eval.HELDOUT_FILES, special=bos is None)
     heldout = llm_eval.windows(stream, bos=bos)
-    reference = llm_eval.Reference(fp32, heldout, work)
+    scratch = work / llm.name  # FP32's log-probabilities: one file per model
+    scratch.mkdir(parents=True, exist_ok=True)
+    reference = llm_eval.Reference(fp32, heldout, scratch)
     base_size = llm_eval.file_size(source)
     rows: list[Row] = [{"tool": "fp32", "status": "ok", **reference.quality(),
                         "size_bytes": base_size, "size_ratio": 1.0,
