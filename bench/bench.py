@@ -3,7 +3,7 @@
     python bench/bench.py [--models a,b] [--converters x,y] [--timeout 600] [--no-latency]
                           [--int8-only | --bf16-only | --weights-only | --optimize-only]
                           [--no-int8] [--no-bf16]
-                          [--quantizers t,u] [--weight-tools v,w]
+                          [--quantizers t,u] [--weight-models m,n] [--weight-tools v,w]
 
 Needs the corpus (bench/fetch.py) and the derived models (bench/export_minilm.py,
 bench/train_mnist.py). Every conversion runs in its own subprocess (bench/convert_one.py)
@@ -13,9 +13,9 @@ model, OpenVINO's blanket bf16 and mixprec's bf16 in OpenVINO. Writes
 bench/results/<date>.json, .md and .png (<date>-int8.json and .md with --int8-only,
 <date>-bf16.json and .md with --bf16-only) and prints the markdown. --weights-only runs
 only the weight-only part (weights.py: INT4/INT8 weight-only quantizers on SmolLM2-135M
-with its KV cache and on MiniLM) into <date>-weights.json and .md. --optimize-only runs
-only the --optimize part (optimize.py: `mixprec optimize` against the obvious recipes) into
-<date>-optimize.json and .md.
+and Gemma 3 270M with their KV caches and on MiniLM) into <date>-weights.json and .md.
+--optimize-only runs only the --optimize part (optimize.py: `mixprec optimize` against
+the obvious recipes) into <date>-optimize.json and .md.
 """
 
 from __future__ import annotations
@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-bf16", action="store_true",
                         help="skip the bf16 part (OpenVINO blanket bf16 vs mixprec bf16)")
     parser.add_argument("--quantizers", help="comma-separated subset of: " + ",".join(int8.TOOLS))
+    parser.add_argument("--weight-models",
+                        help="weight-only part: comma-separated subset of: "
+                        + ",".join(weights.WEIGHT_MODELS))
     parser.add_argument("--weight-tools",
                         help="weight-only part: comma-separated subset of: "
                         + ",".join(weights.TOOLS))
@@ -300,11 +303,15 @@ def weights_part(info: dict[str, Any], work: Path, args: argparse.Namespace,
                  started: float) -> int:
     """The weight-only part alone: <date>-weights.json and .md."""
     picked = args.weight_tools.split(",") if args.weight_tools else None
-    tools = [t for t in weights.TOOLS if picked is None or t in picked]
-    info.update(jobs=[], int8_tools=[], bf16_part=False, weight_tools=tools)
-    print(f"bench: weight-only part, {len(tools)} tools on smollm2 and minilm; work dir {work}",
-          flush=True)
-    found = weights.part(work, tools, args.timeout)
+    # in --weight-tools' order (e.g. the peers first, a slow tool last)
+    tools = list(weights.TOOLS) if picked is None else [t for t in picked if t in weights.TOOLS]
+    models = tuple(m for m in (args.weight_models or ",".join(weights.WEIGHT_MODELS)).split(",")
+                   if m in weights.WEIGHT_MODELS)
+    info.update(jobs=[], int8_tools=[], bf16_part=False, weight_tools=tools,
+                weight_models=list(models))
+    print(f"bench: weight-only part, {len(tools)} tools on {', '.join(models)}; work dir "
+          f"{work}", flush=True)
+    found = weights.part(work, tools, args.timeout, models)
     info["elapsed_s"] = time.perf_counter() - started
     args.results.mkdir(parents=True, exist_ok=True)
     stem = args.results / f"{info['date']}-weights"

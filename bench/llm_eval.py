@@ -74,19 +74,25 @@ def load_tokenizer(folder: Path) -> Any:
     return Tokenizer.from_file(str(folder / "tokenizer.json"))
 
 
-def token_stream(tokenizer: Any, names: Sequence[str]) -> np.ndarray:
-    """The files' documents, joined by blank lines, as one int64 token array."""
-    return np.asarray(tokenizer.encode("\n\n".join(read_documents(names))).ids, np.int64)
+def token_stream(tokenizer: Any, names: Sequence[str], special: bool = True) -> np.ndarray:
+    """The files' documents, joined by blank lines, as one int64 token array (with the
+    tokenizer's special tokens, such as a BOS, where ``special``)."""
+    text = "\n\n".join(read_documents(names))
+    return np.asarray(tokenizer.encode(text, add_special_tokens=special).ids, np.int64)
 
 
-def windows(tokens: np.ndarray, count: int | None = None,
-            length: int = WINDOW) -> list[np.ndarray]:
+def windows(tokens: np.ndarray, count: int | None = None, length: int = WINDOW,
+            bos: int | None = None) -> list[np.ndarray]:
     """``count`` (default :data:`WINDOWS`) non-overlapping windows of ``length`` tokens,
-    evenly spaced."""
+    evenly spaced; with ``bos``, each window is that token and ``length - 1`` text tokens
+    (a model trained to start every sequence with its BOS, as Gemma)."""
     count = WINDOWS if count is None else count
-    fit = len(tokens) // length
+    text = length - (bos is not None)
+    fit = len(tokens) // text
     picks = np.linspace(0, fit - 1, min(count, fit)).round().astype(int)
-    return [tokens[i * length:(i + 1) * length] for i in sorted(set(picks.tolist()))]
+    head = [] if bos is None else [bos]
+    return [np.asarray([*head, *tokens[i * text:(i + 1) * text]], np.int64)
+            for i in sorted(set(picks.tolist()))]
 
 
 def session(path: Path) -> ort.InferenceSession:
@@ -253,9 +259,10 @@ def speed_loop(models: dict[str, Decoder], prompt: np.ndarray,
             for name in names}
 
 
-def sample_text(model: Decoder, tokenizer: Any) -> str:
-    prompt = np.asarray(tokenizer.encode(SAMPLE_PROMPT).ids, np.int64)
-    tokens = model.greedy(prompt, SAMPLE_TOKENS, stop=tokenizer.token_to_id(END_TOKEN))
+def sample_text(model: Decoder, tokenizer: Any, prompt_text: str = SAMPLE_PROMPT,
+                end: str = END_TOKEN) -> str:
+    prompt = np.asarray(tokenizer.encode(prompt_text).ids, np.int64)
+    tokens = model.greedy(prompt, SAMPLE_TOKENS, stop=tokenizer.token_to_id(end))
     return tokenizer.decode(tokens, skip_special_tokens=False)
 
 
@@ -279,9 +286,12 @@ def file_size(path: Path) -> int:
 
 
 def calibration_samples(tokenizer: Any, decoder_io: Decoder, count: int = 16,
-                        length: int = WINDOW) -> list[dict[str, np.ndarray]]:
+                        length: int = WINDOW,
+                        bos: int | None = None) -> list[dict[str, np.ndarray]]:
     """``count`` feed dicts of ``length`` calibration tokens each (lee_background.cor,
-    evenly spaced windows), with an empty cache: what ``--calibration-data DIR`` reads."""
-    texts = windows(token_stream(tokenizer, CALIBRATION_FILES), count, length)
+    evenly spaced windows, each after ``bos`` if given), with an empty cache: what
+    ``--calibration-data DIR`` reads."""
+    stream = token_stream(tokenizer, CALIBRATION_FILES, special=bos is None)
+    texts = windows(stream, count, length, bos)
     return [{"input_ids": ids[None], "attention_mask": np.ones((1, len(ids)), np.int64),
              **decoder_io.empty()} for ids in texts]

