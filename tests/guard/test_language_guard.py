@@ -356,3 +356,31 @@ def test_huge_logits_are_a_measured_miss_not_a_crash(tmp_path: Path, capsys) -> 
     assert "language-model guard FAILED" in err and "not written" in err, err
     assert "perplexity inf, not finite" in err, err
     assert "internal error" not in err and not out.exists()
+
+
+def _without_cache() -> onnx.ModelProto:
+    """The tiny decoder with its past inputs cut out (each Concat of past and new keys
+    keeps the new ones alone): a decoder that recomputes the whole sequence per call."""
+    model = tiny_decoder(CFG)
+    past = {i.name for i in model.graph.input if i.name.startswith("past_key_values")}
+    for node in model.graph.node:
+        if node.op_type == "Concat" and node.input[0] in past:
+            del node.input[0]
+    kept = [i for i in model.graph.input if i.name not in past]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def test_a_decoder_without_a_kv_cache_still_quantizes_with_a_note(tmp_path: Path) -> None:
+    path = _folder(tmp_path, _without_cache())
+    result = mixprec.quantize(
+        path, tmp_path / "calib.txt", weights="int4", text_window=64, max_size=0.5
+    )
+    assert result.report.guard["kind"] == "language model" and result.report.guard["passed"]
+    assert any("without a KV cache" in n for n in result.report.notes), result.report.notes
+    ids = np.array([[5, 9, 2, 7, 1]], np.int64)
+    feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    ref, got = run_ort(onnx.load(str(path)), feeds)["logits"], run_ort(result.model_proto, feeds)
+    assert np.argmax(got["logits"][0, -1]) == np.argmax(ref[0, -1])

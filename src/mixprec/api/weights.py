@@ -11,7 +11,7 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from mixprec.guard.language import is_language_model, language_model_guard
+from mixprec.guard.language import cache_note, is_language_model, language_model_guard
 from mixprec.guard.weights import output_check
 from mixprec.io.models import ModelLike, load_input
 from mixprec.io.protos import weightless_proto
@@ -87,6 +87,7 @@ def quantize_weights(
     # a model with external data stays memory-mapped (pipeline.streamed's module doc);
     # others are copied into one proto, as the stages and checks of a small model read it
     source: Source = work if keeps_mapped(work, config) else ir.to_proto(work)
+    no_cache = cache_note(work)
     del work
     load_s = time.perf_counter() - t0
     model_out, report = run_weights(
@@ -98,6 +99,8 @@ def quantize_weights(
         guard=guard,
     )
     report.notes.extend(texts.notes())
+    if no_cache:
+        report.notes.append(no_cache)
     report.timings = {"load": load_s, **report.timings}
     if config.log_dir is not None:
         before = (

@@ -58,6 +58,7 @@ __all__ = [
     "INT4_BUDGET",
     "LOGITS",
     "LmBudget",
+    "cache_note",
     "is_language_model",
     "language_model_guard",
     "lm_guard",
@@ -121,6 +122,19 @@ def is_language_model(model: ir.Model) -> bool:
             dims = declared_dims(output)
             return dims is None or len(dims) == 3
     return False
+
+
+def cache_note(model: ir.Model) -> str | None:
+    """The note for a language model without a KV cache (no input named ``past...``),
+    else None."""
+    if not is_language_model(model):
+        return None
+    if any("past" in (v.name or "") for v in graph_inputs(model)):
+        return None
+    return (
+        "a decoder without a KV cache (no past_key_values inputs): quantized and guarded "
+        "as any; generating runs the whole sequence again for each token"
+    )
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
