@@ -131,6 +131,7 @@ def layer_scores(model: ir.Model, config: WeightsConfig, method: WeightMethod) -
         matrix = source.matrix()
         if isinstance(data, LayerData):
             error4, error8 = _errors(matrix.astype(np.float32), config, method, data)
+            release_mapped_pages(model)  # a memory-mapped weight's pages, once read
         else:
             error4, error8 = _data_free(model, matrix, config, method)
         k, n = matrix.shape
