@@ -383,12 +383,20 @@ class _Repair:
         if size is None or not isinstance(mixed, dict):
             return ranked, _steps(len(ranked), "int4" in now.values())
         room = size.goal_bytes - int(mixed.get("estimated_bytes", size.base_bytes))
-        fit, spent = [], 0
+        fit: list[LayerScore] = []
+        spent, promoted = 0, 0
+        left = size.most_layers
+        if left is not None:  # the default budget's count of layers at 8 bits
+            left -= sum(1 for p in now.values() if p != "int4")
         for layer in ranked:
-            extra = layer.extra8 if now.get(layer.name) == "int4" else 0
+            at4 = now.get(layer.name) == "int4"
+            extra = layer.extra8 if at4 else 0
+            if at4 and left is not None and promoted >= left:
+                continue
             if spent + extra <= room:
                 fit.append(layer)
                 spent += extra
+                promoted += at4
         steps = [
             (k, to)
             for k, to in _steps(len(fit), any(now.get(s.name) == "int4" for s in fit))

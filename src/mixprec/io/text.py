@@ -228,26 +228,47 @@ class TextSamples:
         what = f"text {self.path.name!r}"
         self._template = _Template(_inputs_of(model), what)
         text = read_text(self.path)
-        encoded = load_tokenizer(tokenizer).encode(text)
+        loaded = load_tokenizer(tokenizer)
+        #: the token the tokenizer puts first (a BOS, as Gemma's does), which every
+        #: window then starts with, as the model saw text in training; None: none
+        self.bos = _leading_special(loaded)
+        encoded = loaded.encode(text, add_special_tokens=self.bos is None)
         self.tokens = np.asarray(encoded.ids, dtype=np.int64)
         if len(self.tokens) < 2:
             raise MixprecError(f"{what} holds {len(self.tokens)} token(s): too little text")
-        self.window = min(window, len(self.tokens))
+        self.window = min(window, len(self.tokens) + (self.bos is not None))
         self.tokenizer = Path(tokenizer)
 
+    @property
+    def _step(self) -> int:
+        """Text tokens per window (one fewer when each starts with the BOS)."""
+        return self.window - (self.bos is not None)
+
     def __len__(self) -> int:
-        return len(self.tokens) // self.window
+        return len(self.tokens) // self._step
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        head = np.array([] if self.bos is None else [self.bos], np.int64)
         for k in range(len(self)):
-            yield self._template.feeds(self.tokens[k * self.window : (k + 1) * self.window])
+            text = self.tokens[k * self._step : (k + 1) * self._step]
+            yield self._template.feeds(np.concatenate([head, text]))
 
     def describe(self) -> str:
         """One line: how many windows of how many tokens, from where."""
+        bos = "" if self.bos is None else f", each after the tokenizer's first token {self.bos}"
         return (
             f"{len(self)} windows of {self.window} tokens from {self.path.name} "
-            f"({len(self.tokens)} tokens, tokenizer {self.tokenizer.name})"
+            f"({len(self.tokens)} tokens, tokenizer {self.tokenizer.name}{bos})"
         )
+
+
+def _leading_special(tokenizer: Any) -> int | None:
+    """The id the tokenizer's post-processing puts before any text (a BOS), or None."""
+    plain = tokenizer.encode("a", add_special_tokens=False).ids
+    full = tokenizer.encode("a", add_special_tokens=True).ids
+    if len(full) > len(plain) and full[1 : 1 + len(plain)] == plain:
+        return int(full[0])
+    return None
 
 
 class TextData:

@@ -10,10 +10,11 @@ more byte at 8 bits buys), and layers rank by it, most sensitive first. Without 
 ``H`` is the identity (the weights' own error, NNCF's data-free criterion).
 
 **The size budget.** Every 4/8-bit choice stays within one budget of parameter bytes:
-``max_size`` times the float size when given; else, with ``ratio`` (the share of
-linear-layer weights left at 4 bits, NNCF's meaning), all linear layers at 4 bits plus
-``1 - ratio`` of what 8 bits would add; else (the default) the same with
-:data:`DEFAULT_RATIO`. The lm_head and embeddings count at their configured precision.
+``max_size`` times the float size when given; else, with ``ratio`` (the share of linear-
+layer weights left at 4 bits, NNCF's meaning), all linear layers at 4 bits plus ``1 -
+ratio`` of what 8 bits would add; else (the default) the same with
+:data:`DEFAULT_RATIO`, and at most :data:`DEFAULT_MOST_LAYERS` of the linear layers. The
+lm_head and embeddings count at their configured precision.
 
 **Mixed bits.** With ``max_size`` or ``ratio``, the highest scores go to 8 bits while the
 budget holds. By default only the layers whose score is more than :data:`OUTLIER` times
@@ -60,6 +61,7 @@ from mixprec.weights.stats import (
 )
 
 __all__ = [
+    "DEFAULT_MOST_LAYERS",
     "DEFAULT_RATIO",
     "OUTLIER",
     "LayerScore",
@@ -79,6 +81,8 @@ OUTLIER = 4.0
 #: Without ``ratio`` or ``max_size``, the size budget keeps at least this share of the
 #: linear-layer weights stays at 4 bits (module doc): at most a tenth go to 8 bits.
 DEFAULT_RATIO = 0.9
+#: ... and at most this share of the linear layers (by count) leaves 4 bits.
+DEFAULT_MOST_LAYERS = 0.125
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,12 +182,15 @@ def _errors(
 @dataclasses.dataclass(frozen=True)
 class SizeBudget:
     """The parameter bytes a 4/8-bit run may reach (module doc): the float model's, all
-    linear layers at 4 bits (``base_bytes``), the ``goal_bytes``, and the rule."""
+    linear layers at 4 bits (``base_bytes``), the ``goal_bytes``, the rule, and (by
+    default) the most linear layers at 8 bits."""
 
     float_bytes: int
     base_bytes: int
     goal_bytes: int
     rule: str
+    #: the most linear layers at 8 bits (the default budget's; None: bytes alone)
+    most_layers: int | None = None
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -229,8 +236,11 @@ def size_budget(model: ir.Model, config: WeightsConfig, scores: Sequence[LayerSc
     else:
         ratio = DEFAULT_RATIO if config.ratio is None else config.ratio
         goal = base + int((1.0 - ratio) * extra)
-        how = "default " if config.ratio is None else ""
-        rule = f"{how}ratio {ratio:g}: at most {1 - ratio:.0%} of linear weights at 8 bits"
+        rule = f"ratio {ratio:g}: at most {1 - ratio:.0%} of linear weights at 8 bits"
+        if config.ratio is None:
+            most = int(DEFAULT_MOST_LAYERS * len(scores))
+            rule = f"default {rule} and {most} of {len(scores)} linear layers"
+            return SizeBudget(before, base, goal, rule, most)
     return SizeBudget(before, base, goal, rule)
 
 
@@ -251,6 +261,8 @@ def choose_mixed(
     spent = budget.base_bytes
     for s in free:
         if outliers_only and s.score <= OUTLIER * median:
+            break
+        if budget.most_layers is not None and len(moved) >= budget.most_layers:
             break
         if spent + s.extra8 > budget.goal_bytes:
             continue
