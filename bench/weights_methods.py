@@ -61,7 +61,8 @@ def main(argv: list[str]) -> int:
                    fp32_size=llm_eval.file_size(folder / "model.onnx"),
                    int8_layers=len((report.quantization or {}).get("mixed", {})
                                    .get("int8", {})),
-                   notes=[n for n in report.notes if "mixed" in n or "statistics" in n or "AWQ" in n])
+                   notes=[n for n in report.notes
+                          if "mixed" in n or "statistics" in n or "AWQ" in n])
         row["size_x"] = row["size"] / row["fp32_size"]
         row["ppl_change"] = row["perplexity"] / rows["fp32"]["perplexity"] - 1
         rows[spec] = row
