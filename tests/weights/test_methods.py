@@ -8,16 +8,17 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 import pytest
-from onnx import numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
 from helpers import run_ort
 from llm_models import DecoderConfig, decoder_feeds, tiny_decoder
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
-from mixprec.weights.awq import scale_inputs
+from mixprec.weights.awq import scale_groups, scale_inputs
 from mixprec.weights.blocks import BlockSpec, quantize_rtn
 from mixprec.weights.config import WeightsConfig
+from mixprec.weights.inputs import LAYER_INPUTS, LayerData
 from mixprec.weights.search import quantize_search
 from mixprec.weights.select import SelectWeightsPass
 from mixprec.weights.stats import attach_hessians, collect_hessians, hessian_inputs
@@ -128,3 +129,35 @@ def test_a_size_budget_picks_the_mix_and_one_it_cannot_meet_is_one_line(tmp_path
     assert not out.exists()
     assert main([*args, "--bits", "8"]) == 0
     assert out.exists()
+
+
+def test_a_shape_reader_does_not_keep_an_input_from_being_scaled() -> None:
+    """An exporter's ``Shape`` of the normed input (SmolLM2's attention reads it) sees no
+    values: q/k/v still form a group, folded into the norm's weight."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.random(32).astype(np.float32) + 0.5, "gain"),
+        numpy_helper.from_array(rng.standard_normal((32, 16)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal((32, 16)).astype(np.float32), "w2"),
+    ]
+    nodes = [
+        helper.make_node("Mul", ["x", "gain"], ["h"], name="norm"),
+        helper.make_node("Shape", ["h"], ["shape"], name="shape"),
+        helper.make_node("MatMul", ["h", "w1"], ["y1"], name="mm1"),
+        helper.make_node("MatMul", ["h", "w2"], ["y2"], name="mm2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 32])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y1", "y2", "shape")],
+        inits,
+    )
+    work = ir.from_proto(helper.make_model(graph))
+    SelectWeightsPass(WeightsConfig())(work)
+    for node in work.graph:
+        if node.op_type == "MatMul":
+            node.meta[LAYER_INPUTS] = LayerData(np.eye(32), 4)
+    groups, skipped = scale_groups(work)
+    assert [sorted(n.name for n in g.nodes) for g in groups] == [["mm1", "mm2"]], skipped
+    assert [v.name for v, _ in groups[0].fold] == ["gain"]

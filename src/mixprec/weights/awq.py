@@ -21,8 +21,8 @@ node and its float output is unchanged up to rounding:
   ``Add`` after it if any.
 
 An input produced otherwise (attention's output, read by ``o_proj``; a GELU), read by
-anything but the group's MatMuls, or whose constants are shared, is left unscaled, and
-the note counts it. Each scaled group's ``H`` becomes that of the scaled input,
+anything but the group's MatMuls (``Shape`` aside), or whose constants are shared, is
+left unscaled, and the note counts it. Each scaled group's ``H`` becomes that of the scaled input,
 ``H / (s s^T)``, for the rounding and the sensitivity scores that follow.
 """
 
@@ -79,8 +79,13 @@ def scale_groups(model: ir.Model) -> tuple[list[ScaleGroup], dict[str, int]]:
     return groups, skipped
 
 
+#: Ops that read only a value's shape: a scaled input means nothing to them.
+_SHAPE_ONLY = frozenset({"Shape", "Size"})
+
+
 def _group(x: ir.Value, nodes: list[ir.Node]) -> tuple[ScaleGroup | None, str]:
-    if len({id(u.node) for u in x.uses()}) != len(nodes):
+    readers = {id(u.node) for u in x.uses() if u.node.op_type not in _SHAPE_ONLY}
+    if len(readers) != len(nodes):
         return None, "the input is read by other ops too"
     sources = []
     for node in nodes:
