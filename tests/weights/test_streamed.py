@@ -27,7 +27,7 @@ from mixprec.api.weights import quantize_weights
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
 from mixprec.runtime.pieces import plan_pieces, run_in_pieces
-from mixprec.weights import slices
+from mixprec.weights import sensitivity, slices
 from mixprec.weights.blocks import BlockSpec, quantize_rtn
 from mixprec.weights.slices import quantize_in_slices
 
@@ -300,7 +300,9 @@ def test_a_model_over_2_gb_is_quantized_in_half_its_size_plus_1_gb(big_folder: P
     assert rel < 0.15, rel  # int4 blocks of 32 with int8 activations (accuracy_level 4)
 
 
-def test_a_streamed_language_model_is_guarded_and_repaired(tmp_path: Path) -> None:
+def test_a_streamed_language_model_is_guarded_and_repaired(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The tiny decoder with its weights in a data file, streamed: the next-token guard's
     FP32 reference comes from the pieces (equal to one session's), a KL budget that int4
     misses is repaired, ranked by the weights' own error (no layer inputs), and the
@@ -314,10 +316,20 @@ def test_a_streamed_language_model_is_guarded_and_repaired(tmp_path: Path) -> No
     path = _folder(tmp_path, tiny_decoder(CFG, seed=3))
     onnx.save(onnx.load(str(path)), str(path), save_as_external_data=True, size_threshold=1024)
     budget = {"guard_kl": 0.004, "guard_drop": 0.5, "guard_perplexity": 0.5}
+    # a default size budget with room for every layer at 8 bits; one data-free method for
+    # both runs (a streamed run reads no layer statistics: "auto" is the search there)
+    monkeypatch.setattr(sensitivity, "DEFAULT_RATIO", 0.0)
+    monkeypatch.setattr(sensitivity, "DEFAULT_MOST_LAYERS", 1.0)
     calib = tmp_path / "calib.txt"
     runs = {
         stream: mixprec.quantize(
-            path, calib, weights="int4", text_window=64, stream=stream, **budget
+            path,
+            calib,
+            weights="int4",
+            text_window=64,
+            stream=stream,
+            **budget,
+            **({} if stream else {"weight_method": "search"}),
         )
         for stream in (True, False)
     }
@@ -327,7 +339,8 @@ def test_a_streamed_language_model_is_guarded_and_repaired(tmp_path: Path) -> No
         assert guard["first"][key] == pytest.approx(whole["first"][key], rel=1e-4), key
     assert all("no layer inputs read" in why for _, why in guard["promoted"].values())
     notes = runs[True].report.notes  # the repaired model's report carries the run's notes
-    assert any(n.startswith("streamed:") for n in notes) and any("rtn" in n for n in notes)
+    assert any(n.startswith("streamed:") for n in notes)
+    assert any("auto -> search" in n and "streamed model reads no layer" in n for n in notes)
     held = list(TextSamples(calib, path, tmp_path / "tokenizer.json", window=64))
     out = tmp_path / "out.onnx"
     runs[True].save(out)

@@ -53,7 +53,7 @@ from mixprec.pipeline.streamed import (
 )
 from mixprec.weights.apply import QuantizeWeightsPass, QuantizeWeightsResult
 from mixprec.weights.config import WeightsConfig
-from mixprec.weights.methods import WeightMethod, resolve_method
+from mixprec.weights.methods import AUTO, WeightMethod, resolve_method
 from mixprec.weights.select import SelectWeightsPass, weight_decision
 from mixprec.weights.sensitivity import plan_layers
 from mixprec.weights.stats import WeightsData
@@ -392,8 +392,12 @@ def run_weights(
     graph = source if isinstance(source, ir.Model) else ir.from_proto(source)
     samples, where = check_samples(graph, data.samples if data else None, eval_data, config.shapes)
     del graph
-    method, why = resolve_method(config.method, has_data=data is not None)
     streamed = isinstance(source, ir.Model) and streams(source, config)
+    # a streamed model reads no layer statistics: "auto" picks a data-free method there
+    auto_streamed = streamed and config.method == AUTO and data is not None
+    method, why = resolve_method(config.method, has_data=data is not None and not auto_streamed)
+    if auto_streamed:
+        why += "; a streamed model reads no layer statistics"
     runs = ModelRuns(source, config, streamed)
     if streamed and method.needs_data:
         raise refuse_streamed(method.name)
