@@ -102,14 +102,18 @@ def _check_cap(model: Path, peak: int, seconds: float) -> None:
 
 @pytest.mark.slow
 def test_a_language_model_under_2_gb_is_quantized_within_the_cap(folder: Path) -> None:
-    """Dense 627 MB decoder, 16-token windows of text: the guard's FP32 reference, the
-    layer statistics of its repair ranking and the candidates all run from the mapped
-    data file (no weight copied into protobuf, one statistics session at a time).
+    """Dense 627 MB decoder, 16-token windows of text: the layer statistics, the guard's
+    FP32 reference and the candidate all run from the mapped data file (no weight copied
+    into protobuf, one statistics session at a time).
     Measured 2026-11-28 (2 cores shared with other jobs): peak 1.42 GiB, against
     3.31 GiB before (a protobuf copy and sessions each holding the weights); cap 2.17 GiB;
     the guard's figures and the written model's layers the same."""
     model = _language_model(folder, MAPPED, dense_rows=None)
     args = ("--calibration-data", str(folder / "calib.txt"), "--text-window", "16")
+    # the random decoder's next-token agreement at int4 (about 0.57) is below int4's
+    # default 0.7, and the default size budget has room for one layer: a memory test
+    # wants the model written
+    args += ("--max-drop", "0.5")
     peak, seconds, report = _peak_of_quantize(model, *args)
     assert not any(n.startswith("streamed:") for n in report["notes"]), report["notes"]
     assert report["guard"] is not None
