@@ -334,7 +334,10 @@ def test_default_accuracy_level_follows_the_cpu() -> None:
         ({"block_size": 48}, "block_size must be a power of two: 16, 32, 64, 128, 256"),
         ({"bits": 3}, "bits must be 4 or 8"),
         ({"lm_head": "int2"}, "lm_head must be one of int4, int8, float"),
-        ({"method": "gptq-typo"}, "weight method must be one of auto, awq, awq-gptq, gptq, rtn, search"),
+        (
+            {"method": "gptq-typo"},
+            "weight method must be one of auto, awq, awq-gptq, gptq, rtn, search",
+        ),
     ],
 )
 def test_bad_options_are_one_line(options: dict, message: str) -> None:
