@@ -403,12 +403,11 @@ class _Repair:
             if _cost(fit, now, _layers(fit, now, (k, to), "", "")) <= room
         ]
         int4 = [name for name, p in now.items() if p == "int4"]
-        promotable = sum(1 for s in fit if now.get(s.name) == "int4")
-        if promotable < len(int4):
+        if promoted < len(int4):
             self.limit = (
                 f"the size budget ({size.goal_bytes / 1e6:.2f} MB, "
                 f"{size.goal_bytes / size.float_bytes:.3f}x FP32: {size.rule}) has room for "
-                f"{promotable} of {len(int4)} int4 layers at 8 bits (--max-size to allow more)"
+                f"{promoted} of {len(int4)} int4 layers at 8 bits (--max-size to allow more)"
             )
         return fit, steps
 

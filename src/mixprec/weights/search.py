@@ -95,10 +95,7 @@ def _search(
     for step in np.linspace(-1.0, 1.0, STEPS, dtype=np.float32):
         step_scale = span / (nominal + step)
         z = zero if spec.symmetric else np.clip(np.round(-low / step_scale), 0, levels)
-        np.divide(x, step_scale[..., None], out=q)
-        np.round(q, out=q)
-        q += z[..., None]
-        np.clip(q, 0, levels, out=q)
+        _codes_into(q, x, step_scale, z, levels)
         q -= z[..., None]
         # least squares x ~ s q per block: s = <q, wx> / <q, w q>, error = c - <q, wx>^2 / ...
         num = np.einsum("ijk,ijk->ij", q, wx)
@@ -110,8 +107,15 @@ def _search(
         scale = np.where(better, np.where(den > 0, num / safe, 0), scale).astype(np.float32)
         zero = np.where(better, z, zero).astype(np.float32)
     safe_scale = np.where(scale != 0, scale, np.float32(1))
-    np.divide(x, safe_scale[..., None], out=q)
-    np.round(q, out=q)
-    q += zero[..., None]
-    np.clip(q, 0, levels, out=q)
+    _codes_into(q, x, safe_scale, zero, levels)
     return q.astype(np.uint8), (scale * sign).astype(np.float32), zero.astype(np.uint8)
+
+
+def _codes_into(
+    out: np.ndarray, x: np.ndarray, scale: np.ndarray, zero: np.ndarray, levels: np.float32
+) -> None:
+    """``out = clip(round(x / scale) + zero, 0, levels)`` per block, in place."""
+    np.divide(x, scale[..., None], out=out)
+    np.round(out, out=out)
+    out += zero[..., None]
+    np.clip(out, 0, levels, out=out)

@@ -277,7 +277,7 @@ def choose_mixed(
 
 
 def _float_bytes(model: ir.Model) -> int:
-    return sum(t.nbytes for v in model.graph.initializers.values() if (t := const_tensor(v)))
+    return sum(_tensor_bytes(v) for v in model.graph.initializers.values())
 
 
 def _tensor_bytes(value: ir.Value) -> int:
