@@ -10,7 +10,7 @@ from __future__ import annotations
 import filecmp
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -253,14 +253,15 @@ def evaluate_int8(base: Baseline, path: Path, measure_latency: bool = True) -> d
 
 
 def quantize(spec: ModelSpec, tool: str, work: Path, calib_dir: Path,
-             timeout: float) -> tuple[dict[str, Any], Path]:
-    """Runs quantize_one.py for (model, tool) in a measured subprocess."""
+             timeout: float, extra: Sequence[str] = ()) -> tuple[dict[str, Any], Path]:
+    """Runs quantize_one.py for (model, tool) in a measured subprocess (``extra``: more of
+    its arguments)."""
     tag = f"{spec.name}__{tool}__int8"
     out = work / f"{tag}.onnx"
     result_json = work / f"{tag}.json"
     result_json.unlink(missing_ok=True)
     cmd = [sys.executable, str(BENCH_DIR / "quantize_one.py"), tool, str(spec.path()), str(out),
-           str(result_json), "--calib-dir", str(calib_dir)]
+           str(result_json), "--calib-dir", str(calib_dir), *extra]
     if tool == "mixprec-metric" and has_task_metric(spec):
         cmd += ["--metric", str(write_metric(spec, work)), "--metric-budget", str(ACCURATE)]
     proc = run_measured(cmd, timeout, work / f"{tag}.log")

@@ -60,6 +60,7 @@ SLOWER_MARGIN = 1.05  # never slower than the best accurate recipe by more than 
 MEDIAN_GAIN = 0.90  # median at least 10% faster than the best accurate recipe
 WALL_MEDIAN_S = 120.0
 WALL_WORST_S = 600.0
+RSS_RATIO = 1.5  # optimize's peak RSS <= 1.5x ORT quantize_static's on the same model
 
 
 class _Session:
@@ -145,10 +146,19 @@ def measure(base: Baseline, row: Row, path: Path | None) -> Runner | None:
     return runner
 
 
-def run_optimize(spec: ModelSpec, work: Path, calib_dir: Path,
+def serving_shapes(base: Baseline) -> list[str]:
+    """``--shape`` arguments for the bench shape (what every recipe is timed at): what a
+    user serving at that shape gives optimize."""
+    return [f"{name}={','.join(str(d) for d in value.shape)}"
+            for name, value in base.latency_feeds.items() if np.ndim(value)]
+
+
+def run_optimize(spec: ModelSpec, base: Baseline, work: Path, calib_dir: Path,
                  timeout: float) -> tuple[Row, Path | None]:
-    """`mixprec optimize` in its own measured subprocess; the run's row and its output."""
-    run, out = quantize(spec, OPTIMIZE, work, calib_dir, timeout)
+    """`mixprec optimize` in its own measured subprocess, told the bench shape; the run's
+    row and its output."""
+    extra = [a for shape in serving_shapes(base) for a in ("--shape", shape)]
+    run, out = quantize(spec, OPTIMIZE, work, calib_dir, timeout, extra)
     report = run.get("report") or {}
     report.pop("nodes", None)  # run_mixprec_cli's per-node count: optimize has none
     keep = ("status", "error", "convert_s", "import_s", "wall_s", "peak_rss_mb", "argv")
@@ -171,7 +181,7 @@ def run_model(spec: ModelSpec, base: Baseline, work: Path, timeout: float,
     t0 = time.perf_counter()
     calib_dir = work / "inputs" / f"{spec.name}_int8_calib"
     write_calibration(spec, calib_dir)
-    run, chosen = run_optimize(spec, work, calib_dir, timeout)
+    run, chosen = run_optimize(spec, base, work, calib_dir, timeout)
     quantized, u8s8 = _u8s8(spec, work, calib_dir, timeout)
     paths = {"fp32": base.path, "u8s8": u8s8}
     rows: dict[str, Row] = {}
@@ -250,7 +260,17 @@ def summarize(result: Row) -> Row:
             else best["variant"], "best_ratio": best_ratio,
             "versus_best": None if ratio is None or not best_ratio else ratio / best_ratio,
             "wall_s": run.get("wall_s"), "peak_rss_mb": run.get("peak_rss_mb"),
+            "u8s8_peak_rss_mb": _u8s8_rss(result["rows"]),
             "status": run.get("status"), "error": run.get("error")}
+
+
+def _u8s8_rss(rows: Sequence[Row]) -> float | None:
+    """ORT quantize_static's peak RSS on the model (its measured subprocess)."""
+    for row in rows:
+        quantization = row.get("quantization") or {}
+        if row["variant"] == "ort-u8s8" and quantization.get("status") == "ok":
+            return quantization.get("peak_rss_mb")
+    return None
 
 
 def _accuracy_text(row: Row | None) -> str:
@@ -299,6 +319,12 @@ def goals(summaries: Sequence[Row]) -> list[Row]:
                            [detail] if med is not None and med > MEDIAN_GAIN else [],
                            len(versus), detail))
     targets += _wall_goals(summaries)
+    both = [s for s in ran if s.get("peak_rss_mb") and s.get("u8s8_peak_rss_mb")]
+    targets.append(_target(
+        f"optimize peak RSS <= {RSS_RATIO:g}x ORT quantize_static's on the same model",
+        [f"{s['model']}: {s['peak_rss_mb']:.0f} MB = "
+         f"{s['peak_rss_mb'] / s['u8s8_peak_rss_mb']:.2f}x {s['u8s8_peak_rss_mb']:.0f} MB"
+         for s in both if s["peak_rss_mb"] > RSS_RATIO * s["u8s8_peak_rss_mb"]], len(both)))
     return targets
 
 
@@ -322,7 +348,8 @@ def timed_out(summary: Row) -> bool:
 
 def summary_table(summaries: Sequence[Row]) -> str:
     lines = ["| model | chosen | runtime | ratio | accurate | accuracy | best accurate recipe "
-             "| its ratio | chosen / best | wall s | peak RSS MB |", "|" + "---|" * 11]
+             "| its ratio | chosen / best | wall s | peak RSS MB | quantize_static's MB |",
+             "|" + "---|" * 12]
     for s in summaries:
         runtime = s.get("runtime") or "–"
         if s.get("precision_hint"):
@@ -333,7 +360,8 @@ def summary_table(summaries: Sequence[Row]) -> str:
             f"| {s['model']} | {winner} | {runtime} | {_num(s.get('ratio'), '.2f')} "
             f"| {verdict} | {s['accuracy']} | {s.get('best_recipe') or '–'} "
             f"| {_num(s.get('best_ratio'), '.2f')} | {_num(s.get('versus_best'), '.2f')} "
-            f"| {_num(s.get('wall_s'), '.0f')} | {_num(s.get('peak_rss_mb'), '.0f')} |")
+            f"| {_num(s.get('wall_s'), '.0f')} | {_num(s.get('peak_rss_mb'), '.0f')} "
+            f"| {_num(s.get('u8s8_peak_rss_mb'), '.0f')} |")
     return "\n".join(lines)
 
 

@@ -191,6 +191,8 @@ OPTIMIZE = "mixprec-optimize"
 def _optimize(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
     argv = ["mixprec", "optimize", args.model, "-o", args.out, "--calibration-data",
             args.calib_dir, "--threads", "2", "--json"]
+    for shape in args.shape:
+        argv += ["--shape", shape]
     return run_mixprec_cli(argv, "mixprec optimize")
 
 
@@ -217,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calib-dir", required=True, help="folder of one-sample .npz files")
     parser.add_argument("--metric", help="mixprec-metric: MODULE:FUNCTION for --metric")
     parser.add_argument("--metric-budget", type=float, default=0.99)
+    parser.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
+                        help="mixprec-optimize: the serving shape of an input (repeatable)")
     args = parser.parse_args(argv)
 
     result: dict[str, Any] = {"tool": args.tool, "model": args.model, "out": args.out}

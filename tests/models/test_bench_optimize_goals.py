@@ -87,3 +87,17 @@ def test_accurate_and_the_best_recipe() -> None:
     assert optimize.best_recipe(rows)["variant"] == "ov-fp32"
     table = optimize.goals_markdown(optimize.goals([_summary("a", 0.7, 30)]))
     assert table.count("| yes |") == 5, table
+
+
+def test_the_peak_rss_goal_compares_with_quantize_static_on_the_same_model() -> None:
+    rows = [
+        {**_summary("a", 0.8, 10), "peak_rss_mb": 900.0, "u8s8_peak_rss_mb": 800.0},
+        {**_summary("b", 0.8, 10), "peak_rss_mb": 1649.0, "u8s8_peak_rss_mb": 839.0},
+        {**_summary("c", 0.8, 10), "peak_rss_mb": 300.0},  # quantize_static failed: unjudged
+    ]
+    met = _met(optimize.goals(rows))
+    goal = "optimize peak RSS <= 1.5x ORT quantize_static's on the same model"
+    assert met[goal] == (False, ["b: 1649 MB = 1.97x 839 MB"])
+    u8s8 = {"variant": "ort-u8s8", "quantization": {"status": "ok", "peak_rss_mb": 839.0}}
+    assert optimize._u8s8_rss([{"variant": "ort-fp32"}, u8s8]) == 839.0
+    assert optimize._u8s8_rss([{**u8s8, "quantization": {"status": "error"}}]) is None
