@@ -30,6 +30,7 @@ import onnx_ir as ir
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
 from mixprec.guard.samples import split_for_guard
+from mixprec.io.models import load_input
 from mixprec.io.samples import feeds_for
 from mixprec.optimize.candidates import BASELINE, CANDIDATES, Candidate, skip_reason
 from mixprec.pipeline.convert import run_convert
@@ -94,7 +95,8 @@ def converted(source: onnx.ModelProto, build: str, calibration: Any) -> onnx.Mod
     split = split_for_guard(calibration, None, model)
     config = ConvertConfig.resolve(LOW_BUILDS[build])
     inputs = None if split.calibration is None else _Inputs(model, split.calibration)
-    work, _report = run_convert(ir.from_proto(source), config, calibration_data=inputs)
+    work, _kind = load_input(source)  # a private copy: the rewrite frees FP32 weights it read
+    work, _report = run_convert(work, config, calibration_data=inputs)
     return ir.to_proto(work)
 
 
