@@ -31,6 +31,7 @@ from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
 from mixprec.optimize.device import device_candidates
 from mixprec.optimize.metadata import stamp
+from mixprec.report.optimize_page import candidates_html
 from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.engine import REGISTRY, RuntimeOptions
 from mixprec.runtime.engines import (
@@ -179,6 +180,7 @@ def test_gpu_candidates_are_built_checked_and_timed_on_the_device(
     assert "timed beside the input on cuda (fp32-cuda)" in result.notes[0]
     assert result.to_dict()["device"] == "cuda"
     assert "vs fp32-cuda" in result.format_table().splitlines()[0]
+    assert "<th>vs fp32-cuda</th>" in candidates_html(result)
     out = tmp_path / "out.onnx"
     result.save(out)
     props = {p.key: p.value for p in onnx.load(out).metadata_props}

@@ -61,12 +61,16 @@ class OptimizeResult:
         """The ``metadata_props`` fields written (none for the input unchanged)."""
         return {} if self.unchanged else runtime_metadata(self.runtime)
 
-    def format_table(self) -> str:
-        """The table, one candidate a line, under a header (the ratio's column names the
-        baseline: ORT FP32, or the input on the device asked for)."""
+    @property
+    def versus(self) -> str:
+        """The ratio column's heading: ``vs ORT FP32``, or on a GPU device the input
+        there (``vs fp32-cuda``), the first row of the table."""
         base = self.table[0].name if self.table else BASELINE
-        versus = "vs ORT FP32" if base == BASELINE else f"vs {base}"
-        head = f"{'candidate':<15} {'runtime':<9} {versus:>11} {'rounds':>6}  "
+        return "vs ORT FP32" if base == BASELINE else f"vs {base}"
+
+    def format_table(self) -> str:
+        """The table, one candidate a line, under a header."""
+        head = f"{'candidate':<15} {'runtime':<9} {self.versus:>11} {'rounds':>6}  "
         head += f"{'accuracy':<46} verdict"
         return "\n".join([head, *(format_row(r) for r in self.table)])
 
