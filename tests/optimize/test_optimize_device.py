@@ -29,6 +29,7 @@ import mixprec
 from guard_models import separable_classifier, separable_samples
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
+from mixprec.optimize.candidates import Candidate
 from mixprec.optimize.device import device_candidates
 from mixprec.optimize.metadata import stamp
 from mixprec.report.optimize_page import candidates_html
@@ -285,6 +286,15 @@ def test_cli_bad_device_arguments_are_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("mixprec: error: ") and error in err[0], err
     assert not out.exists()
+
+
+def test_a_callers_candidate_must_run_on_the_device(cuda: FakeCuda, model_file, samples) -> None:
+    mine = Candidate("mine", "ort", None, "input", "on the CPU")
+    with pytest.raises(MixprecError, match="'mine' does not run on the device asked for"):
+        mixprec.optimize(str(model_file), samples, device="cuda", candidates=[mine])
+    theirs = dataclasses.replace(mine, provider="cuda")
+    result = mixprec.optimize(str(model_file), samples, device="cuda", candidates=[theirs])
+    assert [r.name for r in result.table] == ["fp32-cuda", "mine"]
 
 
 def _without(provider: str) -> str:

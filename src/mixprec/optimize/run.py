@@ -370,6 +370,12 @@ def _checked_arguments(
             f"device {device!r} runs in ONNX Runtime (its {device} provider), not in {runtime}"
         )
     chosen = select_candidates(candidates, runtime, pool)
+    elsewhere = [c.name for c in chosen if device != "cpu" and c.provider != device]
+    if elsewhere:
+        raise MixprecError(
+            f"candidate {elsewhere[0]!r} does not run on the device asked for ({device}): "
+            f"give it provider={device!r}"
+        )
     check_device(device)  # a device the user names must be here
     if runtime != "auto":
         engine_for(runtime)  # a runtime the user names must be here

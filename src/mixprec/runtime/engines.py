@@ -181,6 +181,8 @@ def options_from_metadata(model: onnx.ModelProto, threads: int = 2) -> RuntimeOp
     Example:
         >>> options_from_metadata(model)  # doctest: +SKIP
         RuntimeOptions(name='openvino', threads=2, precision='bf16', ...)
+        >>> options_from_metadata(model_for_cuda).provider  # doctest: +SKIP
+        'cuda'
 
     Raises:
         MixprecError: one line, when the fields name an unknown runtime or one not
