@@ -53,6 +53,22 @@ def test_an_inaccurate_candidate_cannot_win_however_fast() -> None:
     assert reason == "misses its budget: top-1 0.9 on 'probs' (needs >= 0.99)"
 
 
+def test_on_a_device_the_input_there_is_the_baseline() -> None:
+    """With ``--device cuda`` the rows are timed beside ``fp32-cuda``: it is the input
+    the others must beat, and what wins when none does."""
+    base = _row("fp32-cuda", None, status="baseline")
+    winner, table = choose(
+        [base, _row("fp16-cuda", 0.98), _row("bf16-cuda", 0.5, BAD)], "fp32-cuda"
+    )
+    assert winner == "fp32-cuda"
+    found = _verdicts(table)
+    assert found["fp16-cuda"] == ("lost", "not 3% faster than the input (fp32-cuda)")
+    assert found["bf16-cuda"][0] == "inaccurate"
+    winner, table = choose([base, _row("fp16-cuda", 0.5), _row("bf16-cuda", 0.49)], "fp32-cuda")
+    assert winner == "fp16-cuda"  # within 3% of bf16: the earlier one
+    assert _verdicts(table)["fp32-cuda"] == ("lost", "slower than fp16-cuda (0.50x)")
+
+
 def test_ties_and_small_gains_go_to_the_earlier_candidate() -> None:
     # 0.98x is not 3% faster than the input: the input stays
     winner, table = choose([_row("fp32-ort", None), _row("fp32-openvino", 0.98)])

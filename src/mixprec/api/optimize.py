@@ -25,6 +25,7 @@ def optimize(
     *,
     eval_data: Any = None,
     runtime: str = "auto",
+    device: str = "cpu",
     threads: int = 2,
     candidates: Sequence[str | Candidate] | None = None,
     metric: Callable[..., float] | str | None = None,
@@ -49,6 +50,13 @@ def optimize(
         eval_data: samples to check the candidates on instead of the held-out half.
         runtime: ``"auto"`` (every runtime installed), ``"ort"`` or ``"openvino"`` (that
             runtime's candidates only; one error line when it is not installed).
+        device: ``"cpu"`` (default: the candidates above), or ``"cuda"``/``"tensorrt"``:
+            then the candidates are ``fp32-cuda`` (the input), ``fp16-cuda`` and
+            ``bf16-cuda`` (:func:`mixprec.convert`'s fp16/bf16), each in ONNX Runtime on
+            that provider (onnxruntime-gpu; one error line when it is not installed),
+            checked against the input in ONNX Runtime's CPU provider and timed beside the
+            input on the device, the feeds bound there; the winner, the input included,
+            carries ``mixprec.runtime_hints={"provider": "cuda"}``.
         threads: intra-op threads, for every candidate and the input alike.
         candidates: names (``["fp32-ort", "int8-ort"]``) or
             :class:`~mixprec.optimize.candidates.Candidate` entries; default every one.
@@ -86,6 +94,7 @@ def optimize(
         eval_data,
         candidates=candidates,
         runtime=runtime,
+        device=device,
         threads=threads,
         metric=metric_of,
         time_budget=time_budget,

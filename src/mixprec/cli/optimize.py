@@ -13,6 +13,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.io.models import check_output_path, load_model
 from mixprec.io.samples import NpzSamples
 from mixprec.optimize.candidates import CANDIDATES, RUNTIME_CHOICES
+from mixprec.optimize.device import DEVICES, check_device
 from mixprec.report.optimize_page import write_optimize_html
 
 __all__ = ["add_optimize_parser", "cmd_optimize"]
@@ -58,14 +59,23 @@ def add_optimize_parser(sub: Any) -> argparse.ArgumentParser:
         "(an error when it is not installed)",
     )
     p.add_argument(
+        "--device",
+        default="cpu",
+        metavar="DEVICE",
+        help=f"{'|'.join(DEVICES)}: cpu (default) tries every runtime's CPU candidates; cuda "
+        "or tensorrt tries the input, fp16 and bf16 in ONNX Runtime on that provider "
+        "(onnxruntime-gpu; an error when it is not installed), timed beside the input there",
+    )
+    p.add_argument(
         "--threads", type=int, default=2, metavar="N", help="intra-op threads (0: all cores)"
     )
     p.add_argument(
         "--candidates",
         metavar="LIST",
         default=None,
-        help=f"comma-separated subset of {','.join(c.name for c in CANDIDATES)} (default: "
-        "all; without fp32-ort the input is the reference only)",
+        help=f"comma-separated subset of {','.join(c.name for c in CANDIDATES)} (with "
+        "--device cuda: fp32-cuda,fp16-cuda,bf16-cuda; default: all; without the fp32 one "
+        "the input is the reference only)",
     )
     p.add_argument(
         "--time-budget",
@@ -109,6 +119,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         raise MixprecError(f"--threads must be >= 0 (0: all cores), got {args.threads}")
     if args.time_budget is not None and args.time_budget <= 0:
         raise MixprecError(f"--time-budget must be > 0 seconds, got {args.time_budget:g}")
+    check_device(args.device)  # before any work: a device whose provider is here
     page = None if args.report is None else check_output_path(args.report)
     if page is not None and page.resolve() in (out.resolve(), Path(args.model).resolve()):
         raise MixprecError(f"{page}: --report would overwrite the model")
@@ -118,6 +129,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         calibration,
         eval_data=args.eval_data,
         runtime=args.runtime,
+        device=args.device,
         threads=args.threads,
         candidates=_names(args.candidates),
         metric=args.metric,

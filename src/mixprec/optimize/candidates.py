@@ -44,9 +44,11 @@ class Candidate:
         name: How the table and ``--candidates`` name it.
         runtime: The registered engine it runs in (``"ort"``, ``"openvino"``).
         precision: The engine's inference precision hint (None: the model's own dtypes).
-        build: ``"input"``, ``"int8"``, or a function from the input model to the
-            candidate's model.
+        build: ``"input"``, ``"int8"``, ``"fp16"``/``"bf16"`` (:func:`mixprec.convert`'s
+            lists), or a function from the input model to the candidate's model.
         about: One line for people.
+        provider: Where the engine computes (:attr:`RuntimeOptions.provider`: ``"cuda"``,
+            ``"tensorrt"``); None: its default (the CPU).
 
     Example:
         >>> Candidate("bf16-openvino", "openvino", "bf16", "input").options(4).precision
@@ -58,10 +60,13 @@ class Candidate:
     precision: str | None
     build: Build
     about: str = ""
+    provider: str | None = None
 
     def options(self, threads: int) -> RuntimeOptions:
         """The runtime options it runs (and is timed) with."""
-        return RuntimeOptions(name=self.runtime, threads=threads, precision=self.precision)
+        return RuntimeOptions(
+            name=self.runtime, threads=threads, precision=self.precision, provider=self.provider
+        )
 
 
 CANDIDATES: tuple[Candidate, ...] = (
@@ -74,11 +79,13 @@ CANDIDATES: tuple[Candidate, ...] = (
 
 
 def select_candidates(
-    names: Sequence[str | Candidate] | None, runtime: str = "auto"
+    names: Sequence[str | Candidate] | None,
+    runtime: str = "auto",
+    pool: Sequence[Candidate] = CANDIDATES,
 ) -> tuple[Candidate, ...]:
-    """The candidates to try: ``names`` (built-in names, or :class:`Candidate` entries of
-    the caller's), else every built-in one; with ``runtime`` other than ``"auto"``, only
-    those that run in it.
+    """The candidates to try: ``names`` (names in ``pool``, the built-in ones by default,
+    or :class:`Candidate` entries of the caller's), else every one of ``pool``; with
+    ``runtime`` other than ``"auto"``, only those that run in it.
 
     Raises:
         MixprecError: one line, for an unknown name or runtime, a candidate named twice,
@@ -86,9 +93,9 @@ def select_candidates(
     """
     if runtime not in RUNTIME_CHOICES:
         raise MixprecError(f"unknown runtime {runtime!r}: use one of {', '.join(RUNTIME_CHOICES)}")
-    known = {c.name: c for c in CANDIDATES}
+    known = {c.name: c for c in pool}
     if names is None:
-        return tuple(c for c in CANDIDATES if runtime in ("auto", c.runtime))
+        return tuple(c for c in pool if runtime in ("auto", c.runtime))
     if isinstance(names, str):
         raise MixprecError("candidates must be a list of names, not a string")
     chosen: list[Candidate] = []
@@ -111,7 +118,7 @@ def select_candidates(
         chosen.append(found)
     if not chosen:
         raise MixprecError("no candidate given: name at least one")
-    order = [c.name for c in CANDIDATES]  # the built-in order (ties go to the earlier)
+    order = [c.name for c in pool]  # the built-in order (ties go to the earlier)
     return tuple(sorted(chosen, key=lambda c: order.index(c.name) if c.name in order else 99))
 
 
@@ -121,7 +128,7 @@ def skip_reason(candidate: Candidate) -> str | None:
     engine = REGISTRY.get(candidate.runtime)
     if engine is None:
         return f"no runtime named {candidate.runtime!r} is registered"
-    missing = engine.missing(RuntimeOptions(name=candidate.runtime))
+    missing = engine.missing(RuntimeOptions(name=candidate.runtime, provider=candidate.provider))
     if missing is not None:
         return missing
     if candidate.precision == "bf16" and not engine_for(candidate.runtime).computes_bf16():

@@ -13,6 +13,9 @@
 * when none qualifies, the input is the answer: ``fp32-ort`` wins, and the model is
   written unchanged. Where the caller left ``fp32-ort`` out of the candidates, the
   fastest accurate candidate among theirs wins however it compares with the input.
+
+On a GPU device the baseline is the input on that device (``fp32-cuda``): the same
+rules, with that name where ``fp32-ort`` stands above.
 """
 
 from __future__ import annotations
@@ -66,7 +69,8 @@ class Row:
 
     @property
     def ratio(self) -> float | None:
-        """Latency as a ratio to the input in ONNX Runtime (1 for the input itself)."""
+        """Latency as a ratio to the baseline, the input in ONNX Runtime (on the device
+        asked for); 1 for the baseline itself."""
         if self.status == "baseline":
             return 1.0
         return None if self.timing is None else self.timing.ratio
@@ -123,27 +127,30 @@ def _beats_input(row: Row) -> bool:
     return t.ratio <= 1.0 - GAIN and t.faster_share >= MAJORITY
 
 
-def choose(rows: Sequence[Row]) -> tuple[str, list[Row]]:
+def choose(rows: Sequence[Row], baseline: str = BASELINE) -> tuple[str, list[Row]]:
     """The winner's name and the rows with their verdict and reason (``rows`` in the
-    candidates' order, the input's row among them)."""
-    listed_input = any(r.name == BASELINE and r.listed for r in rows)
+    candidates' order, the row of ``baseline``, the input every other one was timed
+    beside, among them)."""
+    listed_input = any(r.name == baseline and r.listed for r in rows)
     pool = [r for r in rows if r.eligible()]
     if listed_input:
         pool = [r for r in pool if _beats_input(r)]
     timed = [r for r in pool if r.ratio is not None]
-    winner = BASELINE
+    winner = baseline
     if timed:
         best = min(timed, key=lambda r: r.ratio or 0.0)
         winner = next(r.name for r in timed if (r.ratio or 0.0) <= (best.ratio or 0.0) + GAIN)
     by_name = {r.name: r for r in rows}
     done = []
     for r in rows:
-        verdict, reason = _verdict(r, winner, by_name, listed_input)
+        verdict, reason = _verdict(r, winner, by_name, listed_input, baseline)
         done.append(dataclasses.replace(r, verdict=verdict, reason=reason))
     return winner, done
 
 
-def _verdict(row: Row, winner: str, rows: dict[str, Row], strict: bool) -> tuple[str, str]:
+def _verdict(
+    row: Row, winner: str, rows: dict[str, Row], strict: bool, baseline: str
+) -> tuple[str, str]:
     """The row's verdict and why it lost (to ``winner``); ``strict``: the input is a
     candidate, so the others must beat it."""
     if row.name == winner:
@@ -163,10 +170,11 @@ def _verdict(row: Row, winner: str, rows: dict[str, Row], strict: bool) -> tuple
         why = f"pruned after {t.rounds} rounds: clearly slower than the best so far"
         return "lost", why
     ratio, best_ratio = row.ratio or 1.0, best.ratio or 1.0
-    if row.status == "baseline" or (winner != BASELINE and ratio >= best_ratio):
+    if row.status == "baseline" or (winner != baseline and ratio >= best_ratio):
         return "lost", f"slower than {winner} ({best_ratio:.2f}x)"
     if strict and t is not None and t.ratio > 1.0 - GAIN:
-        return "lost", f"not {GAIN:.0%} faster than the input in ONNX Runtime"
+        where = "in ONNX Runtime" if baseline == BASELINE else f"({baseline})"
+        return "lost", f"not {GAIN:.0%} faster than the input {where}"
     if strict and t is not None and t.faster_share < MAJORITY:
         return "lost", f"faster in only {t.faster_share:.0%} of the rounds (needs {MAJORITY:.0%})"
     return "lost", f"within {GAIN:.0%} of {winner} ({best_ratio:.2f}x): ties go to the earlier one"

@@ -1,6 +1,7 @@
 """How the chosen model says how to run it: ``metadata_props`` ``mixprec.runtime`` (``ort`` |
 ``openvino``) and ``mixprec.runtime_hints`` (a JSON object of the engine's properties,
-``{"INFERENCE_PRECISION_HINT": "bf16"}``, ``{}`` for none).
+``{"INFERENCE_PRECISION_HINT": "bf16"}``, ``{"provider": "cuda"}`` for a winner on a GPU
+device, ``{}`` for none).
 
 An absent ``mixprec.runtime`` means ONNX Runtime: the input chosen as it is in ONNX
 Runtime gets no fields at all, so that it is written byte for byte as given.

@@ -9,6 +9,7 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.io.models import copy_model_file, save_model
+from mixprec.optimize.candidates import BASELINE
 from mixprec.optimize.choice import Row, accuracy_text
 from mixprec.optimize.metadata import runtime_metadata
 from mixprec.runtime.engine import RuntimeOptions
@@ -60,9 +61,16 @@ class OptimizeResult:
         """The ``metadata_props`` fields written (none for the input unchanged)."""
         return {} if self.unchanged else runtime_metadata(self.runtime)
 
+    @property
+    def versus(self) -> str:
+        """The ratio column's heading: ``vs ORT FP32``, or on a GPU device the input
+        there (``vs fp32-cuda``), the first row of the table."""
+        base = self.table[0].name if self.table else BASELINE
+        return "vs ORT FP32" if base == BASELINE else f"vs {base}"
+
     def format_table(self) -> str:
         """The table, one candidate a line, under a header."""
-        head = f"{'candidate':<15} {'runtime':<9} {'vs ORT FP32':>11} {'rounds':>6}  "
+        head = f"{'candidate':<15} {'runtime':<9} {self.versus:>11} {'rounds':>6}  "
         head += f"{'accuracy':<46} verdict"
         return "\n".join([head, *(format_row(r) for r in self.table)])
 
@@ -72,6 +80,7 @@ class OptimizeResult:
             "winner": self.winner,
             "unchanged": self.unchanged,
             "runtime": self.runtime.name,
+            "device": self.runtime.provider or "cpu",
             "metadata": self.metadata,
             "summary": self.summary,
             "candidates": [r.to_dict() for r in self.table],

@@ -11,6 +11,11 @@
    once clearly slower than the best so far). One candidate's model is alive at a time
    besides the input and the accurate ones timed so far.
 3. :func:`~mixprec.optimize.choice.choose` picks the winner from the table.
+
+With ``device="cuda"``/``"tensorrt"`` the candidates and the baseline they are timed
+beside are those of :mod:`mixprec.optimize.device` (the input, fp16 and bf16 on that
+provider); the reference they are checked against stays the input in ONNX Runtime's CPU
+provider.
 """
 
 from __future__ import annotations
@@ -43,12 +48,18 @@ from mixprec.int8.speed import session as timing_session
 from mixprec.io.feeds import feeds_for, make_inputs, resolve_input_shapes
 from mixprec.optimize.candidates import (
     BASELINE,
-    CANDIDATES,
     Candidate,
     select_candidates,
     skip_reason,
 )
 from mixprec.optimize.choice import GAIN, Row, accuracy_text, choose
+from mixprec.optimize.device import (
+    LOW_BUILDS,
+    baseline_of,
+    check_device,
+    converted,
+    device_candidates,
+)
 from mixprec.optimize.metadata import runtime_fields, stamp, unstamped
 from mixprec.optimize.result import OptimizeResult
 from mixprec.optimize.timing import Timer, minimum_seconds
@@ -121,6 +132,7 @@ class _Job:
     metric: UserMetric | None
     say: Say
     shapes: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    device: str = "cpu"
 
 
 def _held(job: _Job, model: ir.Model) -> _Held:
@@ -148,6 +160,9 @@ def _built(job: _Job, candidate: Candidate) -> tuple[onnx.ModelProto | None, str
         return job.source, ""
     if callable(candidate.build):
         return candidate.build(job.source), ""
+    if isinstance(candidate.build, str) and candidate.build in LOW_BUILDS:
+        built = converted(job.source, candidate.build, job.calibration)
+        return built, f"mixprec.convert to {LOW_BUILDS[candidate.build]}, its default lists"
     if candidate.build != "int8":
         raise MixprecError(f"candidate {candidate.name!r}: unknown build {candidate.build!r}")
     options = candidate.options(job.threads)
@@ -190,9 +205,10 @@ def _row(
     row = Row(candidate.name, candidate.runtime, hints, checks=checks, note=note)
     if not row.accurate:
         return dataclasses.replace(row, status="inaccurate"), None
-    if candidate.name == BASELINE:
+    baseline = baseline_of(job.device)
+    if candidate.name == baseline:
         return dataclasses.replace(row, status="baseline"), proto
-    job.say(f"{candidate.name}: timing against {BASELINE}")
+    job.say(f"{candidate.name}: timing against {baseline}")
     try:
         timing = timer.time(timing_session(proto, options), bar)
     except MixprecError as e:  # RuntimeLoadError / RuntimeRunError in a timing session
@@ -203,12 +219,13 @@ def _row(
     return dataclasses.replace(row, timing=timing), proto
 
 
-def _baseline_first(chosen: Sequence[Candidate]) -> list[tuple[Candidate, bool]]:
-    """The candidates with whether the caller listed them: the input in ONNX Runtime is
-    always in the table (the reference), listed or not."""
+def _baseline_first(chosen: Sequence[Candidate], device: str) -> list[tuple[Candidate, bool]]:
+    """The candidates with whether the caller listed them: the input in ONNX Runtime (on
+    ``device``) is always in the table (the reference), listed or not."""
     listed = [(c, True) for c in chosen]
-    if all(c.name != BASELINE for c in chosen):
-        listed.insert(0, (CANDIDATES[0], False))
+    first = device_candidates(device)[0]
+    if all(c.name != first.name for c in chosen):
+        listed.insert(0, (first, False))
     return listed
 
 
@@ -224,11 +241,12 @@ def optimize_model(
     time_budget: float | None = None,
     progress: Say | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
+    device: str = "cpu",
 ) -> OptimizeResult:
     """Tries the candidates on ``source`` (the input as loaded); the winner's model is
     the input itself when nothing beat it. Arguments as :func:`mixprec.optimize` takes
     them."""
-    chosen = _checked_arguments(candidates, runtime, threads, time_budget)
+    chosen = _checked_arguments(candidates, runtime, threads, time_budget, device)
     say = progress or (lambda _msg: None)
     earlier = runtime_fields(source)
     source = unstamped(source)  # the input runs in ONNX Runtime: an earlier stamp goes
@@ -239,18 +257,40 @@ def optimize_model(
                            "checked and timed on it")  # fmt: skip
     given = _serving_shapes(model, shapes)
     evals = samples_of(eval_data, model, "eval_data")
-    job = _Job(source, calibration, evals, threads, metric, say, given)
+    job = _Job(source, calibration, evals, threads, metric, say, given, device)
     say("running the input in ONNX Runtime on the held-out samples")
     held = _held(job, model)
     feeds = _timing_feeds(model, calibration.first(), given)
-    ort = RuntimeOptions(threads=threads)
-    timed = [c for c in chosen if c.name != BASELINE and skip_reason(c) is None]
-    timer = Timer(timing_session(source, ort), feeds, time_budget, len(timed))
+    base = device_candidates(device)[0]
+    timed = [c for c in chosen if c.name != base.name and skip_reason(c) is None]
+    timer = Timer(timing_session(source, base.options(threads)), feeds, time_budget, len(timed))
     _check_budget(time_budget, timer.run_seconds)
+    rows, models = _tried(job, held, _baseline_first(chosen, device), timer)
+    winner, table = choose(rows, base.name)
+    notes = [_where(held, feeds, threads, base)]
+    if earlier:
+        notes.append(
+            f"the input's own {RUNTIME_KEY}={earlier.get(RUNTIME_KEY)!r} (an earlier "
+            "optimize's) is not carried over: the output's fields say how it runs"
+        )
+    won = next(c for c, _ in _baseline_first(chosen, device) if c.name == winner)
+    options = won.options(threads)
+    summary = _summary(winner, table, options, base.name)
+    if winner == BASELINE:  # the input in ONNX Runtime's CPU provider: no fields at all
+        return OptimizeResult(source, options, winner, table, summary, True, notes=notes)
+    model = stamp(source if winner == base.name else models[winner], options)
+    return OptimizeResult(model, options, winner, table, summary, False, notes=notes)
+
+
+def _tried(
+    job: _Job, held: _Held, candidates: Sequence[tuple[Candidate, bool]], timer: Timer
+) -> tuple[list[Row], dict[str, onnx.ModelProto]]:
+    """Every candidate's row, in order, and the models of the listed ones that may win;
+    each timed one that would win sets the bar later ones are pruned against."""
     rows: list[Row] = []
     models: dict[str, onnx.ModelProto] = {}
     bar: float | None = None
-    for candidate, listed in _baseline_first(chosen):
+    for candidate, listed in candidates:
         row, proto = _row(job, held, candidate, timer, bar)
         rows.append(dataclasses.replace(row, listed=listed))
         t = row.timing
@@ -258,21 +298,7 @@ def optimize_model(
             models[row.name] = proto
         if t is not None and t.ratio <= 1.0 - GAIN and t.faster_share >= MAJORITY:
             bar = t.ratio if bar is None else min(bar, t.ratio)
-    winner, table = choose(rows)
-    notes = [_where(held, feeds, threads)]
-    if earlier:
-        notes.append(
-            f"the input's own {RUNTIME_KEY}={earlier.get(RUNTIME_KEY)!r} (an earlier "
-            "optimize's) is not carried over: the output's fields say how it runs"
-        )
-    if winner == BASELINE:
-        summary = _summary(winner, table, ort)
-        return OptimizeResult(source, ort, winner, table, summary, True, notes=notes)
-    won = next(c for c, _ in _baseline_first(chosen) if c.name == winner)
-    options = won.options(threads)
-    summary = _summary(winner, table, options)
-    model = stamp(models[winner], options)
-    return OptimizeResult(model, options, winner, table, summary, False, notes=notes)
+    return rows, models
 
 
 def _serving_shapes(
@@ -302,27 +328,28 @@ def _timing_feeds(
     return feeds_for(model, generated)
 
 
-def _summary(winner: str, table: Sequence[Row], options: RuntimeOptions) -> str:
-    """The last line: who won, by how much, how accurate, and how it runs."""
+def _summary(winner: str, table: Sequence[Row], options: RuntimeOptions, base: str) -> str:
+    """The last line: who won, by how much, how accurate, and how it runs (``base``: the
+    baseline, the input in ONNX Runtime on the device asked for)."""
     row = next(r for r in table if r.name == winner)
-    if winner == BASELINE:
-        if not row.accurate:  # the user's metric, whose budget the FP32 model misses
-            return (
-                f"the input itself misses the budget ({accuracy_text(row.checks)}): no "
-                "candidate can meet it; the input is written unchanged"
-            )
-        if row.listed:
-            return (
-                f"no candidate beats the input in ONNX Runtime ({BASELINE}): the input is "
-                "written unchanged"
-            )
-        return "no candidate is accurate and timed: the input is written unchanged"
     hints = runtime_hints(options)
     how = f"mixprec.runtime={options.name}"
     if hints:
         how += f", mixprec.runtime_hints={json.dumps(hints, sort_keys=True)}"
+    if winner == base:
+        written = "written unchanged" if base == BASELINE else f"written with {how}"
+        where = "in ONNX Runtime" if base == BASELINE else f"on {options.provider}"
+        if not row.accurate:  # the user's metric, whose budget the FP32 model misses
+            return (
+                f"the input itself misses the budget ({accuracy_text(row.checks)}): no "
+                f"candidate can meet it; the input is {written}"
+            )
+        if row.listed:
+            return f"no candidate beats the input {where} ({base}): the input is {written}"
+        return f"no candidate is accurate and timed: the input is {written}"
+    versus = "ORT FP32" if base == BASELINE else base
     return (
-        f"{winner} wins: {row.ratio or 1.0:.2f}x ORT FP32, {accuracy_text(row.checks)}; "
+        f"{winner} wins: {row.ratio or 1.0:.2f}x {versus}, {accuracy_text(row.checks)}; "
         f"written with {how}"
     )
 
@@ -332,9 +359,24 @@ def _checked_arguments(
     runtime: str,
     threads: int,
     time_budget: float | None,
+    device: str,
 ) -> tuple[Candidate, ...]:
     """The candidates to try; one error line for a bad argument, before any work."""
-    chosen = select_candidates(candidates, runtime)
+    if not isinstance(device, str):
+        raise MixprecError(f"device must be a name (cpu, cuda, tensorrt), not {device!r}")
+    pool = device_candidates(device)  # raises on an unknown device
+    if runtime not in ("auto", "ort") and device != "cpu":
+        raise MixprecError(
+            f"device {device!r} runs in ONNX Runtime (its {device} provider), not in {runtime}"
+        )
+    chosen = select_candidates(candidates, runtime, pool)
+    elsewhere = [c.name for c in chosen if device != "cpu" and c.provider != device]
+    if elsewhere:
+        raise MixprecError(
+            f"candidate {elsewhere[0]!r} does not run on the device asked for ({device}): "
+            f"give it provider={device!r}"
+        )
+    check_device(device)  # a device the user names must be here
     if runtime != "auto":
         engine_for(runtime)  # a runtime the user names must be here
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
@@ -358,11 +400,15 @@ def _check_budget(time_budget: float | None, run_seconds: float) -> None:
         )
 
 
-def _where(held: _Held, feeds: Feeds, threads: int) -> str:
+def _where(held: _Held, feeds: Feeds, threads: int, base: Candidate) -> str:
     shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in feeds.items())
     how = "the user's metric" if held.metric is not None else "the guard's checks"
+    beside, bound = "beside it", ""
+    if base.provider is not None:
+        beside = f"beside the input on {base.provider} ({base.name})"
+        bound = ", the feeds bound on the device (copies not timed)"
     return (
         f"each candidate checked on {len(held.feeds)} sample(s) ({held.how}) against the "
-        f"input in ONNX Runtime by {how}, and timed beside it at {shapes} with {threads} "
-        "thread(s)"
+        f"input in ONNX Runtime by {how}, and timed {beside} at {shapes} with {threads} "
+        f"thread(s){bound}"
     )

@@ -53,7 +53,8 @@ def _row(row: Row) -> str:
 
 def candidates_html(result: OptimizeResult) -> str:
     """The candidate table, the summary line and the notes, as one HTML section."""
-    head = "".join(f"<th>{h}</th>" for h in _HEAD)
+    names = [result.versus if h == "vs ORT FP32" else h for h in _HEAD]
+    head = "".join(f"<th>{h}</th>" for h in names)
     body = "".join(_row(r) for r in result.table)
     notes = "".join(f"<li>{_esc(n)}</li>" for n in result.notes)
     return (

@@ -37,6 +37,7 @@ __all__ = [
     "ENGINES",
     "HINTS_KEY",
     "PRECISION_HINT",
+    "PROVIDER_HINT",
     "RUNTIME_KEY",
     "CheckPlan",
     "check_plan",
@@ -154,13 +155,22 @@ RUNTIME_KEY = "mixprec.runtime"
 HINTS_KEY = "mixprec.runtime_hints"
 #: The property that carries :attr:`RuntimeOptions.precision` (OpenVINO's name for it).
 PRECISION_HINT = "INFERENCE_PRECISION_HINT"
+#: The property that carries :attr:`RuntimeOptions.provider` (where the engine computes:
+#: ONNX Runtime's ``"cuda"``/``"tensorrt"`` provider, OpenVINO's device).
+PROVIDER_HINT = "provider"
+#: The properties :data:`HINTS_KEY` may set, each a string.
+_HINTS = (PRECISION_HINT, PROVIDER_HINT)
 
 
 def runtime_hints(options: RuntimeOptions) -> dict[str, str]:
     """The engine properties ``options`` set beyond the engine's defaults, as
-    :data:`HINTS_KEY` stores them: ``{"INFERENCE_PRECISION_HINT": "bf16"}``, ``{}`` for
-    none (threads are the deployment's own choice and are not stored)."""
-    return {} if options.precision is None else {PRECISION_HINT: options.precision}
+    :data:`HINTS_KEY` stores them: ``{"INFERENCE_PRECISION_HINT": "bf16"}``,
+    ``{"provider": "cuda"}``, ``{}`` for none (threads are the deployment's own choice and
+    are not stored)."""
+    hints = {} if options.precision is None else {PRECISION_HINT: options.precision}
+    if options.provider is not None:
+        hints[PROVIDER_HINT] = options.provider
+    return hints
 
 
 def options_from_metadata(model: onnx.ModelProto, threads: int = 2) -> RuntimeOptions | None:
@@ -171,6 +181,8 @@ def options_from_metadata(model: onnx.ModelProto, threads: int = 2) -> RuntimeOp
     Example:
         >>> options_from_metadata(model)  # doctest: +SKIP
         RuntimeOptions(name='openvino', threads=2, precision='bf16', ...)
+        >>> options_from_metadata(model_for_cuda).provider  # doctest: +SKIP
+        'cuda'
 
     Raises:
         MixprecError: one line, when the fields name an unknown runtime or one not
@@ -186,17 +198,18 @@ def options_from_metadata(model: onnx.ModelProto, threads: int = 2) -> RuntimeOp
         raise MixprecError(f"metadata {HINTS_KEY} is not JSON ({e.msg})") from None
     if not isinstance(hints, dict):
         raise MixprecError(f"metadata {HINTS_KEY} must be a JSON object, not {hints!r}")
-    unknown = sorted(set(hints) - {PRECISION_HINT})
+    unknown = sorted(set(hints) - set(_HINTS))
     if unknown:
         raise MixprecError(
             f"metadata {HINTS_KEY} sets {', '.join(map(repr, unknown))}: mixprec reads only "
-            f"{PRECISION_HINT}"
+            f"{' and '.join(_HINTS)}"
         )
-    precision = hints.get(PRECISION_HINT)
-    if precision is not None and not isinstance(precision, str):
-        raise MixprecError(f"metadata {HINTS_KEY}: {PRECISION_HINT} must be a string")
+    for key in _HINTS:
+        if hints.get(key) is not None and not isinstance(hints[key], str):
+            raise MixprecError(f"metadata {HINTS_KEY}: {key} must be a string")
+    precision, provider = hints.get(PRECISION_HINT), hints.get(PROVIDER_HINT)
     try:
-        options = RuntimeOptions(name=name, threads=threads, precision=precision)
+        options = RuntimeOptions(name=name, threads=threads, precision=precision, provider=provider)
     except MixprecError as e:
         raise MixprecError(f"metadata {RUNTIME_KEY}={name!r}: {e}") from None
     missing = REGISTRY[name].missing(options)

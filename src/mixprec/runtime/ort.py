@@ -444,7 +444,7 @@ class OrtEngine:
         if wanted in available:
             return None
         return (
-            f"onnxruntime's {wanted} is not available here (available: "
+            f"onnxruntime's {wanted} is not available here (onnxruntime {ort.__version__} has "
             f"{', '.join(available)}); install onnxruntime-gpu on a machine with a CUDA device"
         )
 
