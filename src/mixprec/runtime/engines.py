@@ -32,11 +32,13 @@ from mixprec.runtime.engine import (
 )
 from mixprec.runtime.openvino import OpenVinoEngine
 from mixprec.runtime.ort import OrtEngine
+from mixprec.runtime.ov_marks import FP32_NODES_KEY, RUNTIME_MODEL_KEY
 
 __all__ = [
     "ENGINES",
     "HINTS_KEY",
     "PRECISION_HINT",
+    "RUNTIME_FIELDS",
     "RUNTIME_KEY",
     "CheckPlan",
     "check_plan",
@@ -152,6 +154,10 @@ def runtime_options(runtime: RuntimeOptions | str | None, threads: int = 2) -> R
 RUNTIME_KEY = "mixprec.runtime"
 #: ``metadata_props`` key holding the engine's properties as a JSON object (``{}``: none).
 HINTS_KEY = "mixprec.runtime_hints"
+#: Every ``metadata_props`` key that says how a model runs (an earlier run's are dropped
+#: together): the engine, its properties, the OpenVINO IR beside the model
+#: (:data:`~mixprec.runtime.ov_marks.RUNTIME_MODEL_KEY`) and the nodes it keeps FP32.
+RUNTIME_FIELDS = (RUNTIME_KEY, HINTS_KEY, RUNTIME_MODEL_KEY, FP32_NODES_KEY)
 #: The property that carries :attr:`RuntimeOptions.precision` (OpenVINO's name for it).
 PRECISION_HINT = "INFERENCE_PRECISION_HINT"
 
