@@ -149,7 +149,7 @@ def _optimized_pair(tmp_path: Path, monkeypatch) -> tuple[Path, onnx.ModelProto]
     )
     assert result.winner == "bf16-lists-openvino", result.format_table()
     out = tmp_path / "out.onnx"
-    result.save(out)
+    assert result.save(out) == [out, tmp_path / "out.xml", tmp_path / "out.bin"]
     monkeypatch.undo()
     return out, model
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import onnx
 import onnx_ir as ir
@@ -47,18 +48,21 @@ class OptimizeResult:
     source_file: str | None = None
     notes: list[str] = field(default_factory=list)
 
-    def save(self, path: str | os.PathLike[str], *, external_data: bool = False) -> None:
+    def save(self, path: str | os.PathLike[str], *, external_data: bool = False) -> list[Path]:
         """Write the winner atomically (a temporary file, then a rename); the input
         unchanged from its own file is copied byte for byte. ``external_data``: weights
         in a file beside the model (as :func:`mixprec.io.models.save_model` writes them).
         A winner with OpenVINO precision marks is written as a pair: its IR beside it
-        (``OUT.xml``/``OUT.bin``, :func:`~mixprec.optimize.metadata.save_marked`)."""
+        (``OUT.xml``/``OUT.bin``, :func:`~mixprec.optimize.metadata.save_marked`).
+        Returns the model files written (the ONNX model first)."""
         if self.unchanged and self.source_file is not None and not external_data:
             copy_model_file(self.source_file, path)
         elif fp32_nodes(self.model_proto) is not None:
-            save_marked(self.model_proto, path, external_data=external_data)
+            xml = save_marked(self.model_proto, path, external_data=external_data)
+            return [Path(path), xml, xml.with_suffix(".bin")]
         else:
             save_model(ir.from_proto(self.model_proto), path, external_data=external_data)
+        return [Path(path)]
 
     @property
     def metadata(self) -> dict[str, str]:

@@ -8,6 +8,9 @@ engines through :func:`engine_for` and ask them what they can do.
 A bf16 model can only be checked for real where an engine computes bf16: ONNX Runtime's
 CPU provider never does, OpenVINO does on CPUs with AVX-512 BF16 or AMX. Elsewhere the
 model is emulated in FP32 (:mod:`mixprec.runtime.emulate`), and the report says so.
+
+OpenVINO's precision marks (:mod:`mixprec.runtime.ov_marks`: bf16 by its hint, the nodes
+mixprec keeps FP32 marked) are written through here too (:func:`write_marked_ir`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from mixprec.runtime.engine import (
     RuntimeOptions,
     runtime_names,
 )
-from mixprec.runtime.openvino import OpenVinoEngine
+from mixprec.runtime.openvino import OpenVinoEngine, write_marked_ir
 from mixprec.runtime.ort import OrtEngine
 from mixprec.runtime.ov_marks import FP32_NODES_KEY, RUNTIME_MODEL_KEY
 
@@ -51,6 +54,7 @@ __all__ = [
     "runtime_options",
     "runtime_taking",
     "unregister_engine",
+    "write_marked_ir",
 ]
 
 #: The registered engines by name (the same table :class:`RuntimeOptions` validates with).
