@@ -123,8 +123,9 @@ def test_marks_land_on_exactly_the_nodes_kept_fp32(tmp_path: Path, case: str) ->
     marked = marked_names(core.read_model(str(xml)))
     assert marked == expected and marked  # every op of a kept node, nothing else
     assert not marked & unmarked and unmarked
-    saved = onnx.load(tmp_path / "out.onnx")
-    assert {p.key: p.value for p in saved.metadata_props}[RUNTIME_MODEL_KEY] == "out.xml"
+    fields = runtime_fields(onnx.load(tmp_path / "out.onnx"))  # written directly: stamped too
+    assert fields[RUNTIME_MODEL_KEY] == "out.xml" and fields[RUNTIME_KEY] == "openvino"
+    assert json.loads(fields[HINTS_KEY]) == {"INFERENCE_PRECISION_HINT": "bf16"}
 
 
 def test_a_conv_maps_to_all_its_ops_and_an_output_to_its_tensor_name() -> None:

@@ -80,9 +80,14 @@ def save_marked(
     model: onnx.ModelProto, path: str | os.PathLike[str], *, external_data: bool = False
 ) -> Path:
     """Writes ``model`` (FP32, listing the nodes kept FP32) as ``path`` (``OUT.onnx``)
-    beside its OpenVINO IR ``OUT.xml``/``OUT.bin`` with those nodes marked, and
-    ``mixprec.runtime_model`` naming it; each file written atomically, the IR first (it
-    is removed again when the ONNX file cannot be written). Returns the IR's path.
+    beside its OpenVINO IR ``OUT.xml``/``OUT.bin`` with those nodes marked; the ONNX
+    model says to run it in OpenVINO with the bf16 hint, and ``mixprec.runtime_model``
+    names the IR. Each file is written atomically, the IR first (removed again when the
+    ONNX file cannot be written). Returns the IR's path.
+
+    Example:
+        >>> proto, _ = bf16_marked(onnx.load("m.onnx"), samples)  # doctest: +SKIP
+        >>> save_marked(proto, "m_bf16.onnx")  # also m_bf16.xml, m_bf16.bin  # doctest: +SKIP
 
     Raises:
         MixprecError: a folder that cannot be written, or OpenVINO cannot write the marks.
@@ -91,8 +96,7 @@ def save_marked(
     xml = out.with_suffix(".xml") if out.suffix != ".xml" else out.with_name(out.name + ".xml")
     check_output_path(xml)
     write_marked_ir(model, xml)
-    named = onnx.ModelProto()
-    named.CopyFrom(model)
+    named = stamp(model, RuntimeOptions("openvino", precision="bf16"))
     kept = [(p.key, p.value) for p in named.metadata_props if p.key != RUNTIME_MODEL_KEY]
     del named.metadata_props[:]
     for key, value in [*kept, (RUNTIME_MODEL_KEY, xml.name)]:
