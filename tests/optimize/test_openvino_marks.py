@@ -90,6 +90,23 @@ def constant_weights_model() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
+def old_softmax_model() -> onnx.ModelProto:
+    """A 4-D Softmax at opset 11 (axis 1 flattens the rest): bf16 upgrades the opset, which
+    spells the old Softmax with reshapes around it, nodes the input did not have."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv0"),
+        helper.make_node("Softmax", ["c"], ["y"], name="soft", axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "old_softmax",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 4, 4])],
+        [_init("w", 4, 3, 1, 1)],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
+
+
 def _samples(model: onnx.ModelProto, n: int = 4) -> list[dict[str, np.ndarray]]:
     dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
     rng = np.random.default_rng(1)
@@ -126,6 +143,23 @@ def test_marks_land_on_exactly_the_nodes_kept_fp32(tmp_path: Path, case: str) ->
     fields = runtime_fields(onnx.load(tmp_path / "out.onnx"))  # written directly: stamped too
     assert fields[RUNTIME_MODEL_KEY] == "out.xml" and fields[RUNTIME_KEY] == "openvino"
     assert json.loads(fields[HINTS_KEY]) == {"INFERENCE_PRECISION_HINT": "bf16"}
+
+
+@pytest.mark.parametrize("build", [conv_bn_model, constant_weights_model, old_softmax_model])
+def test_every_op_openvino_makes_belongs_to_one_named_node(tmp_path: Path, build) -> None:
+    model = build()
+    proto, _ = bf16_marked(model, _samples(model))
+    assert all(node.name for node in proto.graph.node)  # added nodes are named too
+    onnx.save(proto, tmp_path / "m.onnx")
+    read = ov.Core().read_model(str(tmp_path / "m.onnx"))
+    owners = [
+        op.get_friendly_name() for ops in ops_of_nodes(read, proto.graph).values() for op in ops
+    ]
+    data = {"Constant", "Parameter", "Result"}
+    made = {
+        op.get_friendly_name() for op in read.get_ordered_ops() if op.get_type_name() not in data
+    }
+    assert sorted(owners) == sorted(made)  # each op once
 
 
 def test_a_conv_maps_to_all_its_ops_and_an_output_to_its_tensor_name() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import onnx
 import onnx_ir as ir
+import onnx_ir.passes.common as common
 
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
@@ -30,7 +31,8 @@ __all__ = ["bf16_marked", "kept_fp32"]
 def kept_fp32(model: ir.Model) -> list[str]:
     """Names of the main graph's painted nodes kept FP32 that read or write a float32
     tensor (what OpenVINO's bf16 hint would otherwise lower), in graph order; Constant
-    nodes are data, not computation, and are left out."""
+    nodes are data, not computation, and are left out. Nodes inside If/Loop/Scan bodies
+    are not listed: OpenVINO holds those bodies as models of their own."""
     names = []
     for node in model.graph:
         decision = decision_of(node)
@@ -81,5 +83,7 @@ def bf16_marked(
         progress=progress,
         until="annotate",
     )
+    # nodes the opset upgrade added (a Softmax's reshapes) get names: a mark needs one
+    work = common.NameFixPass()(work).model
     names = kept_fp32(work)
     return with_fp32_nodes(ir.to_proto(work), names), report

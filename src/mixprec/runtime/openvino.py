@@ -142,8 +142,9 @@ def _read_model(model: ModelSource, tmp: Path) -> Any:
     if proto is None:
         return _read_onnx(model_file(model, tmp))
     props = props_of(proto)
-    is_file = isinstance(model, str | os.PathLike)
-    folder = Path(os.fspath(model)).resolve().parent if is_file else None  # type: ignore[arg-type]
+    folder = None
+    if isinstance(model, str | os.PathLike):
+        folder = Path(os.fspath(model)).resolve().parent
     xml = runtime_model_path(props, folder)
     if xml is not None:
         return _core().read_model(str(xml))
@@ -167,6 +168,8 @@ def _write_marked(
     """
     ov = _openvino()
     result = mark_fp32_ops(ov_model, graph, names)
+    if result.unmapped:  # an Identity, a node OpenVINO folded: nothing of its own to mark
+        logger.info("no OpenVINO op to mark for: %s", ", ".join(result.unmapped[:20]))
     fd, tmp = tempfile.mkstemp(prefix=f".{xml.stem}.", suffix=".xml", dir=xml.resolve().parent)
     os.close(fd)
     tmp_xml = Path(tmp)
