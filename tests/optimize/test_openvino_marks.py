@@ -131,6 +131,8 @@ def test_marks_land_on_exactly_the_nodes_kept_fp32(tmp_path: Path, case: str) ->
     xml = save_marked(proto, tmp_path / "out.onnx")
     assert xml == tmp_path / "out.xml" and xml.with_suffix(".bin").is_file()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files
+    modes = {(tmp_path / f"out.{ext}").stat().st_mode & 0o777 for ext in ("onnx", "xml", "bin")}
+    assert len(modes) == 1  # the IR follows the umask, as the model does
     core = ov.Core()
     onnx.save(proto, tmp_path / "plain.onnx")
     read = core.read_model(str(tmp_path / "plain.onnx"))

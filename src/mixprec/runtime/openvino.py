@@ -186,6 +186,10 @@ def _write_marked(
                 f"({len(marked_names(back))} of {len(result.marked)} ops): cannot write "
                 f"{xml.name}"
             )
+        umask = os.umask(0)
+        os.umask(umask)
+        for made in (tmp_xml, tmp_bin):  # mkstemp makes 0600; written files follow the umask
+            os.chmod(made, 0o666 & ~umask)
         os.replace(tmp_bin, xml.with_suffix(".bin"))
         os.replace(tmp_xml, xml)
     finally:
