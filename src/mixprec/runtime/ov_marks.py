@@ -13,8 +13,9 @@ their original precision while it lowers the rest to the hint.
 From Python the mark is set as the attribute's earlier key, ``"precise_0"``, which
 OpenVINO's IR serializer writes as the attribute above; read back from the IR it is the
 typed attribute the plugin checks (set in memory it is a string the plugin ignores, so
-marked models always go through an IR file). :func:`write_marked_ir` checks on reading
-back that the marks landed on exactly the ops it marked.
+marked models always go through an IR file).
+:func:`mixprec.runtime.openvino.write_marked_ir` checks on reading back that the marks
+landed on exactly the ops it marked.
 
 An ONNX node becomes one or more OpenVINO ops (a Conv with a bias: a Convolution, an Add
 and the bias's reshape ops; a graph output's op is named after the tensor). The ops of a
