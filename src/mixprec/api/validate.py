@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -11,6 +12,7 @@ from mixprec.guard.validate import check_arguments, validate_protos
 from mixprec.io.models import ModelLike, runnable_proto
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import options_from_metadata, runtime_options
+from mixprec.runtime.ov_marks import resolved_runtime_model
 from mixprec.runtime.validation import ValidationReport
 
 __all__ = ["validate"]
@@ -53,9 +55,11 @@ def validate(
             :class:`~mixprec.RuntimeOptions` (threads, inference precision, performance
             hint). Default: the runtime the converted model's ``metadata_props`` name
             (``mixprec.runtime`` and ``mixprec.runtime_hints``, as ``mixprec optimize``
-            writes them); without them ONNX Runtime, except a bf16 model, which OpenVINO
-            runs with real bf16 kernels where this CPU has them (else it is emulated).
-            The FP32 original always runs in ONNX Runtime.
+            writes them; an OpenVINO IR that ``mixprec.runtime_model`` names beside a
+            converted model given by path is what OpenVINO runs); without them ONNX
+            Runtime, except a bf16 model, which OpenVINO runs with real bf16 kernels
+            where this CPU has them (else it is emulated). The FP32 original always runs
+            in ONNX Runtime.
         threads: intra-op threads, where ``runtime`` is a name or None.
 
     Returns:
@@ -69,6 +73,8 @@ def validate(
     samples = check_arguments(mode, rtol, atol, seed, inputs)
     ref_model = runnable_proto(original, base_dir)
     new_model = runnable_proto(converted, base_dir)
+    if isinstance(converted, str | os.PathLike):  # an OpenVINO IR it names, beside it
+        new_model = resolved_runtime_model(new_model, Path(os.fspath(converted)).resolve().parent)
     if runtime is None:  # the runtime the converted model says it runs in, if any
         options = options_from_metadata(new_model, threads)
     else:

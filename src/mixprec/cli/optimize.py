@@ -138,14 +138,15 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         shapes=dict(args.shape) or None,
         progress=progress(args.quiet or args.json),
     )
-    result.save(out)
+    files = result.save(out)  # an OpenVINO IR beside it where the winner has marks
     if page is not None:
         write_optimize_html(result, page)
     if args.json:
         written = {"output": str(out), "report": None if page is None else str(page)}
         print(json.dumps({**result.to_dict(), **written}, indent=2, default=str))
         return 0
-    print(f"wrote {out}")
+    for path in files:
+        print(f"wrote {path}")
     if page is not None:
         print(f"wrote {page}")
     if not args.quiet:  # the last lines: every candidate, then the winner

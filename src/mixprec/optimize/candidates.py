@@ -3,8 +3,10 @@
 A candidate names the engine it runs in, the engine's inference precision hint, and how
 its model is built from the input: ``"input"`` (the input as it is: FP32, or the engine's
 own lowering under a precision hint), ``"int8"`` (:func:`mixprec.quantize` with its
-default accuracy guard, timed and guarded in that engine), or a function of the input
-model (a caller's own candidate). :data:`CANDIDATES` lists the built-in ones in the order
+default accuracy guard, timed and guarded in that engine), ``"bf16-marks"`` (the FP32
+model with the nodes mixprec's bf16 painting keeps FP32 marked for OpenVINO:
+:mod:`mixprec.pipeline.marks`), or a function of the input model (a caller's own
+candidate). :data:`CANDIDATES` lists the built-in ones in the order
 a tie goes to: the simplest first, ``fp32-ort`` (the input in ONNX Runtime) before all.
 """
 
@@ -45,7 +47,8 @@ class Candidate:
         runtime: The registered engine it runs in (``"ort"``, ``"openvino"``).
         precision: The engine's inference precision hint (None: the model's own dtypes).
         build: ``"input"``, ``"int8"``, ``"fp16"``/``"bf16"`` (:func:`mixprec.convert`'s
-            lists), or a function from the input model to the candidate's model.
+            lists), ``"bf16-marks"`` (the FP32 model with OpenVINO precision marks), or a
+            function from the input model to the candidate's model.
         about: One line for people.
         provider: Where the engine computes (:attr:`RuntimeOptions.provider`: ``"cuda"``,
             ``"tensorrt"``); None: its default (the CPU).
@@ -73,6 +76,13 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate(BASELINE, "ort", None, "input", "the input in ONNX Runtime"),
     Candidate("fp32-openvino", "openvino", "f32", "input", "the input in OpenVINO"),
     Candidate("bf16-openvino", "openvino", "bf16", "input", "the input, OpenVINO's bf16 hint"),
+    Candidate(
+        "bf16-lists-openvino",
+        "openvino",
+        "bf16",
+        "bf16-marks",
+        "OpenVINO's bf16 hint, mixprec's FP32 nodes marked to keep their precision",
+    ),
     Candidate("int8-ort", "ort", None, "int8", "mixprec.quantize, guarded, in ONNX Runtime"),
     Candidate("int8-openvino", "openvino", "f32", "int8", "mixprec.quantize, in OpenVINO"),
 )

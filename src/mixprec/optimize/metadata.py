@@ -3,6 +3,10 @@
 ``{"INFERENCE_PRECISION_HINT": "bf16"}``, ``{"provider": "cuda"}`` for a winner on a GPU
 device, ``{}`` for none).
 
+A model with OpenVINO precision marks (:mod:`mixprec.runtime.ov_marks`) is written as a
+pair by :func:`save_marked`: ``OUT.onnx`` (the FP32 model) names its IR ``OUT.xml`` in
+``mixprec.runtime_model``, which OpenVINO's engine reads instead of the ONNX model.
+
 An absent ``mixprec.runtime`` means ONNX Runtime: the input chosen as it is in ONNX
 Runtime gets no fields at all, so that it is written byte for byte as given.
 :func:`mixprec.runtime.engines.options_from_metadata` reads the fields back
@@ -11,14 +15,26 @@ Runtime gets no fields at all, so that it is written byte for byte as given.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+from pathlib import Path
 
 import onnx
+import onnx_ir as ir
 
+from mixprec.io.models import check_output_path, save_model
 from mixprec.runtime.engine import RuntimeOptions
-from mixprec.runtime.engines import HINTS_KEY, RUNTIME_KEY, runtime_hints
+from mixprec.runtime.engines import (
+    HINTS_KEY,
+    RUNTIME_FIELDS,
+    RUNTIME_KEY,
+    runtime_hints,
+    write_marked_ir,
+)
+from mixprec.runtime.ov_marks import RUNTIME_MODEL_KEY
 
-__all__ = ["runtime_fields", "runtime_metadata", "stamp", "unstamped"]
+__all__ = ["runtime_fields", "runtime_metadata", "save_marked", "stamp", "unstamped"]
 
 
 def runtime_metadata(options: RuntimeOptions) -> dict[str, str]:
@@ -42,9 +58,9 @@ def stamp(model: onnx.ModelProto, options: RuntimeOptions) -> onnx.ModelProto:
 
 
 def runtime_fields(model: onnx.ModelProto) -> dict[str, str]:
-    """The model's ``mixprec.runtime`` / ``mixprec.runtime_hints`` fields (an earlier
-    ``mixprec optimize``'s), ``{}`` for none."""
-    return {p.key: p.value for p in model.metadata_props if p.key in (RUNTIME_KEY, HINTS_KEY)}
+    """The model's ``mixprec.runtime`` / ``mixprec.runtime_hints`` fields, and the
+    OpenVINO IR and FP32 nodes an earlier ``mixprec optimize`` named, ``{}`` for none."""
+    return {p.key: p.value for p in model.metadata_props if p.key in RUNTIME_FIELDS}
 
 
 def unstamped(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -54,8 +70,43 @@ def unstamped(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    kept = [(p.key, p.value) for p in out.metadata_props if p.key not in (RUNTIME_KEY, HINTS_KEY)]
+    kept = [(p.key, p.value) for p in out.metadata_props if p.key not in RUNTIME_FIELDS]
     del out.metadata_props[:]
     for key, value in kept:
         out.metadata_props.add(key=key, value=value)
     return out
+
+
+def save_marked(
+    model: onnx.ModelProto, path: str | os.PathLike[str], *, external_data: bool = False
+) -> Path:
+    """Writes ``model`` (FP32, listing the nodes kept FP32) as ``path`` (``OUT.onnx``)
+    beside its OpenVINO IR ``OUT.xml``/``OUT.bin`` with those nodes marked; the ONNX
+    model says to run it in OpenVINO with the bf16 hint, and ``mixprec.runtime_model``
+    names the IR. Each file is written atomically, the IR first (removed again when the
+    ONNX file cannot be written). Returns the IR's path.
+
+    Example:
+        >>> proto, _ = bf16_marked(onnx.load("m.onnx"), samples)  # doctest: +SKIP
+        >>> save_marked(proto, "m_bf16.onnx")  # also m_bf16.xml, m_bf16.bin  # doctest: +SKIP
+
+    Raises:
+        MixprecError: a folder that cannot be written, or OpenVINO cannot write the marks.
+    """
+    out = check_output_path(path)
+    xml = out.with_suffix(".xml") if out.suffix != ".xml" else out.with_name(out.name + ".xml")
+    check_output_path(xml)
+    write_marked_ir(model, xml)
+    named = stamp(model, RuntimeOptions("openvino", precision="bf16"))
+    kept = [(p.key, p.value) for p in named.metadata_props if p.key != RUNTIME_MODEL_KEY]
+    del named.metadata_props[:]
+    for key, value in [*kept, (RUNTIME_MODEL_KEY, xml.name)]:
+        named.metadata_props.add(key=key, value=value)
+    try:
+        save_model(ir.from_proto(named), out, external_data=external_data)
+    except BaseException:
+        for left in (xml, xml.with_suffix(".bin")):
+            with contextlib.suppress(OSError):
+                left.unlink()
+        raise
+    return xml

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import onnx
 import onnx_ir as ir
@@ -11,8 +12,9 @@ import onnx_ir as ir
 from mixprec.io.models import copy_model_file, save_model
 from mixprec.optimize.candidates import BASELINE
 from mixprec.optimize.choice import Row, accuracy_text
-from mixprec.optimize.metadata import runtime_metadata
+from mixprec.optimize.metadata import runtime_metadata, save_marked
 from mixprec.runtime.engine import RuntimeOptions
+from mixprec.runtime.ov_marks import fp32_nodes
 
 __all__ = ["OptimizeResult", "format_row"]
 
@@ -47,14 +49,21 @@ class OptimizeResult:
     source_file: str | None = None
     notes: list[str] = field(default_factory=list)
 
-    def save(self, path: str | os.PathLike[str], *, external_data: bool = False) -> None:
+    def save(self, path: str | os.PathLike[str], *, external_data: bool = False) -> list[Path]:
         """Write the winner atomically (a temporary file, then a rename); the input
         unchanged from its own file is copied byte for byte. ``external_data``: weights
-        in a file beside the model (as :func:`mixprec.io.models.save_model` writes them)."""
+        in a file beside the model (as :func:`mixprec.io.models.save_model` writes them).
+        A winner with OpenVINO precision marks is written as a pair: its IR beside it
+        (``OUT.xml``/``OUT.bin``, :func:`~mixprec.optimize.metadata.save_marked`).
+        Returns the model files written (the ONNX model first)."""
         if self.unchanged and self.source_file is not None and not external_data:
             copy_model_file(self.source_file, path)
+        elif fp32_nodes(self.model_proto) is not None:
+            xml = save_marked(self.model_proto, path, external_data=external_data)
+            return [Path(path), xml, xml.with_suffix(".bin")]
         else:
             save_model(ir.from_proto(self.model_proto), path, external_data=external_data)
+        return [Path(path)]
 
     @property
     def metadata(self) -> dict[str, str]:
@@ -70,7 +79,7 @@ class OptimizeResult:
 
     def format_table(self) -> str:
         """The table, one candidate a line, under a header."""
-        head = f"{'candidate':<15} {'runtime':<9} {self.versus:>11} {'rounds':>6}  "
+        head = f"{'candidate':<19} {'runtime':<9} {self.versus:>11} {'rounds':>6}  "
         head += f"{'accuracy':<46} verdict"
         return "\n".join([head, *(format_row(r) for r in self.table)])
 
@@ -89,9 +98,9 @@ class OptimizeResult:
 
 
 def format_row(row: Row) -> str:
-    """``fp32-openvino   openvino        0.74x     15  top-1 1 on 'probs' (...)  wins``."""
+    """``fp32-openvino       openvino        0.74x     15  top-1 1 on 'probs' (...)  wins``."""
     ratio = "-" if row.ratio is None else f"{row.ratio:.2f}x"
     rounds = "-" if row.timing is None else str(row.timing.rounds)
     accuracy = accuracy_text(row.checks) or "-"
     verdict = f"{row.verdict}: {row.reason}" if row.reason else row.verdict
-    return f"{row.name:<15} {row.runtime:<9} {ratio:>11} {rounds:>6}  {accuracy:<46} {verdict}"
+    return f"{row.name:<19} {row.runtime:<9} {ratio:>11} {rounds:>6}  {accuracy:<46} {verdict}"

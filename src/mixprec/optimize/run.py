@@ -63,9 +63,11 @@ from mixprec.optimize.device import (
 from mixprec.optimize.metadata import runtime_fields, stamp, unstamped
 from mixprec.optimize.result import OptimizeResult
 from mixprec.optimize.timing import Timer, minimum_seconds
+from mixprec.pipeline.marks import bf16_marked
 from mixprec.pipeline.quantize import resolve_qconfig
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import RUNTIME_KEY, engine_for, runtime_hints
+from mixprec.runtime.ov_marks import fp32_nodes
 
 __all__ = ["optimize_model", "user_metric"]
 
@@ -163,6 +165,10 @@ def _built(job: _Job, candidate: Candidate) -> tuple[onnx.ModelProto | None, str
     if isinstance(candidate.build, str) and candidate.build in LOW_BUILDS:
         built = converted(job.source, candidate.build, job.calibration)
         return built, f"mixprec.convert to {LOW_BUILDS[candidate.build]}, its default lists"
+    if candidate.build == "bf16-marks":
+        proto, report = bf16_marked(job.source, job.calibration)
+        kept = len(fp32_nodes(proto) or [])
+        return proto, f"{kept} of {len(report.nodes)} nodes marked to stay FP32"
     if candidate.build != "int8":
         raise MixprecError(f"candidate {candidate.name!r}: unknown build {candidate.build!r}")
     options = candidate.options(job.threads)

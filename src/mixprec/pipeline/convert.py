@@ -31,7 +31,7 @@ from mixprec.pipeline.report import NodeReport, Report
 from mixprec.pipeline.stages import Pipeline, Stage
 from mixprec.precision.paint import painted
 from mixprec.precision.rewrite import ApplyPrecisionResult, RemoveRedundantCastsResult
-from mixprec.runtime.engines import HINTS_KEY, RUNTIME_KEY
+from mixprec.runtime.engines import RUNTIME_FIELDS
 
 __all__ = [
     "ConversionResult",
@@ -110,7 +110,7 @@ def notes_about_input(model: ir.Model) -> list[str]:
     earlier ``mixprec optimize``'s runtime fields are dropped from ``model`` (they chose a
     runtime for the input's precisions, not for what this run writes)."""
     notes = []
-    stale = {k: v for k, v in model.metadata_props.items() if k in (RUNTIME_KEY, HINTS_KEY)}
+    stale = {k: v for k, v in model.metadata_props.items() if k in RUNTIME_FIELDS}
     if stale:
         for key in stale:
             del model.metadata_props[key]

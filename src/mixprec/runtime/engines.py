@@ -8,6 +8,9 @@ engines through :func:`engine_for` and ask them what they can do.
 A bf16 model can only be checked for real where an engine computes bf16: ONNX Runtime's
 CPU provider never does, OpenVINO does on CPUs with AVX-512 BF16 or AMX. Elsewhere the
 model is emulated in FP32 (:mod:`mixprec.runtime.emulate`), and the report says so.
+
+OpenVINO's precision marks (:mod:`mixprec.runtime.ov_marks`: bf16 by its hint, the nodes
+mixprec keeps FP32 marked) are written through here too (:func:`write_marked_ir`).
 """
 
 from __future__ import annotations
@@ -30,14 +33,16 @@ from mixprec.runtime.engine import (
     RuntimeOptions,
     runtime_names,
 )
-from mixprec.runtime.openvino import OpenVinoEngine
+from mixprec.runtime.openvino import OpenVinoEngine, write_marked_ir
 from mixprec.runtime.ort import OrtEngine
+from mixprec.runtime.ov_marks import FP32_NODES_KEY, RUNTIME_MODEL_KEY
 
 __all__ = [
     "ENGINES",
     "HINTS_KEY",
     "PRECISION_HINT",
     "PROVIDER_HINT",
+    "RUNTIME_FIELDS",
     "RUNTIME_KEY",
     "CheckPlan",
     "check_plan",
@@ -50,6 +55,7 @@ __all__ = [
     "runtime_options",
     "runtime_taking",
     "unregister_engine",
+    "write_marked_ir",
 ]
 
 #: The registered engines by name (the same table :class:`RuntimeOptions` validates with).
@@ -153,6 +159,10 @@ def runtime_options(runtime: RuntimeOptions | str | None, threads: int = 2) -> R
 RUNTIME_KEY = "mixprec.runtime"
 #: ``metadata_props`` key holding the engine's properties as a JSON object (``{}``: none).
 HINTS_KEY = "mixprec.runtime_hints"
+#: Every ``metadata_props`` key that says how a model runs (an earlier run's are dropped
+#: together): the engine, its properties, the OpenVINO IR beside the model
+#: (:data:`~mixprec.runtime.ov_marks.RUNTIME_MODEL_KEY`) and the nodes it keeps FP32.
+RUNTIME_FIELDS = (RUNTIME_KEY, HINTS_KEY, RUNTIME_MODEL_KEY, FP32_NODES_KEY)
 #: The property that carries :attr:`RuntimeOptions.precision` (OpenVINO's name for it).
 PRECISION_HINT = "INFERENCE_PRECISION_HINT"
 #: The property that carries :attr:`RuntimeOptions.provider` (where the engine computes:

@@ -13,6 +13,8 @@ check a bf16 model's accuracy there (:meth:`OpenVinoEngine.computes_bf16` is Fal
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -38,9 +40,17 @@ from mixprec.runtime.engine import (
     RuntimeOptions,
     RuntimeRunError,
 )
+from mixprec.runtime.ov_marks import (
+    MarkedIr,
+    fp32_nodes,
+    mark_fp32_ops,
+    marked_names,
+    props_of,
+    runtime_model_path,
+)
 from mixprec.runtime.source import model_file, probe_model, thread_cap
 
-__all__ = ["KEPT_COMPILED", "MISSING_EXTRA", "OpenVinoEngine"]
+__all__ = ["KEPT_COMPILED", "MISSING_EXTRA", "OpenVinoEngine", "write_marked_ir"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +118,113 @@ def _read_onnx(path: str) -> Any:
     ov = _openvino()
     frontend = ov.frontend.FrontEndManager().load_by_framework("onnx")
     return frontend.convert(frontend.load(path))
+
+
+def _skeleton(model: ModelSource) -> onnx.ModelProto | None:
+    """The model's proto without its external data (for its ``metadata_props``); None
+    where it is no ONNX model (the front end then says why)."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    try:
+        if isinstance(model, bytes | bytearray):
+            return onnx.load_model_from_string(bytes(model))
+        return onnx.load(os.fspath(model), load_external_data=False)
+    except Exception:
+        return None
+
+
+def _read_model(model: ModelSource, tmp: Path) -> Any:
+    """OpenVINO's model of ``model``: the IR its metadata names (beside the file), else
+    the ONNX model read by the front end, with the FP32 marks its metadata lists (written
+    to an IR in ``tmp`` and read back: only an IR's marks are the typed ones the CPU
+    plugin honours)."""
+    proto = _skeleton(model)
+    if proto is None:
+        return _read_onnx(model_file(model, tmp))
+    props = props_of(proto)
+    folder = None
+    if isinstance(model, str | os.PathLike):
+        folder = Path(os.fspath(model)).resolve().parent
+    xml = runtime_model_path(props, folder)
+    if xml is not None:
+        return _core().read_model(str(xml))
+    read = _read_onnx(model_file(model, tmp))
+    names = fp32_nodes(proto)
+    if names is None:
+        return read
+    return _write_marked(read, proto.graph, names, tmp / "marked.xml")[1]
+
+
+def _write_marked(
+    ov_model: Any, graph: onnx.GraphProto, names: Sequence[str], xml: Path
+) -> tuple[MarkedIr, Any]:
+    """Writes ``ov_model`` with the ops of the nodes ``names`` marked to the IR ``xml``
+    (weights FP32; temporary files beside it, renamed, the ``.bin`` first) and reads it
+    back: (what was marked, the model read back).
+
+    Raises:
+        MixprecError: the IR read back does not carry the marks on exactly the ops marked
+            (an OpenVINO that writes them otherwise), or it cannot be written.
+    """
+    ov = _openvino()
+    result = mark_fp32_ops(ov_model, graph, names)
+    if result.unmapped:  # an Identity, a node OpenVINO folded: nothing of its own to mark
+        logger.info("no OpenVINO op to mark for: %s", ", ".join(result.unmapped[:20]))
+    fd, tmp = tempfile.mkstemp(prefix=f".{xml.stem}.", suffix=".xml", dir=xml.resolve().parent)
+    os.close(fd)
+    tmp_xml = Path(tmp)
+    tmp_bin = tmp_xml.with_suffix(".bin")
+    try:
+        try:
+            ov.save_model(ov_model, str(tmp_xml), compress_to_fp16=False)
+            back = _core().read_model(str(tmp_xml))
+        except Exception as e:
+            raise MixprecError(f"openvino cannot write {xml.name}: {_ov_first_line(e)}") from e
+        if marked_names(back) != result.marked:
+            raise MixprecError(
+                f"openvino {ov.get_version()} did not keep the FP32 marks in the IR it wrote "
+                f"({len(marked_names(back))} of {len(result.marked)} ops): cannot write "
+                f"{xml.name}"
+            )
+        umask = os.umask(0)
+        os.umask(umask)
+        for made in (tmp_xml, tmp_bin):  # mkstemp makes 0600; written files follow the umask
+            os.chmod(made, 0o666 & ~umask)
+        os.replace(tmp_bin, xml.with_suffix(".bin"))
+        os.replace(tmp_xml, xml)
+    finally:
+        for left in (tmp_xml, tmp_bin):
+            with contextlib.suppress(OSError):
+                left.unlink()
+    return dataclasses.replace(result, xml=str(xml)), back
+
+
+def write_marked_ir(model: onnx.ModelProto, xml: str | os.PathLike[str]) -> MarkedIr:
+    """Writes the OpenVINO IR ``xml`` (and its ``.bin``) of ``model`` (FP32), with the
+    nodes its :data:`~mixprec.runtime.ov_marks.FP32_NODES_KEY` lists marked to stay FP32
+    under OpenVINO's bf16 hint. Atomic (temporary files, renamed); read back and checked.
+
+    Example:
+        >>> write_marked_ir(proto, "model_bf16.xml").marked  # doctest: +SKIP
+        frozenset({'softmax_0', ...})
+
+    Raises:
+        MixprecError: openvino is missing, the model lists no FP32 nodes, OpenVINO
+            cannot read it, or the marks do not survive the IR (one line).
+    """
+    _core()
+    names = fp32_nodes(model)
+    if names is None:
+        raise MixprecError("the model lists no FP32 nodes: nothing to mark")
+    target = Path(xml)
+    try:
+        with tempfile.TemporaryDirectory(prefix="mixprec-ov-") as tmp:
+            read = _read_onnx(model_file(model, Path(tmp)))
+            return _write_marked(read, model.graph, names, target)[0]
+    except MixprecError:
+        raise
+    except Exception as e:
+        raise MixprecError(f"openvino cannot load the model: {_ov_first_line(e)}") from e
 
 
 class _OvSession:
@@ -317,7 +434,7 @@ class OpenVinoEngine:
             raise RuntimeLoadError(missing)
         try:
             with tempfile.TemporaryDirectory(prefix="mixprec-ov-") as tmp:
-                read = _read_onnx(model_file(model, Path(tmp)))
+                read = _read_model(model, Path(tmp))
         except MixprecError:
             raise
         except Exception as e:
