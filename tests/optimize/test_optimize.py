@@ -13,25 +13,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
-from guard_models import separable_classifier, separable_samples
+from guard_models import separable_samples
 from mixprec.cli.main import main
 from mixprec.int8.speed import PRUNE_AFTER
 from mixprec.optimize.candidates import CANDIDATES, Candidate
 from mixprec.runtime.engines import ENGINES, HINTS_KEY, RUNTIME_KEY
 
 pytest.importorskip("openvino")
-
-
-@pytest.fixture
-def model_file(tmp_path: Path) -> Path:
-    path = tmp_path / "m.onnx"
-    onnx.save(separable_classifier(), path)
-    return path
-
-
-@pytest.fixture
-def samples() -> list[dict[str, np.ndarray]]:
-    return separable_samples(12, rows=16)
 
 
 def _npz(tmp_path: Path, samples: list[dict[str, np.ndarray]]) -> Path:

@@ -26,7 +26,7 @@ import pytest
 from onnx import TensorProto
 
 import mixprec
-from guard_models import separable_classifier, separable_samples
+from guard_models import separable_classifier
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
 from mixprec.optimize.candidates import Candidate
@@ -133,18 +133,6 @@ def cuda(monkeypatch) -> Iterator[FakeCuda]:
     fake = FakeCuda()
     monkeypatch.setitem(REGISTRY, "ort", fake)
     yield fake
-
-
-@pytest.fixture
-def model_file(tmp_path: Path) -> Path:
-    path = tmp_path / "m.onnx"
-    onnx.save(separable_classifier(), path)
-    return path
-
-
-@pytest.fixture
-def samples() -> list[dict[str, np.ndarray]]:
-    return separable_samples(12, rows=16)
 
 
 def _weights(path: Path) -> set[int]:

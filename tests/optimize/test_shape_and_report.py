@@ -9,11 +9,10 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 
 import mixprec
-from guard_models import separable_classifier, separable_samples
+from guard_models import separable_samples
 from mixprec.cli.main import main
 from mixprec.report.optimize_page import write_optimize_html
 
@@ -69,13 +68,6 @@ def _parse(page: str) -> _Strict:
     parser.close()
     assert not parser.errors and not parser.stack, (parser.errors, parser.stack)
     return parser
-
-
-@pytest.fixture
-def model_file(tmp_path: Path) -> Path:
-    path = tmp_path / "m.onnx"
-    onnx.save(separable_classifier(), path)
-    return path
 
 
 @pytest.fixture
