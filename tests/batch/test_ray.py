@@ -21,6 +21,7 @@ from procs import alive, wait_for, workers_writing_to
 
 import mixprec
 from helpers import assert_close, run_ort, sha256_of
+from mixprec.batch.janitor import WAIT_S
 from mixprec.batch.process import STAGING_PREFIX
 from mixprec.batch.results import read_rows
 
@@ -159,8 +160,10 @@ def _start_slow_batch(tmp_path: Path, head: str) -> tuple[subprocess.Popen[bytes
 def _nothing_left(out: Path, workers: dict) -> None:
     gone = lambda: not any(alive(pid) for pid in workers)  # noqa: E731
     assert wait_for(gone, 15), "a worker outlived its driver"
-    # the janitor sweeps once Ray ends the cancelled worker's process: late under load
-    assert wait_for(lambda: not any(p.exists() for p in workers.values()), 20), "private folder"
+    # the janitor sweeps once Ray ends the cancelled worker's process, waiting up to
+    # WAIT_S for that parent to go: late under load (20 s was too short in a full run)
+    swept = lambda: not any(p.exists() for p in workers.values())  # noqa: E731
+    assert wait_for(swept, WAIT_S + 15), "private folder"
     assert list(out.glob(f"{STAGING_PREFIX}*")) == []
     assert not (out / "b_slow.fp16.onnx").exists()
 
