@@ -509,18 +509,30 @@ class OrtEngine:
         return True
 
     def kernel_graph(self, model: onnx.ModelProto) -> onnx.ModelProto | None:
-        """The graph ORT's CPU provider runs (ORT_ENABLE_EXTENDED: its fused kernels)."""
+        """The graph ORT's CPU provider runs (ORT_ENABLE_EXTENDED: its fused kernels),
+        without its weights (written to a data file that is not read back)."""
+        free_dropped_graphs(model)
         with tempfile.TemporaryDirectory(prefix="mixprec-") as folder:
             path = os.path.join(folder, "optimized.onnx")
             so = ort.SessionOptions()
             so.intra_op_num_threads = thread_cap(0)
             so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
             so.optimized_model_filepath = path
+            so.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name", "optimized.data"
+            )
+            so.add_session_config_entry(
+                "session.optimized_model_external_initializers_min_size_in_bytes", "1024"
+            )
             so.log_severity_level = ort_log_severity()
             try:
-                ort.InferenceSession(
-                    model.SerializeToString(), so, providers=list(PROVIDERS["cpu"])
-                )
+                model_path = os.path.join(folder, "model.onnx")
+                source: str | bytes = model_path
+                if _through_file(model, LoadHints()):
+                    onnx.save_model(external_skeleton(model, Path(folder)), model_path)
+                else:
+                    source = model.SerializeToString()
+                ort.InferenceSession(source, so, providers=list(PROVIDERS["cpu"]))
             except Exception as e:
                 raise OrtLoadError(f"onnxruntime cannot load the model: {ort_first_line(e)}") from e
             return onnx.load(path, load_external_data=False)
