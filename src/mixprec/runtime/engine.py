@@ -43,7 +43,6 @@ __all__ = [
     "Session",
     "free_dropped_graphs",
     "runtime_names",
-    "source_bytes",
 ]
 
 #: The built-in engines, the default first (:func:`runtime_names` lists the registered ones).
@@ -268,7 +267,7 @@ ModelSource = onnx.ModelProto | bytes | str | os.PathLike[str]
 _COLLECT_FROM = 16 << 20
 
 
-def source_bytes(model: ModelSource) -> int:
+def _source_bytes(model: ModelSource) -> int:
     """The size of ``model`` as given: its protobuf's, its bytes', or its file's."""
     if isinstance(model, onnx.ModelProto):
         return model.ByteSize()
@@ -286,7 +285,7 @@ def free_dropped_graphs(model: ModelSource) -> None:
     repair on MiniLM-L6 (90 MB) grew 170 MB a candidate, to 1.58 GB; with a collection
     before each session it stayed near 1.03 GB.
     """
-    if source_bytes(model) >= _COLLECT_FROM:
+    if _source_bytes(model) >= _COLLECT_FROM:
         gc.collect()
 
 

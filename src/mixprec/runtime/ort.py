@@ -47,8 +47,8 @@ from mixprec.runtime.engine import (
 from mixprec.runtime.source import (
     PROTO_LIMIT,
     check_external,
-    external_skeleton,
     probe_model,
+    skeleton_file,
     thread_cap,
 )
 
@@ -276,13 +276,9 @@ def session_for(
         yield session
         return
     with tempfile.TemporaryDirectory(prefix="mixprec-") as tmp:
-        skeleton = external_skeleton(model, Path(tmp))
-        path = Path(tmp) / "model.onnx"
-        onnx.save_model(skeleton, path)
+        path = skeleton_file(model, Path(tmp))
         owned = dataclasses.replace(hints, owned=True)
-        yield make_session(
-            str(path), threads, optimization=optimization, hints=owned, provider=provider
-        )
+        yield make_session(path, threads, optimization=optimization, hints=owned, provider=provider)
 
 
 def _bf16_from_ortvalue(value: ort.OrtValue) -> np.ndarray:
@@ -526,12 +522,11 @@ class OrtEngine:
             )
             so.log_severity_level = ort_log_severity()
             try:
-                model_path = os.path.join(folder, "model.onnx")
-                source: str | bytes = model_path
-                if _through_file(model, LoadHints()):
-                    onnx.save_model(external_skeleton(model, Path(folder)), model_path)
-                else:
-                    source = model.SerializeToString()
+                source: str | bytes = (
+                    skeleton_file(model, Path(folder))
+                    if _through_file(model, LoadHints())
+                    else model.SerializeToString()
+                )
                 ort.InferenceSession(source, so, providers=list(PROVIDERS["cpu"]))
             except Exception as e:
                 raise OrtLoadError(f"onnxruntime cannot load the model: {ort_first_line(e)}") from e

@@ -26,6 +26,7 @@ __all__ = [
     "external_skeleton",
     "model_file",
     "probe_model",
+    "skeleton_file",
     "thread_cap",
 ]
 
@@ -150,5 +151,13 @@ def model_file(model: onnx.ModelProto | bytes | str | os.PathLike[str], tmp: Pat
         check_external(model)
         onnx.save_model(model, path)
     else:
-        onnx.save_model(external_skeleton(model, tmp), path)
+        return skeleton_file(model, tmp)
+    return str(path)
+
+
+def skeleton_file(model: onnx.ModelProto, tmp: Path) -> str:
+    """``model`` saved as ``tmp/model.onnx``, its initializers in an external-data file
+    beside it (:func:`external_skeleton`); the path."""
+    path = tmp / "model.onnx"
+    onnx.save_model(external_skeleton(model, tmp), path)
     return str(path)
