@@ -172,6 +172,19 @@ def rename_input(rng: random.Random, m: SeedModel) -> None:
     node.input[rng.randrange(len(node.input))] = _fresh("dangling", rng)
 
 
+def empty_input(rng: random.Random, m: SeedModel) -> None:
+    """A node input renamed to the empty string: "absent", legal only where optional.
+    Never a Loop's trip count: without it the seed's loop runs forever (in ORT too)."""
+    slots = [
+        (n, i)
+        for n in _all_nodes(m.proto)
+        for i in range(len(n.input))
+        if not (n.op_type == "Loop" and i == 0)
+    ]
+    node, i = _pick(rng, slots, "no node inputs")
+    node.input[i] = ""
+
+
 def rename_graph_input(rng: random.Random, m: SeedModel) -> None:
     """A graph input renamed: its consumers now read a tensor that does not exist."""
     vi = _pick(rng, list(m.proto.graph.input), "no inputs")
@@ -611,6 +624,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _m("drop_node", "graph", drop_node),
     _m("swap_nodes", "graph", swap_nodes),
     _m("rename_input", "graph", rename_input),
+    _m("empty_input", "graph", empty_input),
     _m("rename_graph_input", "graph", rename_graph_input),
     _m("duplicate_node_output", "graph", duplicate_node_output),
     _m("make_cycle", "graph", make_cycle),

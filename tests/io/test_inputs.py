@@ -183,6 +183,22 @@ BAD: dict[str, tuple[Callable[[], onnx.ModelProto], list[str], str]] = {
         "node 'add' (Add) reads 'nope' (input 1), which no node",
     ),
     "output-not-computed": (lambda: _model([]), [], "output 'y' of the graph is not computed"),
+    # a fuzz case: a Cast's input renamed to "" crashed FoldCastsPass (IndexError, exit 3)
+    "cast-input-empty": (
+        lambda: _model(
+            [
+                helper.make_node("Cast", [""], ["c"], name="cast", to=TensorProto.FLOAT),
+                helper.make_node("Add", ["x", "c"], ["y"], name="add"),
+            ]
+        ),
+        [],
+        "node 'cast' (Cast): input 0 ('input') is required but its name is empty",
+    ),
+    "too-few-inputs": (
+        lambda: _model([helper.make_node("Add", ["x"], ["y"], name="add")]),
+        ["--no-calibrate"],
+        "node 'add' (Add): has 1 input(s); Add-14 needs at least 2",
+    ),
     "empty-if-branches": (
         _empty_if,
         ["--no-calibrate"],

@@ -255,7 +255,8 @@ def test_marked_layers_run_f32_and_the_rest_bf16(tmp_path: Path) -> None:
     core = ov.Core()
     read = core.read_model(str(xml))
     marked = marked_names(read)
-    compiled = core.compile_model(read, "CPU", {"INFERENCE_PRECISION_HINT": "bf16"})
+    config = ENGINES["openvino"].config(RuntimeOptions("openvino", precision="bf16"), read)
+    compiled = core.compile_model(read, "CPU", config)
     layers = [la for la in runtime_layers(compiled) if la.type in _COMPUTE]
     kept = [la for la in layers if set(la.originals) & marked]
     lowered = [la for la in layers if la.originals and not set(la.originals) & marked]

@@ -114,6 +114,23 @@ def _attr_tensors(attr: ir.Attr) -> list[ir.TensorProtocol]:
     return []
 
 
+def _inputs_fault(node: ir.Node, schema: onnx.defs.OpSchema) -> str | None:
+    """An input the schema requires that the node leaves empty (``""``) or omits."""
+    formal = schema.inputs
+    for i, value in enumerate(node.inputs):
+        if value is not None or not formal:
+            continue
+        param = formal[min(i, len(formal) - 1)]
+        if param.option == onnx.defs.OpSchema.FormalParameterOption.Single:
+            return f"input {i} ({param.name!r}) is required but its name is empty"
+    if len(node.inputs) < schema.min_input:
+        return (
+            f"has {len(node.inputs)} input(s); {node.op_type}-{schema.since_version} needs "
+            f"at least {schema.min_input}"
+        )
+    return None
+
+
 class CheckInputPass(ir.passes.InPlacePass):
     """Refuse a malformed model with one error naming the node or tensor. Changes nothing.
 
@@ -191,6 +208,10 @@ class CheckInputPass(ir.passes.InPlacePass):
                     raise MixprecError(
                         f"{label}: ai.onnx has no operator {node.op_type!r} at opset {version}"
                     ) from None
+        if schema is not None:
+            fault = _inputs_fault(node, schema)
+            if fault:
+                raise MixprecError(f"{label}: {fault}")
         for name, attr in node.attributes.items():
             self._check_attr(label, node, name, attr, schema)
         self._check_bodies(label, node)

@@ -51,7 +51,7 @@ from mixprec.runtime.ov_marks import (
 )
 from mixprec.runtime.source import model_file, probe_model, thread_cap
 
-__all__ = ["KEPT_COMPILED", "MISSING_EXTRA", "OpenVinoEngine", "write_marked_ir"]
+__all__ = ["KEPT_COMPILED", "MARKS_CONFIG", "MISSING_EXTRA", "OpenVinoEngine", "write_marked_ir"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,12 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 #: recently run goes first (text windows of many lengths would otherwise pile up).
 KEPT_COMPILED = 4
 _HINTS = {"f32": "f32", "bf16": "bf16", "f16": "f16"}
+#: Set for a model whose ops carry FP32 marks under a lowered hint. The CPU plugin's
+#: Snippets tokenization fuses chains of ops (an MLP: MatMul, Relu, MatMul) into one
+#: subgraph that runs in the hint's precision and drops the marks of the ops inside:
+#: on an avx512_bf16 EPYC (OpenVINO 2026.4.1) a marked MatMul between two unmarked ones
+#: gave the unmarked model's bf16 output bit for bit; with Snippets off it ran in f32.
+MARKS_CONFIG = {"SNIPPETS_MODE": "DISABLE"}
 
 
 @functools.cache
@@ -411,14 +417,19 @@ class OpenVinoEngine:
     def kernel_graph(self, model: onnx.ModelProto) -> onnx.ModelProto | None:
         return None  # its runtime model is not ONNX
 
-    def config(self, options: RuntimeOptions) -> dict[str, str]:
+    def config(self, options: RuntimeOptions, ov_model: Any = None) -> dict[str, str]:
         """The CPU plugin's properties for ``options``: the model's own dtypes (hint f32)
-        unless a precision is asked for."""
-        return {
+        unless a precision is asked for; with :data:`MARKS_CONFIG` where ``ov_model``
+        (read by OpenVINO) carries FP32 marks and the hint lowers FP32 layers."""
+        config = {
             "INFERENCE_PRECISION_HINT": _HINTS[options.precision or "f32"],
             "INFERENCE_NUM_THREADS": str(thread_cap(options.threads)),
             "PERFORMANCE_HINT": options.performance.upper(),
         }
+        lowered = options.precision not in (None, "f32")
+        if lowered and ov_model is not None and marked_names(ov_model):
+            config.update(MARKS_CONFIG)
+        return config
 
     def session(
         self,
@@ -441,7 +452,7 @@ class OpenVinoEngine:
             raise
         except Exception as e:
             raise RuntimeLoadError(f"openvino cannot load the model: {_ov_first_line(e)}") from e
-        return _OvSession(read, self.config(options), _device(options))
+        return _OvSession(read, self.config(options, read), _device(options))
 
     def describe(self, options: RuntimeOptions) -> dict[str, object]:
         precision = options.precision or "f32"
