@@ -1,8 +1,10 @@
 """A small model zoo on disk for the batch tests: real models that mixprec converts, a
-file that is not a model, and a model slow enough to be caught mid-run."""
+file that is not a model, and a model whose run never ends (caught mid-run, or timed
+out)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +31,8 @@ g (float[1,4,8,8] x) => (float[1,4,8,8] y) <float[4,4,3,3] w1, float[4,4,3,3] w2
 }
 """
 
-#: A Loop of many 192x192 MatMuls: each run takes a while on one thread.
+#: A Loop of 192x192 MatMuls: with the default count, a run never ends in a test's time
+#: (on any CPU), so a timeout or a signal is always what ends its worker.
 SLOW = """
 <ir_version: 8, opset_import: ["" : 17]>
 g (float[192,192] x) => (float[192,192] y) <float[192,192] w, int64 n> {
@@ -58,7 +61,7 @@ def conv(seed: int = 0) -> onnx.ModelProto:
     return filled_model(CONV, seed=seed)
 
 
-def slow(iterations: int = 60000) -> onnx.ModelProto:
+def slow(iterations: int = 10**12) -> onnx.ModelProto:
     proto = onnx.parser.parse_model(SLOW)
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((192, 192)) / 14).astype(np.float32)
@@ -83,6 +86,16 @@ def feeds(model_path: Path, seed: int = 1) -> dict[str, np.ndarray]:
         )
         for v in proto.graph.input
     }
+
+
+def manifest(path: Path, entries: dict[str, dict[str, object]]) -> Path:
+    """A TOML manifest at ``path`` listing ``entries`` (model path -> its options)."""
+    lines = []
+    for model, options in entries.items():
+        lines += ["[[models]]", f'path = "{model}"']
+        lines += [f"{key} = {json.dumps(value)}" for key, value in options.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
 
 
 def make_zoo(root: Path) -> Path:

@@ -1,5 +1,6 @@
 """Processes of a batch as ``/proc`` shows them (Linux), for the tests that kill a driver:
-its workers, whether a pid still runs, and a stand-in ``dot`` that never returns."""
+its workers and their janitors, whether a pid still runs, and a stand-in ``dot`` that
+never returns."""
 
 from __future__ import annotations
 
@@ -17,6 +18,11 @@ echo $$ >> "$STUCK_DOT_PIDS"
 trap '' TERM
 exec sleep 3600
 """
+
+
+#: How long a test waits for something it expects within seconds, before it fails saying
+#: what never happened: a safety net against a hang, never the thing under test.
+SAFETY_S = 300.0
 
 
 def wait_for(condition: Callable[[], object], seconds: float) -> bool:
@@ -46,7 +52,7 @@ def workers_writing_to(out: Path) -> dict[int, Path]:
         if not entry.name.isdigit():
             continue
         try:
-            argv = (entry / "cmdline").read_bytes().decode().split("\0")
+            argv = _argv(entry)
             if "mixprec.batch.worker" not in argv or not alive(int(entry.name)):
                 continue
             job_file = Path(argv[argv.index("mixprec.batch.worker") + 1])
@@ -56,6 +62,35 @@ def workers_writing_to(out: Path) -> dict[int, Path]:
         if staging.parent == out:
             found[int(entry.name)] = job_file.parent
     return found
+
+
+def _argv(entry: Path) -> list[str]:
+    return (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+
+
+def janitors_of(*folders: Path) -> list[int]:
+    """Pids of the live batch janitors that watch any of ``folders`` (a worker's private
+    or staging folder)."""
+    wanted = {str(f) for f in folders}
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = _argv(entry)
+        except OSError:
+            continue
+        is_janitor = len(argv) > 2 and argv[2].endswith("janitor.py")
+        if is_janitor and wanted & set(argv[3:]) and alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def janitors_done(*folders: Path) -> None:
+    """Waits until no janitor watches ``folders`` (each ends once its worker's parent is
+    gone and it has cleaned up); fails past :data:`SAFETY_S`."""
+    left = lambda: not janitors_of(*folders)  # noqa: E731
+    assert wait_for(left, SAFETY_S), f"janitors {janitors_of(*folders)} never ended"
 
 
 def stuck_dot(folder: Path) -> tuple[dict[str, str], Path]:

@@ -7,17 +7,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from batch_zoo import feeds, make_zoo, mlp, slow, write
+from batch_zoo import feeds, make_zoo, manifest, mlp, slow, write
+from procs import SAFETY_S, wait_for
 
 import mixprec
 from helpers import assert_close, run_ort, sha256_of
 from mixprec.batch.jobs import find_jobs
-from mixprec.batch.process import STAGING_PREFIX, WorkerProcess
+from mixprec.batch.process import STAGING_PREFIX, STARTUP_S, WorkerProcess, past_timeout
 from mixprec.batch.results import read_rows
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
@@ -81,26 +81,73 @@ def test_resume_redoes_only_what_changed(tmp_path):
 
 
 def test_a_timeout_and_a_crash_are_rows_and_the_batch_goes_on(tmp_path):
+    """A model past its timeout (one that never ends: nothing else can end its worker) is
+    a ``timeout`` row and the next model runs; no other model has a timeout, so no clock
+    decides the outcome. A worker that crashes is an ``error`` row."""
     zoo = tmp_path / "zoo"
     write(zoo / "slow.onnx", slow())
     write(zoo / "quick.onnx", mlp())
+    entries = {"zoo/slow.onnx": {"timeout": 1}, "zoo/quick.onnx": {}}
+    listed = manifest(tmp_path / "zoo.toml", entries)
     out = tmp_path / "out"
-    result = mixprec.batch(zoo, out, workers=1, timeout=4, validate=True)
+    result = mixprec.batch(listed, out, workers=1, validate=True)
     rows = {r["model"]: r for r in result.rows}
-    assert rows["slow.onnx"]["status"] == "timeout"
-    assert rows["quick.onnx"]["status"] == "ok"
+    assert rows["zoo/slow.onnx"]["status"] == "timeout"
+    assert rows["zoo/slow.onnx"]["error"] == "stopped after the 1 s timeout"
+    assert rows["zoo/quick.onnx"]["status"] == "ok"
     assert result.exit_code == 1 and _leftovers(out) == []
 
     job = find_jobs([zoo / "slow.onnx"], {"validate": True}, out)[0]
-    worker = WorkerProcess(job, out, threads=1, timeout=None)
-    deadline = time.monotonic() + 30
-    while not worker.staging.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    worker = WorkerProcess(job, out, threads=1)
+    assert wait_for(worker.staging.exists, SAFETY_S), "the worker never began its model"
     os.kill(worker.pid, signal.SIGSEGV)
     worker.wait()
     row = worker.finish()
     assert row["status"] == "error" and row["error"] == "worker died of SIGSEGV", row
     assert _leftovers(out) == []
+
+
+class _Clock:
+    """A clock that moves only when told to."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_timeout_counts_from_when_the_worker_begins_its_model(tmp_path):
+    """Through an injected clock, on a worker that never ends by itself: once it has
+    begun its model (made its staging folder), the timeout counts from when that was
+    first seen; its time before (importing) does not count."""
+    zoo = tmp_path / "zoo"
+    write(zoo / "slow.onnx", slow())
+    out = tmp_path / "out"
+    out.mkdir()
+    (job,) = find_jobs([zoo / "slow.onnx"], {"timeout": 10}, out)
+    clock = _Clock()
+    worker = WorkerProcess(job, out, threads=1, clock=clock)
+    try:
+        assert wait_for(worker.staging.exists, SAFETY_S), "the worker never began its model"
+        clock.now += 50  # importing took long: not the model's time
+        assert not worker.poll() and worker.began == clock.now
+        clock.now += 10
+        assert not worker.poll()
+        clock.now += 0.5
+        assert worker.poll() and worker.timed_out
+        row = worker.finish()
+        assert row["status"] == "timeout" and row["error"] == "stopped after the 10 s timeout"
+        assert _leftovers(out) == []
+    finally:
+        worker.stop()
+
+
+def test_a_worker_that_never_begins_is_stopped_past_the_start_up_allowance():
+    assert not past_timeout(10, started=0, began=None, now=10 + STARTUP_S)
+    assert past_timeout(10, started=0, began=None, now=10.5 + STARTUP_S)
+    assert not past_timeout(10, started=0, began=300, now=310)
+    assert past_timeout(10, started=0, began=300, now=310.5)
 
 
 def test_manifest_options_and_data_beside_the_model(tmp_path):

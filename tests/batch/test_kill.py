@@ -9,12 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from batch_zoo import mlp, slow, write
-from procs import alive, stuck_dot, wait_for
+from procs import SAFETY_S, alive, janitors_done, stuck_dot, wait_for
 
 import mixprec
 from mixprec.batch.process import STAGING_PREFIX
@@ -73,14 +72,16 @@ def test_kill_9_of_the_driver_takes_its_workers_then_resume_redoes_only_the_rest
         # a_quick done, and both slow models running in their workers (staging made)
         started = wait_for(
             lambda: len(read_rows(out)) == 1 and len(list(out.glob(f"{STAGING_PREFIX}*"))) == 2,
-            90,
+            SAFETY_S,
         )
         assert started, driver.stderr.read().decode() if driver.poll() is not None else "stuck"
         assert len(_workers_of(driver.pid)) == 2
+        staged = list(out.glob(f"{STAGING_PREFIX}*"))
         driver.send_signal(signal.SIGKILL)
         driver.wait()
-        # 60 s: the janitor polls; at load 10 on 2 cores 15 s was once too short
-        assert wait_for(lambda: not _workers_of(driver.pid), 60), "workers outlived the driver"
+        # each worker's janitor ends once it has killed the worker and cleaned up
+        janitors_done(*staged)
+        assert not _workers_of(driver.pid), "workers outlived the driver and its janitors"
         assert list(out.glob(f"{STAGING_PREFIX}*")) == []
         assert not (out / "b_slow.fp16.onnx").exists() and not (out / "c_slow.fp16.onnx").exists()
     finally:
@@ -89,8 +90,8 @@ def test_kill_9_of_the_driver_takes_its_workers_then_resume_redoes_only_the_rest
         for pid in _workers_of(driver.pid):
             os.kill(pid, signal.SIGKILL)
     # --resume: the finished model is not redone; the two cut short run again (here
-    # into a short timeout, to keep the test short)
-    result = mixprec.batch(zoo, out, workers=2, validate=True, resume=True, timeout=2)
+    # into a short timeout: they never end by themselves)
+    result = mixprec.batch(zoo, out, workers=2, validate=True, resume=True, timeout=1)
     statuses = {r["model"]: (r["status"], bool(r.get("resumed"))) for r in result.rows}
     assert statuses == {
         "a_quick.onnx": ("ok", True),
@@ -107,9 +108,10 @@ def test_ctrl_c_keeps_finished_rows_and_exits_130(tmp_path):
     out = tmp_path / "out"
     driver = _start(zoo, out)
     try:
-        assert wait_for(lambda: len(read_rows(out)) == 1, 60), "the quick model never finished"
+        done = lambda: len(read_rows(out)) == 1  # noqa: E731
+        assert wait_for(done, SAFETY_S), "the quick model never finished"
         driver.send_signal(signal.SIGINT)
-        _, err = driver.communicate(timeout=30)
+        _, err = driver.communicate(timeout=SAFETY_S)
         assert driver.returncode == 130, err.decode()
         rows = read_rows(out)
         assert [r["model"] for r in rows] == ["a_quick.onnx"] and rows[0]["status"] == "ok"
@@ -145,13 +147,15 @@ def test_kill_9_of_the_driver_takes_a_worker_stuck_in_a_child_and_the_child(tmp_
     )
     children: list[int] = []
     try:
-        assert wait_for(lambda: pids.read_text().strip() != "", 60), "dot never started"
+        assert wait_for(lambda: pids.read_text().strip() != "", SAFETY_S), "dot never started"
         children = [int(p) for p in pids.read_text().split()]
         assert len(_workers_of(driver.pid)) == 1 and _private_folders(temp)
+        staged = [*_private_folders(temp), *out.glob(f"{STAGING_PREFIX}*")]
         driver.send_signal(signal.SIGKILL)
         driver.wait()
-        assert wait_for(lambda: not _workers_of(driver.pid), 15), "the worker outlived the driver"
-        assert wait_for(lambda: not any(alive(p) for p in children), 5), "dot outlived it"
+        janitors_done(*staged)
+        assert not _workers_of(driver.pid), "the worker outlived the driver"
+        assert wait_for(lambda: not any(alive(p) for p in children), SAFETY_S), "dot outlived it"
         assert list(out.glob(f"{STAGING_PREFIX}*")) == []
         assert _private_folders(temp) == [], "the worker's private temp folder was left"
     finally:
@@ -159,6 +163,50 @@ def test_kill_9_of_the_driver_takes_a_worker_stuck_in_a_child_and_the_child(tmp_
             driver.kill()
         for pid in [*_workers_of(driver.pid), *[p for p in children if alive(p)]]:
             os.kill(pid, signal.SIGKILL)
+
+
+#: A parent of one worker, as a Ray task is: it starts the worker and says its pid.
+_PARENT = """
+import sys, time
+from pathlib import Path
+from mixprec.batch.jobs import find_jobs
+from mixprec.batch.process import WorkerProcess
+(job,) = find_jobs([sys.argv[1]], {}, Path(sys.argv[2]))
+worker = WorkerProcess(job, Path(sys.argv[2]), 1)
+print(worker.pid, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_parent_killed_while_its_worker_starts_leaves_no_folder(tmp_path):
+    """A Ray task cancelled by force: its Ray worker SIGKILLs its children (the batch
+    worker) and exits. Here both die at once, right after the worker was started, while
+    it is still importing (before any handler of its own is set up): the janitor the
+    parent started removes the private folder and the staging folder's place stays empty.
+    (The full suite's Ray SIGTERM test once found the private folder left this way.)"""
+    model = write(tmp_path / "zoo" / "m.onnx", slow())
+    out, temp = tmp_path / "out", tmp_path / "temp"
+    out.mkdir()
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _PARENT, str(model), str(out)], stdout=subprocess.PIPE, env=env
+    )
+    try:
+        assert parent.stdout is not None
+        worker = int(parent.stdout.readline())
+        staged = _private_folders(temp)
+        assert len(staged) == 1, staged
+        os.kill(worker, signal.SIGKILL)
+        parent.kill()
+        parent.wait()
+        janitors_done(*staged)
+        assert wait_for(lambda: not alive(worker), SAFETY_S), "the worker outlived its parent"
+        assert _private_folders(temp) == [], "the worker's private temp folder was left"
+        assert list(out.iterdir()) == []
+    finally:
+        if parent.poll() is None:
+            parent.kill()
 
 
 def test_a_layout_past_its_time_limit_falls_back_and_says_so(tmp_path, monkeypatch, caplog):
@@ -171,10 +219,9 @@ def test_a_layout_past_its_time_limit_falls_back_and_says_so(tmp_path, monkeypat
     monkeypatch.setenv("STUCK_DOT_PIDS", env["STUCK_DOT_PIDS"])
     monkeypatch.setattr(layout, "DOT_BASE_S", 0.5)  # the default limit, made short
     monkeypatch.setattr(layout, "DOT_PER_ITEM_S", 0.1)
-    start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="mixprec.report.layout"):
         found = layout.layout_graph([60.0] * 3, [20.0] * 3, [(0, 1), (1, 2)])
-    assert time.monotonic() - start < 8
+    # only the limit's timeout ends the stand-in (it sleeps an hour): the layout is back
     assert found.engine == "layered (graphviz dot took more than 1 s for 3 nodes)"
     assert found.notes and "graphviz dot took more than 1 s" in caplog.text
     started = [int(p) for p in pids.read_text().split()]

@@ -16,12 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from batch_zoo import feeds, make_zoo, mlp, slow, write
-from procs import alive, wait_for, workers_writing_to
+from batch_zoo import feeds, make_zoo, manifest, mlp, slow, write
+from procs import SAFETY_S, alive, janitors_done, wait_for, workers_writing_to
 
 import mixprec
 from helpers import assert_close, run_ort, sha256_of
-from mixprec.batch.janitor import WAIT_S
 from mixprec.batch.process import STAGING_PREFIX
 from mixprec.batch.results import read_rows
 
@@ -86,19 +85,21 @@ def test_ray_engine_runs_one_task_per_model(tmp_path, ray_head):
 
 
 def test_ray_timeout_is_a_row_and_resume_skips_what_is_done(tmp_path, ray_head):
+    """Only the model that never ends has a timeout: no clock decides another's row."""
     zoo = tmp_path / "zoo"
     write(zoo / "slow.onnx", slow())
     make_zoo(tmp_path)  # adds the others beside it
+    names = ["slow.onnx", "mlp2.onnx", "text/mlp.onnx", "vision/conv.onnx"]
+    entries = {f"zoo/{n}": {"timeout": 1} if n == "slow.onnx" else {} for n in names}
+    listed = manifest(tmp_path / "zoo.toml", entries)
     out = tmp_path / "out"
-    first = mixprec.batch(zoo, out, engine="ray", ray_address=ray_head, timeout=4, workers=2)
+    first = mixprec.batch(listed, out, engine="ray", ray_address=ray_head, workers=2)
     rows = {r["model"]: r for r in first.rows}
-    assert rows["slow.onnx"]["status"] == "timeout"
-    assert rows["mlp2.onnx"]["status"] == "ok"
-    again = mixprec.batch(
-        zoo, out, engine="ray", ray_address=ray_head, timeout=4, workers=2, resume=True
-    )
+    assert rows["zoo/slow.onnx"]["status"] == "timeout"
+    assert rows["zoo/mlp2.onnx"]["status"] == "ok"
+    again = mixprec.batch(listed, out, engine="ray", ray_address=ray_head, workers=2, resume=True)
     resumed = {r["model"] for r in again.rows if r.get("resumed")}
-    assert resumed == {"mlp2.onnx", "text/mlp.onnx", "vision/conv.onnx"}
+    assert resumed == {"zoo/mlp2.onnx", "zoo/text/mlp.onnx", "zoo/vision/conv.onnx"}
     assert list(out.glob(f"{STAGING_PREFIX}*")) == []
 
 
@@ -127,7 +128,7 @@ def test_relative_paths_reach_the_ray_workers(tmp_path, ray_head):
     rng = np.random.default_rng(0)
     np.savez(zoo / "a.inputs.npz", x=rng.standard_normal((2, 16)).astype(np.float32))
     write(zoo / "sub" / "b.onnx", mlp(1))
-    _, err = _cli(tmp_path, ray_head, "--validate").communicate(timeout=300)
+    _, err = _cli(tmp_path, ray_head, "--validate").communicate(timeout=SAFETY_S)
     rows = {r["model"]: r for r in read_rows(tmp_path / "out")}
     assert set(rows) == {"a.onnx", "sub/b.onnx"}, err.decode()
     assert all(r["status"] == "ok" for r in rows.values()), rows
@@ -150,7 +151,7 @@ def _start_slow_batch(tmp_path: Path, head: str) -> tuple[subprocess.Popen[bytes
     out = tmp_path / "out"
     driver = _cli(tmp_path, head, "--validate")
     running = lambda: len(read_rows(out)) == 1 and workers_writing_to(out)  # noqa: E731
-    if not wait_for(running, 120):
+    if not wait_for(running, SAFETY_S):
         driver.kill()
         err = driver.communicate()[1].decode()[-2000:]
         pytest.fail(f"the batch never got going: rows {read_rows(out)}; {err}")
@@ -158,12 +159,12 @@ def _start_slow_batch(tmp_path: Path, head: str) -> tuple[subprocess.Popen[bytes
 
 
 def _nothing_left(out: Path, workers: dict) -> None:
-    gone = lambda: not any(alive(pid) for pid in workers)  # noqa: E731
-    assert wait_for(gone, 15), "a worker outlived its driver"
-    # the janitor sweeps once Ray ends the cancelled worker's process, waiting up to
-    # WAIT_S for that parent to go: late under load (20 s was too short in a full run)
-    swept = lambda: not any(p.exists() for p in workers.values())  # noqa: E731
-    assert wait_for(swept, WAIT_S + 15), "private folder"
+    """Once the cancelled task's Ray worker is gone, the janitor it started kills the
+    batch worker and removes its folders, then ends: the test waits for that end (an
+    event), then finds nothing left."""
+    janitors_done(*workers.values())
+    assert not any(alive(pid) for pid in workers), "a worker outlived its driver"
+    assert not any(p.exists() for p in workers.values()), "private folder"
     assert list(out.glob(f"{STAGING_PREFIX}*")) == []
     assert not (out / "b_slow.fp16.onnx").exists()
 
@@ -172,7 +173,7 @@ def test_sigterm_to_a_ray_driver_keeps_the_rows_and_exits_130(tmp_path, ray_head
     driver, workers = _start_slow_batch(tmp_path, ray_head)
     try:
         driver.send_signal(signal.SIGTERM)
-        said, err = driver.communicate(timeout=60)
+        said, err = driver.communicate(timeout=SAFETY_S)
         assert driver.returncode == 130, err.decode()[-2000:]
         assert "; interrupted ->" in said.decode().strip().splitlines()[-1]
         rows = read_rows(tmp_path / "out")

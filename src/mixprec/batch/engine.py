@@ -24,11 +24,11 @@ OnRow = Callable[[dict[str, Any]], None]
 
 @dataclass(frozen=True)
 class Plan:
-    """How many models run at a time, ORT threads per worker, seconds per model."""
+    """How many models run at a time, ORT threads per worker (a job's own options say
+    how long it may take)."""
 
     workers: int
     threads: int
-    timeout: float | None = None
 
 
 class Engine(Protocol):

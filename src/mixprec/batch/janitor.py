@@ -1,16 +1,22 @@
-"""A batch worker's janitor: cleans up after a worker that was killed outright.
+"""A batch worker's janitor: cleans up after a worker whose parent died.
 
-A worker cleans up after itself when it is stopped (SIGTERM) or its parent dies
-(:mod:`mixprec.batch.worker`), but not when it is killed with SIGKILL, and a Ray worker
-that is cancelled by force, or whose driver died, SIGKILLs its children on its way out.
-So each worker starts this janitor (``python -I janitor.py FD PARENT STAGING [PRIVATE]``,
-run by path: standard library only, no import of mixprec) in the worker's process group,
-with the read end of a pipe whose write end only the worker holds. When the worker ends, for
-whatever reason, the janitor reads end-of-file; if the worker's parent is gone then too
-(or goes within :data:`WAIT_S`), nobody else will clean up: it removes the staging and
-private folders and kills the process group, the worker's children (a layout ``dot``) and
-itself. While the parent lives, the parent cleans up (and kills the group, janitor
-included).
+The parent of a worker (the local engine's driver, or the Ray worker that runs a task)
+removes the worker's staging and private folders when the worker ends. When the parent
+itself is killed outright (``kill -9`` of the driver; a Ray task cancelled by force, whose
+Ray worker SIGKILLs its children and exits), nobody would. So the parent starts this
+janitor before it makes the private folder or the worker
+(``python -I janitor.py FD PRIVATE STAGING``, run by path: standard library only, no
+import of mixprec, so it is up in a few tens of milliseconds).
+
+The janitor leaves its parent's family at once: it forks, the first process exits, and the
+second (reparented to init) is not among the parent's children, which Ray kills by parent
+pid. It says ``ready PID`` on standard output, then reads the pipe ``FD``, whose write end
+only the parent holds: ``worker PID`` once the worker runs, ``done`` once the parent has
+cleaned up itself. End-of-file without ``done`` means the parent is gone: the janitor then
+kills the worker's process group (the worker leads its own: its children, a layout
+``dot``, go with it), removes both folders and exits. Nothing here waits on a clock: the
+parent's end is the event, and a worker that started before the parent died is killed
+whatever it was doing (still importing, before it could set up any handler of its own).
 """
 
 from __future__ import annotations
@@ -19,10 +25,9 @@ import os
 import shutil
 import signal
 import sys
-import time
 
-#: Seconds the janitor waits, once the worker is gone, for its parent to go too.
-WAIT_S = 30.0
+#: What the parent writes: the worker's pid, and that it has cleaned up itself.
+WORKER, DONE = "worker", "done"
 
 
 def alive(pid: int) -> bool:
@@ -36,36 +41,50 @@ def alive(pid: int) -> bool:
     return True
 
 
-def wait_for_the_end(fd: int) -> None:
-    """Block until every write end of the pipe ``fd`` is closed (the worker ended)."""
+def read_messages(fd: int) -> tuple[int | None, bool]:
+    """Reads the pipe ``fd`` to its end: (the worker's pid, whether the parent said done)."""
+    worker, done, pending = None, False, b""
     while True:
         try:
-            if not os.read(fd, 1):
-                return
+            chunk = os.read(fd, 4096)
         except InterruptedError:
             continue
+        if not chunk:
+            return worker, done
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            word, _, value = line.decode("ascii", "replace").partition(" ")
+            if word == WORKER and value.isdigit():
+                worker = int(value)
+            done = done or word == DONE
 
 
-def clean_up(parent: int, folders: list[str], worker: int) -> bool:
-    """Once the worker is gone: whether its parent went too (within :data:`WAIT_S`), in
-    which case ``folders`` are removed and the worker's process group is killed."""
-    deadline = time.monotonic() + WAIT_S
-    while alive(parent):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.2)
-    for folder in folders:
-        shutil.rmtree(folder, ignore_errors=True)
-    if os.getpgrp() == worker:  # never the group of whoever ran the worker by hand
+def kill_group(worker: int) -> None:
+    """SIGKILL to the process group ``worker`` leads (never a group it does not lead)."""
+    try:
+        if os.getpgid(worker) != worker:
+            return
         os.killpg(worker, signal.SIGKILL)
-    return True
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def main(argv: list[str]) -> int:
-    fd, parent, folders = int(argv[0]), int(argv[1]), argv[2:]
-    worker = os.getppid()
-    wait_for_the_end(fd)
-    clean_up(parent, folders, worker)
+    fd, folders = int(argv[0]), argv[1:]
+    if os.fork() != 0:
+        os._exit(0)  # the parent reaps this one; the second process lives on, under init
+    os.write(1, f"ready {os.getpid()}\n".encode())
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for std in (0, 1, 2):  # nothing of the parent's kept open
+        os.dup2(devnull, std)
+    worker, done = read_messages(fd)
+    if done:
+        return 0
+    if worker is not None:
+        kill_group(worker)
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
     return 0
 
 

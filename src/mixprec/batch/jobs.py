@@ -18,6 +18,7 @@ folder skipped) and TOML manifests::
     [[models]]
     path = "vision/mobilenet.onnx"
     optimize = true                        # mixprec optimize (candidates = [...] a subset)
+    timeout = 600                          # seconds this model may take
 
 Data by convention, beside a model ``NAME.onnx`` (used when the options name none):
 ``NAME.calib.npz`` or ``NAME.calib/`` (calibration), ``NAME.inputs.npz`` or
@@ -72,7 +73,10 @@ DEFAULTS: dict[str, Any] = {
     "policy": {},
     "optimize": False,
     "candidates": None,
+    "timeout": None,
 }
+#: Options that change how a model is run, not its result: not part of its key.
+_NOT_KEYED = ("timeout",)
 OPTION_NAMES = (*DEFAULTS, "exclude")
 #: The ``dtype`` of an optimize job (its output: ``NAME.optimized.onnx``).
 OPTIMIZED = "optimized"
@@ -140,6 +144,11 @@ def _options(given: Mapping[str, Any], where: str) -> dict[str, Any]:
         )
     if options["optimize"]:
         _optimize_options(options, where)
+    timeout = options["timeout"]
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0
+    ):
+        raise MixprecError(f"{where}: timeout must be a number of seconds > 0, not {timeout!r}")
     if isinstance(options["budget"], str):
         with contextlib.suppress(ValueError):
             options["budget"] = float(options["budget"])
@@ -212,7 +221,8 @@ def external_files(model: Path) -> list[Path]:
 
 
 def job_key(model: Path, options: Mapping[str, Any]) -> str:
-    """The model's bytes, its external data, its data files, the options, the version."""
+    """The model's bytes, its external data, its data files, the options (but the
+    timeout), the version."""
     digest = hashlib.sha256()
     _hash_path(digest, model)
     for extra in external_files(model):
@@ -220,7 +230,8 @@ def job_key(model: Path, options: Mapping[str, Any]) -> str:
     for kind in DATA_KINDS:
         if options.get(kind):
             _hash_path(digest, Path(options[kind]))
-    digest.update(json.dumps(options, sort_keys=True, default=str).encode())
+    keyed = {k: v for k, v in options.items() if k not in _NOT_KEYED}
+    digest.update(json.dumps(keyed, sort_keys=True, default=str).encode())
     digest.update(__version__.encode())
     return digest.hexdigest()[:32]
 

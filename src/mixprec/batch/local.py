@@ -30,7 +30,7 @@ class LocalEngine:
             while pending or running:
                 while pending and len(running) < plan.workers:
                     job = pending.pop()
-                    running.append(WorkerProcess(job, out_dir, plan.threads, plan.timeout))
+                    running.append(WorkerProcess(job, out_dir, plan.threads))
                 for worker in [w for w in running if w.poll()]:
                     running.remove(worker)
                     on_row(worker.finish())

@@ -9,6 +9,16 @@ removes the folder whatever happened, so no temporary file outlives a model.
 Each worker leads its own process group. When it ends, the group is killed before the
 worker is reaped (its pid still names the group then), so a child it left behind (a
 layout ``dot``) ends with it; a worker past its grace period is killed with its group.
+
+Before it makes the worker's private folder, the parent starts the worker's janitor
+(:mod:`mixprec.batch.janitor`): should the parent die outright at any moment after that
+(``kill -9``, a Ray worker killed with its children), the janitor kills the worker's
+group and removes both folders.
+
+A timeout counts from the moment the worker starts on its model (it has made its staging
+folder), not from the process's start: importing mixprec takes seconds on a loaded
+machine, which is not the model's time. A worker that has not started within
+:data:`STARTUP_S` more is stopped too.
 """
 
 from __future__ import annotations
@@ -24,19 +34,31 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from mixprec.batch.janitor import alive
+from mixprec.batch.janitor import DONE, WORKER, alive
 from mixprec.batch.jobs import Job
 from mixprec.core.config import BATCH_PARENT_ENV, THREADS_ENV
+from mixprec.core.errors import MixprecError
 
-__all__ = ["STAGING_PREFIX", "WorkerProcess", "sweep_staging"]
+__all__ = [
+    "GRACE_S",
+    "STAGING_PREFIX",
+    "STARTUP_S",
+    "Janitor",
+    "past_timeout",
+    "sweep_staging",
+]
 
 #: Staging folders in the output folder start with this (and hold the driver's pid).
 STAGING_PREFIX = ".mixprec-staging-"
 #: Seconds a worker gets to leave after SIGTERM before SIGKILL.
 GRACE_S = 5.0
+#: Seconds a worker with a timeout may take to start on its model (imports), beyond it.
+STARTUP_S = 120.0
+_JANITOR = Path(__file__).with_name("janitor.py")
 
 
 def _signal_name(code: int) -> str:
@@ -46,16 +68,79 @@ def _signal_name(code: int) -> str:
         return f"signal {-code}"
 
 
-class WorkerProcess:
-    """A worker running ``job`` with ``threads`` ORT threads, writing under ``out_dir``."""
+def past_timeout(timeout: float, started: float, began: float | None, now: float) -> bool:
+    """Whether a worker started at ``started`` is past ``timeout`` at ``now``: counted
+    from ``began`` (when it began its model), or with :data:`STARTUP_S` more from
+    ``started`` while it has not begun (None)."""
+    if began is not None:
+        return now - began > timeout
+    return now - started > timeout + STARTUP_S
 
-    def __init__(self, job: Job, out_dir: Path, threads: int, timeout: float | None) -> None:
+
+class Janitor:
+    """The janitor of one worker (:mod:`mixprec.batch.janitor`), started and ready.
+
+    Raises:
+        MixprecError: it could not be started (it said nothing).
+    """
+
+    def __init__(self, folders: list[Path]) -> None:
+        readable, self._pipe = os.pipe()
+        try:
+            first = subprocess.Popen(
+                [sys.executable, "-I", str(_JANITOR), str(readable), *map(str, folders)],
+                pass_fds=(readable,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                start_new_session=True,  # never in the group a terminal's Ctrl-C reaches
+            )
+        finally:
+            os.close(readable)
+        assert first.stdout is not None
+        said = first.stdout.readline().split()  # "ready PID", from the process that stays
+        first.stdout.close()
+        first.wait()
+        if len(said) != 2 or said[0] != b"ready":
+            os.close(self._pipe)
+            raise MixprecError("batch: the worker's janitor did not start")
+        #: The janitor's pid (it lives until the worker's parent ends or says done).
+        self.pid = int(said[1])
+
+    def watch(self, worker: int) -> None:
+        """The worker's pid: its group is killed if the parent dies."""
+        self._say(f"{WORKER} {worker}")
+
+    def done(self) -> None:
+        """The parent has cleaned up: the janitor leaves without touching anything."""
+        self._say(DONE)
+        os.close(self._pipe)
+        self._pipe = -1
+
+    def _say(self, line: str) -> None:
+        if self._pipe >= 0:
+            os.write(self._pipe, f"{line}\n".encode())
+
+
+class WorkerProcess:
+    """A worker running ``job`` with ``threads`` ORT threads, writing under ``out_dir``;
+    ``clock`` (seconds) times its timeout, the job's ``timeout`` option."""
+
+    def __init__(
+        self,
+        job: Job,
+        out_dir: Path,
+        threads: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.job = job
         self.out_dir = out_dir
-        self.timeout = timeout
-        self._private = Path(tempfile.mkdtemp(prefix="mixprec-batch-"))  # job, result, log
+        self.timeout: float | None = job.options.get("timeout")
+        self.clock = clock
+        self._private = Path(tempfile.gettempdir()) / f"mixprec-batch-{uuid.uuid4().hex[:12]}"
         # The worker creates it once it can clean it up (its SIGTERM handler is in place).
         self.staging = out_dir / f"{STAGING_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        self.janitor = Janitor([self._private, self.staging])
+        self._private.mkdir(mode=0o700)  # job, result, log
         job_file = self._private / "job.json"
         job_file.write_text(
             json.dumps(
@@ -63,14 +148,16 @@ class WorkerProcess:
             )
         )
         self._result = self._private / "result.json"
-        self._log = (self._private / "worker.log").open("wb")
+        self._log: IO[bytes] = (self._private / "worker.log").open("wb")
         env = {
             **os.environ,
             THREADS_ENV: str(threads),
             "OMP_NUM_THREADS": str(threads),
             BATCH_PARENT_ENV: str(os.getpid()),
         }
-        self.started = time.monotonic()
+        self.started = clock()
+        #: When the worker started on its model (made its staging folder), once seen.
+        self.began: float | None = None
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "mixprec.batch.worker", str(job_file), str(self._result)],
             stdin=subprocess.DEVNULL,
@@ -81,6 +168,7 @@ class WorkerProcess:
             # the workers; the group is how a worker's children are ended with it
             start_new_session=True,
         )
+        self.janitor.watch(self._proc.pid)
         self.timed_out = False
 
     @property
@@ -91,11 +179,19 @@ class WorkerProcess:
         """Whether the worker has ended (killed first when past its timeout)."""
         if self._ended():
             return True
-        if self.timeout is not None and time.monotonic() - self.started > self.timeout:
+        if self._past_timeout():
             self.timed_out = True
             self.stop()
             return True
         return False
+
+    def _past_timeout(self) -> bool:
+        if self.timeout is None:
+            return False
+        now = self.clock()
+        if self.began is None and self.staging.exists():
+            self.began = now
+        return past_timeout(self.timeout, self.started, self.began, now)
 
     def wait(self) -> None:
         """Block until the worker ends or passes its timeout."""
@@ -112,9 +208,9 @@ class WorkerProcess:
         """SIGTERM, then SIGKILL to its group after :data:`GRACE_S`; returns once it is
         gone, with its children."""
         self.terminate()
-        deadline = time.monotonic() + GRACE_S
+        deadline = self.clock() + GRACE_S
         while not self._ended():
-            if time.monotonic() > deadline:
+            if self.clock() > deadline:
                 self._kill_group()
                 self._proc.wait()
                 return
@@ -142,7 +238,7 @@ class WorkerProcess:
     def finish(self) -> dict[str, Any]:
         """The job's row; the files of an ``ok`` or ``unchecked`` model (and the report
         page of a ``failed`` one) moved into the output folder."""
-        seconds = round(time.monotonic() - self.started, 3)
+        seconds = round(self.clock() - self.started, 3)
         try:
             row = self._row()
             if row.get("status") in ("ok", "unchecked", "failed"):
@@ -151,6 +247,7 @@ class WorkerProcess:
             shutil.rmtree(self.staging, ignore_errors=True)
             self._log.close()
             shutil.rmtree(self._private, ignore_errors=True)
+            self.janitor.done()
         return {
             "model": self.job.name,
             "source": self.job.source,

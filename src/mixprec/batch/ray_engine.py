@@ -38,7 +38,7 @@ def memory_estimate(job: Job) -> int:
     return _BASE_MEMORY + _MODEL_COPIES * Path(job.source).stat().st_size
 
 
-def _ray_task(job: dict[str, Any], out_dir: str, threads: int, timeout: float | None) -> dict:
+def _ray_task(job: dict[str, Any], out_dir: str, threads: int) -> dict:
     """One model on a Ray node: the same worker process as the local engine."""
     folder = Path(out_dir)
     if not (folder.is_dir() and os.access(folder, os.W_OK)):
@@ -50,7 +50,7 @@ def _ray_task(job: dict[str, Any], out_dir: str, threads: int, timeout: float | 
             "the output folder must be on storage every node sees",
             "key": job["key"],
         }
-    worker = WorkerProcess(Job(**job), folder, threads, timeout)
+    worker = WorkerProcess(Job(**job), folder, threads)
     worker.wait()
     return worker.finish()
 
@@ -136,7 +136,7 @@ class RayEngine:
                 if limit is not None:
                     memory = min(memory, int(limit * 0.9))  # never a task no node can take
                 options = {"num_cpus": plan.threads, "memory": memory, "max_retries": 0}
-                args = (job.to_dict(), str(out_dir), plan.threads, plan.timeout)
+                args = (job.to_dict(), str(out_dir), plan.threads)
                 refs[task.options(**options).remote(*args)] = job
             _collect(ray, refs, out_dir, on_row)
         finally:

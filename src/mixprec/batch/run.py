@@ -106,7 +106,9 @@ def batch(
         ray_address: the Ray cluster ("auto", "ray://host:port"); None starts a local one.
         resume: skip the models whose last row is ``ok`` for the same source bytes, data
             and options (and whose output is still there); redo the rest.
-        timeout: seconds a model may take; past it, its worker is killed (a ``timeout`` row).
+        timeout: seconds a model may take, counted from when its worker starts on it; past
+            it, its worker is killed (a ``timeout`` row). A manifest entry's ``timeout``
+            overrides it for that model.
         progress: called with each row as it arrives, the rows done and the total.
         allow_unchecked: an INT8 model checked on no real data (no calibration, eval or
             validation samples: calibrated on one generated sample) is an ``unchecked``
@@ -135,8 +137,9 @@ def batch(
     folder = _out_dir(out_dir)
     sweep_staging(folder)
     paths = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
-    jobs = find_jobs(paths, options, folder)
-    plan = Plan(workers=count, threads=max(1, cpu_count() // count), timeout=timeout)
+    given = options if timeout is None else {**options, "timeout": timeout}
+    jobs = find_jobs(paths, given, folder)
+    plan = Plan(workers=count, threads=max(1, cpu_count() // count))
     result = _run(jobs, folder, (engine, runner), plan, resume, progress)
     result.allow_unchecked = allow_unchecked
     return result

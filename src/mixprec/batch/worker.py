@@ -13,8 +13,9 @@ parent starts it in a new session): when the parent is gone it also removes its 
 folder (job, log) and kills the whole group, itself and any child it waits on (Graphviz
 ``dot``), so a ``kill -9`` of the driver leaves no process and no file behind, even while
 the worker is blocked in a child or in an ONNX Runtime run. A worker killed outright
-(SIGKILL: a Ray worker cancelled by force kills its children so) is cleaned up after by
-its janitor (:mod:`mixprec.batch.janitor`).
+(SIGKILL: a Ray worker cancelled by force kills its children so) along with its parent, or
+one whose parent dies before it could set any of this up (while it imports), is cleaned
+up after by the janitor its parent started (:mod:`mixprec.batch.janitor`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import os
 import resource
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -61,8 +61,6 @@ _PR_SET_PDEATHSIG = 1
 #: The signal the kernel sends the worker when its parent dies (not SIGTERM, which is how
 #: a live parent stops it): the worker then also takes its private folder and its group.
 _PARENT_GONE = signal.SIGHUP
-#: The janitor's process and this worker's end of its pipe, held for the worker's life.
-_JANITOR: list[Any] = []
 
 
 def _samples(path: str | None, model: str) -> list[dict[str, Any]] | None:
@@ -210,24 +208,6 @@ def _leave(staging: Path, private: Path | None, parent_gone: bool) -> None:
     os._exit(143)
 
 
-def _start_janitor(parent: int, staging: Path, private: Path | None) -> None:
-    """:mod:`mixprec.batch.janitor`, which cleans up if this worker is killed outright
-    (SIGKILL) and its parent is gone too; it holds the read end of a pipe whose write end
-    (not inherited by any child) closes when this process ends."""
-    readable, writable = os.pipe()
-    folders = [str(staging)] + ([str(private)] if private is not None else [])
-    janitor = Path(__file__).with_name("janitor.py")
-    _JANITOR.append(
-        subprocess.Popen(
-            [sys.executable, "-I", str(janitor), str(readable), str(parent), *folders],
-            pass_fds=(readable,),
-            stdin=subprocess.DEVNULL,
-        )
-    )
-    os.close(readable)
-    _JANITOR.append(writable)  # open until this process ends
-
-
 def _die_with_parent(parent: int, staging: Path, private: Path | None) -> None:
     """SIGTERM (the parent stops the worker), :data:`_PARENT_GONE` (Linux: sent by the
     kernel when the parent dies) and a watchdog thread all end the worker (:func:`_leave`)."""
@@ -297,7 +277,6 @@ def main(argv: list[str] | None = None) -> int:
     staging = Path(job["staging"])
     private = Path(job["private"]) if job.get("private") else None
     parent = int(os.environ.get(BATCH_PARENT_ENV, os.getppid()))
-    _start_janitor(parent, staging, private)  # before any thread starts
     _die_with_parent(parent, staging, private)
     staging.mkdir()
     said = _Warnings()

@@ -66,7 +66,13 @@ def add_batch_parser(sub: Any) -> argparse.ArgumentParser:
     b.add_argument("--engine", choices=ENGINES, default="local", help="local pool or Ray tasks")
     b.add_argument("--ray-address", default=None, help="Ray cluster (auto, ray://host:port)")
     b.add_argument("--resume", action="store_true", help="skip models already ok in OUTDIR")
-    b.add_argument("--timeout", type=float, default=None, metavar="S", help="seconds per model")
+    b.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds per model, from when its worker starts on it",
+    )
     b.add_argument(
         "--allow-unchecked",
         action="store_true",
