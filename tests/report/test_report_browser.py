@@ -12,7 +12,6 @@ import os
 import struct
 import subprocess
 import sys
-import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,8 @@ from mixprec.api.convert import annotate
 from mixprec.report.html import write_report_html
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The 2,000-node model's builder (also timed by bench/report_page.py).
+WIDE = ROOT / "examples" / "make_wide_model.py"
 CHROMIUM = os.environ.get("MIXPREC_CHROMIUM", "/usr/bin/chromium")
 LAUNCH_ARGS = [
     "--no-sandbox",
@@ -54,14 +55,14 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
-def _open(browser: Any, path: Path) -> tuple[Any, float]:
-    """A new page showing ``path``; the seconds from navigation to the first frame drawn."""
+def _open(browser: Any, path: Path) -> Any:
+    """A new page showing ``path``, once its first frame is drawn (how long that takes is
+    measured by ``bench/report_page.py``, not here)."""
     page = browser.new_page(viewport={"width": 1400, "height": 900})
-    start = time.perf_counter()
     page.goto(path.as_uri())
     page.wait_for_selector("body[data-ready='1']", timeout=60_000)
     page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
-    return page, time.perf_counter() - start
+    return page
 
 
 def _data(path: Path) -> dict[str, Any]:
@@ -157,12 +158,11 @@ def demo_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_demo_page_renders_and_answers(browser: Any, demo_page: Path) -> None:
     data = _data(demo_page)["g0"]
-    page, seconds = _open(browser, demo_page)
+    page = _open(browser, demo_page)
     drawn = page.locator("#svg-g0 g.n")
     assert drawn.count() == len(data["nodes"]) > 10, (drawn.count(), len(data["nodes"]))
     colours, ink = _png_colours(page.locator("#canvas").screenshot())
     assert colours >= 6 and ink > 0.01, (colours, ink)
-    assert seconds < 10, seconds
 
     # Click conv2 (kept FP32 by --exclude): the panel shows its class, step and reason.
     index = next(i for i, d in enumerate(data["nodes"]) if d.get("name") == "conv2")
@@ -201,7 +201,7 @@ def test_subgraph_bodies_open_from_the_detail_panel(browser: Any, tmp_path: Path
     result = annotate(if_model(), "fp16", calibrate=False)
     path = tmp_path / "if.html"
     write_report_html(result, path, converted=False)
-    page, _ = _open(browser, path)
+    page = _open(browser, path)
     page.locator("#svg-g0 g.n", has_text="If").first.click()
     page.locator("#detail button[data-open='g0.2']").click()
     assert page.locator("#svg-g0").is_hidden()
@@ -212,8 +212,10 @@ def test_subgraph_bodies_open_from_the_detail_panel(browser: Any, tmp_path: Path
 
 
 @pytest.mark.slow
-def test_largest_corpus_model_loads_fast(browser: Any, corpus_dir: Path, tmp_path: Path) -> None:
-    """PP-OCRv4 rec (the corpus model with the most nodes): page size, load time, search."""
+def test_largest_corpus_model_opens_and_answers(
+    browser: Any, corpus_dir: Path, tmp_path: Path
+) -> None:
+    """PP-OCRv4 rec (the corpus model with the most nodes): every node drawn, search."""
     model = corpus_dir / "models" / "rapidocr-onnxruntime__ch_PP-OCRv4_rec_infer.onnx"
     path = tmp_path / "rec.html"
     done = subprocess.run(
@@ -224,14 +226,8 @@ def test_largest_corpus_model_loads_fast(browser: Any, corpus_dir: Path, tmp_pat
     )
     assert done.returncode == 0, done.stderr
     data = _data(path)["g0"]
-    page, seconds = _open(browser, path)
-    size_kb = path.stat().st_size / 1024
-    print(
-        f"\nPP-OCRv4 rec: {len(data['nodes'])} nodes, page {size_kb:.0f} KB, "
-        f"load+render {seconds:.2f} s"
-    )
+    page = _open(browser, path)
     assert page.locator("#svg-g0 g.n").count() == len(data["nodes"]) > 800
-    assert seconds < 10, seconds
     colours, ink = _png_colours(page.locator("#canvas").screenshot())
     assert colours >= 6 and ink > 0.01, (colours, ink)
     convs = _matches(data["nodes"], "Conv")
@@ -242,42 +238,10 @@ def test_largest_corpus_model_loads_fast(browser: Any, corpus_dir: Path, tmp_pat
     page.close()
 
 
-def wide_model(blocks: int = 500) -> Any:
-    """``blocks`` x (Conv 1x1, Relu, Add residual, Mul by a constant): 4 nodes each."""
-    import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    nodes, inits = [], []
-    x = "x"
-    for k in range(blocks):
-        w = numpy_helper.from_array((rng.standard_normal((8, 8, 1, 1)) * 0.3).astype("f4"), f"w{k}")
-        s = numpy_helper.from_array(np.array(0.9, np.float32), f"s{k}")
-        inits += [w, s]
-        nodes += [
-            helper.make_node("Conv", [x, f"w{k}"], [f"c{k}"], name=f"conv{k}"),
-            helper.make_node("Relu", [f"c{k}"], [f"r{k}"], name=f"relu{k}"),
-            helper.make_node("Add", [f"r{k}", x], [f"a{k}"], name=f"add{k}"),
-            helper.make_node("Mul", [f"a{k}", f"s{k}"], [f"m{k}"], name=f"mul{k}"),
-        ]
-        x = f"m{k}"
-    graph = helper.make_graph(
-        nodes,
-        "wide",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
-        [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 8, 8, 8])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-
-
 def test_two_thousand_nodes_open_and_respond(browser: Any, tmp_path: Path) -> None:
-    import onnx
-
     model = tmp_path / "wide.onnx"
-    onnx.save(wide_model(), str(model))
+    subprocess.run([sys.executable, str(WIDE), str(model)], check=True)
     path = tmp_path / "wide.html"
-    start = time.perf_counter()
     done = subprocess.run(
         [
             sys.executable,
@@ -294,24 +258,14 @@ def test_two_thousand_nodes_open_and_respond(browser: Any, tmp_path: Path) -> No
         text=True,
         timeout=600,
     )
-    made = time.perf_counter() - start
     assert done.returncode == 0, done.stderr
     data = _data(path)["g0"]
-    page, seconds = _open(browser, path)
-    t = time.perf_counter()
+    page = _open(browser, path)
     page.locator("#search").fill("relu17")
     assert (
         page.locator("#search-count").inner_text() == f"{_matches(data['nodes'], 'relu17')} matches"
     )
-    search_s = time.perf_counter() - t
-    t = time.perf_counter()
     page.locator("#fp32-only").check()
     page.locator("#svg-g0 g.n.gone").first.wait_for(state="attached")
-    filter_s = time.perf_counter() - t
-    print(
-        f"\n2,000-node model: page {path.stat().st_size / 1024:.0f} KB made in {made:.1f} s, "
-        f"load+render {seconds:.2f} s, search {search_s:.2f} s, filter {filter_s:.2f} s"
-    )
     assert page.locator("#svg-g0 g.n").count() == len(data["nodes"]) >= 2000
-    assert seconds < 10 and search_s < 3 and filter_s < 3, (seconds, search_s, filter_s)
     page.close()
