@@ -14,10 +14,13 @@ skipped with the reason shown; under CI (``$CI`` set) they fail instead.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -144,6 +147,26 @@ def _no_mixprec_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(var)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``corpus``: every test that reads the real-model corpus (its fixture), so the
+    marker says exactly that."""
+    for item in items:
+        if "corpus_dir" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.corpus)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """One process at a time in ``folder`` (pytest-xdist's workers share the cache)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / ".lock").open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def corpus_dir() -> Path:
     """Folder holding the 7 real corpus models as ``models/*.onnx`` (fetch.sh layout)."""
@@ -156,10 +179,15 @@ def corpus_dir() -> Path:
             pytest.fail(f"MIXPREC_CORPUS={env}: {'; '.join(problems)}", pytrace=False)
         return folder
     cache = Path.home() / ".cache" / "mixprec" / "corpus"
+    with _locked(cache):
+        return _fetched(cache, digests)
+
+
+def _fetched(cache: Path, digests: dict[str, str]) -> Path:
+    """``cache`` with the corpus in it, fetched there when it is not."""
     if not _problems(cache, digests):
         return cache
     shared = _shared_corpus()
-    cache.mkdir(parents=True, exist_ok=True)
     if shared is not None:
         proc = subprocess.run(
             ["bash", str(shared / "fetch.sh"), str(cache)],

@@ -25,10 +25,14 @@ from mixprec.batch.process import STAGING_PREFIX
 from mixprec.batch.results import read_rows
 
 # Not imported here: mixprec sets Ray's auth mode before Ray's first import.
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("ray") is None,
-    reason="the [ray] extra is not installed (make test installs it)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("ray") is None,
+        reason="the [ray] extra is not installed (make test installs it)",
+    ),
+    pytest.mark.slow,
+    pytest.mark.xdist_group("ray"),  # one Ray head: every test here on one xdist worker
+]
 
 RAY = Path(sys.executable).with_name("ray")
 

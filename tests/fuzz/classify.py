@@ -2,7 +2,8 @@
 
 * **valid success**: exit 0, the output exists and passes
   ``onnx.checker.check_model(full_check=True)``, keeps the graph's input and output names,
-  and runs in ONNX Runtime when the input did (bf16: a missing CPU kernel is accepted);
+  and runs in ONNX Runtime when the input did (bf16: a missing CPU kernel is accepted),
+  while an input ONNX Runtime refuses for its own fault (inference fails) was refused;
   stderr holds only one-line ``mixprec: ...`` messages (or progress lines).
 * **clean error**: exit 2, exactly one stderr line, starting ``mixprec: error:``, nothing
   on stdout, no output file.
@@ -37,6 +38,8 @@ KINDS = {
     "traceback": "a traceback in stdout or stderr",
     "invalid-output": "exit 0 but the output fails onnx.checker (full_check)",
     "output-fails-in-ort": "the input runs in ONNX Runtime, the output does not",
+    "written-though-refused": "exit 0 though ONNX Runtime refuses the input for a fault of "
+    "the model's own (shape or type inference fails): say so, exit 2, write nothing",
     "signature-changed": "the graph's input/output names changed",
     "no-output": "exit 0 but no output file",
     "output-on-error": "exit 2 but the output file was written",
@@ -47,6 +50,9 @@ KINDS = {
 }
 
 _PROGRESS = re.compile(r"^\[\s*\d+\.\d+s\] ")
+#: ONNX Runtime's words for a model it refuses for the model's own fault (not for a kernel
+#: or an op it lacks, which mixprec may convert without running).
+_MODEL_FAULT = re.compile(r"ShapeInferenceError|TypeInferenceError|INVALID_GRAPH")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +114,8 @@ def classify(obs: Observation) -> Outcome:
             return defect("invalid-output", obs.checker_error)
         if obs.output_error:
             return defect("output-fails-in-ort", obs.output_error)
+        if obs.input_refused and _MODEL_FAULT.search(obs.input_refused):
+            return defect("written-though-refused", obs.input_refused)
         if obs.signature_error:
             return defect("signature-changed", obs.signature_error)
         if obs.leftovers:

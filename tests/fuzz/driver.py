@@ -131,6 +131,7 @@ class Observation:
     phase: str = "start"  # the last phase the child reached
     checker_error: str | None = None
     input_ran: bool | None = None  # did ONNX Runtime run the input? None: not tried
+    input_refused: str | None = None  # why ONNX Runtime would not load the input
     output_error: str | None = None  # why ONNX Runtime could not run the output
     signature_error: str | None = None  # input/output names of the graph changed
     harness_error: str | None = None  # a fault of the fuzz harness itself
@@ -332,6 +333,7 @@ def _check_output(folder: Path, dtype: str | None, send) -> dict[str, object]:  
     except Exception as exc:
         found["signature_error"] = f"cannot compare signatures: {_first_line(exc)}"
     send("phase", "ort-input")
+    found["input_refused"] = _load_error(model)
     feeds = _run_ort(model, None)
     found["input_ran"] = feeds is not None
     if feeds is not None:
@@ -388,6 +390,19 @@ def _run_ort(path: Path, feeds: dict | None, *, strict: bool = False) -> dict | 
         if strict:
             raise
         return None
+
+
+def _load_error(path: Path) -> str | None:
+    """Why ONNX Runtime will not load ``path`` (its first line), None when it loads."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        return _first_line(exc)
+    return None
 
 
 def _first_line(exc: BaseException) -> str:

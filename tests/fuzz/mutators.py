@@ -276,6 +276,34 @@ def wrong_dims(rng: random.Random, m: SeedModel) -> None:
             vi.type.tensor_type.shape.SetInParent()
 
 
+def zero_before_reshape(rng: random.Random, m: SeedModel) -> None:
+    """A Flatten written as PyTorch exports ``x.view(x.size(0), -1)`` (Shape, Gather,
+    Concat, Reshape), ``x`` declared with batch dim 0: the checker passes, ONNX Runtime
+    refuses to load the model (its Reshape inference reads the declared 0 beside -1)."""
+    graph = m.proto.graph
+    flat = _pick(rng, [n for n in graph.node if n.op_type == "Flatten"], "no Flatten")
+    x, y, tag = flat.input[0], flat.output[0], _fresh("view", rng)
+    graph.initializer.extend(
+        [
+            numpy_helper.from_array(np.array([0], np.int64), f"{tag}_zero"),
+            numpy_helper.from_array(np.array([-1], np.int64), f"{tag}_rest"),
+        ]
+    )
+    at = list(graph.node).index(flat)
+    view = [
+        helper.make_node("Shape", [x], [f"{tag}_shape"]),
+        helper.make_node("Gather", [f"{tag}_shape", f"{tag}_zero"], [f"{tag}_n"], axis=0),
+        helper.make_node("Concat", [f"{tag}_n", f"{tag}_rest"], [f"{tag}_to"], axis=0),
+        helper.make_node("Reshape", [x, f"{tag}_to"], [y]),
+    ]
+    nodes = [*graph.node[:at], *view, *graph.node[at + 1 :]]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    declared = _pick(rng, [v for v in _value_infos(m.proto, infer=True) if v.name == x], "x")
+    declared.type.tensor_type.shape.dim[0].Clear()
+    declared.type.tensor_type.shape.dim[0].dim_value = 0
+
+
 def string_input(rng: random.Random, m: SeedModel) -> None:
     """A string graph input: the model's own input retyped, or an extra unused one."""
     if rng.random() < 0.5:
@@ -636,6 +664,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     _m("unknown_domain", "graph", unknown_domain),
     _m("wrong_elem_type", "types", wrong_elem_type),
     _m("wrong_dims", "types", wrong_dims),
+    _m("zero_before_reshape", "types", zero_before_reshape, ("cnn",)),
     _m("string_input", "types", string_input),
     _m("non_tensor_input", "types", optional_type_input),
     _m("cast_to_odd", "types", cast_to_odd),

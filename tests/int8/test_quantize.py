@@ -26,6 +26,7 @@ from mixprec.int8.params import (
 from mixprec.int8.plan import AnnotateInt8Pass, int8_decision
 from mixprec.passes.fold import FoldBatchNormPass
 from mixprec.passes.shapes import InferShapesPass
+from mixprec.runtime import clock as timing_clock
 from mixprec.runtime.kernels import integer_kernel_share
 
 RNG = np.random.default_rng(0)
@@ -419,7 +420,7 @@ def test_paired_timing_ratios_and_margin(monkeypatch):
     from mixprec.int8 import speed as _qspeed
 
     clock = [0.0]
-    monkeypatch.setattr(_qspeed.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(timing_clock, "now", lambda: clock[0])
     costs = {"fp32": 2e-3, "fast": 1e-3, "same": 1.96e-3}
 
     class Fake:
@@ -445,7 +446,7 @@ def test_paired_timing_drops_placements_that_cannot_win(monkeypatch):
     from mixprec.int8 import speed as _qspeed
 
     clock = [0.0]
-    monkeypatch.setattr(_qspeed.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(timing_clock, "now", lambda: clock[0])
     runs = {"fp32": 0, "fast": 0, "slow": 0}
     costs = {"fp32": 2e-3, "fast": 1e-3, "slow": 3e-3}
 

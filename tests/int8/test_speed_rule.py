@@ -7,8 +7,6 @@ least. The rounds below follow the notes printed by real runs (issue 17).
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -21,6 +19,7 @@ from mixprec.int8.speed import (
     decide,
     time_paired,
 )
+from mixprec.runtime import clock as timing_clock
 
 ORDER = ["all", "no depthwise Conv", "only large"]
 
@@ -94,25 +93,35 @@ def test_a_placement_clearly_faster_than_the_fuller_one_wins():
     assert decision.chosen == "only large", decision.why
 
 
-class _Fixed:
-    """A session whose run takes a fixed, known time (the timing loop's stand-in for a
-    placement's ORT session, so the pruning rule is tested without a noisy clock)."""
+class _Clock:
+    """The timing clock, moved only by the stand-in sessions' runs."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Fixed:
+    """A session whose run takes a fixed, known time on :class:`_Clock` (the timing loop's
+    stand-in for a placement's ORT session: the pruning rule is tested on no real clock)."""
+
+    def __init__(self, seconds: float, clock: _Clock) -> None:
+        self.seconds, self.clock = seconds, clock
 
     def run(self, feeds):
-        deadline = time.perf_counter() + self.seconds
-        while time.perf_counter() < deadline:
-            pass
+        self.clock.now += self.seconds
         return {}
 
 
-def test_a_placement_slower_than_a_fuller_faster_one_stops_after_the_first_rounds():
+def test_a_placement_slower_than_a_fuller_faster_one_stops_after_the_first_rounds(monkeypatch):
     """Before: every placement was timed its full rounds, though once 'all' is found
     faster a later placement MARGIN slower than it can never be chosen (det's plan timed
     four placements 15 rounds each)."""
-    sessions = {"fp32": _Fixed(0.002), "no depthwise Conv": _Fixed(0.001)}  # ratio 0.5
+    clock = _Clock()
+    monkeypatch.setattr(timing_clock, "now", clock)
+    sessions = {"fp32": _Fixed(0.002, clock), "no depthwise Conv": _Fixed(0.001, clock)}
     free = time_paired(sessions, {})
     assert len(free["no depthwise Conv"]) >= _MIN_ROUNDS  # nothing better known: timed in full
     beaten = time_paired(sessions, {}, bar=0.3)  # 'all' ran at 0.3x FP32

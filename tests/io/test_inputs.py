@@ -29,7 +29,7 @@ from mixprec.io.sanitize import (
 F = TensorProto.FLOAT
 
 
-def _vi(name: str, shape: list[int] | None = None, elem: int = F) -> onnx.ValueInfoProto:
+def _vi(name: str, shape: list[int | str] | None = None, elem: int = F) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, elem, [1, 4] if shape is None else shape)
 
 
@@ -131,6 +131,48 @@ def _empty_if() -> onnx.ModelProto:
     return _model([node], [_vi("c", [], TensorProto.BOOL)])
 
 
+def _view_of_declared_zero(blocks: int = 40) -> onnx.ModelProto:
+    """Conv, Relu ``r`` declared [0, 4, 8, 8], ``r.view(r.size(0), -1)`` as PyTorch exports
+    it (Shape, Gather, Concat, Reshape), MatMul, then ``blocks`` x (Mul, Add): onnx.checker
+    passes, ONNX Runtime refuses the model (its Reshape inference reads the declared 0
+    beside -1). A fuzz case: range analysis warned once per tensor (52 lines at 40 blocks,
+    each variant that did not make ``r`` an output failed to load), then wrote a model ORT
+    refuses too, exit 0."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((4, 3, 3, 3)) * 0.3).astype("f4"), "w"),
+        numpy_helper.from_array((rng.standard_normal((256, 10)) * 0.1).astype("f4"), "fc"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+        numpy_helper.from_array(np.array([-1], np.int64), "rest"),
+        numpy_helper.from_array(np.array(0.5, np.float32), "half"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
+        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+        helper.make_node("Shape", ["r"], ["s"], name="shape"),
+        helper.make_node("Gather", ["s", "zero"], ["n"], axis=0, name="gather"),
+        helper.make_node("Concat", ["n", "rest"], ["t"], axis=0, name="concat"),
+        helper.make_node("Reshape", ["r", "t"], ["f"], name="view"),
+        helper.make_node("MatMul", ["f", "fc"], ["h"], name="fc"),
+    ]
+    h = "h"
+    for k in range(blocks):
+        nodes += [
+            helper.make_node("Mul", [h, "half"], [f"m{k}"], name=f"mul{k}"),
+            helper.make_node("Add", [f"m{k}", h], [f"a{k}"], name=f"add{k}"),
+        ]
+        h = f"a{k}"
+    nodes.append(helper.make_node("Identity", [h], ["y"], name="out"))
+    model = _model(
+        nodes,
+        [_vi("x", ["N", 3, 8, 8])],
+        [_vi("y", ["N", 10])],
+        inits,
+    )
+    model.graph.value_info.append(_vi("r", [0, 4, 8, 8]))
+    return model
+
+
 def _ir_version(version: int) -> Callable[[], onnx.ModelProto]:
     def make() -> onnx.ModelProto:
         model = _relu()
@@ -183,6 +225,12 @@ BAD: dict[str, tuple[Callable[[], onnx.ModelProto], list[str], str]] = {
         "node 'add' (Add) reads 'nope' (input 1), which no node",
     ),
     "output-not-computed": (lambda: _model([]), [], "output 'y' of the graph is not computed"),
+    "onnxruntime-refuses-the-input": (
+        _view_of_declared_zero,
+        [],
+        "onnxruntime cannot load the model: [ONNXRuntimeError] : 1 : FAIL : Node (view) Op "
+        "(Reshape) [ShapeInferenceError] Invalid Target shape product of 0",
+    ),
     # a fuzz case: a Cast's input renamed to "" crashed FoldCastsPass (IndexError, exit 3)
     "cast-input-empty": (
         lambda: _model(

@@ -4,8 +4,9 @@ reaches engines through) by one that says yes to the CUDA provider and runs ever
 for real in ONNX Runtime on the CPU: an fp16 model as it is, a bf16 model through the FP32
 emulation of its bf16 rounding (ONNX Runtime's CPU has no bf16 kernels), its feeds bound
 through ORT's real ``io_binding``. Only its speed is made up: each run on the fake device
-waits a fixed time by the model's lowest float dtype, so that which candidate is faster
-is known. Accuracy is never made up: the candidates are :func:`mixprec.convert`'s real
+advances the timing clock (:mod:`mixprec.runtime.clock`, a virtual one here) by a fixed
+time by the model's lowest float dtype, so every ratio is known exactly, on any machine
+under any load. Accuracy is never made up: the candidates are :func:`mixprec.convert`'s real
 fp16 and bf16 models, checked against the input in ONNX Runtime's CPU provider.
 
 Where onnxruntime-gpu is missing (here), ``--device cuda`` is one error line, and a model
@@ -16,7 +17,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -33,6 +33,7 @@ from mixprec.optimize.candidates import Candidate
 from mixprec.optimize.device import device_candidates
 from mixprec.optimize.metadata import stamp
 from mixprec.report.optimize_page import candidates_html
+from mixprec.runtime import clock as timing_clock
 from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.engine import REGISTRY, RuntimeOptions
 from mixprec.runtime.engines import (
@@ -45,8 +46,8 @@ from mixprec.runtime.engines import (
 )
 
 OrtEngine = type(ENGINES["ort"])
-#: Seconds each run on the fake device waits, by the model's lowest float dtype: a GPU's
-#: gain from fp16 and more from bf16, made certain (the runs themselves take ~0.1 ms).
+#: Seconds each run on the fake device takes on the virtual clock, by the model's lowest
+#: float dtype: a GPU's gain from fp16 and more from bf16, made certain.
 WAIT = {"float": 0.004, "float16": 0.0015, "bfloat16": 0.0008}
 CUDA = '{"provider": "cuda"}'
 
@@ -61,14 +62,24 @@ def _lowest(proto: onnx.ModelProto) -> str:
     return "float16" if TensorProto.FLOAT16 in types else "float"
 
 
-class _Bound:
-    """ORT's real binding, each run after the fake device's wait."""
+class _Clock:
+    """The timing clock, moved only by runs on the fake device."""
 
-    def __init__(self, bound, wait: float) -> None:
-        self.bound, self.wait = bound, wait
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _Bound:
+    """ORT's real binding; each run takes the fake device's time on the virtual clock."""
+
+    def __init__(self, bound, wait: float, clock: _Clock) -> None:
+        self.bound, self.wait, self.clock = bound, wait, clock
 
     def run(self) -> None:
-        time.sleep(self.wait)
+        self.clock.now += self.wait
         self.bound.run()
 
     def outputs(self) -> dict[str, np.ndarray]:
@@ -85,12 +96,12 @@ class _OnDevice:
         self.output_names, self.notes = inner.output_names, inner.notes
 
     def run(self, feeds: Mapping[str, np.ndarray], output_names=None) -> dict[str, np.ndarray]:
-        time.sleep(WAIT[self.dtype])
+        self.engine.clock.now += WAIT[self.dtype]
         return self.inner.run(feeds, output_names)
 
     def bind(self, feeds: Mapping[str, np.ndarray]) -> _Bound:
         self.engine.bound.append(self.dtype)
-        return _Bound(self.inner.bind(feeds), WAIT[self.dtype])
+        return _Bound(self.inner.bind(feeds), WAIT[self.dtype], self.engine.clock)
 
 
 class FakeCuda(OrtEngine):
@@ -101,6 +112,7 @@ class FakeCuda(OrtEngine):
         super().__init__()
         self.opened: list[tuple[str, bool]] = []
         self.bound: list[str] = []
+        self.clock = _Clock()
 
     def missing(self, options=None):
         if options is not None and options.provider == "cuda":
@@ -132,6 +144,7 @@ def cuda(monkeypatch) -> Iterator[FakeCuda]:
     registry's entry is swapped, and restored after the test)."""
     fake = FakeCuda()
     monkeypatch.setitem(REGISTRY, "ort", fake)
+    monkeypatch.setattr(timing_clock, "now", fake.clock)
     yield fake
 
 
@@ -151,7 +164,9 @@ def test_gpu_candidates_are_built_checked_and_timed_on_the_device(
         row = rows[name]
         assert row.status == "timed" and row.accurate, row
         assert row.note.startswith("mixprec.convert to ")
-        assert row.timing is not None and row.timing.ratio < 0.8  # the device's waits
+        assert row.timing is not None  # exactly the device's set speeds
+    assert rows["fp16-cuda"].timing.ratio == pytest.approx(WAIT["float16"] / WAIT["float"])
+    assert rows["bf16-cuda"].timing.ratio == pytest.approx(WAIT["bfloat16"] / WAIT["float"])
     # each checked once and timed once on the device; timing ran the bound feeds
     assert collections.Counter(cuda.opened) == {
         ("float", False): 1,  # the input checked on the device (the reference: ORT's CPU)

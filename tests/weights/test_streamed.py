@@ -259,6 +259,7 @@ def big_folder(tmp_path: Path) -> Iterator[Path]:
         path.unlink()
 
 
+@pytest.mark.slow
 def test_a_model_over_2_gb_is_quantized_in_half_its_size_plus_1_gb(big_folder: Path) -> None:
     """``mixprec quantize big.onnx -o out.onnx --weights int4`` in a child process, on
     x[1, 8, 64] @ w0 [64, 8192] then 4 branches [8192, 17408] summed: 2.28 GB of float32
@@ -300,6 +301,7 @@ def test_a_model_over_2_gb_is_quantized_in_half_its_size_plus_1_gb(big_folder: P
     assert rel < 0.15, rel  # int4 blocks of 32 with int8 activations (accuracy_level 4)
 
 
+@pytest.mark.slow
 def test_a_streamed_language_model_is_guarded_and_repaired(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

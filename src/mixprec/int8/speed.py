@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import math
 import re
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -33,6 +32,7 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.calibrate.measure import node_macs
+from mixprec.runtime import clock
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError, Session
 from mixprec.runtime.engines import engine_for
 
@@ -244,22 +244,22 @@ def time_paired(
     done (default: :data:`_BUDGET_SECONDS` and at least :data:`_MIN_ROUNDS` rounds);
     ``dropped`` gets the labels that dropped out."""
     runners = {label: _runner(s, feeds) for label, s in sessions.items()}
-    start = time.perf_counter()
+    start = clock.now()
     runners["fp32"]()
-    repeat = max(1, int(_RUN_SECONDS / max(time.perf_counter() - start, 1e-6)))
+    repeat = max(1, int(_RUN_SECONDS / max(clock.now() - start, 1e-6)))
     labels = list(runners)
     least, limit = (_MIN_ROUNDS, _BUDGET_SECONDS) if seconds is None else (_PRUNE_AFTER, seconds)
     times: dict[str, list[float]] = {label: [] for label in labels}
-    began = time.perf_counter()
+    began = clock.now()
     rounds = 0
     while rounds < _MAX_ROUNDS + _WARMUP and len(labels) > 1:
         order = labels[rounds % len(labels) :] + labels[: rounds % len(labels)]
         for label in order:
-            start = time.perf_counter()
+            start = clock.now()
             for _ in range(repeat):
                 runners[label]()
             if rounds >= _WARMUP:
-                times[label].append((time.perf_counter() - start) / repeat)
+                times[label].append((clock.now() - start) / repeat)
         rounds += 1
         done = rounds - _WARMUP
         if done >= _PRUNE_AFTER:
@@ -267,7 +267,7 @@ def time_paired(
             if dropped is not None:
                 dropped.update(set(labels) - set(kept))
             labels = kept
-        if done >= least and time.perf_counter() - began >= limit:
+        if done >= least and clock.now() - began >= limit:
             break
     return times
 

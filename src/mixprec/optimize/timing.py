@@ -21,13 +21,13 @@ untimed, and a budget too small to time even one is refused before any work
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from mixprec.int8.speed import PRUNE_AFTER, RUN_SECONDS, WARMUP_ROUNDS, time_paired
+from mixprec.runtime import clock
 from mixprec.runtime.engine import Session
 
 __all__ = ["Timer", "Timing", "minimum_seconds"]
@@ -96,9 +96,9 @@ class Timer:
         self.budget = budget
         self.count = max(count, 1)
         reference.run(self.feeds)  # the first run sets up (allocations, kernels' caches)
-        start = time.perf_counter()
+        start = clock.now()
         reference.run(self.feeds)
-        self.run_seconds = time.perf_counter() - start
+        self.run_seconds = clock.now() - start
 
     def share(self) -> float | None:
         """The seconds the next candidate gets (None: the default), or 0 when the budget
@@ -116,7 +116,7 @@ class Timer:
         if seconds == 0.0:
             return None
         dropped: set[str] = set()
-        start = time.perf_counter()
+        start = clock.now()
         times = time_paired(
             {"fp32": self.reference, "candidate": session},
             self.feeds,
@@ -124,5 +124,5 @@ class Timer:
             seconds=seconds,
             dropped=dropped,
         )
-        self.left -= time.perf_counter() - start
+        self.left -= clock.now() - start
         return Timing.of(times["candidate"], times["fp32"], "candidate" in dropped)
