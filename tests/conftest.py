@@ -22,6 +22,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -153,6 +154,39 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "corpus_dir" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.corpus)
+
+
+#: The system Chromium the browser tests drive (never a downloaded one).
+CHROMIUM = os.environ.get("MIXPREC_CHROMIUM", "/usr/bin/chromium")
+#: Chromium's flags here: headless as root, and no network of its own (a closed network
+#: refuses its background connections).
+LAUNCH_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """One headless Chromium (Playwright) for every browser test of this process; the
+    tests skip, saying why, where Playwright or Chromium is missing."""
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')"
+    )
+    if not Path(CHROMIUM).exists():
+        pytest.skip(
+            f"headless Chromium not found at {CHROMIUM} (make test installs the Debian "
+            "package 'chromium' when it can)"
+        )
+    with sync_api.sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        yield launched
+        launched.close()
 
 
 @contextlib.contextmanager

@@ -8,12 +8,10 @@ when Playwright or Chromium is missing.
 from __future__ import annotations
 
 import json
-import os
 import struct
 import subprocess
 import sys
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,34 +23,6 @@ from mixprec.report.html import write_report_html
 ROOT = Path(__file__).resolve().parents[2]
 #: The 2,000-node model's builder (also timed by bench/report_page.py).
 WIDE = ROOT / "examples" / "make_wide_model.py"
-CHROMIUM = os.environ.get("MIXPREC_CHROMIUM", "/usr/bin/chromium")
-LAUNCH_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-sync_api = pytest.importorskip(
-    "playwright.sync_api", reason="playwright is not installed (pip install -e '.[test]')"
-)
-if not Path(CHROMIUM).exists():
-    pytest.skip(
-        f"headless Chromium not found at {CHROMIUM} (make test installs the Debian package "
-        "'chromium' when it can)",
-        allow_module_level=True,
-    )
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        yield b
-        b.close()
 
 
 def _open(browser: Any, path: Path) -> Any:

@@ -271,11 +271,13 @@ class SampleRunner:
             proto, arrays = weightless_proto(self._model, data_folder=folder)
             self._external.update(arrays)
             self._runner = VariantRunner(proto, self._threads, self._external, folder)
-            # The model as it is must load: a variant that makes a tensor an output drops
-            # that tensor's declared shape, so one may load where the model does not (a
-            # declared dim 0 that ORT's Reshape inference refuses), and every other
-            # variant then fails, tensor by tensor. Raises when ONNX Runtime refuses it.
-            self._runner.run(self._runner.original_outputs, feeds)
+            if self._probe is None:
+                # The model as it is must load (a probe session, which loaded, says it
+                # does): a variant that makes a tensor an output drops that tensor's
+                # declared shape, so one may load where the model does not (a declared
+                # dim 0 that ORT's Reshape inference refuses), and every other variant
+                # then fails, tensor by tensor. Raises when ONNX Runtime refuses it.
+                self._runner.run(self._runner.original_outputs, feeds)
         runner = self._runner
         wanted = {name for name, _ in pending}
         originals = runner.original_outputs
