@@ -53,12 +53,13 @@ def test_an_axis_of_size_1_is_never_a_class_axis():
         s2 = MatMul(x, w)
         prob = Softmax<axis = -1>(s2)
     }}""")
-    assert kinds["score"][0] == "rel-l2" and "size 1" in kinds["score"][1]
-    assert kinds["prob"][0] == "rel-l2" and "size 1" in kinds["prob"][1]
+    assert kinds["score"][0] == "other" and "size 1" in kinds["score"][1]
+    assert kinds["prob"][0] == "other" and "size 1" in kinds["prob"][1]
 
 
-def test_heads_beside_class_scores_and_regressions_stay_rel_l2():
-    """MTCNN's O-Net: box and landmark MatMuls beside a Softmax; a detector's map."""
+def test_heads_beside_class_scores_and_regressions_are_read_as_regressions():
+    """MTCNN's O-Net: box and landmark MatMuls beside a Softmax (read by their channels
+    where checked: :mod:`mixprec.core.readings`); a detector's sigmoid map: scores."""
     kinds = _kinds(f"""{HEAD}
     g (float[N, 8] x, float[1, 2, 4, 4] f) => (float[N, 4] dense_5, float[N, 2] cls,
                                                float[1, 2, 4, 4] heat)
@@ -70,17 +71,17 @@ def test_heads_beside_class_scores_and_regressions_stay_rel_l2():
         heat = Sigmoid(f)
     }}""")
     assert kinds["cls"][0] == "top1" and "class scores: Softmax" in kinds["cls"][1]
-    assert kinds["dense_5"][0] == "rel-l2"
-    assert "beside the class scores 'cls'" in kinds["dense_5"][1]
-    assert kinds["heat"] == ("rel-l2", "other float output: rel L2")
+    assert kinds["dense_5"][0] == "other"
+    assert "beside the class scores 'cls': a regression head" in kinds["dense_5"][1]
+    assert kinds["heat"] == ("scores@1", "sigmoid scores: Sigmoid")
     alone = _kinds(f"""{HEAD}
     g (float[N, 8] x) => (float[N, 4] bbox_reg)
     <float[8, 4] w = {{{",".join(["0.1"] * 32)}}}>
     {{ bbox_reg = MatMul(x, w) }}""")
-    assert alone["bbox_reg"][0] == "rel-l2" and "named like a regression" in alone["bbox_reg"][1]
+    assert alone["bbox_reg"][0] == "other" and "named like a regression" in alone["bbox_reg"][1]
 
 
-def test_embeddings_are_read_by_cosine():
+def test_embeddings_are_read_as_embeddings():
     kinds = _kinds(
         f"""{HEAD}
     g (float[N, S, 6] h, float[N, 6] v) => (float[N, 6] mean_pooled, float[N, 6] unit,
@@ -97,11 +98,12 @@ def test_embeddings_are_read_by_cosine():
         ids = ArgMax<axis = -1, keepdims = 0>(v)
     }}""".replace('["" : 17]', '["" : 18]')
     )
-    assert kinds["mean_pooled"][0] == "cosine" and "sequence axis" in kinds["mean_pooled"][1]
-    assert kinds["unit"][0] == "cosine" and "LpNormalization" in kinds["unit"][1]
-    assert kinds["normed"][0] == "cosine" and "divided by its norm" in kinds["normed"][1]
-    assert kinds["sentence_embedding"][0] == "cosine"
-    assert kinds["last_hidden_state"][0] == "rel-l2"  # one vector per token: not pooled
+    assert kinds["mean_pooled"][0] == "embedding" and "sequence axis" in kinds["mean_pooled"][1]
+    assert kinds["unit"][0] == "embedding" and "LpNormalization" in kinds["unit"][1]
+    assert kinds["normed"][0] == "embedding" and "divided by its norm" in kinds["normed"][1]
+    assert kinds["sentence_embedding"][0] == "embedding"
+    # one vector per token: not pooled (read by its values where checked)
+    assert kinds["last_hidden_state"][0] == "other"
     assert kinds["ids"][0] == "match"
 
 

@@ -206,7 +206,7 @@ def test_class_scores_are_read_on_the_softmax_axis_and_never_on_a_size_1_axis():
     """Before: the class axis was always the last one (a segmentation Softmax(axis=1) was
     scored across the width), and an output whose last dim is 1 always passed."""
     assert _specs(_softmax_model(1, 5)) == {"p": "top1@1"}
-    assert _specs(_softmax_model(1, 1)) == {"p": "rel-l2"}
+    assert _specs(_softmax_model(1, 1)) == {"p": "other"}  # read by its values, never argmax
     budget = GuardBudget.of(None, None)
     ref = np.zeros((1, 5, 4, 4), np.float32)
     ref[0, 2] = 1.0  # class 2 everywhere

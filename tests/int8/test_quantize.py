@@ -403,15 +403,23 @@ def test_mtcnn_onet_int8(corpus_dir: Path):
     def batch() -> dict[str, np.ndarray]:
         return {"input_3": rng.uniform(-1, 1, (8, 48, 48, 3)).astype(np.float32)}
 
-    result = mixprec.quantize(str(path), (batch() for _ in range(4)), speed="off")
+    unguarded = mixprec.quantize(
+        str(path), [batch() for _ in range(4)], speed="off", guard=False
+    ).model_proto
+    result = mixprec.quantize(str(path), [batch() for _ in range(4)], speed="off")
     proto = result.model_proto
     onnx.checker.check_model(proto, full_check=True)
-    assert result.report.quantization["integer_kernel_mac_share"] == 1.0
+    assert result.report.quantization["integer_kernel_mac_share"] > 0.0
     feeds = batch()
     ref = run_ort(onnx.load(path), feeds)
-    got = run_ort(proto, feeds)
-    for name in ref:
-        assert _rel_l2(ref[name], got[name]) < 0.1, name
+    got, all_int8 = run_ort(proto, feeds), run_ort(unguarded, feeds)
+    # the box regression's 4 channels read one by one: all-INT8 moves one of them by
+    # more than 10% (the whole tensor's rel L2 hid it), and the guard keeps its layers float
+    worst = max(_rel_l2(ref["dense_5"][:, k], all_int8["dense_5"][:, k]) for k in range(4))
+    assert worst > 0.1 and _rel_l2(ref["dense_5"], all_int8["dense_5"]) < 0.1
+    assert "worst channel's rel L2 <= 0.1 on 'dense_5'" in result.report.guard["summary"]
+    for name in ("dense_5", "dense_6"):
+        assert max(_rel_l2(ref[name][:, k], got[name][:, k]) for k in range(4)) < 0.1, name
     assert np.array_equal(ref["softmax_2"].argmax(1), got["softmax_2"].argmax(1))
 
 
@@ -656,7 +664,8 @@ def test_bias_correction_removes_the_mean_shift_of_rounded_weights():
         ]
         return float(np.abs(np.mean(shifts, axis=0))[1:].mean())  # the small channels
 
-    options = {"per_channel": False, "speed": "off", "mode": "static"}
+    # no guard: its worst-channel reading keeps this per-tensor conv float (the point here)
+    options = {"per_channel": False, "speed": "off", "mode": "static", "guard": False}
     plain = mixprec.quantize(model, samples, **options)
     corrected = mixprec.quantize(model, samples, bias_correction=True, **options)
     assert corrected.report.quantization["biases_corrected"] == 1, corrected.report.quantization

@@ -16,11 +16,16 @@ from mixprec.core.output_kinds import OutputKind, shape_class_axis
 
 __all__ = [
     "DEFAULT_RTOL",
+    "NEIGHBOUR_TIE",
     "OutputComparison",
+    "channel_rel_l2",
     "compare_outputs",
     "cosine_similarity",
+    "decision_agreement",
     "equal_share",
     "max_abs_error",
+    "nearest_neighbours",
+    "neighbour_agreement",
     "rel_l2_error",
     "row_cosines",
     "top1_agreement",
@@ -159,6 +164,52 @@ def row_cosines(ref: np.ndarray, out: np.ndarray, axis: int = -1) -> np.ndarray:
     cos = np.sum(a * b, axis=1) / np.maximum(na * nb, 1e-300)
     cos = np.where((na == 0) & (nb == 0), 1.0, cos)
     return np.where(finite, cos, -1.0)
+
+
+def decision_agreement(ref: np.ndarray, out: np.ndarray, threshold: float = 0.5) -> float:
+    """The share of scores on the same side of ``threshold`` (a sigmoid's yes/no per bin,
+    tag or pixel)."""
+    a, b = np.asarray(ref), np.asarray(out)
+    return float(np.mean((a > threshold) == (b > threshold))) if a.size else 1.0
+
+
+def channel_rel_l2(ref: np.ndarray, out: np.ndarray, axis: int) -> np.ndarray:
+    """The :func:`rel_l2_error` of each channel along ``axis`` (each over the rest of the
+    tensor): 4 box coordinates in pixels cannot hide 80 class scores in [0, 1]."""
+    a = np.moveaxis(np.asarray(ref, dtype=np.float64), axis, 0)
+    b = np.moveaxis(np.asarray(out).astype(np.float64), axis, 0)
+    return np.array([rel_l2_error(x, y) for x, y in zip(a, b, strict=True)])
+
+
+#: Two neighbours this close in cosine to a row are a tie: either one keeps the answer.
+NEIGHBOUR_TIE = 1e-3
+
+
+def _similarities(rows: np.ndarray) -> np.ndarray:
+    """The cosine of each row to every other one (``-inf`` to itself)."""
+    x = np.asarray(rows, dtype=np.float64)
+    x = np.where(np.isfinite(x), x, 0.0)
+    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-300)
+    similarity = x @ x.T
+    np.fill_diagonal(similarity, -np.inf)
+    return similarity
+
+
+def nearest_neighbours(rows: np.ndarray) -> np.ndarray:
+    """Each row's nearest other row by cosine (rows: ``[R, D]``, R >= 2)."""
+    return np.argmax(_similarities(rows), axis=1)
+
+
+def neighbour_agreement(ref_rows: np.ndarray, out_rows: np.ndarray) -> float:
+    """The share of rows whose nearest neighbour among the others (by cosine) is the same
+    row in both (a sentence encoder's search results), or one the reference ties with it
+    (within :data:`NEIGHBOUR_TIE`: near-duplicate rows); 1 for fewer than 3 rows."""
+    if len(ref_rows) < 3:
+        return 1.0
+    similarity = _similarities(ref_rows)
+    best = np.max(similarity, axis=1)
+    chosen = similarity[np.arange(len(similarity)), nearest_neighbours(out_rows)]
+    return float(np.mean(chosen >= best - NEIGHBOUR_TIE))
 
 
 def equal_share(ref: np.ndarray, out: np.ndarray) -> float:

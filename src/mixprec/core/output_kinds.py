@@ -9,6 +9,8 @@ axis. The rules, first match wins (each kind carries the reason it was chosen):
 
    * a Softmax/LogSoftmax output, through shape-only ops, on **its own axis** (the last
      one after a reshape);
+   * (**scores**) a Sigmoid output, through shape-only ops: scores answered by argmax on
+     the last axis (the channels of a rank-4 map), each also a yes/no at 0.5;
    * **plain logits**: a float output made by Gemm/MatMul (a bias Add after it included;
      class axis: the last), or by a
      Conv followed by a global pool (GlobalAveragePool/GlobalMaxPool, or ReduceMean/
@@ -18,17 +20,19 @@ axis. The rules, first match wins (each kind carries the reason it was chosen):
      the output is named like a regression (box, landmark, offset...).
 
    An axis of size 1, or of unknown size for logits, is never a class axis: rel L2.
-3. **cosine** (embeddings, one vector per row along the last axis), for an output that
+3. **embedding** (one vector per row along the last axis), for an output that
    is named like one (``*embed*``, ``pooler_output``, ``pooled_output``), a normalized
    vector (LpNormalization, or ``x / norm(x)``: a Div whose divisor is computed from its
    dividend through ReduceL2/ReduceSumSquare/Sqrt), or a pooled encoder output (a
    ReduceMean/ReduceSum over axis 1, the sequence, of a rank-3 ``[batch, sequence,
    features]`` tensor, possibly divided by a count: mean pooling). A per-token
    ``last_hidden_state`` is none of these.
-4. **rel-l2**: everything else, detection and segmentation maps included (users hold those
-   to their own metric: ``--metric``).
+4. **other**: everything else, regression heads (named like one, or beside class
+   scores) included, read further by its FP32 values where it is checked
+   (:mod:`mixprec.core.readings`: a detection head, scores in [0, 1], an embedding, or
+   channels). ``rel-l2`` is a kind a user may name (one relative L2 per sample).
 
-Only the graph is read (ops, attributes, constants, declared shapes): no run.
+Only the graph is read here (ops, attributes, constants, declared shapes): no run.
 """
 
 from __future__ import annotations
@@ -42,10 +46,11 @@ from mixprec.core.constants import const_tensor
 
 __all__ = ["CHECKS", "OutputKind", "classify_outputs", "shape_class_axis"]
 
-#: The checks, by the name the guard, its report and the CLI show.
-CHECKS = ("top1", "cosine", "rel-l2", "match")
+#: The kinds the graph tells, by the name the guard, its report and the CLI show.
+CHECKS = ("top1", "scores", "embedding", "other", "match")
 _SHAPE_ONLY = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Transpose", "Identity"})
 _CLASS_SCORES = frozenset({"Softmax", "LogSoftmax"})
+_SIGMOIDS = frozenset({"Sigmoid", "HardSigmoid"})
 _GLOBAL_POOLS = frozenset({"GlobalAveragePool", "GlobalMaxPool"})
 _SPATIAL_REDUCE = frozenset({"ReduceMean", "ReduceMax"})
 _NORMS = frozenset({"ReduceL2", "ReduceSumSquare", "Sqrt"})
@@ -64,8 +69,11 @@ class OutputKind:
     """How one output is checked, and why.
 
     Attributes:
-        check: "top1", "cosine", "rel-l2" or "match" (:data:`CHECKS`).
-        axis: top1: the class axis (-1: the last); cosine: the vector axis (-1).
+        check: "top1", "scores", "embedding", "other" or "match" (:data:`CHECKS`), or a
+            check :mod:`mixprec.core.readings` makes of them ("decision", "detection",
+            "row-cosine", "neighbours", "channels", "rel-l2").
+        axis: top1/scores: the class axis (-1: the last); embedding: the vector axis
+            (-1); channels: the channel axis; detection: the feature axis.
         reason: why this kind, for the report and the CLI.
     """
 
@@ -75,8 +83,9 @@ class OutputKind:
 
     @property
     def spec(self) -> str:
-        """``"top1"``, ``"top1@1"`` (another class axis), ``"cosine"``, ..."""
-        return f"top1@{self.axis}" if self.check == "top1" and self.axis != -1 else self.check
+        """``"top1"``, ``"top1@1"`` (another class axis), ``"embedding"``, ..."""
+        axed = self.check in ("top1", "scores", "channels", "decision", "detection")
+        return f"{self.check}@{self.axis}" if axed and self.axis != -1 else self.check
 
 
 def classify_outputs(model: ir.Model) -> dict[str, OutputKind]:
@@ -89,7 +98,11 @@ def classify_outputs(model: ir.Model) -> dict[str, OutputKind]:
     """
     outputs = list(model.graph.outputs)
     alone = {value.name or "": _classify(value, []) for value in outputs}
-    scored = [n for n, k in alone.items() if k.check == "top1" and k.reason.startswith(_SCORES)]
+    scored = [
+        n
+        for n, k in alone.items()
+        if k.check == "scores" or (k.check == "top1" and k.reason.startswith(_SCORES))
+    ]
     return {value.name or "": _classify(value, scored) for value in outputs}
 
 
@@ -112,19 +125,23 @@ def _classify(value: ir.Value, scored: list[str]) -> OutputKind:
         attr = node.attributes.get("axis")
         axis = -1 if reshaped or attr is None else attr.as_int()
         return _top1(value, axis, f"{_SCORES}: {_named(node)}", size=None)
+    if node is not None and op in _SIGMOIDS:
+        rank = None if reshaped else _rank(value)
+        axis = 1 if rank == 4 else -1
+        return OutputKind("scores", axis, f"sigmoid scores: {_named(node)}")
     embedding = _embedding(value, node, reshaped)
     if embedding:
-        return OutputKind("cosine", -1, f"an embedding: {embedding}")
+        return OutputKind("embedding", -1, f"an embedding: {embedding}")
     logits = _logits(node, reshaped, None if reshaped else _rank(value))
     if logits is None:
-        return OutputKind("rel-l2", reason="other float output: rel L2")
+        return OutputKind("other", reason="other float output")
     axis, size, what = logits
     if _REGRESSION_NAME.search(name):
-        return OutputKind("rel-l2", reason=f"{what}, named like a regression head: rel L2")
+        return OutputKind("other", reason=f"{what}, named like a regression head")
     others = [s for s in scored if s != name]
     if others:
-        why = f"{what} beside the class scores {others[0]!r}: a regression head, rel L2"
-        return OutputKind("rel-l2", reason=why)
+        why = f"{what} beside the class scores {others[0]!r}: a regression head"
+        return OutputKind("other", reason=why)
     return _top1(value, axis, f"plain logits: {what}", size)
 
 
@@ -140,9 +157,9 @@ def _top1(value: ir.Value, axis: int, why: str, size: int | None) -> OutputKind:
         size = dim if isinstance(dim, int) else size
         axis = -1 if axis == rank - 1 else axis
     if size is not None and size < 2:
-        return OutputKind("rel-l2", reason=f"{why}; its class axis has size {size}: rel L2")
+        return OutputKind("other", reason=f"{why}; its class axis has size {size}")
     if size is None and not why.startswith(_SCORES):
-        return OutputKind("rel-l2", reason=f"{why}; class axis of unknown size: rel L2")
+        return OutputKind("other", reason=f"{why}; class axis of unknown size")
     count = f", {size} classes" if size is not None else ""
     return OutputKind("top1", axis, f"{why} (class axis {axis}{count})")
 

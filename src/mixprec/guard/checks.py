@@ -35,9 +35,20 @@ from typing import TypeVar
 import numpy as np
 import onnx_ir as ir
 
-from mixprec.core.metrics import equal_share, row_cosines, top1_agreement, worst_rel_l2
-from mixprec.core.ops import tolerance
+from mixprec.core.detections import detection_f1 as _detection_f1
+from mixprec.core.detections import head_layout
+from mixprec.core.metrics import (
+    channel_rel_l2,
+    decision_agreement,
+    equal_share,
+    neighbour_agreement,
+    row_cosines,
+    top1_agreement,
+    worst_rel_l2,
+)
+from mixprec.core.ops import ROW_BUDGETS, tolerance
 from mixprec.core.output_kinds import OutputKind, classify_outputs
+from mixprec.core.readings import readings
 from mixprec.guard.confidence import CONFIDENCE, lower_bound, rows_to_confirm
 from mixprec.guard.samples import GUARD_MIN_SAMPLES
 from mixprec.tune.metrics import Candidate, Labels, call_user_metric, shape_miss
@@ -51,6 +62,7 @@ __all__ = [
     "check_outputs",
     "guard_metric",
     "guard_score",
+    "missed",
     "output_kinds",
     "search_and_grade",
     "shown",
@@ -60,15 +72,24 @@ __all__ = [
 Outputs = Mapping[str, np.ndarray]
 Kinds = Mapping[str, OutputKind | str]
 _T = TypeVar("_T")
-#: The checks that count agreeing answers, whose share gets a confidence bound.
-AGREEMENT_KINDS = frozenset({"top1", "match"})
+#: The checks that count rows whose answer holds, whose share gets a confidence bound.
+AGREEMENT_KINDS = frozenset(ROW_BUDGETS)
+#: The checks whose value is an error (lower is better).
+_ERRORS = frozenset({"rel-l2", "channels"})
 _LABELS = {
     "top1": "top-1",
     "rel-l2": "rel L2",
+    "channels": "worst channel's rel L2",
     "cosine": "cosine",
+    "row-cosine": "rows at the cosine bound",
+    "neighbours": "nearest neighbours kept",
+    "decision": "decisions at 0.5",
+    "detection": "detections F1",
     "match": "equal elements",
     "metric": "score",
 }
+#: The most rows the neighbour check compares (every k-th beyond: its cost is R^2).
+_NEIGHBOUR_ROWS = 4096
 
 
 @dataclass(frozen=True)
@@ -103,31 +124,41 @@ def user_check(
 
 @dataclass(frozen=True)
 class GuardBudget:
-    """The bounds the INT8 model's outputs are held to."""
+    """The bounds the INT8 model's outputs are held to: ``top1`` the least share of rows
+    whose answer holds (argmax, equal elements, decisions, rows at the cosine bound),
+    ``detection`` and ``neighbours`` their own least shares, ``rel_l2`` the most relative
+    L2 (a channel's, or an output's), ``cosine`` the bound a row's cosine must reach."""
 
     top1: float
     rel_l2: float
     cosine: float = 0.99
+    detection: float = ROW_BUDGETS["detection"][0]
+    neighbours: float = ROW_BUDGETS["neighbours"][0]
 
     @classmethod
     def of(
         cls, drop: float | None, rel_l2: float | None, cosine: float | None = None
     ) -> GuardBudget:
-        """Top-1 agreement >= 1 - ``drop``, rel L2 <= ``rel_l2`` and mean cosine >=
-        ``cosine``; None: the int8 defaults of :data:`~mixprec.core.ops.TOLERANCES`."""
+        """Shares of rows >= 1 - ``drop`` (every row check), rel L2 <= ``rel_l2`` and
+        cosine >= ``cosine``; None: the int8 defaults of
+        :data:`~mixprec.core.ops.TOLERANCES` and :data:`~mixprec.core.ops.ROW_BUDGETS`."""
         top1, rel = tolerance("top1", "int8"), tolerance("rel-l2", "int8")
         cos = tolerance("cosine", "int8")
         assert top1 is not None and rel is not None and cos is not None
+        shares = {} if drop is None else {"detection": 1.0 - drop, "neighbours": 1.0 - drop}
         return cls(
             top1 if drop is None else 1.0 - drop,
             rel if rel_l2 is None else rel_l2,
             cos if cosine is None else cosine,
+            **shares,
         )
 
     def limit(self, kind: str) -> float:
-        if kind == "rel-l2":
+        if kind in _ERRORS:
             return self.rel_l2
-        return self.cosine if kind == "cosine" else self.top1
+        if kind == "cosine":
+            return self.cosine
+        return {"detection": self.detection, "neighbours": self.neighbours}.get(kind, self.top1)
 
 
 def shown(value: float, limit: float) -> str:
@@ -177,11 +208,15 @@ class OutputCheck:
             return f"{text}: the agreement sits at the limit, so no number of rows would"
         return f"{text}: about {needed:,} rows at this agreement would"
 
+    @property
+    def side(self) -> str:
+        """``"<="`` for an error (rel L2), ``">="`` for a share or a score."""
+        return "<=" if self.kind in _ERRORS else ">="
+
     def needs(self) -> str:
         """``top-1 >= 0.99 on 'probs'`` (the user's metric: ``score >= 0.9 of 'f1'``)."""
-        side = "<=" if self.kind == "rel-l2" else ">="
         of = "of" if self.kind == "metric" else "on"
-        return f"{_LABELS[self.kind]} {side} {self.limit:g} {of} {self.output!r}"
+        return f"{_LABELS[self.kind]} {self.side} {self.limit:g} {of} {self.output!r}"
 
     def text(self) -> str:
         miss = f"a miss ({self.note or 'non-finite values'})"
@@ -192,7 +227,7 @@ class OutputCheck:
         """1 for an exact match, 0 at the limit, negative past it."""
         if self.note:
             return -math.inf
-        if self.kind == "rel-l2":
+        if self.kind in _ERRORS:
             return 1.0 - self.value / self.limit if self.limit > 0 else -math.inf
         if self.kind == "metric":  # any scale: 1 at the FP32 model's score, 0 at the budget
             span = self.best - self.limit
@@ -241,49 +276,105 @@ def check_outputs(
     labels: Labels | None = None,
 ) -> list[OutputCheck]:
     """Every output of ``outputs`` against the FP32 ``reference``, sample by sample, by its
-    kind (an :class:`~mixprec.core.output_kinds.OutputKind` or its spelling); the user's
+    kind (an :class:`~mixprec.core.output_kinds.OutputKind` or its spelling) read as rows
+    (:func:`~mixprec.core.readings.readings`: one or more checks an output); the user's
     ``metric`` instead (given the samples' ``labels``), when given."""
     if metric is not None:
         return [user_check(metric, reference, outputs, labels)]
     miss = shape_miss(reference, outputs)
+    if miss is not None:
+        return missed(reference, kinds, budget, miss)
     checks = []
     for name, spelled in kinds.items():
-        kind, axis, why = _split_kind(spelled)
-        limit = budget.limit(kind)
-        if miss is not None:
-            checks.append(OutputCheck(name, kind, math.nan, limit, False, miss, reason=why))
-            continue
-        ref, got = [r[name] for r in reference], [o[name] for o in outputs]
-        value, rows = _measure(kind, ref, got, axis)
-        ok = value <= limit if kind == "rel-l2" else value >= limit
-        passed = bool(ok and not math.isnan(value))
-        bound = lower_bound(value, rows) if kind in AGREEMENT_KINDS else None
-        checks.append(
-            OutputCheck(name, kind, value, limit, passed, reason=why, rows=rows, bound=bound)
-        )
+        ref = [r[name] for r in reference]
+        for read in readings(_as_kind(spelled), ref):
+            kind, axis, why = read.check, read.axis, read.reason
+            limit = budget.limit(kind)
+            got = [o[name] for o in outputs]
+            value, rows = _measure(kind, ref, got, axis, budget)
+            ok = value <= limit if kind in _ERRORS else value >= limit
+            passed = bool(ok and not math.isnan(value))
+            bound = lower_bound(value, rows) if kind in AGREEMENT_KINDS else None
+            checks.append(
+                OutputCheck(name, kind, value, limit, passed, reason=why, rows=rows, bound=bound)
+            )
     return checks
 
 
+def missed(
+    reference: Sequence[Outputs], kinds: Kinds, budget: GuardBudget, why: str
+) -> list[OutputCheck]:
+    """Every check of every output missed, for ``why`` (an output of another shape, a
+    model the runtime refuses to run)."""
+    return [
+        OutputCheck(
+            name, read.check, math.nan, budget.limit(read.check), False, why, reason=read.reason
+        )
+        for name, spelled in kinds.items()
+        for read in readings(_as_kind(spelled), [r[name] for r in reference])
+    ]
+
+
+def _as_kind(kind: OutputKind | str) -> OutputKind:
+    if isinstance(kind, OutputKind):
+        return kind
+    check, axis, why = _split_kind(kind)
+    return OutputKind(check, axis, why)
+
+
 def _measure(
-    kind: str, ref: list[np.ndarray], got: list[np.ndarray], axis: int = -1
+    kind: str, ref: list[np.ndarray], got: list[np.ndarray], axis: int, budget: GuardBudget
 ) -> tuple[float, int]:
     """The check's value over the samples (core.metrics holds each measure) and the rows
-    it was measured on: the answers (top-1: a row each; equal elements: each element;
+    it was measured on: the answers (top-1, rows at the cosine bound, neighbours: a row
+    each; equal elements and decisions: each element; detections: each one found; mean
     cosine: each embedding; rel L2: each sample)."""
     pairs = list(zip(ref, got, strict=True))
-    if kind in ("match", "top1"):
-        if kind == "match":
-            sizes = [max(np.asarray(r).size, 1) for r, _ in pairs]
-            shares = [equal_share(r, g) for r, g in pairs]
-        else:
-            sizes = [max(np.asarray(r).size // max(np.shape(r)[axis], 1), 1) for r, _ in pairs]
-            shares = [top1_agreement(r, g, axis) for r, g in pairs]
-        rows = sum(sizes)
-        return sum(v * n for v, n in zip(shares, sizes, strict=True)) / max(rows, 1), rows
-    if kind == "cosine":  # the mean over every held-out row: one embedding each
+    if kind in ("match", "top1", "decision"):
+        return _shares(kind, pairs, axis)
+    if kind == "detection":
+        layout = head_layout(tuple(np.shape(ref[0])))
+        return _detection_f1(ref, got, layout) if layout is not None else (math.nan, 0)
+    if kind in ("cosine", "row-cosine"):
         cosines = np.concatenate([row_cosines(r, g, axis) for r, g in pairs] or [np.ones(1)])
-        return float(np.mean(cosines)), len(cosines) if pairs else 0
+        rows = len(cosines) if pairs else 0
+        if kind == "cosine":  # the mean over every held-out row: one embedding each
+            return float(np.mean(cosines)), rows
+        return float(np.mean(cosines >= budget.cosine)), rows
+    if kind == "neighbours":
+        return _neighbours(pairs, axis)
+    if kind == "channels":  # the worst channel of the worst sample
+        return max((float(np.max(channel_rel_l2(r, g, axis))) for r, g in pairs), default=0.0), len(
+            pairs
+        )
     return worst_rel_l2(ref, got), len(pairs)  # the worst sample, as validate reports
+
+
+def _shares(kind: str, pairs: list[tuple[np.ndarray, np.ndarray]], axis: int) -> tuple[float, int]:
+    """A share of agreeing answers weighted by each sample's answers, and their count."""
+    if kind == "top1":
+        sizes = [max(np.asarray(r).size // max(np.shape(r)[axis], 1), 1) for r, _ in pairs]
+        shares = [top1_agreement(r, g, axis) for r, g in pairs]
+    else:
+        sizes = [max(np.asarray(r).size, 1) for r, _ in pairs]
+        measure = equal_share if kind == "match" else decision_agreement
+        shares = [measure(r, g) for r, g in pairs]
+    rows = sum(sizes)
+    return sum(v * n for v, n in zip(shares, sizes, strict=True)) / max(rows, 1), rows
+
+
+def _neighbours(pairs: list[tuple[np.ndarray, np.ndarray]], axis: int) -> tuple[float, int]:
+    """Nearest-neighbour agreement over every held-out row (a vector along ``axis``), at
+    most :data:`_NEIGHBOUR_ROWS` of them (every k-th)."""
+    ref_rows = [np.moveaxis(np.asarray(r), axis, -1) for r, _ in pairs]
+    got_rows = [np.moveaxis(np.asarray(g), axis, -1) for _, g in pairs]
+    a = np.concatenate([r.reshape(-1, r.shape[-1]) for r in ref_rows]) if pairs else None
+    b = np.concatenate([g.reshape(-1, g.shape[-1]) for g in got_rows]) if pairs else None
+    if a is None or b is None or len(a) < 3:
+        return 1.0, 0
+    step = -(-len(a) // _NEIGHBOUR_ROWS)
+    a, b = a[::step], b[::step]
+    return neighbour_agreement(a, b), len(a)
 
 
 def guard_score(checks: Sequence[OutputCheck]) -> float:

@@ -50,6 +50,7 @@ from mixprec.guard.checks import (
     UserMetric,
     check_outputs,
     guard_metric,
+    missed,
     output_kinds,
     search_and_grade,
     shown,
@@ -151,12 +152,7 @@ def _checked(
     except RuntimeRunError as e:
         if user is not None:
             return [OutputCheck(user.name, "metric", math.nan, user.budget, False, str(e))]
-        return [
-            OutputCheck(
-                name, k.check, math.nan, budget.limit(k.check), False, str(e), reason=k.reason
-            )
-            for name, k in kinds.items()
-        ]
+        return missed(reference, kinds, budget, str(e))
 
 
 def _reference(model: ir.Model, samples: Samples, runtime: RuntimeOptions) -> Held:

@@ -114,7 +114,7 @@ def accuracy_text(checks: Sequence[OutputCheck]) -> str:
     worst = min(checks, key=lambda c: c.slack())
     if worst.note:
         return f"a miss on {worst.output!r} ({worst.note})"
-    side = "<=" if worst.kind == "rel-l2" else ">="
+    side = worst.side
     label = worst.needs().split(f" {side} ")[0]
     got = shown(worst.value, worst.limit)
     return f"{label} {got} on {worst.output!r} (needs {side} {worst.limit:g})"

@@ -170,7 +170,7 @@ def _class_axis(name: str, value: np.ndarray, kinds: Mapping[str, OutputKind] | 
     shape = np.shape(value)
     if kinds is not None and name in kinds:
         kind = kinds[name]
-        fits = kind.check == "top1" and -len(shape) <= kind.axis < len(shape)
+        fits = kind.check in ("top1", "scores") and -len(shape) <= kind.axis < len(shape)
         return kind.axis if fits and shape[kind.axis] >= 2 else None
     if np.asarray(value).dtype.kind != "f" or len(shape) < 2 or shape[-1] < 2:
         return None
