@@ -155,7 +155,9 @@ def _weights(path: Path) -> set[int]:
 def test_gpu_candidates_are_built_checked_and_timed_on_the_device(
     cuda: FakeCuda, model_file: Path, samples, tmp_path: Path
 ) -> None:
-    result = mixprec.optimize(str(model_file), samples, device="cuda")
+    # the held-out rows are too few to confirm fp16/bf16 passes: accepted, the device's
+    # choice is the point here (confirmation: tests/optimize/test_confirmation.py)
+    result = mixprec.optimize(str(model_file), samples, device="cuda", accept_unconfirmed=True)
     rows = {r.name: r for r in result.table}
     assert list(rows) == ["fp32-cuda", "fp16-cuda", "bf16-cuda"]
     assert all(r.runtime == "ort" and r.hints == {"provider": "cuda"} for r in result.table)
@@ -262,7 +264,7 @@ def test_cli_device_cuda_then_validate(
     out = tmp_path / "out.onnx"
     argv = ["optimize", str(model_file), "-o", str(out), "--calibration-data"]
     argv += [str(_npz(tmp_path, samples)), "--device", "cuda"]
-    assert main([*argv, "--candidates", "fp32-cuda,fp16-cuda"]) == 0
+    assert main([*argv, "--candidates", "fp32-cuda,fp16-cuda", "--accept-unconfirmed"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("mixprec: fp16-cuda wins: ")
     assert [line.split()[0] for line in lines[-3:-1]] == ["fp32-cuda", "fp16-cuda"]

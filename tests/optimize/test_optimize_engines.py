@@ -79,7 +79,9 @@ def test_bf16_runs_where_the_engine_says_it_computes_bf16(monkeypatch, tmp_path:
     model = tmp_path / "m.onnx"
     onnx.save(separable_classifier(), model)
     samples = separable_samples(12, rows=16)
-    result = mixprec.optimize(str(model), samples, candidates=["bf16-openvino"])
+    result = mixprec.optimize(
+        str(model), samples, candidates=["bf16-openvino"], accept_unconfirmed=True
+    )
     row = {r.name: r for r in result.table}["bf16-openvino"]
     assert row.status == "timed" and row.hints == {"INFERENCE_PRECISION_HINT": "bf16"}
     assert result.winner == "bf16-openvino"

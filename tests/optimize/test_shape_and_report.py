@@ -4,6 +4,7 @@ well-formed, written atomically), through the API and the CLI, with real engines
 
 from __future__ import annotations
 
+import html
 import json
 from html.parser import HTMLParser
 from pathlib import Path
@@ -127,7 +128,7 @@ def test_cli_report_page_shows_the_printed_table(
         assert line.split()[2] == ratio  # the same latency ratio
         assert line.endswith(verdict)  # the same verdict and reason
     assert "at x [4, 16]" in page.read_text()
-    assert printed[-1].removeprefix("mixprec: ") in page.read_text()
+    assert html.escape(printed[-1].removeprefix("mixprec: ")) in page.read_text()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp file left
 
 

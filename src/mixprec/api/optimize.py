@@ -9,6 +9,7 @@ from typing import Any
 
 import onnx_ir as ir
 
+from mixprec.core.readings import user_kinds
 from mixprec.io.external import input_files
 from mixprec.io.models import ModelLike, load_input
 from mixprec.optimize.candidates import Candidate
@@ -34,6 +35,8 @@ def optimize(
     shapes: Mapping[str, Sequence[int]] | None = None,
     progress: Callable[[str], None] | None = None,
     base_dir: str | os.PathLike[str] | None = None,
+    output_kinds: Mapping[str, Any] | Sequence[str] | None = None,
+    accept_unconfirmed: bool = False,
 ) -> OptimizeResult:
     """The fastest model that keeps its answers, on this machine, in the runtime it will
     run in: each candidate (``fp32-ort``: the input in ONNX Runtime; ``fp32-openvino``;
@@ -73,6 +76,13 @@ def optimize(
             inputs (names, rank, fixed dims) before any work.
         progress: called with a short message at each step.
         base_dir: the folder an in-memory model's external data is read from.
+        output_kinds: how the checks read outputs, by name, in place of mixprec's own
+            reading (``{"output0": "detection"}``, or ``["output0=detection"]``;
+            :mod:`mixprec.core.readings`).
+        accept_unconfirmed: count a candidate accurate when its checks pass but the
+            held-out rows cannot confirm it (the 95% lower bound of a share under its
+            budget). By default such a candidate loses, and the last line says how many
+            rows would confirm it; FP32 in any runtime needs no confirming.
 
     Returns:
         An :class:`~mixprec.optimize.result.OptimizeResult`: ``.model_proto`` (carrying
@@ -84,6 +94,7 @@ def optimize(
         >>> print(result.format_table()); result.save("model_fast.onnx")  # doctest: +SKIP
     """
     metric_of = user_metric(metric, metric_budget)
+    kinds = user_kinds(output_kinds)
     work, kind = load_input(model, base_dir)
     files = input_files(work)  # one file: the model holds all its weights
     source = ir.to_proto(work)
@@ -100,6 +111,8 @@ def optimize(
         time_budget=time_budget,
         progress=progress,
         shapes=shapes,
+        output_kinds=kinds,
+        accept_unconfirmed=accept_unconfirmed,
     )
     # byte for byte only where the file is the answer as it is (no earlier runtime fields)
     as_is = kind == "path" and len(files) == 1 and not runtime_fields(source)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from mixprec.api.optimize import optimize
-from mixprec.cli.options import FORMS, add_quiet_arg, add_shape_arg, progress
+from mixprec.cli.options import FORMS, add_output_kind, add_quiet_arg, add_shape_arg, progress
 from mixprec.core.errors import MixprecError
 from mixprec.io.models import check_output_path, load_model
 from mixprec.io.samples import NpzSamples
@@ -51,6 +51,13 @@ def add_optimize_parser(sub: Any) -> argparse.ArgumentParser:
         "--metric-budget", type=float, default=None, metavar="S", help="with --metric: "
         "the lowest accepted score",
     )  # fmt: skip
+    add_output_kind(p)
+    p.add_argument(
+        "--accept-unconfirmed",
+        action="store_true",
+        help="count a candidate accurate when its checks pass on held-out rows too few to "
+        "confirm it (by default it loses, and the last line says how many rows would)",
+    )
     p.add_argument(
         "--runtime",
         choices=RUNTIME_CHOICES,
@@ -137,6 +144,8 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         time_budget=args.time_budget,
         shapes=dict(args.shape) or None,
         progress=progress(args.quiet or args.json),
+        output_kinds=args.output_kind,
+        accept_unconfirmed=args.accept_unconfirmed,
     )
     files = result.save(out)  # an OpenVINO IR beside it where the winner has marks
     if page is not None:

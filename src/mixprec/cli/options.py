@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mixprec.core.ops import parse_dtype
+from mixprec.core.readings import KIND_NAMES
 from mixprec.io.feeds import iter_calibration_npz
 from mixprec.io.models import load_model
 from mixprec.io.samples import NpzSamples
@@ -26,6 +27,7 @@ __all__ = [
     "LISTS",
     "add_debug_arg",
     "add_input_args",
+    "add_output_kind",
     "add_policy_args",
     "add_quiet_arg",
     "add_runtime_args",
@@ -264,6 +266,19 @@ def runtime_of(args: argparse.Namespace) -> RuntimeOptions | None:
     if provider is not None:
         engine_for(options)
     return options
+
+
+def add_output_kind(p: argparse.ArgumentParser) -> None:
+    """``--output-kind NAME=KIND``: how the accuracy checks read an output."""
+    p.add_argument(
+        "--output-kind",
+        action="append",
+        default=None,
+        metavar="NAME=KIND",
+        help="read output NAME as KIND instead of the reading mixprec makes of it: "
+        f"{', '.join(KIND_NAMES)} (top1, scores, channels and detection take @AXIS); "
+        "repeat for more outputs",
+    )
 
 
 def add_quiet_arg(p: argparse.ArgumentParser) -> None:

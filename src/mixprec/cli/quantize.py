@@ -9,6 +9,7 @@ from mixprec.api.quantize import quantize
 from mixprec.cli.genai import add_genai_args, plan_genai, write_genai
 from mixprec.cli.options import (
     add_input_args,
+    add_output_kind,
     add_quiet_arg,
     add_runtime_args,
     calibration_data,
@@ -170,9 +171,11 @@ def _add_check_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         metavar="C",
-        help="the guard's bound on embeddings (pooled, normalized or named like one): mean "
-        "cosine to FP32 per row >= C (default 0.99)",
+        help="the guard's bound on embeddings (pooled, normalized, named like one, or rows "
+        "of 8+ features without class structure): cosine to FP32 of each row >= C "
+        "(default 0.99; the share of such rows >= 1 - --max-drop)",
     )
+    add_output_kind(p)
     p.add_argument(
         "--metric",
         metavar="MODULE:FUNCTION",
@@ -250,6 +253,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         max_drop=_budget(args.max_drop, "--max-drop"),
         max_rel_l2=_budget(args.max_rel_l2, "--max-rel-l2"),
         min_cosine=_budget(args.min_cosine, "--min-cosine"),
+        output_kinds=args.output_kind or {},
         metric=args.metric,
         metric_budget=args.metric_budget,
         eval_data=args.eval_data,

@@ -58,6 +58,7 @@ _INT8_FLAGS: tuple[tuple[str, object, str], ...] = (
     ("equalize", None, "--equalize/--no-equalize"),
     ("smooth", None, "--smooth/--no-smooth"),
     ("min_cosine", None, "--min-cosine"),
+    ("output_kind", None, "--output-kind"),
     ("metric", None, "--metric"),
     ("metric_budget", None, "--metric-budget"),
 )

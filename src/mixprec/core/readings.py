@@ -26,7 +26,8 @@ replaces the reading (:func:`parse_output_kind`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +35,14 @@ from mixprec.core.detections import head_layout
 from mixprec.core.errors import MixprecError
 from mixprec.core.output_kinds import OutputKind
 
-__all__ = ["EMBEDDING_MIN_FEATURES", "KIND_NAMES", "parse_output_kind", "readings"]
+__all__ = [
+    "EMBEDDING_MIN_FEATURES",
+    "KIND_NAMES",
+    "parse_output_kind",
+    "readings",
+    "user_kinds",
+    "with_user_kinds",
+]
 
 #: A float output without class structure reads as embeddings from this many features
 #: (fewer: a box, a landmark, a small regression, read by channels).
@@ -136,3 +144,41 @@ def parse_output_kind(text: str) -> tuple[str, OutputKind]:
     except ValueError:
         raise MixprecError(f"--output-kind {text!r}: the axis must be an integer") from None
     return name.strip(), OutputKind(base, axis, f"chosen by --output-kind {base}")
+
+
+def user_kinds(given: Mapping[str, Any] | Sequence[str] | None) -> dict[str, OutputKind]:
+    """The user's readings: ``{"out": "detection"}`` (or ``OutputKind`` values), or the
+    CLI's ``["out=detection", ...]``, each checked (:func:`parse_output_kind`).
+
+    Raises:
+        MixprecError: a kind mixprec does not know, or not a mapping or a list of text.
+    """
+    if not given:
+        return {}
+    if isinstance(given, Mapping):
+        items = [
+            f"{name}={kind.spec if isinstance(kind, OutputKind) else kind}"
+            for name, kind in given.items()
+        ]
+    elif isinstance(given, Sequence) and not isinstance(given, str):
+        items = [str(item) for item in given]
+    else:
+        raise MixprecError(f"output_kinds must map output names to kinds, not {given!r}")
+    return dict(parse_output_kind(item) for item in items)
+
+
+def with_user_kinds(
+    kinds: Mapping[str, OutputKind], user: Mapping[str, OutputKind]
+) -> dict[str, OutputKind]:
+    """The graph's ``kinds`` with the user's in their place.
+
+    Raises:
+        MixprecError: the user names an output the model does not have.
+    """
+    unknown = sorted(set(user) - set(kinds))
+    if unknown:
+        raise MixprecError(
+            f"--output-kind names {', '.join(map(repr, unknown))}, not an output of the "
+            f"model (its outputs: {', '.join(map(repr, kinds))})"
+        )
+    return {name: user.get(name, kind) for name, kind in kinds.items()}

@@ -44,6 +44,7 @@ import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.output_kinds import OutputKind
+from mixprec.core.readings import with_user_kinds
 from mixprec.guard.checks import (
     GuardBudget,
     OutputCheck,
@@ -217,7 +218,7 @@ def guarded_quantize(
     split = split_for_guard(calibration_data, eval_data, original)
     calib = split.calibration
     budget = GuardBudget.of(config.guard_drop, config.guard_rel_l2, config.guard_cosine)
-    kinds = output_kinds(original)
+    kinds = with_user_kinds(output_kinds(original), config.output_kinds)
     clock = time.perf_counter()
     held = _reference(original, split.held, config.runtime)
     drift = _drift(original, held, config.runtime, (kinds, budget))

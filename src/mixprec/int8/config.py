@@ -14,6 +14,7 @@ from mixprec.core.config import ConvertConfig, check_budget
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import exclude_patterns
 from mixprec.core.policy import default_policy
+from mixprec.core.readings import user_kinds
 from mixprec.int8.params import METHODS
 from mixprec.int8.rounding import ROUNDINGS
 from mixprec.runtime.cpu import cpu_features
@@ -120,7 +121,9 @@ class QuantizeConfig:
         guard_drop: the guard's accepted drop of top-1 agreement on class scores
             (agreement >= 1 - drop; None: 0.01) and of equal elements on integer outputs.
         guard_rel_l2: the guard's bound on other outputs' relative L2 (None: 0.1).
-        guard_cosine: the guard's bound on embeddings' mean cosine to FP32 (None: 0.99).
+        guard_cosine: the cosine to FP32 a row of an embedding must reach (None: 0.99).
+        output_kinds: how the guard reads outputs, by name, in place of its own reading
+            (:func:`mixprec.core.readings.user_kinds`: ``{"output0": "detection"}``).
         metric: the user's own measure instead of the per-output checks: a callable
             ``score(fp32_outputs, int8_outputs[, labels]) -> float`` (one dict per
             held-out sample; ``labels``, when it takes them: the eval data's arrays that
@@ -153,6 +156,7 @@ class QuantizeConfig:
     guard_drop: float | None = None
     guard_rel_l2: float | None = None
     guard_cosine: float | None = None
+    output_kinds: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     runtime: RuntimeOptions = dataclasses.field(default_factory=RuntimeOptions)
     metric: Any = None
     metric_budget: float | None = None
@@ -177,6 +181,7 @@ class QuantizeConfig:
                     f"not {self.metric_budget!r}"
                 )
         object.__setattr__(self, "runtime", runtime_options(self.runtime))
+        object.__setattr__(self, "output_kinds", user_kinds(self.output_kinds))
         if self.log_dir is not None:
             if not isinstance(self.log_dir, str | os.PathLike):
                 raise MixprecError(f"log_dir must be a path, not {type(self.log_dir).__name__}")

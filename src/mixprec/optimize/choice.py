@@ -54,6 +54,10 @@ class Row:
         verdict: ``"wins"``, ``"lost"``, ``"skipped"``, ``"failed"``, ``"inaccurate"`` or
             ``"reference"`` (filled by :func:`choose`).
         reason: Why it lost (filled by :func:`choose`).
+        confirm: Its passes must be confirmed by the held-out rows (the 95% lower bound
+            of each share meets its budget) to count as accurate: every candidate that
+            changes the model's numbers beyond FP32 rounding (INT8, fp16, bf16).
+        accepted: The caller accepts unconfirmed passes (``--accept-unconfirmed``).
     """
 
     name: str
@@ -66,6 +70,8 @@ class Row:
     listed: bool = True
     verdict: str = ""
     reason: str = ""
+    confirm: bool = True
+    accepted: bool = False
 
     @property
     def ratio(self) -> float | None:
@@ -76,8 +82,18 @@ class Row:
         return None if self.timing is None else self.timing.ratio
 
     @property
-    def accurate(self) -> bool:
+    def passed(self) -> bool:
         return bool(self.checks) and all(c.passed for c in self.checks)
+
+    @property
+    def unconfirmed(self) -> list[OutputCheck]:
+        """The passes its held-out rows cannot confirm, where they must."""
+        return [c for c in self.checks if c.passed and not c.confirmed] if self.confirm else []
+
+    @property
+    def accurate(self) -> bool:
+        """Its checks pass, confirmed where they must be (or the caller accepts them)."""
+        return self.passed and (self.accepted or not self.unconfirmed)
 
     def eligible(self) -> bool:
         """It may be chosen: listed, accurate, and timed (or the input). A pruned
@@ -99,6 +115,7 @@ class Row:
             "rounds": None if t is None else t.rounds,
             "pruned": None if t is None else t.pruned,
             "accurate": self.accurate if self.checks else None,
+            "confirmed": not self.unconfirmed if self.checks else None,
             "accuracy": accuracy_text(self.checks),
             "checks": [c.to_dict() for c in self.checks],
             "verdict": self.verdict,
@@ -157,9 +174,12 @@ def _verdict(
         return "wins", ""
     if row.status in ("skipped", "failed"):
         return row.status, row.note
-    if row.checks and not row.accurate:
+    if row.checks and not row.passed:
         why = f"misses its budget: {accuracy_text(row.checks)}"
         return "inaccurate", why
+    if row.checks and not row.accurate:
+        weakest = min(row.unconfirmed, key=lambda c: c.bound or 0.0)
+        return "inaccurate", f"unconfirmed: {weakest.to_confirm()} (--accept-unconfirmed)"
     if not row.listed:
         return "reference", "not among the candidates: timed against only"
     best = rows[winner]

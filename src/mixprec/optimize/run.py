@@ -34,6 +34,7 @@ import onnx_ir as ir
 from mixprec.core.callables import load_callable
 from mixprec.core.errors import MixprecError
 from mixprec.core.output_kinds import OutputKind
+from mixprec.core.readings import with_user_kinds
 from mixprec.guard.checks import (
     GuardBudget,
     OutputCheck,
@@ -135,6 +136,10 @@ class _Job:
     say: Say
     shapes: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     device: str = "cpu"
+    #: The user's readings of outputs (``--output-kind``), and whether passes the held-out
+    #: rows cannot confirm count (``--accept-unconfirmed``).
+    kinds: dict[str, OutputKind] = dataclasses.field(default_factory=dict)
+    accept_unconfirmed: bool = False
 
 
 def _held(job: _Job, model: ir.Model) -> _Held:
@@ -147,7 +152,7 @@ def _held(job: _Job, model: ir.Model) -> _Held:
     session = engine_for(options).session(job.source, options)
     reference = [session.run(f) for f in feeds]
     budget = GuardBudget.of(None, None)
-    kinds = output_kinds(model)
+    kinds = with_user_kinds(output_kinds(model), job.kinds)
     how = "eval data" if split.given else "held out of calibration"
     if split.in_sample:
         how = "too few to hold any out: the calibration samples themselves"
@@ -177,6 +182,8 @@ def _built(job: _Job, candidate: Candidate) -> tuple[onnx.ModelProto | None, str
         fields["latency_shapes"] = {k: tuple(v) for k, v in job.shapes.items()}
     if job.metric is not None:
         fields.update(metric=job.metric.score, metric_budget=job.metric.budget)
+    if job.kinds:  # the guard inside reads the outputs as the candidates are checked
+        fields["output_kinds"] = job.kinds
     config = resolve_qconfig(None, fields)
     work, report = guarded_quantize(job.source, config, job.calibration, job.eval_data, job.say)
     summary = str((report.guard or {}).get("summary", ""))
@@ -208,7 +215,12 @@ def _row(
         checks = held.check(proto, options)
     except MixprecError as e:  # the runtime cannot load or run it: a failed candidate
         return Row(candidate.name, candidate.runtime, hints, "failed", note=str(e)), None
-    row = Row(candidate.name, candidate.runtime, hints, checks=checks, note=note)
+    # FP32 in any runtime only rounds differently: its passes need no confirming rows
+    confirm = not (candidate.build == "input" and options.precision in (None, "f32"))
+    row = Row(
+        candidate.name, candidate.runtime, hints, checks=checks, note=note,
+        confirm=confirm, accepted=job.accept_unconfirmed,
+    )  # fmt: skip
     if not row.accurate:
         return dataclasses.replace(row, status="inaccurate"), None
     baseline = baseline_of(job.device)
@@ -248,10 +260,12 @@ def optimize_model(
     progress: Say | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     device: str = "cpu",
+    output_kinds: Mapping[str, OutputKind] | None = None,
+    accept_unconfirmed: bool = False,
 ) -> OptimizeResult:
     """Tries the candidates on ``source`` (the input as loaded); the winner's model is
     the input itself when nothing beat it. Arguments as :func:`mixprec.optimize` takes
-    them."""
+    them (``output_kinds`` checked: :func:`~mixprec.core.readings.user_kinds`)."""
     chosen = _checked_arguments(candidates, runtime, threads, time_budget, device)
     say = progress or (lambda _msg: None)
     earlier = runtime_fields(source)
@@ -263,7 +277,8 @@ def optimize_model(
                            "checked and timed on it")  # fmt: skip
     given = _serving_shapes(model, shapes)
     evals = samples_of(eval_data, model, "eval_data")
-    job = _Job(source, calibration, evals, threads, metric, say, given, device)
+    kinds, accept = dict(output_kinds or {}), bool(accept_unconfirmed)
+    job = _Job(source, calibration, evals, threads, metric, say, given, device, kinds, accept)
     say("running the input in ONNX Runtime on the held-out samples")
     held = _held(job, model)
     feeds = _timing_feeds(model, calibration.first(), given)
@@ -281,7 +296,7 @@ def optimize_model(
         )
     won = next(c for c, _ in _baseline_first(chosen, device) if c.name == winner)
     options = won.options(threads)
-    summary = _summary(winner, table, options, base.name)
+    summary = _summary(winner, table, options, base.name) + _unconfirmed(table)
     if winner == BASELINE:  # the input in ONNX Runtime's CPU provider: no fields at all
         return OptimizeResult(source, options, winner, table, summary, True, notes=notes)
     model = stamp(source if winner == base.name else models[winner], options)
@@ -332,6 +347,19 @@ def _timing_feeds(
     at = {**{k: list(np.shape(v)) for k, v in feeds.items()}, **shapes}
     generated, _ = make_inputs(model, shapes=at, seed=0)
     return feeds_for(model, generated)
+
+
+def _unconfirmed(table: Sequence[Row]) -> str:
+    """What the last line adds where a candidate lost for a pass its rows cannot
+    confirm: the first such, and the rows that would confirm it."""
+    for row in table:
+        if row.verdict == "inaccurate" and row.passed and row.unconfirmed:
+            weakest = min(row.unconfirmed, key=lambda c: c.bound or 0.0)
+            return (
+                f"; {row.name} passed unconfirmed and was not taken: {weakest.to_confirm()} "
+                "(--accept-unconfirmed takes it)"
+            )
+    return ""
 
 
 def _summary(winner: str, table: Sequence[Row], options: RuntimeOptions, base: str) -> str:
