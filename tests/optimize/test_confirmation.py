@@ -13,8 +13,10 @@ import onnx
 from onnx import numpy_helper
 
 import mixprec
+from guard_models import CLASSES
 from mixprec.cli.main import main
 from mixprec.optimize.candidates import Candidate
+from mixprec.runtime.engines import run_model
 
 
 def _nudged(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -82,3 +84,26 @@ def test_the_user_reads_an_output_their_way(model_file: Path, samples, tmp_path,
     assert err == ["mixprec: error: --output-kind names 'nope', not an output of the model "
                    "(its outputs: 'probs')"]  # fmt: skip
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_optimize_without_data_tries_what_needs_none(model_file: Path, tmp_path, capsys):
+    """No --calibration-data: generated inputs, no INT8 (the last line says it needs
+    data), every other candidate held to convert's rel L2 for its precision; a valid
+    model is written."""
+    result = mixprec.optimize(str(model_file))
+    rows = {r.name: r for r in result.table}
+    for name in ("int8-ort", "int8-openvino"):
+        if name in rows:
+            assert rows[name].verdict == "skipped" and "INT8 needs representative data" in (
+                rows[name].note
+            )
+    assert rows["fp32-ort"].checks[0].kind == "rel-l2"
+    assert rows["fp32-ort"].checks[0].limit == 1e-4
+    assert result.summary.endswith("INT8 needs representative data: give --calibration-data")
+    out = tmp_path / "o.onnx"
+    assert main(["optimize", str(model_file), "-o", str(out), "-q"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("mixprec: ") and "INT8 needs representative data" in last
+    onnx.checker.check_model(onnx.load(out), full_check=True)
+    feeds = {"x": np.random.default_rng(0).standard_normal((4, 16)).astype(np.float32)}
+    assert run_model(str(out), feeds)["probs"].shape == (4, CLASSES)

@@ -29,10 +29,10 @@ def add_optimize_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, help="where to write the chosen model")
     p.add_argument(
         "--calibration-data",
-        required=True,
         metavar="PATH",
         help=f"samples to calibrate INT8 on, check every candidate on (a seeded random half, "
-        f"at most 64, held out) and time at (the first sample's shape): {FORMS}",
+        f"at most 64, held out) and time at (the first sample's shape): {FORMS}. Without "
+        "it: generated inputs, no INT8, every candidate held to convert's rel L2",
     )
     p.add_argument(
         "--eval-data",
@@ -130,7 +130,9 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     page = None if args.report is None else check_output_path(args.report)
     if page is not None and page.resolve() in (out.resolve(), Path(args.model).resolve()):
         raise MixprecError(f"{page}: --report would overwrite the model")
-    calibration = NpzSamples(args.calibration_data, load_model(args.model), labels=True)
+    calibration = None
+    if args.calibration_data is not None:
+        calibration = NpzSamples(args.calibration_data, load_model(args.model), labels=True)
     result = optimize(
         args.model,
         calibration,

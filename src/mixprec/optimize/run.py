@@ -33,6 +33,8 @@ import onnx_ir as ir
 
 from mixprec.core.callables import load_callable
 from mixprec.core.errors import MixprecError
+from mixprec.core.metrics import DEFAULT_RTOL
+from mixprec.core.ops import parse_dtype
 from mixprec.core.output_kinds import OutputKind
 from mixprec.core.readings import with_user_kinds
 from mixprec.guard.checks import (
@@ -96,6 +98,16 @@ def user_metric(metric: Any, budget: float | None) -> UserMetric | None:
     return UserMetric(score, float(budget), getattr(score, "__name__", "metric"))
 
 
+#: Samples generated where no data is given (half held out to check the candidates).
+GENERATED_SAMPLES = 8
+#: How candidates are checked on generated inputs, and what the last line adds.
+GENERATED = "each candidate held to convert's relative L2 for its precision"
+NEEDS_DATA = "INT8 needs representative data: give --calibration-data"
+#: Convert's relative L2 bound for an FP32 model run elsewhere (validate's, for a model
+#: with no low-precision tensor).
+FP32_RTOL = 1e-4
+
+
 @dataclass(frozen=True)
 class _Held:
     """The held-out samples' feeds, the input's outputs on them in ONNX Runtime, their
@@ -109,18 +121,20 @@ class _Held:
     metric: UserMetric | None
     how: str = "held out of calibration"
 
-    def check(self, proto: onnx.ModelProto, options: RuntimeOptions) -> tuple[OutputCheck, ...]:
-        """The candidate's checks, run in its own engine.
+    def check(
+        self, proto: onnx.ModelProto, options: RuntimeOptions, rel_l2: float | None = None
+    ) -> tuple[OutputCheck, ...]:
+        """The candidate's checks, run in its own engine (``rel_l2``: its bound in place
+        of the budget's).
 
         Raises:
             MixprecError: the engine cannot load or run it (the candidate failed).
         """
         session = engine_for(options).session(proto, options)
         outputs = [session.run(f) for f in self.feeds]
+        budget = self.budget if rel_l2 is None else dataclasses.replace(self.budget, rel_l2=rel_l2)
         return tuple(
-            check_outputs(
-                self.reference, outputs, self.kinds, self.budget, self.metric, self.labels
-            )
+            check_outputs(self.reference, outputs, self.kinds, budget, self.metric, self.labels)
         )
 
 
@@ -140,6 +154,9 @@ class _Job:
     #: rows cannot confirm count (``--accept-unconfirmed``).
     kinds: dict[str, OutputKind] = dataclasses.field(default_factory=dict)
     accept_unconfirmed: bool = False
+    #: No data was given: the samples are generated, INT8 is not tried, and every
+    #: candidate is held to convert's tolerance for its precision.
+    generated: bool = False
 
 
 def _held(job: _Job, model: ir.Model) -> _Held:
@@ -153,6 +170,8 @@ def _held(job: _Job, model: ir.Model) -> _Held:
     reference = [session.run(f) for f in feeds]
     budget = GuardBudget.of(None, None)
     kinds = with_user_kinds(output_kinds(model), job.kinds)
+    if job.generated:  # generated inputs hold no answers to read: convert's rel L2
+        kinds = {name: OutputKind("rel-l2", reason=GENERATED) for name in kinds}
     how = "eval data" if split.given else "held out of calibration"
     if split.in_sample:
         how = "too few to hold any out: the calibration samples themselves"
@@ -197,6 +216,18 @@ def _built(job: _Job, candidate: Candidate) -> tuple[onnx.ModelProto | None, str
     return None, f"no node runs in INT8: {why}"
 
 
+def _tolerance(job: _Job, candidate: Candidate) -> float | None:
+    """Without data: convert's relative L2 for the candidate's precision (FP32's for
+    the input in any runtime); with data: None, the guard's own budget."""
+    if not job.generated:
+        return None
+    precision = candidate.precision if candidate.build == "input" else candidate.build
+    if precision in (None, "f32") or not isinstance(precision, str):
+        return FP32_RTOL
+    lowered = parse_dtype(precision.removesuffix("-marks"), ("float16", "bfloat16"))
+    return DEFAULT_RTOL[lowered]
+
+
 def _row(
     job: _Job, held: _Held, candidate: Candidate, timer: Timer, bar: float | None
 ) -> tuple[Row, onnx.ModelProto | None]:
@@ -204,6 +235,8 @@ def _row(
     options = candidate.options(job.threads)
     hints = runtime_hints(options)
     why = skip_reason(candidate)
+    if why is None and job.generated and candidate.build == "int8":
+        why = NEEDS_DATA
     if why is not None:
         return Row(candidate.name, candidate.runtime, hints, "skipped", note=why), None
     job.say(f"{candidate.name}: building")
@@ -212,7 +245,7 @@ def _row(
         if proto is None:
             return Row(candidate.name, candidate.runtime, hints, "skipped", note=note), None
         job.say(f"{candidate.name}: checking on {len(held.feeds)} held-out sample(s)")
-        checks = held.check(proto, options)
+        checks = held.check(proto, options, _tolerance(job, candidate))
     except MixprecError as e:  # the runtime cannot load or run it: a failed candidate
         return Row(candidate.name, candidate.runtime, hints, "failed", note=str(e)), None
     # FP32 in any runtime only rounds differently: its passes need no confirming rows
@@ -271,14 +304,18 @@ def optimize_model(
     earlier = runtime_fields(source)
     source = unstamped(source)  # the input runs in ONNX Runtime: an earlier stamp goes
     model = ir.from_proto(source)
-    calibration = samples_of(calibration_data, model)
-    if calibration is None:
-        raise MixprecError("optimize needs calibration_data: the candidates are built, "
-                           "checked and timed on it")  # fmt: skip
     given = _serving_shapes(model, shapes)
+    calibration = samples_of(calibration_data, model)
+    generated = calibration is None
+    if calibration is None:
+        if metric is not None:
+            raise MixprecError("metric needs samples to score: give calibration_data")
+        calibration = samples_of(_generated(model, given), model)
+        assert calibration is not None
     evals = samples_of(eval_data, model, "eval_data")
     kinds, accept = dict(output_kinds or {}), bool(accept_unconfirmed)
     job = _Job(source, calibration, evals, threads, metric, say, given, device, kinds, accept)
+    job = dataclasses.replace(job, generated=generated)
     say("running the input in ONNX Runtime on the held-out samples")
     held = _held(job, model)
     feeds = _timing_feeds(model, calibration.first(), given)
@@ -297,10 +334,19 @@ def optimize_model(
     won = next(c for c, _ in _baseline_first(chosen, device) if c.name == winner)
     options = won.options(threads)
     summary = _summary(winner, table, options, base.name) + _unconfirmed(table)
+    if generated:
+        summary += f"; {NEEDS_DATA}"
+        notes.append(f"no data given: {GENERATED_SAMPLES} generated samples, {GENERATED}")
     if winner == BASELINE:  # the input in ONNX Runtime's CPU provider: no fields at all
         return OptimizeResult(source, options, winner, table, summary, True, notes=notes)
     model = stamp(source if winner == base.name else models[winner], options)
     return OptimizeResult(model, options, winner, table, summary, False, notes=notes)
+
+
+def _generated(model: ir.Model, shapes: Mapping[str, list[int]]) -> list[Feeds]:
+    """:data:`GENERATED_SAMPLES` seeded generated inputs (as convert makes them), at the
+    serving ``shapes`` where given."""
+    return [make_inputs(model, shapes=shapes, seed=k)[0] for k in range(GENERATED_SAMPLES)]
 
 
 def _tried(
