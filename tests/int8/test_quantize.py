@@ -374,7 +374,8 @@ def test_cli_quantize_with_a_folder_of_samples_and_validate(tmp_path: Path, caps
     assert rc == 0, captured.err
     assert (tmp_path / "logs" / "report.json").is_file()  # a str --log-dir crashed here
     lines = captured.out.splitlines()
-    assert out.is_file() and f"wrote {out}" in lines[-2], lines[-2:]
+    assert out.is_file() and f"wrote {out}" in lines[-3], lines[-3:]
+    assert lines[-2] == "read 'logits': plain logits: Gemm 'fc' (class axis -1, 10 classes)"
     assert lines[-1].startswith("mixprec: INT8 on ") and "accuracy guard passed" in lines[-1]
     assert "calibrated on 3 sample(s)" in captured.out  # 2 of 5 held out for the guard
     assert "accuracy guard (held out of calibration, 2 sample(s), " in captured.out

@@ -50,10 +50,8 @@ def optimize(
         calibration_data: samples (forms as :func:`mixprec.quantize` takes): the INT8
             candidates calibrate on them, a seeded random half (at most 64) is held out
             to check every candidate, and the first sample's shape is timed. None: 8
-            generated inputs (as :func:`mixprec.convert` makes them); INT8 is not tried
-            (it needs representative data: the last line says so) and every other
-            candidate is held to convert's relative L2 for its precision (FP32 in any
-            runtime: 1e-4; bf16: 8e-2; fp16: 1e-2).
+            generated inputs, no INT8 (the last line says it needs data), and every other
+            candidate held to convert's relative L2 for its precision.
         eval_data: samples to check the candidates on instead of the held-out half.
         runtime: ``"auto"`` (every runtime installed), ``"ort"`` or ``"openvino"`` (that
             runtime's candidates only; one error line when it is not installed).
@@ -83,10 +81,9 @@ def optimize(
         output_kinds: how the checks read outputs, by name, in place of mixprec's own
             reading (``{"output0": "detection"}``, or ``["output0=detection"]``;
             :mod:`mixprec.core.readings`).
-        accept_unconfirmed: count a candidate accurate when its checks pass but the
-            held-out rows cannot confirm it (the 95% lower bound of a share under its
-            budget). By default such a candidate loses, and the last line says how many
-            rows would confirm it; FP32 in any runtime needs no confirming.
+        accept_unconfirmed: count a candidate accurate when its checks pass on too few
+            held-out rows to confirm them (by default it loses, and the last line says
+            how many rows would); FP32 in any runtime needs no confirming.
 
     Returns:
         An :class:`~mixprec.optimize.result.OptimizeResult`: ``.model_proto`` (carrying

@@ -18,7 +18,9 @@ from mixprec.cli.options import (
     progress,
 )
 from mixprec.core.errors import MixprecError
+from mixprec.core.output_kinds import classify_outputs
 from mixprec.core.policy import RULES, OpClass, default_policy
+from mixprec.io.models import load_model
 from mixprec.runtime.cpu import cpu_features
 from mixprec.runtime.engines import ENGINES
 
@@ -78,11 +80,27 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         print(report.to_json())
         return 0
     print(report.format_summary())
+    print("\n".join(output_lines(args.model)))
     if args.all_nodes:
         for n in report.nodes:
             print(f"  {n.precision:4s}  {n.op_type:22s} {n.name:40s} [{n.step}] {n.reason}")
     print("\n".join(machine_lines()))
     return 0
+
+
+def output_lines(path: str) -> list[str]:
+    """How the accuracy checks read each output, as far as the graph tells
+    (:mod:`mixprec.core.output_kinds`; an *other* output is read by its FP32 values
+    where it is checked: :mod:`mixprec.core.readings`)."""
+    lines = []
+    for name, kind in classify_outputs(load_model(path)).items():
+        how = kind.reason
+        if kind.check == "other" and "regression" in how:
+            how += " (checked by its worst channel's rel L2)"
+        elif kind.check == "other":
+            how += " (read by its values where checked: detections, scores, rows, channels)"
+        lines.append(f"read {name!r}: {kind.spec}: {how}")
+    return lines
 
 
 def machine_lines() -> list[str]:

@@ -18,6 +18,7 @@ from mixprec.api.validate import validate
 from mixprec.cli.options import EXIT_VALIDATION_FAILED, runtime_of
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import iter_nodes
+from mixprec.guard.checks import reading_lines
 from mixprec.io.models import check_output_path, write_text
 from mixprec.pipeline.report import NodeReport, Report
 from mixprec.report.graph_view import PRECISION_LABELS, build_views, inferred_dtypes, node_precision
@@ -213,6 +214,8 @@ def validate_and_write(args: argparse.Namespace, result: Any, feeds: Any, out: P
         for path in written:
             print(f"wrote {path}")
         if passed and guard is not None:
+            for line in [] if args.quiet else reading_lines(guard.get("checks") or []):
+                print(line)
             print(f"mixprec: {guard['summary']}")
     if passed and validation is not None and not validation.passed:
         # bf16 without --validate: written, and the last line says it misses

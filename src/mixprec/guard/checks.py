@@ -64,6 +64,7 @@ __all__ = [
     "guard_score",
     "missed",
     "output_kinds",
+    "reading_lines",
     "search_and_grade",
     "shown",
     "user_check",
@@ -375,6 +376,19 @@ def _neighbours(pairs: list[tuple[np.ndarray, np.ndarray]], axis: int) -> tuple[
     step = -(-len(a) // _NEIGHBOUR_ROWS)
     a, b = a[::step], b[::step]
     return neighbour_agreement(a, b), len(a)
+
+
+def reading_lines(checks: Sequence[Mapping[str, object]]) -> list[str]:
+    """How each output was read, from a report's checks (their dicts): ``read
+    'output0': a detection head [N, 4+C, A], 80 classes: detections F1 vs FP32``, one
+    line per output, its readings joined."""
+    by_output: dict[str, list[str]] = {}
+    for check in checks:
+        reasons = by_output.setdefault(str(check.get("output", "")), [])
+        reason = str(check.get("reason") or check.get("kind", ""))
+        if reason and reason not in reasons:
+            reasons.append(reason)
+    return [f"read {name!r}: {'; '.join(why)}" for name, why in by_output.items() if why]
 
 
 def guard_score(checks: Sequence[OutputCheck]) -> float:

@@ -22,6 +22,7 @@ from mixprec.io.models import write_text
 from mixprec.pipeline.report import Report
 from mixprec.report.graph_view import PRECISION_LABELS, GraphView, NodeView, build_views
 from mixprec.report.html_parts import (
+    guard_checks,
     mac_chart,
     reason_groups,
     search_curve,
@@ -174,6 +175,7 @@ def render_page(
         f'<table class="summary">{summary}</table>',
         reason_groups(report, views),
         validation(report),
+        guard_checks(report),
         mac_chart(views),
         search_curve(curve, curve_labels),
     ]

@@ -10,7 +10,14 @@ from collections.abc import Sequence
 from mixprec.pipeline.report import Report
 from mixprec.report.graph_view import PRECISION_LABELS, GraphView
 
-__all__ = ["mac_chart", "reason_groups", "search_curve", "summary_rows", "validation"]
+__all__ = [
+    "guard_checks",
+    "mac_chart",
+    "reason_groups",
+    "search_curve",
+    "summary_rows",
+    "validation",
+]
 
 
 def _esc(text: object) -> str:
@@ -122,6 +129,31 @@ def validation(report: Report | None) -> str:
     return (
         f'<h2>Validation: <span class="v-{verdict.lower()}">{verdict}</span> '
         f"(rtol {_esc(_fmt(data.get('rtol')))}, {_esc(data.get('kind', ''))})</h2>"
+        f'<table class="validation"><tr>{head}</tr>{body}</table>'
+    )
+
+
+#: The accuracy guard's columns: each output, how it was read, and its check.
+_GUARD_KEYS = ("output", "reason", "kind", "value", "limit", "rows", "bound", "passed")
+
+
+def guard_checks(report: Report | None) -> str:
+    """How the accuracy guard read each output and what it measured (INT8, weight-only):
+    the final checks, each with the reading that chose it."""
+    guard = report.guard if report is not None else None
+    checks = guard.get("checks") if isinstance(guard, dict) else None
+    if not isinstance(checks, list) or not checks:
+        return ""
+    head = "".join(f"<th>{_esc(k)}</th>" for k in _GUARD_KEYS)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_esc(_fmt(c.get(k)))}</td>" for k in _GUARD_KEYS) + "</tr>"
+        for c in checks
+        if isinstance(c, dict)
+    )
+    verdict = "passed" if guard.get("passed") else "FAILED"  # type: ignore[union-attr]
+    return (
+        f'<h2>Accuracy guard: <span class="v-{verdict.lower()}">{verdict}</span></h2>'
+        f"<p>{_esc(guard.get('summary', ''))}</p>"  # type: ignore[union-attr]
         f'<table class="validation"><tr>{head}</tr>{body}</table>'
     )
 

@@ -16,6 +16,7 @@ import os
 
 import onnx_ir as ir
 
+from mixprec.guard.checks import reading_lines
 from mixprec.io.models import write_text
 from mixprec.optimize.choice import Row, accuracy_text
 from mixprec.optimize.result import OptimizeResult
@@ -57,10 +58,14 @@ def candidates_html(result: OptimizeResult) -> str:
     head = "".join(f"<th>{h}</th>" for h in names)
     body = "".join(_row(r) for r in result.table)
     notes = "".join(f"<li>{_esc(n)}</li>" for n in result.notes)
+    checked = next((r.checks for r in result.table if r.checks), ())
+    read = reading_lines([c.to_dict() for c in checked])
+    reads = "".join(f"<li>{_esc(line)}</li>" for line in read)
     return (
         '<section class="top"><h2>Candidates</h2>'
         f'<table class="candidates"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
         f'<p class="summary-line">{_esc(result.summary)}</p>'
+        + (f'<h3>How each output was read</h3><ul class="readings">{reads}</ul>' if reads else "")
         + (f"<ul>{notes}</ul>" if notes else "")
         + "</section>"
     )
