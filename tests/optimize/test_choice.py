@@ -16,7 +16,7 @@ from mixprec.guard.checks import OutputCheck
 from mixprec.optimize.candidates import CANDIDATES, select_candidates
 from mixprec.optimize.choice import Row, accuracy_text, choose
 from mixprec.optimize.metadata import runtime_metadata, stamp
-from mixprec.optimize.timing import Timer, Timing, minimum_seconds
+from mixprec.optimize.timing import Timer, Timing, median_interval, minimum_seconds
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import HINTS_KEY, RUNTIME_KEY, options_from_metadata
 
@@ -198,3 +198,43 @@ def test_a_spent_time_budget_leaves_the_rest_untimed() -> None:
     timer = Timer(_Instant(), {}, budget=least * 1.5, count=1)
     timing = timer.time(_Instant(), None)
     assert timing is not None and timing.rounds >= 5
+
+
+def test_a_ratio_comes_with_its_interval_and_a_sure_win_needs_it_under_1() -> None:
+    """The median ratio's 95% interval (the sign test's order statistics): a candidate
+    3% faster in the median but whose interval reaches 1 (as an identical session of the
+    input once measured 0.91x) does not beat the input."""
+    rounds = [0.9, 0.92, 0.93, 0.95, 0.96, 0.97, 0.98, 1.01, 1.03, 1.05, 0.94]
+    low, high = median_interval(rounds)
+    assert (low, high) == (0.93, 1.01)
+    timing = Timing.of([r * 1e-3 for r in rounds], [1e-3] * len(rounds), False)
+    assert timing.low == pytest.approx(0.93) and timing.high == pytest.approx(1.01)
+    assert timing.shown == "0.96x [0.93-1.01]"
+    unsure = Row("fp32-openvino", "ort", checks=GOOD, timing=timing)
+    winner, table = choose([_row("fp32-ort", None), unsure])
+    assert winner == "fp32-ort"
+    assert _verdicts(table)["fp32-openvino"] == (
+        "lost",
+        "its 95% interval reaches the input's speed (0.96x [0.93-1.01])",
+    )
+
+
+def test_overlapping_intervals_are_a_tie_that_goes_to_the_earlier_one() -> None:
+    """A later candidate 5% faster in the median, but inside the earlier one's interval:
+    a tie, and the simpler (earlier) one wins, saying so."""
+    first = Timing(0.70, 1.0, 0.7, 30, False, 0.64, 0.76)
+    later = Timing(0.65, 1.0, 0.65, 30, False, 0.60, 0.69)
+    rows = [
+        _row("fp32-ort", None),
+        Row("fp32-openvino", "openvino", checks=GOOD, timing=first),
+        Row("int8-openvino", "openvino", checks=GOOD, timing=later),
+    ]
+    winner, table = choose(rows)
+    assert winner == "fp32-openvino"
+    assert _verdicts(table)["int8-openvino"] == (
+        "lost",
+        "a tie with fp32-openvino (0.70x [0.64-0.76]): ties go to the earlier one",
+    )
+    apart = Timing(0.55, 1.0, 0.55, 30, False, 0.52, 0.58)  # clearly faster: no tie
+    rows[2] = Row("int8-openvino", "openvino", checks=GOOD, timing=apart)
+    assert choose(rows)[0] == "int8-openvino"

@@ -56,6 +56,14 @@ def test_an_unconfirmed_pass_loses_unless_accepted(model_file: Path, samples) ->
     row = {r.name: r for r in taken.table}["nudged-ort"]
     assert row.accurate and row.timing is not None and row.verdict in ("lost", "wins")
     assert "passed unconfirmed" not in taken.summary
+    # a second session of the input timed as the candidates are: the run's noise floor,
+    # its ratio and 95% interval in the notes and the JSON
+    control = taken.control
+    assert control is not None and control.low is not None and control.high is not None
+    assert control.low <= control.ratio <= control.high
+    assert any(n.startswith("control: a second session of the input") for n in taken.notes)
+    assert taken.to_dict()["control"]["rounds"] == control.rounds
+    assert row.to_dict()["ratio_interval"] == [row.timing.low, row.timing.high]
 
 
 def test_fp32_in_another_runtime_needs_no_confirming(model_file: Path, samples) -> None:

@@ -21,7 +21,8 @@ reason:
   over a whole tensor is never an output's only check.
 
 Integer outputs keep **match** (equal elements). The user's ``--output-kind NAME=KIND``
-replaces the reading (:func:`parse_output_kind`).
+replaces the reading (:func:`parse_output_kind`); ``rel-l2`` (the worst sample's) and
+``cosine`` (the mean of its rows) are the readings of before, for whoever wants them.
 """
 
 from __future__ import annotations
@@ -48,7 +49,16 @@ __all__ = [
 #: (fewer: a box, a landmark, a small regression, read by channels).
 EMBEDDING_MIN_FEATURES = 8
 #: The kinds a user may name (``--output-kind NAME=KIND``; ``@AXIS`` after the axed ones).
-KIND_NAMES = ("top1", "scores", "embedding", "detection", "channels", "match", "rel-l2")
+KIND_NAMES = (
+    "top1",
+    "scores",
+    "embedding",
+    "detection",
+    "channels",
+    "match",
+    "rel-l2",
+    "cosine",
+)
 
 
 def readings(kind: OutputKind, samples: Sequence[np.ndarray]) -> list[OutputKind]:

@@ -8,8 +8,10 @@
 * one that was timed wins only when it is :data:`GAIN` (3%) faster than the input in
   ONNX Runtime in the median paired ratio and faster in :data:`MAJORITY` of the rounds
   (noise explains less);
+* and surely: the 95% interval of its median ratio lies under 1;
 * among those, the first in the candidates' order (the simplest) wins unless a later one
-  is :data:`GAIN` faster still, so that two runs on one machine choose alike;
+  is :data:`GAIN` faster still and their intervals do not overlap (a tie, said so), so
+  that two runs on one machine choose alike;
 * when none qualifies, the input is the answer: ``fp32-ort`` wins, and the model is
   written unchanged. Where the caller left ``fp32-ort`` out of the candidates, the
   fastest accurate candidate among theirs wins however it compares with the input.
@@ -110,6 +112,7 @@ class Row:
             "hints": dict(self.hints),
             "status": self.status,
             "ratio": self.ratio,
+            "ratio_interval": None if t is None or t.low is None else [t.low, t.high],
             "ms": None if t is None else t.ms,
             "faster_share": None if t is None else t.faster_share,
             "rounds": None if t is None else t.rounds,
@@ -138,10 +141,21 @@ def accuracy_text(checks: Sequence[OutputCheck]) -> str:
 
 
 def _beats_input(row: Row) -> bool:
+    """3% faster in the median, in most rounds, and surely: the 95% interval of its
+    ratio lies under 1 (an identical session of the input measured 0.91x once)."""
     t = row.timing
     if row.status == "baseline" or t is None:
         return row.status == "baseline"
-    return t.ratio <= 1.0 - GAIN and t.faster_share >= MAJORITY
+    sure = t.high is None or t.high < 1.0
+    return t.ratio <= 1.0 - GAIN and t.faster_share >= MAJORITY and sure
+
+
+def _ties(row: Row, best: Row) -> bool:
+    """Within :data:`GAIN` of the best, or its interval overlaps the best's: a tie."""
+    close = (row.ratio or 0.0) <= (best.ratio or 0.0) + GAIN
+    if row.timing is None or best.timing is None:
+        return close
+    return close or row.timing.overlaps(best.timing)
 
 
 def choose(rows: Sequence[Row], baseline: str = BASELINE) -> tuple[str, list[Row]]:
@@ -156,7 +170,7 @@ def choose(rows: Sequence[Row], baseline: str = BASELINE) -> tuple[str, list[Row
     winner = baseline
     if timed:
         best = min(timed, key=lambda r: r.ratio or 0.0)
-        winner = next(r.name for r in timed if (r.ratio or 0.0) <= (best.ratio or 0.0) + GAIN)
+        winner = next(r.name for r in timed if _ties(r, best))
     by_name = {r.name: r for r in rows}
     done = []
     for r in rows:
@@ -197,4 +211,7 @@ def _verdict(
         return "lost", f"not {GAIN:.0%} faster than the input {where}"
     if strict and t is not None and t.faster_share < MAJORITY:
         return "lost", f"faster in only {t.faster_share:.0%} of the rounds (needs {MAJORITY:.0%})"
-    return "lost", f"within {GAIN:.0%} of {winner} ({best_ratio:.2f}x): ties go to the earlier one"
+    if strict and t is not None and t.high is not None and t.high >= 1.0:
+        return "lost", f"its 95% interval reaches the input's speed ({t.shown})"
+    shown = best.timing.shown if best.timing is not None else f"{best_ratio:.2f}x"
+    return "lost", f"a tie with {winner} ({shown}): ties go to the earlier one"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,7 @@ from mixprec.io.models import copy_model_file, save_model
 from mixprec.optimize.candidates import BASELINE
 from mixprec.optimize.choice import Row, accuracy_text
 from mixprec.optimize.metadata import runtime_metadata, save_marked
+from mixprec.optimize.timing import Timing
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.ov_marks import fp32_nodes
 
@@ -34,6 +36,8 @@ class OptimizeResult:
         unchanged: The input is the answer (written byte for byte when given as a file).
         source_file: The input's file (all of it), copied as is when ``unchanged``.
         notes: How the samples were split, where timing ran.
+        control: A second session of the input timed beside it like any candidate: this
+            run's noise floor (its interval should hold 1); None where nothing was timed.
 
     Example:
         >>> result = mixprec.optimize("m.onnx", samples)  # doctest: +SKIP
@@ -48,6 +52,7 @@ class OptimizeResult:
     unchanged: bool
     source_file: str | None = None
     notes: list[str] = field(default_factory=list)
+    control: Timing | None = None
 
     def save(self, path: str | os.PathLike[str], *, external_data: bool = False) -> list[Path]:
         """Write the winner atomically (a temporary file, then a rename); the input
@@ -79,7 +84,7 @@ class OptimizeResult:
 
     def format_table(self) -> str:
         """The table, one candidate a line, under a header."""
-        head = f"{'candidate':<19} {'runtime':<9} {self.versus:>11} {'rounds':>6}  "
+        head = f"{'candidate':<19} {'runtime':<9} {self.versus:>19} {'rounds':>6}  "
         head += f"{'accuracy':<46} verdict"
         return "\n".join([head, *(format_row(r) for r in self.table)])
 
@@ -94,13 +99,16 @@ class OptimizeResult:
             "summary": self.summary,
             "candidates": [r.to_dict() for r in self.table],
             "notes": list(self.notes),
+            "control": None if self.control is None else dataclasses.asdict(self.control),
         }
 
 
 def format_row(row: Row) -> str:
     """``fp32-openvino       openvino        0.74x     15  top-1 1 on 'probs' (...)  wins``."""
     ratio = "-" if row.ratio is None else f"{row.ratio:.2f}x"
+    if row.timing is not None:
+        ratio = row.timing.shown
     rounds = "-" if row.timing is None else str(row.timing.rounds)
     accuracy = accuracy_text(row.checks) or "-"
     verdict = f"{row.verdict}: {row.reason}" if row.reason else row.verdict
-    return f"{row.name:<19} {row.runtime:<9} {ratio:>11} {rounds:>6}  {accuracy:<46} {verdict}"
+    return f"{row.name:<19} {row.runtime:<9} {ratio:>19} {rounds:>6}  {accuracy:<46} {verdict}"

@@ -321,11 +321,17 @@ def optimize_model(
     feeds = _timing_feeds(model, calibration.first(), given)
     base = device_candidates(device)[0]
     timed = [c for c in chosen if c.name != base.name and skip_reason(c) is None]
-    timer = Timer(timing_session(source, base.options(threads)), feeds, time_budget, len(timed))
+    timer = Timer(timing_session(source, base.options(threads)), feeds, time_budget, len(timed) + 1)
     _check_budget(time_budget, timer.run_seconds)
+    control = timer.time(timing_session(source, base.options(threads)), None) if timed else None
     rows, models = _tried(job, held, _baseline_first(chosen, device), timer)
     winner, table = choose(rows, base.name)
     notes = [_where(held, feeds, threads, base)]
+    if control is not None:
+        notes.append(
+            f"control: a second session of the input, timed as the candidates were, measured "
+            f"{control.shown} (this run's noise floor)"
+        )
     if earlier:
         notes.append(
             f"the input's own {RUNTIME_KEY}={earlier.get(RUNTIME_KEY)!r} (an earlier "
@@ -338,9 +344,13 @@ def optimize_model(
         summary += f"; {NEEDS_DATA}"
         notes.append(f"no data given: {GENERATED_SAMPLES} generated samples, {GENERATED}")
     if winner == BASELINE:  # the input in ONNX Runtime's CPU provider: no fields at all
-        return OptimizeResult(source, options, winner, table, summary, True, notes=notes)
+        return OptimizeResult(
+            source, options, winner, table, summary, True, notes=notes, control=control
+        )
     model = stamp(source if winner == base.name else models[winner], options)
-    return OptimizeResult(model, options, winner, table, summary, False, notes=notes)
+    return OptimizeResult(
+        model, options, winner, table, summary, False, notes=notes, control=control
+    )
 
 
 def _generated(model: ir.Model, shapes: Mapping[str, list[int]]) -> list[Feeds]:

@@ -3,7 +3,8 @@
 Each candidate is timed beside the input in ONNX Runtime (``fp32-ort``), the two taking
 turns within each round, at the calibration sample's shape and with the user's threads
 (:func:`mixprec.int8.speed.time_paired`); each round gives a ratio candidate / FP32
-measured milliseconds apart, and the median of those is the candidate's latency ratio.
+measured milliseconds apart, and the median of those is the candidate's latency ratio,
+with its 95% interval (the sign test's order statistics: :func:`median_interval`).
 
 Pruning, so that the time grows with the model rather than with the candidates: after
 :data:`~mixprec.int8.speed.PRUNE_AFTER` (5) rounds a candidate stops being timed once it
@@ -30,7 +31,7 @@ from mixprec.int8.speed import PRUNE_AFTER, RUN_SECONDS, WARMUP_ROUNDS, time_pai
 from mixprec.runtime import clock
 from mixprec.runtime.engine import Session
 
-__all__ = ["Timer", "Timing", "minimum_seconds"]
+__all__ = ["Timer", "Timing", "median_interval", "minimum_seconds"]
 
 
 @dataclass(frozen=True)
@@ -50,19 +51,52 @@ class Timing:
     ms: float
     rounds: int
     pruned: bool = False
+    #: The 95% interval of the median ratio (:func:`median_interval`); None: not known.
+    low: float | None = None
+    high: float | None = None
 
     @classmethod
     def of(cls, candidate: list[float], reference: list[float], pruned: bool) -> Timing:
         """From the seconds per round of the candidate and of the input beside it."""
         own = np.asarray(candidate, dtype=np.float64)
         ratios = own / np.asarray(reference[: len(own)], dtype=np.float64)
+        low, high = median_interval(ratios)
         return cls(
             float(np.median(ratios)),
             float(np.mean(ratios < 1.0)),
             float(np.median(own)) * 1e3,
             len(own),
             pruned,
+            low,
+            high,
         )
+
+    def overlaps(self, other: Timing) -> bool:
+        """Whether the two intervals share a point (a tie within this run's noise)."""
+        if None in (self.low, self.high, other.low, other.high):
+            return False
+        return bool(self.low <= other.high and other.low <= self.high)  # type: ignore[operator]
+
+    @property
+    def shown(self) -> str:
+        """``0.62x [0.60-0.65]`` (the interval where it is known)."""
+        if self.low is None or self.high is None:
+            return f"{self.ratio:.2f}x"
+        return f"{self.ratio:.2f}x [{self.low:.2f}-{self.high:.2f}]"
+
+
+def median_interval(values: np.ndarray | list[float]) -> tuple[float, float]:
+    """A distribution-free 95% interval of the median of ``values`` (rounds' ratios): the
+    order statistics k and n + 1 - k, k at n/2 - 1.96 sqrt(n)/2 (the sign test's; the
+    whole range for fewer than 6 values)."""
+    ordered = np.sort(np.asarray(values, dtype=np.float64))
+    n = len(ordered)
+    if n == 0:
+        return math.nan, math.nan
+    if n < 6:
+        return float(ordered[0]), float(ordered[-1])
+    lo = max(math.floor(n / 2 - 1.96 * math.sqrt(n) / 2), 0)
+    return float(ordered[lo]), float(ordered[n - 1 - lo])
 
 
 def minimum_seconds(run_seconds: float) -> float:
