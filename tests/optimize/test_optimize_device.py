@@ -172,13 +172,14 @@ def test_gpu_candidates_are_built_checked_and_timed_on_the_device(
     # each checked once and timed once on the device; timing ran the bound feeds
     assert collections.Counter(cuda.opened) == {
         ("float", False): 1,  # the input checked on the device (the reference: ORT's CPU)
-        ("float", True): 1,  # the baseline every candidate is timed beside
+        ("float", True): 2,  # the baseline every candidate is timed beside, the control
         ("float16", False): 1,
         ("float16", True): 1,
         ("bfloat16", False): 1,
         ("bfloat16", True): 1,
     }
-    assert collections.Counter(cuda.bound) == {"float": 2, "float16": 1, "bfloat16": 1}
+    # the input bound beside each timed session (the control, fp16, bf16) and the control
+    assert collections.Counter(cuda.bound) == {"float": 4, "float16": 1, "bfloat16": 1}
     assert result.winner == "bf16-cuda"  # accurate, and the fastest by more than 3%
     assert result.runtime == RuntimeOptions("ort", threads=2, provider="cuda")
     assert result.summary.startswith("bf16-cuda wins: ") and "x fp32-cuda, " in result.summary
