@@ -9,8 +9,11 @@ eval inputs, which neither run saw, by the model's own post-processing (evaluate
 agreement: top-1, DB text boxes or CTC text on the labelled sets, VAD decisions,
 MiniLM's nearest neighbours among the eval sentences).
 
+Two peer models of kinds the bench's own lack, a YOLOv8 detector and a sigmoid note
+transcriber, come with their users' post-processing as the probe (``peers.py``).
+
 Usage (the bench venv, after bash bench/run.sh has built it and the derived models):
-    .venv-bench/bin/python bench/readings.py OUT.md [MODEL ...]
+    .venv-bench/bin/python bench/readings.py OUT.md [MODEL ...]   (in bench/)
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import onnx
 from common import cpu_summary
 from evaluate import make_baseline, run, session
 from metrics import macs_by_name, runtime_shapes
+from peers import PEERS, path_of, peer_inputs, probe
 
 import mixprec
 from int8 import evaluate_int8
@@ -78,6 +82,30 @@ def _one(spec: Any, base: Any, calib: list, kinds: dict[str, str] | None, work: 
     }
 
 
+def _peer(name: str, work: Path) -> str:
+    """A peer model's row: both quantizations, probed on its eval samples."""
+    path = path_of(name)
+    calib, evals = peer_inputs(name, "calib"), peer_inputs(name, "eval")
+    fp32 = session(str(path))
+    ref = [run(fp32, f) for f in evals]
+    cells, reading, summary = [], "", ""
+    for label, kinds in (("before", _old_kinds(path)), ("after", {})):
+        result = mixprec.quantize(str(path), calib, output_kinds=kinds)
+        out = work / f"{name}_{label}.onnx"
+        result.save(out)
+        got = [run(session(str(out)), f) for f in evals]
+        share = (result.report.quantization or {}).get("integer_kernel_mac_share")
+        cells.append(f"{_fmt(share)}, {probe(name, ref, got)}")
+        guard = result.report.guard or {}
+        if label == "after":
+            reading = "; ".join(
+                f"{c['output']}: {c['kind']} {c['value']:.4g} (needs {c['limit']:g})"
+                for c in guard.get("checks") or []
+            )
+            summary = str(guard.get("summary", ""))
+    return f"| {name} | {reading} | {cells[0]} | {cells[1]} | {summary[:160]} |"
+
+
 def _cell(r: dict) -> str:
     extra = f", neighbours {_fmt(r['neighbours'])}" if r["neighbours"] is not None else ""
     return f"{_fmt(r['int8_share'])}, {_fmt(r['agreement'])}{extra}"
@@ -90,7 +118,8 @@ def _fmt(value: Any) -> str:
 
 
 def main(out: str, names: list[str]) -> None:
-    specs = [model_by_name(n) for n in names] if names else list(MODELS)
+    peers = [n for n in names if n in PEERS] if names else list(PEERS)
+    specs = [model_by_name(n) for n in names if n not in PEERS] if names else list(MODELS)
     lines = [
         f"# The guard's readings before and after (issue 43): {time.strftime('%Y-%m-%d')}",
         "",
@@ -118,6 +147,9 @@ def main(out: str, names: list[str]) -> None:
                 f"| {spec.name} | {reading} | {_cell(before)} | {_cell(after)} | "
                 f"{after['summary'][:160]} |"
             )
+            print(lines[-1], flush=True)
+        for name in peers:
+            lines.append(_peer(name, Path(tmp)))
             print(lines[-1], flush=True)
     Path(out).write_text("\n".join(lines) + "\n")
 
