@@ -22,6 +22,9 @@ from mixprec.batch.results import read_rows
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
 
+#: slow: each batch starts worker processes that import mixprec
+pytestmark = pytest.mark.slow
+
 
 def _leftovers(out: Path) -> list[str]:
     return [

@@ -21,6 +21,9 @@ from mixprec.batch.results import read_rows
 from mixprec.cli.main import main
 from mixprec.runtime.engines import HINTS_KEY, RUNTIME_KEY
 
+#: slow: each batch starts worker processes that import mixprec
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("openvino", reason="the [openvino] extra (make test installs it)")
 
 

@@ -21,7 +21,10 @@ from mixprec.batch.results import read_rows
 from mixprec.report import layout
 from mixprec.report.layout import DOT_MAX_S, dot_time_limit
 
-pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc (Linux)")
+pytestmark = [
+    pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc (Linux)"),
+    pytest.mark.slow,  # drivers and workers in their own processes, killed and awaited
+]
 
 
 def _workers_of(driver: int) -> list[int]:

@@ -3,9 +3,13 @@ table row and one chart dot per validated model, sortable, links to each model's
 
 from __future__ import annotations
 
+import pytest
 from batch_zoo import make_zoo
 
 import mixprec
+
+#: slow: a batch of worker processes, then a browser
+pytestmark = pytest.mark.slow
 
 
 def _column(page, index: int) -> list[str]:

@@ -130,6 +130,7 @@ def test_pages_have_runnable_blocks() -> None:
     assert {"docs/guides/troubleshooting.md"} <= names
 
 
+@pytest.mark.slow  # every command of every page, each in a subprocess
 @pytest.mark.parametrize(
     "page", RUN_PAGES, ids=[p.relative_to(REPO_ROOT).as_posix() for p in RUN_PAGES]
 )
@@ -221,6 +222,7 @@ def test_a_flag_left_out_of_the_reference_is_caught() -> None:
     assert set(missing_flags(page, hooks.cli_flags())) == {"quantize", "optimize", "batch"}
 
 
+@pytest.mark.slow  # the whole MkDocs site
 def test_site_builds_strictly(tmp_path: Path) -> None:
     if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None:
         pytest.skip("mkdocs and mkdocs-material are not installed: pip install -e '.[docs]'")

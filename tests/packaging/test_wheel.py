@@ -37,6 +37,9 @@ import onnx.numpy_helper
 import pytest
 from packaging.requirements import Requirement
 
+#: slow: each test builds or installs the package in a fresh venv
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text("utf-8"))["project"]
 NAME: str = PROJECT["name"]

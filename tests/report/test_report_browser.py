@@ -20,6 +20,9 @@ import pytest
 from mixprec.api.convert import annotate
 from mixprec.report.html import write_report_html
 
+#: slow: headless Chromium
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 #: The 2,000-node model's builder (also timed by bench/report_page.py).
 WIDE = ROOT / "examples" / "make_wide_model.py"

@@ -26,6 +26,9 @@ from mixprec.torch._export import _specialized, failing_op  # noqa: E402
 from mixprec.torch._tree import flatten_outputs, leaf_paths, unflatten_outputs  # noqa: E402
 from torch_models import MLP  # noqa: E402
 
+#: slow: PyTorch exports, a script in a subprocess
+pytestmark = pytest.mark.slow
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 

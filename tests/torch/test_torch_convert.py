@@ -33,6 +33,9 @@ from torch_models import (  # noqa: E402
     batchnorm_statistics,
 )
 
+#: slow: PyTorch exports of every test model
+pytestmark = pytest.mark.slow
+
 Inputs = tuple[Any, ...]
 
 
