@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,6 +31,14 @@ from helpers import sha256_of
 from mixprec.runtime.cpu import cpu_features
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# A shell without job control (``cmd &`` in a script, some CI runners) starts its
+# background jobs with SIGINT ignored, and every process they start inherits that: then
+# the Ctrl-C tests' SIGINT does nothing (mixprec keeps a SIGINT its caller ignores, as
+# nohup asks). The tests play a user pressing Ctrl-C in a terminal, so SIGINT is
+# Python's default here, and the children this process starts get it from exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 #: Read once at import: the autouse fixture below hides MIXPREC_* variables from tests.
 _CORPUS_ENV = os.environ.get("MIXPREC_CORPUS")
 
