@@ -126,24 +126,44 @@ def test_at_the_default_budget_the_guard_claims_only_what_its_rows_carry(cpu, mo
 
 
 def _assert_the_claim_carries(guard: dict, unseen_agreement: float) -> None:
-    """A confirmed pass agrees on unseen rows; an unconfirmed one says so, last."""
-    if guard["confirmed"]:
-        assert unseen_agreement >= 0.99, (unseen_agreement, guard["summary"])
+    """A confirmed INT8 pass agrees on unseen rows; one the held-out rows cannot confirm
+    is no pass: the input is written unchanged (it agrees exactly), and the last line
+    says so with the rows it would take."""
+    if "unconfirmed" in guard:
+        assert unseen_agreement == 1.0, unseen_agreement
+        summary = guard["summary"]
+        assert "the model stays float (INT8 passed with" in summary, summary
+        assert "held-out rows cannot confirm top-1 >= 0.99" in summary, summary
+        assert summary.endswith("rows at this agreement would; --accept-unconfirmed takes it)")
     else:
-        tail = guard["summary"].split("; but ")[-1]
-        assert "held-out rows cannot confirm top-1 >= 0.99" in tail, guard["summary"]
-        assert "rows at this agreement would" in tail, guard["summary"]
+        assert guard["confirmed"], guard
+        assert unseen_agreement >= 0.99, (unseen_agreement, guard["summary"])
 
 
-def test_a_pass_too_few_rows_support_says_so_and_how_many_would():
+def test_a_pass_too_few_rows_support_is_no_pass_and_says_how_many_would():
     """An accurate INT8 model (every held-out row agrees) checked on 5 rows: a pass, but
-    the 95% lower bound of 5/5 is 0.65, so the last line says that 5 rows cannot confirm
-    0.99 and that about 268 would (Wilson: n >= z^2 * 0.99 / 0.01)."""
-    result = mixprec.quantize(separable_classifier(), separable_samples(10), speed="off")
+    the 95% lower bound of 5/5 is 0.65, under 0.99. Before: the INT8 model was written,
+    the last line adding that the rows cannot confirm it. Now the input is written
+    unchanged, the last line saying that 5 rows cannot confirm 0.99 and that about 268
+    would (Wilson: n >= z^2 * 0.99 / 0.01); accept_unconfirmed takes the INT8 model."""
+    model, samples = separable_classifier(), separable_samples(10)
+    result = mixprec.quantize(model, samples, speed="off")
     guard = result.report.guard
     (check,) = guard["checks"]
-    assert guard["passed"] and not guard["confirmed"] and check["rows"] == 5, guard
+    assert result.report.unchanged and guard["passed"] and check["rows"] == 5, guard
     assert check["value"] == 1.0 and check["bound"] == pytest.approx(5 / (5 + 1.6449**2), 1e-3)
+    assert not check["confirmed"] and not guard["confirmed"], check
+    assert guard["summary"] == (
+        "INT8 on 0/2 Conv/MatMul/Gemm: the model stays float (INT8 passed with 1 on 'probs', "
+        "but 5 held-out rows cannot confirm top-1 >= 0.99 on 'probs' (95% lower bound 0.649): "
+        "about 268 rows at this agreement would; --accept-unconfirmed takes it)"
+    ), guard["summary"]
+    assert not any(
+        n.op_type.startswith(("Quantize", "Dynamic")) for n in result.model_proto.graph.node
+    )
+    taken = mixprec.quantize(model, samples, speed="off", accept_unconfirmed=True)
+    guard = taken.report.guard
+    assert guard["passed"] and not guard["confirmed"] and not taken.report.unchanged, guard
     assert guard["summary"].endswith(
         "but 5 held-out rows cannot confirm top-1 >= 0.99 on 'probs' (95% lower bound "
         "0.649): about 268 rows at this agreement would"

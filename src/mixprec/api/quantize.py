@@ -70,12 +70,15 @@ def quantize(
             ``rounding`` ("nearest" or "learned": AdaRound), ``equalize``, ``smooth``,
             ``speed``, ``exclude_nodes``, ``shapes``, ``latency_shapes``,
             ``placement``, ``guard``, ``guard_drop``, ``guard_rel_l2``, ``guard_cosine``,
-            ``metric``, ``metric_budget``, ``fold_batchnorm``, ``check``, ``log_dir``).
+            ``output_kinds``, ``accept_unconfirmed``, ``metric``, ``metric_budget``,
+            ``fold_batchnorm``, ``check``, ``log_dir``).
             The accuracy guard is on by default: ``report.guard["passed"]`` says whether
             the result holds top-1 >= 0.99 on class scores, mean cosine >= 0.99 on
             embeddings, rel L2 <= 0.1 elsewhere (``guard_drop`` / ``guard_cosine`` /
             ``guard_rel_l2``; each output's kind and why: :mod:`mixprec.core.output_kinds`)
             on held-out samples, after moving the sensitive nodes back to float if needed;
+            a pass whose held-out rows cannot confirm it (95% lower bound under the budget)
+            is none: the input is written unchanged unless ``accept_unconfirmed=True``;
             ``guard=False`` warns. ``max_drop`` / ``max_rel_l2`` / ``min_cosine`` are the
             same budgets under the CLI's names (``--max-drop``, ``--max-rel-l2``,
             ``--min-cosine``). The tuner itself is

@@ -8,7 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from mixprec.api.optimize import optimize
-from mixprec.cli.options import FORMS, add_output_kind, add_quiet_arg, add_shape_arg, progress
+from mixprec.cli.options import (
+    FORMS,
+    add_accept_unconfirmed,
+    add_output_kind,
+    add_quiet_arg,
+    add_shape_arg,
+    progress,
+)
 from mixprec.core.errors import MixprecError
 from mixprec.io.models import check_output_path, load_model
 from mixprec.io.samples import NpzSamples
@@ -52,12 +59,7 @@ def add_optimize_parser(sub: Any) -> argparse.ArgumentParser:
         "the lowest accepted score",
     )  # fmt: skip
     add_output_kind(p)
-    p.add_argument(
-        "--accept-unconfirmed",
-        action="store_true",
-        help="count a candidate accurate when its checks pass on held-out rows too few to "
-        "confirm it (by default it loses, and the last line says how many rows would)",
-    )
+    add_accept_unconfirmed(p, "such a candidate loses")
     p.add_argument(
         "--runtime",
         choices=RUNTIME_CHOICES,

@@ -281,6 +281,17 @@ def add_output_kind(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_accept_unconfirmed(p: argparse.ArgumentParser, loses: str) -> None:
+    """``--accept-unconfirmed``: a pass too few held-out rows confirm counts as one."""
+    p.add_argument(
+        "--accept-unconfirmed",
+        action="store_true",
+        help="take a result whose checks pass on held-out rows too few to confirm them "
+        f"(95%% lower bound under the budget); by default {loses}, and the last line says "
+        "how many rows would confirm it",
+    )
+
+
 def add_quiet_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
 

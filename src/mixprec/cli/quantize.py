@@ -8,6 +8,7 @@ from typing import Any
 from mixprec.api.quantize import quantize
 from mixprec.cli.genai import add_genai_args, plan_genai, write_genai
 from mixprec.cli.options import (
+    add_accept_unconfirmed,
     add_input_args,
     add_output_kind,
     add_quiet_arg,
@@ -176,6 +177,7 @@ def _add_check_args(p: argparse.ArgumentParser) -> None:
         "(default 0.99; the share of such rows >= 1 - --max-drop)",
     )
     add_output_kind(p)
+    add_accept_unconfirmed(p, "the input is written unchanged")
     p.add_argument(
         "--metric",
         metavar="MODULE:FUNCTION",
@@ -254,6 +256,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         max_rel_l2=_budget(args.max_rel_l2, "--max-rel-l2"),
         min_cosine=_budget(args.min_cosine, "--min-cosine"),
         output_kinds=args.output_kind or {},
+        accept_unconfirmed=args.accept_unconfirmed,
         metric=args.metric,
         metric_budget=args.metric_budget,
         eval_data=args.eval_data,

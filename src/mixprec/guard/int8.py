@@ -242,6 +242,7 @@ def guarded_quantize(
             + "; ".join(f"{c.output!r} {shown(c.value, c.limit)} ({c.kind})" for c in drift)
         )
     if all(c.passed for c in first):
+        work, report = _unless_unconfirmed((source, config, calib), work, report, first, guard)
         report.timings = {**report.timings, **spent}
         return work, _finish(report, guard, first, (), first)
     spent["first quantize"] = sum(report.timings.values())
@@ -249,10 +250,42 @@ def guarded_quantize(
     say(f"INT8 misses the budget ({_worst(first).text()}): searching for nodes to keep float")
     job = _Job(source, config, calib, held, (kinds, budget), reuse, progress)
     work, report, final, names = _repaired(job, guard)
+    work, report = _unless_unconfirmed((source, config, calib), work, report, final, guard)
     # where the time went (the report's stages are the last quantization's)
     spent["repair"] = max(0.0, time.perf_counter() - clock - sum(report.timings.values()))
     report.timings = {**report.timings, **spent}
     return work, _finish(report, guard, final, names, first)
+
+
+def _unless_unconfirmed(
+    quantization: tuple[onnx.ModelProto, QuantizeConfig, Samples | None],
+    work: ir.Model,
+    report: Report,
+    checks: list[OutputCheck],
+    guard: dict[str, Any],
+) -> tuple[ir.Model, Report]:
+    """``work`` unless it is an INT8 result whose passes the held-out rows cannot
+    confirm (an agreement's 95% lower bound under its budget): that is no pass, and the
+    input is written unchanged, ``guard["unconfirmed"]`` saying why, unless the caller
+    accepts it (``accept_unconfirmed``). ``quantization``: the input, the options and the
+    calibration samples."""
+    source, config, calib = quantization
+    int8 = any(n.precision == "int8" for n in report.nodes)
+    unsure = [c for c in checks if not c.confirmed]
+    if config.accept_unconfirmed or not int8 or not unsure or not all(c.passed for c in checks):
+        return work, report
+    weakest = min(unsure, key=lambda c: c.bound or 0.0)
+    guard["unconfirmed"] = {
+        "passed": f"{shown(weakest.value, weakest.limit)} on {weakest.output!r}",
+        "why": weakest.to_confirm(),
+    }
+    work, report = quantize_once(source, _input_unchanged(config), calib, None)
+    report.notes.append(
+        f"INT8 passed but {weakest.to_confirm()}: a pass the held-out rows cannot confirm is "
+        "none, so the input is written unchanged (--accept-unconfirmed / accept_unconfirmed "
+        "takes the INT8 model; more held-out samples, --eval-data, can confirm it)"
+    )
+    return work, report
 
 
 @dataclasses.dataclass(frozen=True)
@@ -472,6 +505,12 @@ def _finish(
     worst = _worst(checks)
     if not passed:
         summary = f"{head}; accuracy guard FAILED: {worst.text()}"
+    elif "unconfirmed" in guard:
+        was = guard["unconfirmed"]
+        summary = (
+            f"{head}: the model stays float (INT8 passed with {was['passed']}, but "
+            f"{was['why']}; --accept-unconfirmed takes it)"
+        )
     elif guard.get("widened") is not None and int8 == 0:
         was = _worst(first)
         summary = (
@@ -494,9 +533,11 @@ def _finish(
     else:
         summary = f"{head}; accuracy guard passed: {worst.text()}"
     # a pass the held-out rows cannot support is said on the last line (a float result
-    # is the input itself: there is nothing to confirm)
-    unsure = [c for c in checks if c.passed and not c.confirmed] if int8 else []
-    if passed and unsure:
+    # is the input itself: nothing to confirm, unless it was written for want of rows that
+    # confirm INT8's pass: those checks stay unconfirmed, and the summary says it already)
+    graded = int8 or "unconfirmed" in guard
+    unsure = [c for c in checks if c.passed and not c.confirmed] if graded else []
+    if passed and unsure and int8:
         summary += f"; but {min(unsure, key=lambda c: c.bound or 0.0).to_confirm()}"
     report.guard = {
         **guard,

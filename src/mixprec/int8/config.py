@@ -124,6 +124,10 @@ class QuantizeConfig:
         guard_cosine: the cosine to FP32 a row of an embedding must reach (None: 0.99).
         output_kinds: how the guard reads outputs, by name, in place of its own reading
             (:func:`mixprec.core.readings.user_kinds`: ``{"output0": "detection"}``).
+        accept_unconfirmed: keep an INT8 result whose agreement checks pass on held-out
+            rows too few to confirm them (their 95% lower bound under the budget); by
+            default such a result is not a pass: the input is written unchanged and the
+            last line says how many rows would confirm it.
         metric: the user's own measure instead of the per-output checks: a callable
             ``score(fp32_outputs, int8_outputs[, labels]) -> float`` (one dict per
             held-out sample; ``labels``, when it takes them: the eval data's arrays that
@@ -157,6 +161,7 @@ class QuantizeConfig:
     guard_rel_l2: float | None = None
     guard_cosine: float | None = None
     output_kinds: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    accept_unconfirmed: bool = False
     runtime: RuntimeOptions = dataclasses.field(default_factory=RuntimeOptions)
     metric: Any = None
     metric_budget: float | None = None
