@@ -181,8 +181,9 @@ def test_cli_lists_every_candidate_then_the_winner(model_file: Path, samples, tm
     assert main([*argv, "--candidates", "fp32-ort,fp32-openvino,bf16-openvino"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("mixprec: ")
-    table = lines[-4:-1]
+    table = lines[-5:-2]
     assert [line.split()[0] for line in table] == ["fp32-ort", "fp32-openvino", "bf16-openvino"]
+    assert lines[-2].startswith("ratios timed at x [16, 16] (batch 16), "), lines[-2]
     assert out.exists()
     assert main([*argv, "--candidates", "fp32-ort", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -268,7 +268,8 @@ def test_cli_device_cuda_then_validate(
     assert main([*argv, "--candidates", "fp32-cuda,fp16-cuda", "--accept-unconfirmed"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-1].startswith("mixprec: fp16-cuda wins: ")
-    assert [line.split()[0] for line in lines[-3:-1]] == ["fp32-cuda", "fp16-cuda"]
+    assert [line.split()[0] for line in lines[-4:-2]] == ["fp32-cuda", "fp16-cuda"]
+    assert lines[-2].startswith("ratios timed at "), lines[-2]
     assert main(["validate", str(model_file), str(out), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["passed"] and data["runtime"]["provider"] == "cuda"

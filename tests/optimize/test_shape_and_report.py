@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -84,6 +85,12 @@ def test_candidates_are_timed_at_the_serving_shape(model_file: Path) -> None:
         str(model_file), samples, candidates=["fp32-ort", "fp32-openvino"], shapes={"x": [3, 16]}
     )
     assert "timed beside it at x [3, 16]" in given.notes[0]
+    assert given.timed_at is not None and given.timed_at.shapes == {"x": [3, 16]}
+    assert given.to_dict()["timed_at"] == {
+        "shapes": {"x": [3, 16]},
+        "batch": 3,
+        "threads": given.timed_at.threads,
+    }
     row = {r.name: r for r in given.table}["fp32-openvino"]
     assert row.accurate  # checked on the held-out samples (16 rows), whatever the shape
     default = mixprec.optimize(str(model_file), samples, candidates=["fp32-ort"])
@@ -119,7 +126,9 @@ def test_cli_report_page_shows_the_printed_table(
     assert main([*argv, "--report", str(page)]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
     assert printed[:2] == [f"wrote {out}", f"wrote {page}"]
-    table = printed[-4:-1]
+    table, where = printed[-5:-2], printed[-2]
+    assert re.fullmatch(r"ratios timed at x \[4, 16\] \(batch 4\), \d+ thread\(s\)", where), where
+    assert html.escape(where) in page.read_text()
     parsed = _parse(page.read_text())
     rows = [r for r in parsed.rows if r]
     assert [r[0] for r in rows] == [line.split()[0] for line in table]
@@ -138,6 +147,7 @@ def test_cli_report_json_names_the_page(model_file: Path, calib: Path, tmp_path,
     assert main([*argv, "--candidates", "fp32-ort", "--report", str(page), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["report"] == str(page) and page.is_file()
+    assert data["timed_at"]["shapes"] == {"x": [16, 16]} and data["timed_at"]["batch"] == 16
     _parse(page.read_text())
 
 

@@ -18,7 +18,28 @@ from mixprec.optimize.timing import Timing
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.ov_marks import fp32_nodes
 
-__all__ = ["OptimizeResult", "format_row"]
+__all__ = ["OptimizeResult", "TimedAt", "format_row"]
+
+
+@dataclass(frozen=True)
+class TimedAt:
+    """Where the ratios hold: the input shapes the candidates were timed at (the batch is
+    each input's first dim) and the intra-op threads of every session."""
+
+    shapes: dict[str, list[int]]
+    threads: int
+
+    def text(self) -> str:
+        """``ratios timed at image [1, 3, 32, 32] (batch 1), 2 thread(s)``."""
+        at = ", ".join(f"{k} {v}" for k, v in self.shapes.items())
+        batches = {v[0] for v in self.shapes.values() if v}
+        batch = f" (batch {batches.pop()})" if len(batches) == 1 else ""
+        return f"ratios timed at {at}{batch}, {self.threads} thread(s)"
+
+    def to_dict(self) -> dict[str, object]:
+        batches = {v[0] for v in self.shapes.values() if v}
+        batch = batches.pop() if len(batches) == 1 else None
+        return {"shapes": self.shapes, "batch": batch, "threads": self.threads}
 
 
 @dataclass
@@ -38,6 +59,7 @@ class OptimizeResult:
         notes: How the samples were split, where timing ran.
         control: A second session of the input timed beside it like any candidate: this
             run's noise floor (its interval should hold 1); None where nothing was timed.
+        timed_at: The shapes and threads the ratios were measured at (they hold there).
 
     Example:
         >>> result = mixprec.optimize("m.onnx", samples)  # doctest: +SKIP
@@ -53,6 +75,7 @@ class OptimizeResult:
     source_file: str | None = None
     notes: list[str] = field(default_factory=list)
     control: Timing | None = None
+    timed_at: TimedAt | None = None
 
     def save(self, path: str | os.PathLike[str], *, external_data: bool = False) -> list[Path]:
         """Write the winner atomically (a temporary file, then a rename); the input
@@ -86,7 +109,8 @@ class OptimizeResult:
         """The table, one candidate a line, under a header."""
         head = f"{'candidate':<19} {'runtime':<9} {self.versus:>19} {'rounds':>6}  "
         head += f"{'accuracy':<46} verdict"
-        return "\n".join([head, *(format_row(r) for r in self.table)])
+        where = [self.timed_at.text()] if self.timed_at is not None else []
+        return "\n".join([head, *(format_row(r) for r in self.table), *where])
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready dict: the winner, its runtime and metadata, and the table."""
@@ -100,6 +124,7 @@ class OptimizeResult:
             "candidates": [r.to_dict() for r in self.table],
             "notes": list(self.notes),
             "control": None if self.control is None else dataclasses.asdict(self.control),
+            "timed_at": None if self.timed_at is None else self.timed_at.to_dict(),
         }
 
 

@@ -64,7 +64,7 @@ from mixprec.optimize.device import (
     device_candidates,
 )
 from mixprec.optimize.metadata import runtime_fields, stamp, unstamped
-from mixprec.optimize.result import OptimizeResult
+from mixprec.optimize.result import OptimizeResult, TimedAt
 from mixprec.optimize.timing import Timer, minimum_seconds
 from mixprec.pipeline.marks import bf16_marked
 from mixprec.pipeline.quantize import resolve_qconfig
@@ -345,14 +345,13 @@ def optimize_model(
     if generated:
         summary += f"; {NEEDS_DATA}"
         notes.append(f"no data given: {GENERATED_SAMPLES} generated samples, {GENERATED}")
-    if winner == BASELINE:  # the input in ONNX Runtime's CPU provider: no fields at all
-        return OptimizeResult(
-            source, options, winner, table, summary, True, notes=notes, control=control
-        )
-    model = stamp(source if winner == base.name else models[winner], options)
+    at = TimedAt({k: [int(d) for d in np.shape(v)] for k, v in feeds.items()}, threads)
+    unchanged = winner == BASELINE  # the input in ONNX Runtime's CPU provider: no fields
+    model = source if winner in (BASELINE, base.name) else models[winner]
     return OptimizeResult(
-        model, options, winner, table, summary, False, notes=notes, control=control
-    )
+        model if unchanged else stamp(model, options), options, winner, table, summary,
+        unchanged, notes=notes, control=control, timed_at=at,
+    )  # fmt: skip
 
 
 def _generated(model: ir.Model, shapes: Mapping[str, list[int]]) -> list[Feeds]:

@@ -65,6 +65,7 @@ def candidates_html(result: OptimizeResult) -> str:
         '<section class="top"><h2>Candidates</h2>'
         f'<table class="candidates"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
         f'<p class="summary-line">{_esc(result.summary)}</p>'
+        + (f"<p>{_esc(result.timed_at.text())}</p>" if result.timed_at is not None else "")
         + (f'<h3>How each output was read</h3><ul class="readings">{reads}</ul>' if reads else "")
         + (f"<ul>{notes}</ul>" if notes else "")
         + "</section>"
