@@ -65,6 +65,7 @@ from mixprec.optimize.device import (
 )
 from mixprec.optimize.metadata import runtime_fields, stamp, unstamped
 from mixprec.optimize.result import OptimizeResult, TimedAt
+from mixprec.optimize.served import written_static
 from mixprec.optimize.timing import Timer, minimum_seconds
 from mixprec.pipeline.marks import bf16_marked
 from mixprec.pipeline.quantize import resolve_qconfig
@@ -348,6 +349,9 @@ def optimize_model(
     at = TimedAt({k: [int(d) for d in np.shape(v)] for k, v in feeds.items()}, threads)
     unchanged = winner == BASELINE  # the input in ONNX Runtime's CPU provider: no fields
     model = source if winner in (BASELINE, base.name) else models[winner]
+    if not unchanged and options.name == "openvino":  # where a plain compile gets the ratio
+        model, static = written_static(model, at.shapes, held.feeds, bool(given))
+        summary += static
     return OptimizeResult(
         model if unchanged else stamp(model, options), options, winner, table, summary,
         unchanged, notes=notes, control=control, timed_at=at,
