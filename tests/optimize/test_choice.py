@@ -5,18 +5,21 @@ options. No timing here: the rows are written by hand."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+import numpy as np
 import onnx
 import pytest
 
 from guard_models import separable_classifier
 from mixprec.core.errors import MixprecError
 from mixprec.guard.checks import OutputCheck
+from mixprec.optimize import timing as timing_module
 from mixprec.optimize.candidates import CANDIDATES, select_candidates
 from mixprec.optimize.choice import Row, accuracy_text, choose
 from mixprec.optimize.metadata import runtime_metadata, stamp
-from mixprec.optimize.timing import Timer, Timing, median_interval, minimum_seconds
+from mixprec.optimize.timing import Timer, Timing, median_interval, minimum_seconds, undecided
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import HINTS_KEY, RUNTIME_KEY, options_from_metadata
 
@@ -238,3 +241,63 @@ def test_overlapping_intervals_are_a_tie_that_goes_to_the_earlier_one() -> None:
     apart = Timing(0.55, 1.0, 0.55, 30, False, 0.52, 0.58)  # clearly faster: no tie
     rows[2] = Row("int8-openvino", "openvino", checks=GOOD, timing=apart)
     assert choose(rows)[0] == "int8-openvino"
+
+
+class _Paced:
+    """A session whose runs take set seconds on the virtual timing clock: ``each`` per run,
+    or the next of ``paces`` (a run per round: 10 ms runs are timed one at a time)."""
+
+    binds_on_device = False
+    output_names = ()
+    notes = ()
+
+    def __init__(self, clock: list[float], each: float = 0.01, paces=None) -> None:
+        self.clock, self.each, self.paces = clock, each, paces
+
+    def run(self, feeds, output_names=None):
+        self.clock[0] += self.each if self.paces is None else next(self.paces)
+        return {}
+
+
+def _timed(monkeypatch, paces, shares: int, budget: float | None = None) -> Timing:
+    clock = [0.0]
+    monkeypatch.setattr(timing_module.clock, "now", lambda: clock[0])
+    monkeypatch.setattr(timing_module, "SHARES", shares)
+    timer = Timer(_Paced(clock), {}, budget=budget, count=1)
+    timing = timer.time(_Paced(clock, paces=iter(paces)), None)
+    assert timing is not None
+    return timing
+
+
+def test_an_undecided_candidate_is_timed_until_its_interval_decides(monkeypatch) -> None:
+    """A candidate 3% faster with rounds scattered by 8% (a shared machine): one share of
+    rounds measures 0.99x [0.94-1.01], an interval reaching 1, so another share is timed
+    (without pruning: its rounds pool with the first's), and the 98 rounds decide it,
+    0.96x [0.95-0.99]; a clearly faster one gets one share only. The paces are seeded
+    and the clock virtual: the same rounds on any machine."""
+    paces = [0.01 * r for r in np.random.default_rng(2).normal(0.97, 0.08, 1000)]
+    one = _timed(monkeypatch, paces, shares=1)
+    assert undecided(one, None), one.shown  # the case: under 1, reaching 1
+    pooled = _timed(monkeypatch, paces, shares=3)
+    assert pooled.rounds > one.rounds and pooled.rounds <= 3 * one.rounds, (pooled, one)
+    assert pooled.high - pooled.low < one.high - one.low, (pooled.shown, one.shown)
+    assert not undecided(pooled, None) and pooled.high < 1.0, pooled.shown
+    clear = _timed(monkeypatch, [0.005] * 1000, shares=3)
+    assert clear.rounds == _timed(monkeypatch, [0.005] * 1000, shares=1).rounds
+    assert not undecided(clear, None) and clear.shown == "0.50x [0.50-0.50]"
+    # a budget with no room for another share leaves the first share's rounds
+    least = minimum_seconds(0.01)
+    tight = _timed(monkeypatch, paces, shares=3, budget=least * 1.5)
+    assert tight.rounds == _timed(monkeypatch, paces, shares=1, budget=least * 1.5).rounds
+
+
+def test_undecided_reads_the_interval_against_1_and_the_best_so_far() -> None:
+    def timing(ratio: float, low: float, high: float) -> Timing:
+        return Timing(ratio, 0.5, 1.0, 40, low=low, high=high)
+
+    assert undecided(timing(0.97, 0.93, 1.01), None)  # may or may not beat the input
+    assert not undecided(timing(0.97, 0.95, 0.99), None)  # beats it
+    assert not undecided(timing(1.02, 0.98, 1.05), None)  # slower in the median
+    assert undecided(timing(0.80, 0.77, 0.86), 0.84)  # beats the best in the median only
+    assert not undecided(timing(0.80, 0.77, 0.83), 0.84)
+    assert not undecided(dataclasses.replace(timing(0.97, 0.93, 1.01), pruned=True), None)

@@ -232,6 +232,7 @@ def time_paired(
     *,
     seconds: float | None = None,
     dropped: set[str] | None = None,
+    prune: bool = True,
 ) -> dict[str, list[float]]:
     """Seconds per run of each session, round by round (rotating order; ``"fp32"`` is
     the reference the rounds pair with). After :data:`_PRUNE_AFTER` rounds a placement
@@ -242,7 +243,8 @@ def time_paired(
 
     ``seconds``: stop once that many seconds passed and :data:`PRUNE_AFTER` rounds are
     done (default: :data:`_BUDGET_SECONDS` and at least :data:`_MIN_ROUNDS` rounds);
-    ``dropped`` gets the labels that dropped out."""
+    ``dropped`` gets the labels that dropped out; ``prune=False``: none drops out (more
+    rounds of placements already found undecided)."""
     runners = {label: _runner(s, feeds) for label, s in sessions.items()}
     start = clock.now()
     runners["fp32"]()
@@ -262,7 +264,7 @@ def time_paired(
                 times[label].append((clock.now() - start) / repeat)
         rounds += 1
         done = rounds - _WARMUP
-        if done >= _PRUNE_AFTER:
+        if prune and done >= _PRUNE_AFTER:
             kept = [x for x in labels if x == "fp32" or not _hopeless(times, x, bar)]
             if dropped is not None:
                 dropped.update(set(labels) - set(kept))

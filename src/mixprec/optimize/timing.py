@@ -13,6 +13,12 @@ best ratio of an earlier candidate that would win, or it is slower than the inpu
 median and faster in at most a fifth of the rounds. The table shows how many rounds each
 candidate was timed for.
 
+A candidate still undecided after its share (faster than the input in the median while
+its interval reaches 1, or faster than the best so far in the median while its interval
+reaches that ratio) is timed for another share, and its rounds pooled, up to
+:data:`SHARES` shares in all: more rounds narrow the interval until it says which side
+it is on, rather than a fixed count that leaves a near tie to chance.
+
 With a time budget each candidate gets an equal share of what is left; a share too small
 for :data:`~mixprec.int8.speed.PRUNE_AFTER` rounds (after the warm-up) leaves the rest
 untimed, and a budget too small to time even one is refused before any work
@@ -31,7 +37,7 @@ from mixprec.int8.speed import PRUNE_AFTER, RUN_SECONDS, WARMUP_ROUNDS, time_pai
 from mixprec.runtime import clock
 from mixprec.runtime.engine import Session
 
-__all__ = ["Timer", "Timing", "median_interval", "minimum_seconds"]
+__all__ = ["SHARES", "Timer", "Timing", "median_interval", "minimum_seconds", "undecided"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,21 @@ def median_interval(values: np.ndarray | list[float]) -> tuple[float, float]:
     return float(ordered[lo]), float(ordered[n - 1 - lo])
 
 
+#: The most shares of timing one undecided candidate gets (:func:`undecided`).
+SHARES = 3
+
+
+def undecided(timing: Timing, bar: float | None) -> bool:
+    """Whether more rounds could change what ``timing`` decides: faster than the input in
+    the median with an interval that reaches 1, or faster in the median than ``bar`` (the
+    best ratio so far) with an interval that reaches it."""
+    if timing.pruned or timing.high is None:
+        return False
+    if timing.ratio < 1.0 <= timing.high:
+        return True
+    return bar is not None and timing.ratio < bar <= timing.high
+
+
 def minimum_seconds(run_seconds: float) -> float:
     """The least time one candidate's timing takes, for a model one run of which takes
     ``run_seconds``: the warm-up and the rounds before pruning, of two sessions, each run
@@ -149,14 +170,29 @@ class Timer:
         self.count = max(self.count - 1, 1)
         if seconds == 0.0:
             return None
-        dropped: set[str] = set()
-        start = clock.now()
-        times = time_paired(
-            {"fp32": self.reference, "candidate": session},
-            self.feeds,
-            bar,
-            seconds=seconds,
-            dropped=dropped,
-        )
-        self.left -= clock.now() - start
-        return Timing.of(times["candidate"], times["fp32"], "candidate" in dropped)
+        own: list[float] = []
+        reference: list[float] = []
+        for share in range(SHARES):
+            dropped: set[str] = set()
+            start = clock.now()
+            times = time_paired(
+                {"fp32": self.reference, "candidate": session},
+                self.feeds,
+                bar,
+                seconds=seconds,
+                dropped=dropped,
+                prune=share == 0,  # more rounds of an undecided one: all of them count
+            )
+            self.left -= clock.now() - start
+            own += times["candidate"]
+            reference += times["fp32"][: len(times["candidate"])]  # the rounds it was in
+            timing = Timing.of(own, reference, "candidate" in dropped)
+            if not undecided(timing, bar) or not self._spare(seconds):
+                break
+        return timing
+
+    def _spare(self, seconds: float | None) -> bool:
+        """Whether another share fits and leaves each candidate still to come its own."""
+        if seconds is None:
+            return True
+        return self.left >= seconds * (self.count + 1)
