@@ -179,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
                       help="run only the bf16 part (results in <date>-bf16.json/.md)")
     part.add_argument("--weights-only", action="store_true",
                       help="run only the weight-only part (results in <date>-weights.json/.md)")
+    parser.add_argument("--accept-unconfirmed", action="store_true",
+                        help="the --optimize part with optimize --accept-unconfirmed (results "
+                        "in <date>-optimize-accept.json/.md)")
     part.add_argument("--optimize-only", action="store_true",
                       help="run only the --optimize part: mixprec optimize against the "
                       "obvious recipes (results in <date>-optimize.json/.md)")
@@ -341,26 +344,30 @@ def optimize_part(info: dict[str, Any], work: Path, args: argparse.Namespace, st
     results: list[dict[str, Any]] = []
     for spec in specs:
         base, _ = prepare(spec, work)
-        results.append(optimize.run_model(spec, base, work, args.timeout, not args.no_latency))
-        markdown = write_optimize(info, results, args.results, started)
+        results.append(optimize.run_model(spec, base, work, args.timeout, not args.no_latency,
+                                          args.accept_unconfirmed))
+        markdown = write_optimize(info, results, args.results, started, args.accept_unconfirmed)
     print(markdown)
-    print(f"bench: wrote {args.results / info['date']}-optimize.json, .md in "
+    print(f"bench: wrote {args.results / info['date']}-optimize*.json, .md in "
           f"{info['elapsed_s']:.0f}s")
     return 0
 
 
 def write_optimize(info: dict[str, Any], results: list[dict[str, Any]], folder: Path,
-                   started: float) -> str:
-    """Writes <date>-optimize.json and .md for the models done; returns the markdown."""
+                   started: float, accept: bool = False) -> str:
+    """Writes <date>-optimize.json and .md (with --accept-unconfirmed:
+    <date>-optimize-accept.*) for the models done; returns the markdown."""
     found = optimize.part(results)
     info["elapsed_s"] = time.perf_counter() - started
+    info["optimize_accept_unconfirmed"] = accept
     folder.mkdir(parents=True, exist_ok=True)
-    stem = folder / f"{info['date']}-optimize"
+    stem = folder / f"{info['date']}-optimize{'-accept' if accept else ''}"
     stem.with_suffix(".json").write_text(
         json.dumps(_json_safe({**info, "optimize": found}), indent=1))
     m = info["machine"]
     markdown = "\n".join([
-        f"# mixprec benchmark, optimize part, {info['date']}", "",
+        f"# mixprec benchmark, optimize part, {info['date']}"
+        + (" (optimize --accept-unconfirmed)" if accept else ""), "",
         f"Machine: {m['cpu']}, {m['usable_cores']} usable cores, {m['memory_gib']} GiB.",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v), "",
         optimize.render(found), f"Total bench.py time: {info['elapsed_s']:.0f} s.", ""])

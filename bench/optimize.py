@@ -154,10 +154,11 @@ def serving_shapes(base: Baseline) -> list[str]:
 
 
 def run_optimize(spec: ModelSpec, base: Baseline, work: Path, calib_dir: Path,
-                 timeout: float) -> tuple[Row, Path | None]:
-    """`mixprec optimize` in its own measured subprocess, told the bench shape; the run's
-    row and its output."""
+                 timeout: float, accept: bool = False) -> tuple[Row, Path | None]:
+    """`mixprec optimize` in its own measured subprocess, told the bench shape (``accept``:
+    with --accept-unconfirmed); the run's row and its output."""
     extra = [a for shape in serving_shapes(base) for a in ("--shape", shape)]
+    extra += ["--accept-unconfirmed"] if accept else []
     run, out = quantize(spec, OPTIMIZE, work, calib_dir, timeout, extra)
     report = run.get("report") or {}
     report.pop("nodes", None)  # run_mixprec_cli's per-node count: optimize has none
@@ -176,12 +177,13 @@ def _u8s8(spec: ModelSpec, work: Path, calib_dir: Path, timeout: float) -> tuple
 
 
 def run_model(spec: ModelSpec, base: Baseline, work: Path, timeout: float,
-              measure_latency: bool = True) -> Row:
-    """One model: optimize's run, every recipe's row and optimize's output's row."""
+              measure_latency: bool = True, accept: bool = False) -> Row:
+    """One model: optimize's run (``accept``: --accept-unconfirmed), every recipe's row and
+    optimize's output's row."""
     t0 = time.perf_counter()
     calib_dir = work / "inputs" / f"{spec.name}_int8_calib"
     write_calibration(spec, calib_dir)
-    run, chosen = run_optimize(spec, base, work, calib_dir, timeout)
+    run, chosen = run_optimize(spec, base, work, calib_dir, timeout, accept)
     quantized, u8s8 = _u8s8(spec, work, calib_dir, timeout)
     paths = {"fp32": base.path, "u8s8": u8s8}
     rows: dict[str, Row] = {}

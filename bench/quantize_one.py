@@ -193,6 +193,8 @@ def _optimize(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
             args.calib_dir, "--threads", "2", "--json"]
     for shape in args.shape:
         argv += ["--shape", shape]
+    if args.accept_unconfirmed:
+        argv.append("--accept-unconfirmed")
     return run_mixprec_cli(argv, "mixprec optimize")
 
 
@@ -221,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metric-budget", type=float, default=0.99)
     parser.add_argument("--shape", action="append", default=[], metavar="NAME=D0,D1,...",
                         help="mixprec-optimize: the serving shape of an input (repeatable)")
+    parser.add_argument("--accept-unconfirmed", action="store_true",
+                        help="mixprec-optimize: take passes too few held-out rows confirm")
     args = parser.parse_args(argv)
 
     result: dict[str, Any] = {"tool": args.tool, "model": args.model, "out": args.out}

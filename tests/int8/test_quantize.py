@@ -708,3 +708,18 @@ def test_int8_tuning_of_an_opset_11_cnn_raises_the_opset_for_its_candidates():
     onnx.checker.check_model(proto, full_check=True)
     x = _samples(1, seed=5)[0]
     assert _rel_l2(run_ort(_cnn(opset=11), x)["logits"], run_ort(proto, x)["logits"]) < 0.2
+
+
+def test_a_placement_is_pruned_only_when_its_interval_is_past_the_bar():
+    """Five slow first rounds of a placement that is fast after them (OpenVINO's bf16
+    R-Net: 0.55x in its first 5 rounds against a bar of 0.40x, 0.34x over 60): a median
+    pruned it; now the interval of its median must lie past the bar + margin (after 5
+    rounds: every round), so it stays; one slower in every round is still pruned."""
+    from mixprec.int8 import speed as _qspeed
+
+    fp32 = [1.0] * 5
+    warming = {"fp32": fp32, "late": [0.6, 0.55, 0.55, 0.5, 0.22]}
+    assert not _qspeed._hopeless(warming, "late", bar=0.40)
+    slow = {"fp32": fp32, "slow": [0.6, 0.55, 0.58, 0.5, 0.46]}
+    assert _qspeed._hopeless(slow, "slow", bar=0.40)
+    assert _qspeed.median_interval([0.6, 0.55, 0.58, 0.5, 0.46]) == (0.46, 0.6)

@@ -10,8 +10,9 @@
   (noise explains less);
 * and surely: the 95% interval of its median ratio lies under 1;
 * among those, the first in the candidates' order (the simplest) wins unless a later one
-  is :data:`GAIN` faster still and their intervals do not overlap (a tie, said so), so
-  that two runs on one machine choose alike;
+  is :data:`GAIN` faster still and their medians differ (their 83.4% intervals do not
+  overlap: :meth:`Timing.overlaps`; else a tie, said so), so that two runs on one
+  machine choose alike;
 * when none qualifies, the input is the answer: ``fp32-ort`` wins, and the model is
   written unchanged. Where the caller left ``fp32-ort`` out of the candidates, the
   fastest accurate candidate among theirs wins however it compares with the input.

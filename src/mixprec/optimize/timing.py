@@ -8,10 +8,10 @@ with its 95% interval (the sign test's order statistics: :func:`median_interval`
 
 Pruning, so that the time grows with the model rather than with the candidates: after
 :data:`~mixprec.int8.speed.PRUNE_AFTER` (5) rounds a candidate stops being timed once it
-is clearly slower than the best so far: its median ratio is 5% (``MARGIN``) above the
-best ratio of an earlier candidate that would win, or it is slower than the input in the
-median and faster in at most a fifth of the rounds. The table shows how many rounds each
-candidate was timed for.
+is clearly slower than the best so far: the 95% interval of its median ratio lies 5%
+(``MARGIN``) or more above the best ratio of an earlier candidate that would win, or it
+is slower than the input in the median and faster in at most a fifth of the rounds. The
+table shows how many rounds each candidate was timed for.
 
 A candidate still undecided after its share (faster than the input in the median while
 its interval reaches 1, or faster than the best so far in the median while its interval
@@ -33,7 +33,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixprec.int8.speed import PRUNE_AFTER, RUN_SECONDS, WARMUP_ROUNDS, time_paired
+from mixprec.int8.speed import (
+    PRUNE_AFTER,
+    RUN_SECONDS,
+    WARMUP_ROUNDS,
+    Z_COMPARE,
+    median_interval,
+    time_paired,
+)
 from mixprec.runtime import clock
 from mixprec.runtime.engine import Session
 
@@ -60,6 +67,9 @@ class Timing:
     #: The 95% interval of the median ratio (:func:`median_interval`); None: not known.
     low: float | None = None
     high: float | None = None
+    #: The 83.4% interval: two candidates whose such intervals do not overlap differ at
+    #: about the 5% level (two 95% intervals that do not overlap ask for far more).
+    compare: tuple[float, float] | None = None
 
     @classmethod
     def of(cls, candidate: list[float], reference: list[float], pruned: bool) -> Timing:
@@ -75,13 +85,18 @@ class Timing:
             pruned,
             low,
             high,
+            median_interval(ratios, Z_COMPARE),
         )
 
     def overlaps(self, other: Timing) -> bool:
-        """Whether the two intervals share a point (a tie within this run's noise)."""
-        if None in (self.low, self.high, other.low, other.high):
+        """Whether the two medians do not differ at about the 5% level (their 83.4%
+        intervals share a point; the 95% ones where those are not known): a tie within
+        this run's noise."""
+        mine = self.compare or (self.low, self.high)
+        theirs = other.compare or (other.low, other.high)
+        if None in (*mine, *theirs):
             return False
-        return bool(self.low <= other.high and other.low <= self.high)  # type: ignore[operator]
+        return bool(mine[0] <= theirs[1] and theirs[0] <= mine[1])  # type: ignore[operator]
 
     @property
     def shown(self) -> str:
@@ -89,20 +104,6 @@ class Timing:
         if self.low is None or self.high is None:
             return f"{self.ratio:.2f}x"
         return f"{self.ratio:.2f}x [{self.low:.2f}-{self.high:.2f}]"
-
-
-def median_interval(values: np.ndarray | list[float]) -> tuple[float, float]:
-    """A distribution-free 95% interval of the median of ``values`` (rounds' ratios): the
-    order statistics k and n + 1 - k, k at n/2 - 1.96 sqrt(n)/2 (the sign test's; the
-    whole range for fewer than 6 values)."""
-    ordered = np.sort(np.asarray(values, dtype=np.float64))
-    n = len(ordered)
-    if n == 0:
-        return math.nan, math.nan
-    if n < 6:
-        return float(ordered[0]), float(ordered[-1])
-    lo = max(math.floor(n / 2 - 1.96 * math.sqrt(n) / 2), 0)
-    return float(ordered[lo]), float(ordered[n - 1 - lo])
 
 
 #: The most shares of timing one undecided candidate gets (:func:`undecided`).
