@@ -141,7 +141,7 @@ def test_models_over_the_protobuf_limit_still_go_external(
 ) -> None:
     """The >2 GB rule (weights alone near 2 GB: external data) with the limit lowered."""
     a, _ = pair
-    monkeypatch.setattr(mixprec.io.models, "_MAX_PROTO", 2**26 + 1000)
+    monkeypatch.setattr(mixprec.io.models, "INLINE_LIMIT", 1000)
     save_model(a.model, tmp_path / "big.onnx")
     assert files(tmp_path) == ["big.onnx", "big.onnx.data"]
     assert_close(a.ref, output(tmp_path / "big.onnx"), "fp16")

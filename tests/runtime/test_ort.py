@@ -90,8 +90,8 @@ def test_large_model_paths_use_external_data(monkeypatch: pytest.MonkeyPatch) ->
         [_tensor("w", big)],
     )
     before = model.SerializeToString()
-    monkeypatch.setattr(mixprec.runtime.ort, "PROTO_LIMIT", 1000)
-    monkeypatch.setattr(mixprec.runtime.probes, "PROTO_LIMIT", 1000)
+    monkeypatch.setattr(mixprec.runtime.ort, "INLINE_LIMIT", 1000)
+    monkeypatch.setattr(mixprec.runtime.probes, "INLINE_LIMIT", 1000)
     x = np.full(4096, 2.0, np.float32)
     out = run_model(model, {"x": x})["y"]
     np.testing.assert_allclose(out, 4 * big, rtol=1e-6)

@@ -291,7 +291,7 @@ def quantize_bias(
     if not np.all(np.isfinite(b)):
         return "bias holds NaN or inf"
     q = np.round(b / scale.astype(np.float64))
-    limit = 2**31 - 1
+    limit = np.iinfo(np.int32).max
     if np.any(np.abs(q) > limit):
         return "bias does not fit int32 at the input and weight scales"
     axis = 0 if scale.ndim else None

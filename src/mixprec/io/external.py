@@ -42,6 +42,7 @@ import onnx.numpy_helper
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.limits import PROTO_LIMIT
 from mixprec.core.ops import is_onnx_domain, onnx_domain
 from mixprec.io.data_files import DataReader, real_folder
 from mixprec.io.input_checks import check_proto, check_text
@@ -73,8 +74,8 @@ INPUT_FILES = "mixprec.input_files"
 #: shared with another model, so no pass may change one in place (release its bytes).
 SHARED_TENSORS = "mixprec.shared_tensors"
 
-#: A sparse tensor is densified only up to this many bytes.
-_MAX_DENSE_BYTES = 2**31
+#: A sparse tensor is densified only up to what one protobuf message can hold.
+_MAX_DENSE_BYTES = PROTO_LIMIT
 _INTEGER = re.compile(r"[0-9]+")
 
 

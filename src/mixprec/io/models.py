@@ -31,6 +31,7 @@ import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.limits import INLINE_LIMIT
 from mixprec.core.ops import is_onnx_domain
 from mixprec.io.data_files import MissingDataFile, real_folder
 from mixprec.io.external import add_input_files, folder_of, input_files, model_from_proto
@@ -51,7 +52,6 @@ __all__ = [
 #: What every entry point accepts as a model.
 ModelLike = str | os.PathLike[str] | onnx.ModelProto | ir.Model
 
-_MAX_PROTO = 2**31 - 1
 #: An existing output model is parsed (to find the data files it refers to) up to this size.
 _MAX_OLD_MODEL = 64 << 20
 
@@ -327,7 +327,7 @@ def save_model(
         (v.const_value.nbytes if v.const_value is not None else 0)
         for v in model.graph.initializers.values()
     )
-    use_external = external_data or total > _MAX_PROTO - 2**26
+    use_external = external_data or total > INLINE_LIMIT
     protected = {str(p): target}
     if use_external:
         protected[f"{p}.data"] = f"{target}.data"

@@ -27,6 +27,7 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.limits import PROTO_LIMIT
 from mixprec.io.external import DATA_FOLDER, clone_model, external_bytes
 from mixprec.io.protos import weightless_proto
 from mixprec.runtime.engine import LoadHints, RuntimeLoadError, RuntimeRunError
@@ -52,7 +53,7 @@ Outputs = dict[str, np.ndarray]
 CANNOT_RUN = "ONNX Runtime cannot run the weight-only model (not written)"
 #: A model with more external data than this is streamed (module doc): it is over
 #: protobuf's 2 GB, and a copy in memory would cost several times its size.
-STREAM_ABOVE = 2 << 30
+STREAM_ABOVE = PROTO_LIMIT
 #: The FP32 model as the stages get it: a proto (its weights in memory), or the loaded
 #: ``onnx_ir`` model of a streamed run (its weights memory-mapped).
 Source = onnx.ModelProto | ir.Model

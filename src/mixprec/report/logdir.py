@@ -20,6 +20,7 @@ import onnx.printer
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.limits import INLINE_LIMIT
 from mixprec.core.version import __version__
 from mixprec.io.external import input_files
 from mixprec.io.protos import iter_proto_tensors
@@ -95,7 +96,7 @@ def write_log_dir(folder: Path, before: onnx.ModelProto, after: ir.Model, report
     try:
         after_proto = ir.to_proto(after)
         for name, proto in (("before", before), ("after", after_proto)):
-            if proto.ByteSize() < 2**31 - 2**26:
+            if proto.ByteSize() <= INLINE_LIMIT:
                 _write(folder, f"{name}.onnx", proto.SerializeToString(), protected)
             _write(folder, f"{name}.txt", _text(_strip_weights(proto)), protected)
         name = "paint_buckets"

@@ -34,6 +34,7 @@ from onnx import TensorProto
 
 from mixprec.core.config import ort_log_severity
 from mixprec.core.errors import MixprecError
+from mixprec.core.limits import INLINE_LIMIT
 from mixprec.runtime.cpu import cpu_features
 from mixprec.runtime.engine import (
     DeviceBuffer,
@@ -45,7 +46,6 @@ from mixprec.runtime.engine import (
     free_dropped_graphs,
 )
 from mixprec.runtime.source import (
-    PROTO_LIMIT,
     check_external,
     probe_model,
     skeleton_file,
@@ -245,7 +245,7 @@ def _through_file(model: onnx.ModelProto, hints: LoadHints) -> bool:
     """Over the protobuf limit; or over :data:`_THROUGH_FILE` with every weight in the
     proto (none external, none handed over in memory, no data folder to resolve)."""
     size = model.ByteSize()
-    if size > PROTO_LIMIT:
+    if size > INLINE_LIMIT:
         return True
     if size <= _THROUGH_FILE or hints.data_folder is not None or hints.external:
         return False

@@ -22,6 +22,7 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.limits import INLINE_LIMIT
 from mixprec.core.ops import onnx_opset
 from mixprec.io.external import DATA_FOLDER
 from mixprec.io.protos import weightless_proto
@@ -35,7 +36,7 @@ from mixprec.runtime.probe_nodes import (
     range_nodes,
     sample_nodes,
 )
-from mixprec.runtime.source import PROTO_LIMIT, check_external, external_skeleton
+from mixprec.runtime.source import check_external, external_skeleton
 
 __all__ = ["ProbeSession", "Subsample", "VariantRunner"]
 
@@ -295,7 +296,7 @@ class VariantRunner:
         self._sessions: OrderedDict[tuple[str, ...], Session] = OrderedDict()
         weights = _weight_bytes(model, external)
         self._kept = max(1, min(_KEPT_SESSIONS, _KEPT_BYTES // max(weights, 1)))
-        if model.ByteSize() > PROTO_LIMIT:
+        if model.ByteSize() > INLINE_LIMIT:
             self._dir = tempfile.TemporaryDirectory(prefix="mixprec-")
             try:
                 self._model = external_skeleton(model, Path(self._dir.name))

@@ -18,10 +18,10 @@ from onnx import TensorProto, numpy_helper
 
 from mixprec.core.config import THREADS_ENV
 from mixprec.core.errors import MixprecError
+from mixprec.core.limits import INLINE_LIMIT
 from mixprec.io.protos import IN_MEMORY, copy_fields, element_count
 
 __all__ = [
-    "PROTO_LIMIT",
     "check_external",
     "external_skeleton",
     "model_file",
@@ -30,8 +30,6 @@ __all__ = [
     "thread_cap",
 ]
 
-# Largest serialized protobuf message; larger models go through external data.
-PROTO_LIMIT = 2_000_000_000
 # Packed sub-byte types: numpy holds them one element per byte, so raw bytes differ.
 _PACKED_TYPES = frozenset(
     getattr(TensorProto, n)
@@ -84,7 +82,7 @@ def external_skeleton(model: onnx.ModelProto, directory: Path) -> onnx.ModelProt
             nt.data_location = TensorProto.EXTERNAL
             f.write(raw)
             offset += len(raw)
-    if skeleton.ByteSize() > PROTO_LIMIT:
+    if skeleton.ByteSize() > INLINE_LIMIT:
         raise MixprecError(
             "the model is over 2 GB even without its initializers (large Constant nodes?); "
             "save it with external data and pass its path"
@@ -147,7 +145,7 @@ def model_file(model: onnx.ModelProto | bytes | str | os.PathLike[str], tmp: Pat
     path = tmp / "model.onnx"
     if isinstance(model, bytes | bytearray):
         path.write_bytes(model)
-    elif model.ByteSize() <= PROTO_LIMIT:
+    elif model.ByteSize() <= INLINE_LIMIT:
         check_external(model)
         onnx.save_model(model, path)
     else:
