@@ -159,9 +159,11 @@ def test_int8(case: Case) -> None:
     before = _state(module)
     calibration = [case.inputs(8, seed) for seed in range(4)]
 
+    # 32 in-sample rows cannot confirm top-1 >= 0.99: the INT8 model is taken as it is
     converted = mt.convert_module(
-        module, case.inputs(4, 1), dtype="int8", calibration_data=calibration, speed="off"
-    )
+        module, case.inputs(4, 1), dtype="int8", calibration_data=calibration, speed="off",
+        accept_unconfirmed=True,
+    )  # fmt: skip
 
     assert converted.check is not None and converted.check.passed, converted.check
     assert converted.report.target == "int8"

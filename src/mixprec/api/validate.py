@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mixprec.core.ops import DEFAULT_ATOL
 from mixprec.guard.validate import check_arguments, validate_protos
 from mixprec.io.models import ModelLike, runnable_proto
 from mixprec.runtime.engine import RuntimeOptions
@@ -25,7 +26,7 @@ def validate(
     inputs: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]] | None = None,
     shapes: Mapping[str, Sequence[int]] | None = None,
     rtol: float | None = None,
-    atol: float = 1e-3,
+    atol: float = DEFAULT_ATOL,
     mode: str = "auto",
     seed: int = 0,
     base_dir: str | os.PathLike[str] | None = None,

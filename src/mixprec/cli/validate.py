@@ -16,6 +16,7 @@ from mixprec.cli.options import (
     load_feeds,
     runtime_of,
 )
+from mixprec.core.ops import DEFAULT_ATOL
 
 __all__ = ["add_validate_parser", "cmd_validate"]
 
@@ -34,8 +35,8 @@ def add_validate_parser(sub: Any) -> argparse.ArgumentParser:
     v.add_argument(
         "--atol",
         type=float,
-        default=1e-3,
-        help="max abs error accepted where the reference is near zero",
+        default=DEFAULT_ATOL,
+        help="max abs error accepted where the reference is near zero (default %(default)g)",
     )
     v.add_argument("--mode", choices=("auto", "ort", "emulated"), default="auto")
     add_runtime_args(

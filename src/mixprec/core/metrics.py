@@ -11,7 +11,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from mixprec.core.ops import TOLERANCES
+from mixprec.core.ops import DEFAULT_ATOL, TOLERANCES
 from mixprec.core.output_kinds import OutputKind, shape_class_axis
 
 __all__ = [
@@ -276,7 +276,7 @@ def compare_outputs(
     out: Mapping[str, np.ndarray],
     *,
     rtol: float,
-    atol: float = 1e-3,
+    atol: float = DEFAULT_ATOL,
     kinds: Mapping[str, OutputKind] | None = None,
 ) -> list[OutputComparison]:
     """Compares converted-model outputs with reference outputs, in float64.

@@ -20,6 +20,7 @@ import onnx_ir as ir
 from mixprec.core.errors import MixprecError
 
 __all__ = [
+    "DEFAULT_ATOL",
     "DTYPE_ATTRS",
     "FLOAT_TYPES",
     "LOW_TYPES",
@@ -172,6 +173,9 @@ TOLERANCES: Mapping[str, tuple[bool, Mapping[str, float]]] = {
     "top1": (True, {"float16": 0.99, "bfloat16": 0.99, "int8": 0.99}),
     "cosine": (True, {"float16": 0.9999, "bfloat16": 0.999, "int8": 0.99}),
 }
+#: The max abs error an output passes with in place of its relative bound, for every
+#: target: a reference near zero makes any relative error large (validate, the torch check).
+DEFAULT_ATOL = 1e-3
 
 
 #: The accuracy guard's checks that count rows whose answer holds: each one's default least

@@ -13,7 +13,7 @@ import onnx_ir as ir
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import all_graphs, iter_nodes
 from mixprec.core.metrics import DEFAULT_RTOL, OutputComparison, compare_outputs
-from mixprec.core.ops import DTYPE_ATTRS, parse_dtype
+from mixprec.core.ops import DEFAULT_ATOL, DTYPE_ATTRS, parse_dtype
 from mixprec.core.output_kinds import classify_outputs
 from mixprec.core.registry import node_info
 from mixprec.io.feeds import feeds_for
@@ -161,7 +161,7 @@ def validate_models(
     feeds: Mapping[str, np.ndarray],
     *,
     rtol: float | None = None,
-    atol: float = 1e-3,
+    atol: float = DEFAULT_ATOL,
     mode: str = "auto",
     threads: int = 2,
     notes: Sequence[str] = (),

@@ -22,11 +22,12 @@ import torch
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import DEFAULT_RTOL, OutputComparison, compare_outputs
+from mixprec.core.ops import DEFAULT_ATOL
 
 __all__ = ["CHECK_ATOL", "CheckReport", "TorchCheckError", "check_module", "perturbed"]
 
 #: Max abs error accepted in place of the relative bound, for outputs near zero.
-CHECK_ATOL = 1e-3
+CHECK_ATOL = DEFAULT_ATOL
 _NOISE = 0.05
 
 Sample = tuple[tuple[Any, ...], dict[str, Any]]
