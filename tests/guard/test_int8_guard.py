@@ -9,6 +9,7 @@ import logging
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -411,3 +412,23 @@ def test_in_openvino_the_fp32_reference_is_openvinos_and_its_drift_is_reported()
     assert any(n.startswith("FP32 in openvino against ONNX Runtime") for n in result.report.notes)
     plain = mixprec.quantize(model, samples, speed="off").report.guard
     assert "fp32_drift" not in plain  # ONNX Runtime's CPU provider is the reference itself
+
+
+def test_plentiful_one_row_samples_hold_out_enough_rows_to_confirm():
+    """Before, at most 64 samples were held out: with 700 one-image samples the guard
+    graded 64 rows, whose 95% lower bound (0.959 at full agreement) can never confirm
+    top-1 >= 0.99, so the default kept the model float. Now samples of few rows are held
+    out up to 300 rows' worth (their FP32 outputs under 256 MiB): the pass is confirmed
+    and the INT8 model written. Batches of 16 rows still hold out 64 samples."""
+    from mixprec.guard.samples import MAX_HELD_OUT, ROWS_TO_CONFIRM, held_out_cap
+
+    model = separable_classifier()
+    result = mixprec.quantize(model, separable_samples(700, rows=1), speed="off")
+    guard = result.report.guard
+    (check,) = guard["checks"]
+    assert guard["eval_samples"] == ROWS_TO_CONFIRM and check["rows"] == ROWS_TO_CONFIRM, guard
+    assert check["value"] == 1.0 and check["bound"] >= 0.99 and guard["confirmed"], check
+    assert not result.report.unchanged, guard["summary"]
+    graph = ir.from_proto(model)
+    assert held_out_cap(graph, separable_samples(1, rows=16)[0]) == MAX_HELD_OUT
+    assert held_out_cap(graph, separable_samples(1, rows=1)[0]) == ROWS_TO_CONFIRM

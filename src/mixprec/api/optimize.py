@@ -48,8 +48,9 @@ def optimize(
     Args:
         model: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``; never mutated.
         calibration_data: samples (forms as :func:`mixprec.quantize` takes): the INT8
-            candidates calibrate on them, a seeded random half (at most 64) is held out
-            to check every candidate, and the first sample's shape is timed. None: 8
+            candidates calibrate on them, a seeded random half (at most 64, or enough
+            for 300 rows where samples hold few rows each) is held out to check every
+            candidate, and the first sample's shape is timed. None: 8
             generated inputs, no INT8 (the last line says it needs data), and every other
             candidate held to convert's relative L2 for its precision.
         eval_data: samples to check the candidates on instead of the held-out half.

@@ -60,7 +60,8 @@ def quantize(
         eval_data: samples the accuracy guard checks the INT8 model on (same forms as
             ``calibration_data``, or a path as ``--eval-data``; arrays that are not model
             inputs are labels for ``metric``); by default a seeded random half of the
-            calibration samples (at most 64) is held out, streamed from its source
+            calibration samples (at most 64, or enough for 300 rows where samples hold
+            few rows each) is held out, streamed from its source
             (:mod:`mixprec.guard.samples`).
         weights: "int4" or "int8" (or a :class:`~mixprec.weights.config.WeightsConfig`):
             weight-only quantization instead of INT8; ``options`` are then its fields and

@@ -38,7 +38,8 @@ def add_optimize_parser(sub: Any) -> argparse.ArgumentParser:
         "--calibration-data",
         metavar="PATH",
         help=f"samples to calibrate INT8 on, check every candidate on (a seeded random half, "
-        f"at most 64, held out) and time at (the first sample's shape): {FORMS}. Without "
+        f"at most 64, or enough for 300 rows, held out) and time at (the first sample's "
+        f"shape): {FORMS}. Without "
         "it: generated inputs, no INT8, every candidate held to convert's rel L2",
     )
     p.add_argument(

@@ -1,10 +1,11 @@
 """The INT8 accuracy guard around :func:`mixprec.quantize` (on by default).
 
 1. Hold out samples (``eval_data``, else a seeded random half of the calibration
-   samples, at most 64, when there are at least five; fewer: every sample both
-   calibrates and checks, with a warning). Ranges never see the held-out samples. The
-   samples stream from their source at each pass (:mod:`mixprec.guard.samples`): only
-   the held-out samples' FP32 outputs and labels are kept.
+   samples, at most 64 or enough for 300 rows, when there are at least five; fewer:
+   every sample both calibrates and checks, with a warning). Ranges never see the
+   held-out samples. The samples stream from their source at each pass
+   (:mod:`mixprec.guard.samples`): only the held-out samples' FP32 outputs and labels
+   are kept.
 2. Quantize as asked (speed plan included) and hold each output to its check
    (:mod:`mixprec.guard.checks`: top-1 on class scores, cosine on embeddings, rel L2
    elsewhere, each with the reason for its kind; or the user's metric, given the

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, split_for_guard
+from mixprec.guard.samples import MAX_HELD_OUT, WINDOWS_HELD_OUT_SHARE, split_for_guard
 from mixprec.io.feeds import Feeds, feeds_for
 from mixprec.io.signature import declared_dims, graph_inputs
 from mixprec.pipeline.streamed import Source
@@ -515,7 +515,7 @@ def language_model_guard(
     if eval_data is not None or calibration_data is None:
         where = "eval windows" if eval_data is not None else None
         return calibration_data, eval_data, functools.partial(lm_guard, where=where)
-    split = split_for_guard(calibration_data, None, work, WINDOWS_HELD_OUT_SHARE)
+    split = split_for_guard(calibration_data, None, work, WINDOWS_HELD_OUT_SHARE, MAX_HELD_OUT)
     where = "calibration windows (too few to hold any out)" if split.in_sample else None
     where = where or "held-out calibration windows"
     return split.calibration, split.held, functools.partial(lm_guard, where=where)

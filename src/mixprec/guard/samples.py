@@ -16,11 +16,15 @@ check, the repair's search and its grading). A source is read afresh each time:
   memory, at most :data:`MAX_ONE_SHOT` of them, with a warning naming the forms that
   stream.
 
-The held-out draw is decided from the sample count alone, before any sample is read: a
-seeded random :data:`HELD_OUT_SHARE` of the samples (at least one, at most
-:data:`MAX_HELD_OUT`) when there are :data:`GUARD_MIN_SAMPLES` or more, so each sample's
-part (calibration or check) is known as it streams by. Random, not the last part: ordered
-data (a sorted folder, one class after another) would bias the check.
+The held-out draw is decided from the sample count and the first sample, before any
+other is read: a seeded random :data:`HELD_OUT_SHARE` of the samples (at least one, at
+most :data:`MAX_HELD_OUT`, or where each sample holds few rows enough samples for
+:data:`ROWS_TO_CONFIRM` rows, their FP32 outputs under :data:`HELD_OUTPUT_BYTES`:
+:func:`held_out_cap`) when there are :data:`GUARD_MIN_SAMPLES` or more, so each sample's
+part (calibration or check) is known as it streams by. 64 one-image samples cannot
+confirm top-1 >= 0.99 however well they agree (95% lower bound 0.959); 300 can. Random,
+not the last part: ordered data (a sorted folder, one class after another) would bias the
+check.
 
 Half, not a fifth: the check's pass is only as sure as the rows it is measured on
 (:mod:`mixprec.guard.confidence`), and the repair grades on half of them, while ranges
@@ -46,12 +50,15 @@ from mixprec.io.samples import NpzSamples
 
 __all__ = [
     "GUARD_MIN_SAMPLES",
+    "HELD_OUTPUT_BYTES",
     "HELD_OUT_SHARE",
     "MAX_HELD_OUT",
     "MAX_ONE_SHOT",
+    "ROWS_TO_CONFIRM",
     "WINDOWS_HELD_OUT_SHARE",
     "GuardSplit",
     "Samples",
+    "held_out_cap",
     "held_out_indices",
     "label_dicts",
     "samples_of",
@@ -68,8 +75,15 @@ HELD_OUT_SHARE = 0.5
 #: (:data:`~mixprec.pipeline.weights.CHECK_SAMPLES`), and the rest calibrate.
 WINDOWS_HELD_OUT_SHARE = 0.2
 #: ... and at most this many: a bound on the FP32 outputs the guard keeps, whatever the
-#: number of samples (rows can still confirm a budget: batches of rows count each row).
+#: number of samples (rows can still confirm a budget: batches of rows count each row) ...
 MAX_HELD_OUT = 64
+#: ... unless more samples are needed for this many rows, the fewest that confirm the
+#: tightest default budget (0.99) at full agreement (Wilson's 95% bound: 268), with a
+#: margin: then up to that many rows' samples are held out, where the data has them ...
+ROWS_TO_CONFIRM = 300
+#: ... and the FP32 outputs kept of them (known from the model's output shapes) stay
+#: under this many bytes.
+HELD_OUTPUT_BYTES = 256 << 20
 #: A one-shot iterator's samples are kept in memory (it cannot be read twice), at most
 #: this many: the rest is not read.
 MAX_ONE_SHOT = 1024
@@ -172,12 +186,51 @@ def samples_of(data: Any, model: ir.Model, what: str = "calibration_data") -> Sa
     return Samples(lambda: kept, len(kept), kept)
 
 
-def held_out_indices(count: int, seed: int = 0, share: float = HELD_OUT_SHARE) -> list[int]:
+def held_out_indices(
+    count: int, seed: int = 0, share: float = HELD_OUT_SHARE, cap: int = MAX_HELD_OUT
+) -> list[int]:
     """The positions held out of ``count`` samples (:data:`GUARD_MIN_SAMPLES` or more): a
-    seeded random ``share``, at least one and at most :data:`MAX_HELD_OUT`, sorted. The
-    same draw every run."""
-    size = min(MAX_HELD_OUT, max(1, round(count * share)))
+    seeded random ``share``, at least one and at most ``cap``, sorted. The same draw
+    every run."""
+    size = min(cap, max(1, round(count * share)))
     return sorted(np.random.default_rng(seed).choice(count, size, replace=False).tolist())
+
+
+def held_out_cap(model: ir.Model, first: Mapping[str, Any]) -> int:
+    """The most samples held out of a model's calibration data: :data:`MAX_HELD_OUT`, or
+    more where its samples hold few rows each (``first``'s batch: the leading dim of the
+    model's first input), enough for :data:`ROWS_TO_CONFIRM` rows, while the FP32 outputs
+    kept of them stay under :data:`HELD_OUTPUT_BYTES` (a model whose output sizes are not
+    known from its shapes keeps the default)."""
+    inputs = [v.name for v in model.graph.inputs if v.name is not None and v.name in first]
+    shape = np.shape(first[inputs[0]]) if inputs else ()
+    batch = max(int(shape[0]) if shape else 1, 1)
+    wanted = -(-ROWS_TO_CONFIRM // batch)
+    if wanted <= MAX_HELD_OUT:
+        return MAX_HELD_OUT
+    per_sample = _output_bytes(model, batch)
+    if per_sample is None:
+        return MAX_HELD_OUT
+    return max(MAX_HELD_OUT, min(wanted, HELD_OUTPUT_BYTES // max(per_sample, 1)))
+
+
+def _output_bytes(model: ir.Model, batch: int) -> int | None:
+    """The bytes of one sample's outputs from their declared shapes (a symbolic leading
+    dim is the batch); None when a shape or another dim is not known."""
+    total = 0
+    for value in model.graph.outputs:
+        if value.shape is None or value.dtype is None:
+            return None
+        size = 1
+        for axis, dim in enumerate(value.shape):
+            if isinstance(dim, int):
+                size *= dim
+            elif axis == 0:
+                size *= batch
+            else:
+                return None
+        total += int(size * value.dtype.itemsize)
+    return total
 
 
 @dataclass(frozen=True)
@@ -198,11 +251,16 @@ class GuardSplit:
 
 
 def split_for_guard(
-    calibration_data: Any, eval_data: Any, model: ir.Model, share: float = HELD_OUT_SHARE
+    calibration_data: Any,
+    eval_data: Any,
+    model: ir.Model,
+    share: float = HELD_OUT_SHARE,
+    cap: int | None = None,
 ) -> GuardSplit:
     """The guard's streams for ``model``: ``eval_data`` when given, else the held-out draw
-    (:func:`held_out_indices`, ``share`` of the samples) of ``calibration_data``; nothing
-    is read but counted."""
+    (:func:`held_out_indices`, ``share`` of the samples, at most ``cap``; None: as many
+    as :func:`held_out_cap` allows, which reads the first sample) of
+    ``calibration_data``; nothing else is read but counted."""
     calib = samples_of(calibration_data, model)
     if eval_data is not None:
         held = samples_of(eval_data, model, "eval_data")
@@ -213,7 +271,9 @@ def split_for_guard(
     count = len(calib)
     if count < GUARD_MIN_SAMPLES:
         return GuardSplit(calib, calib, True, False)
-    held_out = held_out_indices(count, share=share)
+    if cap is None:
+        cap = held_out_cap(model, calib.first()) if count * share > MAX_HELD_OUT else MAX_HELD_OUT
+    held_out = held_out_indices(count, share=share, cap=cap)
     return GuardSplit(calib.without(held_out), calib.only(held_out), False, False)
 
 

@@ -1,11 +1,12 @@
 """The driver of ``mixprec optimize``: build each candidate, check it, time it, choose.
 
 1. The held-out samples (:func:`~mixprec.guard.samples.split_for_guard`: ``eval_data``,
-   else a seeded random half of the calibration samples, at most 64) and the input's
-   outputs on them in ONNX Runtime: every candidate is held to those, by the guard
-   room's checks (:func:`~mixprec.guard.checks.check_outputs`: each output's kind and
-   the INT8 default budgets) or the user's metric. The INT8 candidates' own guard ran on
-   the same split; they are checked again here so that the table is uniform.
+   else a seeded random half of the calibration samples, at most 64 or enough for 300
+   rows) and the input's outputs on them in ONNX Runtime: every candidate is held to
+   those, by the guard room's checks (:func:`~mixprec.guard.checks.check_outputs`: each
+   output's kind and the INT8 default budgets) or the user's metric. The INT8
+   candidates' own guard ran on the same split; they are checked again here so that the
+   table is uniform.
 2. Each candidate in order: skipped where it cannot run here (with why), built, checked,
    and, when accurate, timed beside the input (:mod:`mixprec.optimize.timing`, pruned
    once clearly slower than the best so far). One candidate's model is alive at a time
