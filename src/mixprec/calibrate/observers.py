@@ -16,10 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import ml_dtypes
 import numpy as np
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.ops import is_float_dtype
 
 __all__ = [
     "DEFAULT_BINS",
@@ -40,13 +40,9 @@ __all__ = [
 #: Bins of a :class:`HistogramObserver` unless told otherwise.
 DEFAULT_BINS = 2048
 
-_BF16 = np.dtype(ml_dtypes.bfloat16)
-
-
 def is_float_array(array: Any) -> bool:
     """Whether ``array`` holds floating-point values (bfloat16 included)."""
-    dtype = np.asarray(array).dtype
-    return dtype.kind == "f" or dtype == _BF16
+    return is_float_dtype(np.asarray(array).dtype)
 
 
 @dataclass(frozen=True)

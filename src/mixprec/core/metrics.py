@@ -6,12 +6,10 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-from mixprec.core.ops import DEFAULT_ATOL, TOLERANCES
+from mixprec.core.ops import DEFAULT_ATOL, TOLERANCES, is_float_dtype
 from mixprec.core.output_kinds import OutputKind, shape_class_axis
 
 __all__ = [
@@ -36,13 +34,8 @@ __all__ = [
 #: row of :data:`mixprec.core.ops.TOLERANCES`).
 DEFAULT_RTOL = TOLERANCES["rel-l2"][1]
 
-_BF16 = np.dtype(ml_dtypes.bfloat16)
 #: The floor of a relative error's denominator (a reference of zeros).
 _TINY = float(np.finfo(np.float64).tiny)
-
-
-def _is_float_dtype(dtype: np.dtype[Any]) -> bool:
-    return dtype.kind == "f" or dtype == _BF16
 
 
 def _json_float(value: float | None) -> float | str | None:
@@ -224,7 +217,7 @@ def _compare_one(
     rtol, atol = tols
     if ref.dtype == object or out.dtype == object:
         return OutputComparison(name, 0.0, 0.0, 0.0, None, True, "not a tensor; not compared")
-    ref_float = _is_float_dtype(ref.dtype)
+    ref_float = is_float_dtype(ref.dtype)
     numeric = ref_float or ref.dtype.kind in "iub"
     a = ref.astype(np.float64) if numeric else ref
     finite_ref = a[np.isfinite(a)] if ref_float else a
@@ -232,7 +225,7 @@ def _compare_one(
     if ref.shape != out.shape:
         note = f"shape {list(out.shape)} differs from the reference shape {list(ref.shape)}"
         return OutputComparison(name, math.inf, math.inf, ref_abs_max, None, False, note)
-    if not ref_float or not _is_float_dtype(out.dtype):
+    if not ref_float or not is_float_dtype(out.dtype):
         equal = bool(np.array_equal(ref, out))
         diff = (
             0.0

@@ -13,8 +13,10 @@ Nothing here imports from mixprec but :mod:`mixprec.core.errors`: it is the lowe
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import overload
+from typing import Any, overload
 
+import ml_dtypes
+import numpy as np
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
@@ -29,6 +31,7 @@ __all__ = [
     "ROW_BUDGETS",
     "TARGET_TYPES",
     "TOLERANCES",
+    "is_float_dtype",
     "is_onnx_domain",
     "onnx_domain",
     "onnx_opset",
@@ -159,6 +162,16 @@ def weight_out_axis(node: ir.Node, ndim: int) -> int | None:
     if node.op_type == "MatMul":
         return ndim - 1 if ndim >= 2 else None
     return None
+
+
+#: numpy's dtype of bfloat16 (ml_dtypes'), which numpy's own kinds do not call a float.
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def is_float_dtype(dtype: np.dtype[Any]) -> bool:
+    """Whether arrays of numpy ``dtype`` hold floating-point values, bfloat16 included:
+    the one test every layer asks (metrics, calibration, samples)."""
+    return dtype.kind == "f" or dtype == _BF16
 
 
 # --- tolerances ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.ops import is_float_dtype
 from mixprec.io.signature import (
     BF16,
     Feeds,
@@ -31,7 +32,6 @@ from mixprec.io.signature import (
     first_line,
     fmt_dims,
     graph_inputs,
-    is_float_dtype,
     signature_only,
 )
 

@@ -5,7 +5,6 @@ declared dims (shared by generated inputs, :mod:`mixprec.io.feeds`, and given sa
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -24,7 +23,6 @@ __all__ = [
     "first_line",
     "fmt_dims",
     "graph_inputs",
-    "is_float_dtype",
     "signature_only",
 ]
 
@@ -69,10 +67,6 @@ def dtype_of(value: ir.Value) -> ir.DataType:
         kind = type(value.type).__name__ if value.type is not None else "value of unknown type"
         raise MixprecError(f"input {value.name!r} is a {kind}, not a tensor; mixprec needs tensors")
     return value.type.dtype
-
-
-def is_float_dtype(dtype: np.dtype[Any]) -> bool:
-    return dtype.kind == "f" or dtype == BF16
 
 
 def declared_dims(value: ir.Value) -> list[int | str | None] | None:
