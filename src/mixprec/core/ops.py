@@ -22,6 +22,7 @@ import onnx_ir as ir
 from mixprec.core.errors import MixprecError
 
 __all__ = [
+    "BF16",
     "DEFAULT_ATOL",
     "DTYPE_ATTRS",
     "FLOAT_TYPES",
@@ -165,13 +166,13 @@ def weight_out_axis(node: ir.Node, ndim: int) -> int | None:
 
 
 #: numpy's dtype of bfloat16 (ml_dtypes'), which numpy's own kinds do not call a float.
-_BF16 = np.dtype(ml_dtypes.bfloat16)
+BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def is_float_dtype(dtype: np.dtype[Any]) -> bool:
     """Whether arrays of numpy ``dtype`` hold floating-point values, bfloat16 included:
     the one test every layer asks (metrics, calibration, samples)."""
-    return dtype.kind == "f" or dtype == _BF16
+    return dtype.kind == "f" or dtype == BF16
 
 
 # --- tolerances ---------------------------------------------------------------------------

@@ -28,7 +28,7 @@ metric (:class:`UserMetric`) replaces the per-output checks.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
@@ -62,6 +62,7 @@ __all__ = [
     "check_outputs",
     "guard_metric",
     "guard_score",
+    "least_confirmed",
     "missed",
     "output_kinds",
     "reading_lines",
@@ -240,6 +241,12 @@ class OutputCheck:
 
     def to_dict(self) -> dict[str, object]:
         return {**asdict(self), "confirmed": self.confirmed}
+
+
+def least_confirmed(checks: Iterable[OutputCheck]) -> OutputCheck:
+    """The check furthest from being confirmed: the lowest 95% lower bound (a check
+    without one counts as 0). ``checks`` must not be empty."""
+    return min(checks, key=lambda c: c.bound or 0.0)
 
 
 def output_kinds(model: ir.Model) -> dict[str, OutputKind]:

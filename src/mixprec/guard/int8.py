@@ -52,6 +52,7 @@ from mixprec.guard.checks import (
     UserMetric,
     check_outputs,
     guard_metric,
+    least_confirmed,
     missed,
     output_kinds,
     search_and_grade,
@@ -275,7 +276,7 @@ def _unless_unconfirmed(
     unsure = [c for c in checks if not c.confirmed]
     if config.accept_unconfirmed or not int8 or not unsure or not all(c.passed for c in checks):
         return work, report
-    weakest = min(unsure, key=lambda c: c.bound or 0.0)
+    weakest = least_confirmed(unsure)
     guard["unconfirmed"] = {
         "passed": f"{shown(weakest.value, weakest.limit)} on {weakest.output!r}",
         "why": weakest.to_confirm(),
@@ -539,7 +540,7 @@ def _finish(
     graded = int8 or "unconfirmed" in guard
     unsure = [c for c in checks if c.passed and not c.confirmed] if graded else []
     if passed and unsure and int8:
-        summary += f"; but {min(unsure, key=lambda c: c.bound or 0.0).to_confirm()}"
+        summary += f"; but {least_confirmed(unsure).to_confirm()}"
     report.guard = {
         **guard,
         "passed": passed,

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import ml_dtypes
 import numpy as np
 import onnx
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.ops import BF16
 
 __all__ = [
     "BF16",
@@ -26,7 +26,6 @@ __all__ = [
     "signature_only",
 ]
 
-BF16 = np.dtype(ml_dtypes.bfloat16)
 
 ModelArg = onnx.ModelProto | ir.Model
 Feeds = Mapping[str, np.ndarray]

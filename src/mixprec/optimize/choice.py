@@ -27,7 +27,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mixprec.guard.checks import OutputCheck, shown
+from mixprec.guard.checks import OutputCheck, least_confirmed, shown
 from mixprec.int8.speed import MAJORITY
 from mixprec.optimize.candidates import BASELINE
 from mixprec.optimize.timing import Timing
@@ -193,7 +193,7 @@ def _verdict(
         why = f"misses its budget: {accuracy_text(row.checks)}"
         return "inaccurate", why
     if row.checks and not row.accurate:
-        weakest = min(row.unconfirmed, key=lambda c: c.bound or 0.0)
+        weakest = least_confirmed(row.unconfirmed)
         return "inaccurate", f"unconfirmed: {weakest.to_confirm()} (--accept-unconfirmed)"
     if not row.listed:
         return "reference", "not among the candidates: timed against only"

@@ -29,17 +29,20 @@ class TimedAt:
     shapes: dict[str, list[int]]
     threads: int
 
+    @property
+    def batch(self) -> int | None:
+        """The inputs' common leading dim (None: they differ, or have none)."""
+        batches = {v[0] for v in self.shapes.values() if v}
+        return batches.pop() if len(batches) == 1 else None
+
     def text(self) -> str:
         """``ratios timed at image [1, 3, 32, 32] (batch 1), 2 thread(s)``."""
         at = ", ".join(f"{k} {v}" for k, v in self.shapes.items())
-        batches = {v[0] for v in self.shapes.values() if v}
-        batch = f" (batch {batches.pop()})" if len(batches) == 1 else ""
+        batch = "" if self.batch is None else f" (batch {self.batch})"
         return f"ratios timed at {at}{batch}, {self.threads} thread(s)"
 
     def to_dict(self) -> dict[str, object]:
-        batches = {v[0] for v in self.shapes.values() if v}
-        batch = batches.pop() if len(batches) == 1 else None
-        return {"shapes": self.shapes, "batch": batch, "threads": self.threads}
+        return {"shapes": self.shapes, "batch": self.batch, "threads": self.threads}
 
 
 @dataclass

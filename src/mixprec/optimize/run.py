@@ -43,6 +43,7 @@ from mixprec.guard.checks import (
     OutputCheck,
     UserMetric,
     check_outputs,
+    least_confirmed,
     output_kinds,
 )
 from mixprec.guard.int8 import guarded_quantize
@@ -416,7 +417,7 @@ def _unconfirmed(table: Sequence[Row]) -> str:
     confirm: the first such, and the rows that would confirm it."""
     for row in table:
         if row.verdict == "inaccurate" and row.passed and row.unconfirmed:
-            weakest = min(row.unconfirmed, key=lambda c: c.bound or 0.0)
+            weakest = least_confirmed(row.unconfirmed)
             return (
                 f"; {row.name} passed unconfirmed and was not taken: {weakest.to_confirm()} "
                 "(--accept-unconfirmed takes it)"
