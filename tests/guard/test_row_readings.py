@@ -16,7 +16,7 @@ import onnx_ir as ir
 import pytest
 
 from mixprec.core.detections import MATCH_IOU, SCORE, decode, detection_f1, head_layout
-from mixprec.core.metrics import neighbour_agreement, rel_l2_error
+from mixprec.core.metrics import SCORE_TIE, active_top1, neighbour_agreement, rel_l2_error
 from mixprec.core.output_kinds import OutputKind, classify_outputs
 from mixprec.core.readings import parse_output_kind, readings
 from mixprec.guard.checks import GuardBudget, check_outputs
@@ -110,10 +110,29 @@ def test_sigmoid_bins_are_answered_by_argmax():
     got[flipped, peak[flipped] + 1] = 0.95
     assert _old_default(ref, got)
     checks = check_outputs([{"pitch": ref}], [{"pitch": got}], {"pitch": kind}, BUDGET)
-    assert [c.kind for c in checks] == ["top1", "decision"]
+    assert [c.kind for c in checks] == ["top1-active", "decision"]
     top1, decision = checks
     assert top1.value == pytest.approx(0.96) and top1.rows == frames and not top1.passed
     assert decision.passed  # every bin stays on its side of 0.5
+
+
+def test_sigmoid_rows_without_a_bin_on_or_with_a_tie_keep_their_answer():
+    """A frame with no score at 0.5 has no top bin (its argmax over noise flips freely),
+    and a new top bin FP32 scored within SCORE_TIE of its own is a tie (basic-pitch's
+    bf16 on generated audio: bins at 0.5112 and 0.5089 swapped)."""
+    frames = 300
+    ref = RNG.uniform(0, 0.3, (frames, 88))
+    got = ref + RNG.uniform(-0.02, 0.02, ref.shape)  # silent frames: argmax flips often
+    assert np.mean(np.argmax(ref, 1) == np.argmax(got, 1)) < 0.9
+    ref[:100, 10], ref[:100, 11] = 0.511, 0.509  # two notes on, a hair apart
+    got[:100, 10], got[:100, 11] = 0.508, 0.527  # swapped: within the tie
+    ref[100:110, 20], got[100:110, 20] = 0.9, 0.9  # one note on, kept
+    ref[100:110, 21], got[100:110, 21] = 0.6, 0.95  # a clear second note takes the top
+    value, rows = active_top1(ref, got)
+    assert rows == 110 and value == pytest.approx(100 / 110)
+    ref[:100, 11] = 0.511 - SCORE_TIE - 1e-3  # past the tie: a changed answer
+    assert active_top1(ref, got) == (0.0, 110)
+    assert active_top1(np.zeros((0, 5)), np.zeros((0, 5))) == (1.0, 0)
 
 
 def _rows(groups: int, size: int, spread: float, width: int = 16) -> np.ndarray:
@@ -180,7 +199,10 @@ def test_a_regression_head_is_held_by_its_worst_channel():
 def test_scores_in_unit_range_without_a_sigmoid_in_the_graph():
     ref = RNG.uniform(0, 1, (32, 10)).astype(np.float32)
     checks = readings(OutputKind("other", reason="other float output"), [ref])
-    assert [c.check for c in checks] == ["top1", "decision"]
+    assert [c.check for c in checks] == ["top1-active", "decision"]
+    probabilities = ref / ref.sum(axis=1, keepdims=True)  # a Softmax written by hand
+    (read,) = readings(OutputKind("other"), [probabilities])
+    assert read.check == "top1" and "summing to 1" in read.reason
     single = RNG.uniform(0, 1, (1, 1, 8, 8)).astype(np.float32)  # a probability map
     assert [c.check for c in readings(OutputKind("other"), [single])] == ["decision"]
 

@@ -222,6 +222,8 @@ def test_cli_convert_report_annotate_and_model_explorer(demo: Path) -> None:
     parsed = _parse(page)
     assert any(d["class"] == "p-cast" for d in parsed.nodes.values()), "no Cast drawn"
     assert 'Validation: <span class="v-passed">passed' in page
+    assert "<h3>Each output read as rows</h3>" in page  # the readings beside the rel L2
+    assert "<td>class scores: Softmax &#x27;softmax&#x27; (class axis -1, 10 classes)</td>" in page
     model = onnx.load(str(folder / "out16.onnx"))
     props = {n.name: {p.key: p.value for p in n.metadata_props} for n in model.graph.node}
     assert props["conv1"]["mixprec.precision"] == "FP16", props["conv1"]

@@ -40,6 +40,7 @@ __all__ = [
 #: Bins of a :class:`HistogramObserver` unless told otherwise.
 DEFAULT_BINS = 2048
 
+
 def is_float_array(array: Any) -> bool:
     """Whether ``array`` holds floating-point values (bfloat16 included)."""
     return is_float_dtype(np.asarray(array).dtype)

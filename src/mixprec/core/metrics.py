@@ -15,7 +15,9 @@ from mixprec.core.output_kinds import OutputKind, shape_class_axis
 __all__ = [
     "DEFAULT_RTOL",
     "NEIGHBOUR_TIE",
+    "SCORE_TIE",
     "OutputComparison",
+    "active_top1",
     "channel_rel_l2",
     "compare_outputs",
     "cosine_similarity",
@@ -159,6 +161,28 @@ def row_cosines(ref: np.ndarray, out: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.where(finite, cos, -1.0)
 
 
+def active_top1(
+    ref: np.ndarray, out: np.ndarray, axis: int = -1, threshold: float = 0.5
+) -> tuple[float, int]:
+    """Argmax agreement over the rows (vectors along ``axis``) where FP32 has a score at
+    ``threshold`` or above, and how many such rows there are (1.0 for none): a sigmoid
+    row's top bin is its answer only where a bin is on (a silent frame has no top note,
+    and its argmax over noise flips freely). A new top bin that FP32 scored within
+    :data:`SCORE_TIE` of its own top is a tie, not a changed answer (two bins of a
+    chord both at 0.51)."""
+    a = np.moveaxis(np.asarray(ref, dtype=np.float64), axis, -1)
+    b = np.moveaxis(np.asarray(out).astype(np.float64), axis, -1)
+    if a.size == 0:
+        return 1.0, 0
+    a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+    on = np.max(a, axis=1) >= threshold
+    rows = int(np.sum(on))
+    top, new = np.argmax(a, axis=1), np.argmax(b, axis=1)
+    index = np.arange(len(a))
+    same = (top == new) | (a[index, top] - a[index, new] <= SCORE_TIE)
+    return (float(np.mean(same[on])) if rows else 1.0), rows
+
+
 def decision_agreement(ref: np.ndarray, out: np.ndarray, threshold: float = 0.5) -> float:
     """The share of scores on the same side of ``threshold`` (a sigmoid's yes/no per bin,
     tag or pixel)."""
@@ -166,14 +190,22 @@ def decision_agreement(ref: np.ndarray, out: np.ndarray, threshold: float = 0.5)
     return float(np.mean((a > threshold) == (b > threshold))) if a.size else 1.0
 
 
-def channel_rel_l2(ref: np.ndarray, out: np.ndarray, axis: int) -> np.ndarray:
+def channel_rel_l2(ref: np.ndarray, out: np.ndarray, axis: int, atol: float = 0.0) -> np.ndarray:
     """The :func:`rel_l2_error` of each channel along ``axis`` (each over the rest of the
-    tensor): 4 box coordinates in pixels cannot hide 80 class scores in [0, 1]."""
+    tensor): 4 box coordinates in pixels cannot hide 80 class scores in [0, 1]. A channel
+    whose :func:`max_abs_error` is at most ``atol`` counts 0 (a channel near zero, as
+    :func:`compare_outputs` passes an output near zero)."""
     a = np.moveaxis(np.asarray(ref, dtype=np.float64), axis, 0)
     b = np.moveaxis(np.asarray(out).astype(np.float64), axis, 0)
-    return np.array([rel_l2_error(x, y) for x, y in zip(a, b, strict=True)])
+    pairs = zip(a, b, strict=True)
+    return np.array(
+        [0.0 if atol > 0 and max_abs_error(x, y) <= atol else rel_l2_error(x, y) for x, y in pairs]
+    )
 
 
+#: Two scores in [0, 1] this close in FP32 are a tie: either one as the top bin keeps the
+#: answer (bf16 stores a score near 0.5 in steps of 0.004).
+SCORE_TIE = 1e-2
 #: Two neighbours this close in cosine to a row are a tie: either one keeps the answer.
 NEIGHBOUR_TIE = 1e-3
 

@@ -84,7 +84,7 @@ class OutputKind:
     @property
     def spec(self) -> str:
         """``"top1"``, ``"top1@1"`` (another class axis), ``"embedding"``, ..."""
-        axed = self.check in ("top1", "scores", "channels", "decision", "detection")
+        axed = self.check in ("top1", "top1-active", "scores", "channels", "decision", "detection")
         return f"{self.check}@{self.axis}" if axed and self.axis != -1 else self.check
 
 

@@ -6,16 +6,20 @@ check counts the rows whose answer holds. :func:`readings` turns an output's kin
 the checks it gets, each an :class:`~mixprec.core.output_kinds.OutputKind` with its
 reason:
 
-* **top1** / **scores**: argmax agreement on the class axis (scores answered by argmax,
-  a Softmax's or a Sigmoid's); a Sigmoid's scores also get **decision**, the share of
-  scores on the same side of 0.5 (a bin, a tag, a pixel on or off);
+* **top1**: argmax agreement on the class axis (a Softmax's scores, logits);
+* **scores** (a Sigmoid's, or values in [0, 1]): **top1-active**, argmax agreement in
+  the rows where FP32 has a score of 0.5 or more (a silent frame has no top bin; FP32's
+  near-ties are ties), and
+  **decision**, the share of scores on the same side of 0.5 (a bin, a tag, a pixel on
+  or off);
 * **embedding**: **row-cosine**, the share of rows (one vector each, along the last axis)
   at the cosine bound or above, and **neighbours**, the share of rows whose nearest
   neighbour among the held-out rows stays the same;
 * an output the graph calls **other** is read by its FP32 values: a **detection** head
   (:mod:`mixprec.core.detections`: decoded detections, F1 against FP32's); values in
-  [0, 1] as **scores**; a rank-2 or rank-3 float output without class structure and at
-  least 8 features as an **embedding**; anything else, and every regression head, by
+  [0, 1] as **scores** (rows summing to 1: **top1**, a Softmax the graph hides); a
+  rank-2 or rank-3 float output without class structure and at least 8 features as an
+  **embedding**; anything else, and every regression head, by
   **channels**: the relative L2 of each channel along its short feature axis, the worst
   one counted, so that 4 box coordinates cannot hide 80 scores. A single relative L2
   over a whole tensor is never an output's only check.
@@ -84,11 +88,12 @@ def _classes(axis: int, samples: Sequence[np.ndarray]) -> int:
 
 
 def _scores(axis: int, argmax: bool, why: str) -> list[OutputKind]:
-    """Argmax on the class axis (``argmax``: it has 2 entries or more) and the 0.5
-    decision."""
+    """Argmax on the class axis where a score is on (``argmax``: it has 2 entries or
+    more) and the 0.5 decision."""
     checks = [OutputKind("decision", axis, f"{why}: each score's side of 0.5")]
     if argmax:
-        checks.insert(0, OutputKind("top1", axis, f"{why}: argmax on axis {axis}"))
+        top = f"{why}: argmax on axis {axis} in rows with a score >= 0.5"
+        checks.insert(0, OutputKind("top1-active", axis, top))
     return checks
 
 
@@ -114,6 +119,9 @@ def _by_values(kind: OutputKind, samples: Sequence[np.ndarray]) -> list[OutputKi
     if not regression and first.ndim >= 1 and values.size and _unit(values):
         axis = 1 if first.ndim == 4 else -1
         size = shape[axis]
+        if size >= 2 and _distribution(samples, axis):  # a Softmax the graph hides
+            why = f"values in [0, 1] summing to 1 on axis {axis}: class scores"
+            return [OutputKind("top1", axis, f"{why}: argmax on axis {axis}")]
         return _scores(axis, size >= 2, f"values in [0, 1], {size} on axis {axis}: scores")
     if not regression and first.ndim in (2, 3) and shape[-1] >= EMBEDDING_MIN_FEATURES:
         return _embedding(f"{shape[-1]} features a row, no class structure: an embedding")
@@ -123,6 +131,12 @@ def _by_values(kind: OutputKind, samples: Sequence[np.ndarray]) -> list[OutputKi
     head = "a regression head" if regression else "other float output"
     why = f"{head}: rel L2 of each of its {shape[short]} channels on axis {short}, the worst"
     return [OutputKind("channels", short, why)]
+
+
+def _distribution(samples: Sequence[np.ndarray], axis: int) -> bool:
+    """Whether every row along ``axis`` sums to 1 (probabilities of one answer)."""
+    sums = [np.sum(np.asarray(s, dtype=np.float64), axis=axis) for s in samples]
+    return all(np.allclose(total, 1.0, atol=1e-3) for total in sums)
 
 
 def _unit(values: np.ndarray) -> bool:

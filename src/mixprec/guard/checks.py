@@ -38,6 +38,7 @@ import onnx_ir as ir
 from mixprec.core.detections import detection_f1 as _detection_f1
 from mixprec.core.detections import head_layout
 from mixprec.core.metrics import (
+    active_top1,
     channel_rel_l2,
     decision_agreement,
     equal_share,
@@ -66,6 +67,7 @@ __all__ = [
     "missed",
     "output_kinds",
     "reading_lines",
+    "row_budget",
     "search_and_grade",
     "shown",
     "user_check",
@@ -80,6 +82,7 @@ AGREEMENT_KINDS = frozenset(ROW_BUDGETS)
 _ERRORS = frozenset({"rel-l2", "channels"})
 _LABELS = {
     "top1": "top-1",
+    "top1-active": "top-1 of rows with a score >= 0.5",
     "rel-l2": "rel L2",
     "channels": "worst channel's rel L2",
     "cosine": "cosine",
@@ -129,13 +132,16 @@ class GuardBudget:
     """The bounds the INT8 model's outputs are held to: ``top1`` the least share of rows
     whose answer holds (argmax, equal elements, decisions, rows at the cosine bound),
     ``detection`` and ``neighbours`` their own least shares, ``rel_l2`` the most relative
-    L2 (a channel's, or an output's), ``cosine`` the bound a row's cosine must reach."""
+    L2 (a channel's, or an output's), ``cosine`` the bound a row's cosine must reach;
+    ``atol``: a channel whose max abs error is at most this counts no error (validate's
+    near-zero rule; the INT8 guard: 0, none)."""
 
     top1: float
     rel_l2: float
     cosine: float = 0.99
     detection: float = ROW_BUDGETS["detection"][0]
     neighbours: float = ROW_BUDGETS["neighbours"][0]
+    atol: float = 0.0
 
     @classmethod
     def of(
@@ -161,6 +167,17 @@ class GuardBudget:
         if kind == "cosine":
             return self.cosine
         return {"detection": self.detection, "neighbours": self.neighbours}.get(kind, self.top1)
+
+
+def row_budget(target: str, rtol: float, atol: float) -> GuardBudget:
+    """The bounds a ``target`` model (``"float16"``, ``"bfloat16"``, ``"int8"``; another:
+    float16's, the strictest) is validated to: rows at the ``top1`` and ``cosine`` rows of
+    :data:`~mixprec.core.ops.TOLERANCES` for it, the worst channel at ``rtol`` (a channel
+    within ``atol`` counts none)."""
+    dtype = target if tolerance("top1", target) is not None else "float16"
+    top1, cosine = tolerance("top1", dtype), tolerance("cosine", dtype)
+    assert top1 is not None and cosine is not None
+    return GuardBudget(top1, rtol, cosine, atol=atol)
 
 
 def shown(value: float, limit: float) -> str:
@@ -219,6 +236,15 @@ class OutputCheck:
         """``top-1 >= 0.99 on 'probs'`` (the user's metric: ``score >= 0.9 of 'f1'``)."""
         of = "of" if self.kind == "metric" else "on"
         return f"{_LABELS[self.kind]} {self.side} {self.limit:g} {of} {self.output!r}"
+
+    def measured(self) -> str:
+        """``top-1 0.98 over 412 rows (needs >= 0.99)``: what was measured, on what."""
+        got = shown(self.value, self.limit) if math.isfinite(self.value) else "a miss"
+        unit = (
+            ("row" if self.rows == 1 else "rows") if self.kind in AGREEMENT_KINDS else "sample(s)"
+        )
+        need = f"needs {self.side} {self.limit:g}"
+        return f"{_LABELS[self.kind]} {got} over {self.rows:,} {unit} ({need})"
 
     def text(self) -> str:
         miss = f"a miss ({self.note or 'non-finite values'})"
@@ -340,6 +366,10 @@ def _measure(
     pairs = list(zip(ref, got, strict=True))
     if kind in ("match", "top1", "decision"):
         return _shares(kind, pairs, axis)
+    if kind == "top1-active":
+        found = [active_top1(r, g, axis) for r, g in pairs]
+        rows = sum(n for _, n in found)
+        return (sum(v * n for v, n in found) / rows if rows else 1.0), rows
     if kind == "detection":
         layout = head_layout(tuple(np.shape(ref[0])))
         return _detection_f1(ref, got, layout) if layout is not None else (math.nan, 0)
@@ -352,9 +382,8 @@ def _measure(
     if kind == "neighbours":
         return _neighbours(pairs, axis)
     if kind == "channels":  # the worst channel of the worst sample
-        return max((float(np.max(channel_rel_l2(r, g, axis))) for r, g in pairs), default=0.0), len(
-            pairs
-        )
+        worst = (float(np.max(channel_rel_l2(r, g, axis, budget.atol))) for r, g in pairs)
+        return max(worst, default=0.0), len(pairs)
     return worst_rel_l2(ref, got), len(pairs)  # the worst sample, as validate reports
 
 

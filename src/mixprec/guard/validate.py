@@ -10,12 +10,14 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
+from mixprec.guard.checks import check_outputs, output_kinds, row_budget
 from mixprec.io.feeds import guessed_dims, make_inputs, resolve_input_shapes
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.fit import fit_shapes
-from mixprec.runtime.validation import ValidationReport, validate_models
+from mixprec.runtime.validation import ValidationReport, lowered_to, validate_models
 
 __all__ = ["check_arguments", "validate_protos"]
 
@@ -52,9 +54,11 @@ def validate_protos(
             )
             for feeds in samples
         ]
+        checks = _row_checks(ref_model, reports, rtol, atol, runtime)
         worst = max(range(len(reports)), key=lambda k: _badness(reports[k]))
         note = f"validated on the given inputs ({len(samples)} sample(s); sample {worst} shown)"
-        return dataclasses.replace(reports[worst], notes=(note, *reports[worst].notes))
+        notes = (note, *reports[worst].notes)
+        return dataclasses.replace(reports[worst], notes=notes, checks=checks)
 
     def attempt(tried: dict[str, list[int]]) -> ValidationReport:
         feeds, notes = make_inputs(ref_model, shapes=tried, seed=seed)
@@ -73,7 +77,37 @@ def validate_protos(
     # The same first guess as calibration, learning from ONNX Runtime's refusals.
     first, guess_notes = resolve_input_shapes(ref_model, shapes)
     report, _, fit_notes = fit_shapes(first, guessed_dims(ref_model, shapes), attempt)
-    return dataclasses.replace(report, notes=(*guess_notes, *report.notes, *fit_notes))
+    checks = _row_checks(ref_model, [report], rtol, atol, runtime)
+    notes = (*guess_notes, *report.notes, *fit_notes)
+    return dataclasses.replace(report, notes=notes, checks=checks)
+
+
+def _row_checks(
+    ref_model: onnx.ModelProto,
+    reports: Sequence[ValidationReport],
+    rtol: float | None,
+    atol: float,
+    runtime: RuntimeOptions | None,
+) -> tuple[dict[str, object], ...]:
+    """Each output read as rows over every sample (:func:`~mixprec.guard.checks.check_outputs`:
+    argmax rows, decisions, detections, embedding rows, the worst channel), held to the
+    bounds of the dtype the model was lowered to; the whole-tensor rel L2 stays in the
+    report's comparisons. An output of another shape is the comparisons' miss, not
+    read again."""
+    pairs = [r.arrays for r in reports if r.arrays is not None]
+    if not pairs or not reports:
+        return ()
+    target = lowered_to(reports[0].low_dtype, runtime)
+    budget = row_budget(target, reports[0].rtol if rtol is None else rtol, atol)
+    reference = [{k: v for k, v in ref.items() if k in got} for ref, got in pairs]
+    outputs = [got for _, got in pairs]
+    if any(
+        np.shape(r[k]) != np.shape(g[k]) for r, g in zip(reference, outputs, strict=True) for k in r
+    ):
+        return ()
+    kinds = {k: v for k, v in output_kinds(ir.from_proto(ref_model)).items() if k in reference[0]}
+    checks = check_outputs(reference, outputs, kinds, budget)
+    return tuple({**c.to_dict(), "text": c.measured()} for c in checks if c.kind != "rel-l2")
 
 
 def check_arguments(

@@ -126,10 +126,12 @@ def validation(report: Report | None) -> str:
         for o in outputs
     )
     verdict = "passed" if data.get("passed") else "FAILED"
+    checks = data.get("checks")
     return (
         f'<h2>Validation: <span class="v-{verdict.lower()}">{verdict}</span> '
         f"(rtol {_esc(_fmt(data.get('rtol')))}, {_esc(data.get('kind', ''))})</h2>"
         f'<table class="validation"><tr>{head}</tr>{body}</table>'
+        + (f"<h3>Each output read as rows</h3>{_checks_table(checks)}" if checks else "")
     )
 
 
@@ -144,18 +146,22 @@ def guard_checks(report: Report | None) -> str:
     checks = guard.get("checks") if isinstance(guard, dict) else None
     if not isinstance(checks, list) or not checks:
         return ""
-    head = "".join(f"<th>{_esc(k)}</th>" for k in _GUARD_KEYS)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{_esc(_fmt(c.get(k)))}</td>" for k in _GUARD_KEYS) + "</tr>"
-        for c in checks
-        if isinstance(c, dict)
-    )
     verdict = "passed" if guard.get("passed") else "FAILED"  # type: ignore[union-attr]
     return (
         f'<h2>Accuracy guard: <span class="v-{verdict.lower()}">{verdict}</span></h2>'
-        f"<p>{_esc(guard.get('summary', ''))}</p>"  # type: ignore[union-attr]
-        f'<table class="validation"><tr>{head}</tr>{body}</table>'
+        f"<p>{_esc(guard.get('summary', ''))}</p>" + _checks_table(checks)  # type: ignore[union-attr]
     )
+
+
+def _checks_table(checks: object) -> str:
+    """The checks (dicts), a row each: the output, how it was read, and what it measured."""
+    rows = [c for c in checks if isinstance(c, dict)] if isinstance(checks, list) else []
+    head = "".join(f"<th>{_esc(k)}</th>" for k in _GUARD_KEYS)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_esc(_fmt(c.get(k)))}</td>" for k in _GUARD_KEYS) + "</tr>"
+        for c in rows
+    )
+    return f'<table class="validation"><tr>{head}</tr>{body}</table>'
 
 
 def _fmt(value: object) -> str:

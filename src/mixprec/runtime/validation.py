@@ -21,7 +21,7 @@ from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
 from mixprec.runtime.engines import check_plan, engine_for, run_model
 
-__all__ = ["ValidationReport", "detect_low_dtype", "validate_models"]
+__all__ = ["ValidationReport", "detect_low_dtype", "lowered_to", "validate_models"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,11 @@ class ValidationReport:
         runtime: What ran the converted model: ``runtime``, ``label``, ``version``,
             ``precision``, ``threads`` and ``cpu`` (the FP32 reference always runs in
             ONNX Runtime).
+        checks: Each output read as rows of answers (:func:`mixprec.validate` fills them
+            from :mod:`mixprec.guard.checks`: argmax rows, detections, embedding rows,
+            the worst channel), as dicts with ``output``, ``kind``, ``value``,
+            ``limit``, ``passed``, ``rows``, ``reason`` and ``text``; every one must pass.
+        arrays: The FP32 and the converted outputs it compared (not in ``to_dict``).
     """
 
     kind: str
@@ -96,11 +101,15 @@ class ValidationReport:
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     runtime: dict[str, object] = field(default_factory=dict)
+    checks: tuple[Mapping[str, object], ...] = ()
+    arrays: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None = field(
+        default=None, compare=False, repr=False
+    )
 
     @property
     def passed(self) -> bool:
-        """Whether every output passed."""
-        return all(o.passed for o in self.outputs)
+        """Whether every output passed, and every reading of its rows."""
+        return all(o.passed for o in self.outputs) and all(c["passed"] for c in self.checks)
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready dict of the report."""
@@ -115,6 +124,7 @@ class ValidationReport:
             "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
             "notes": list(self.notes),
             "runtime": dict(self.runtime),
+            "checks": [dict(c) for c in self.checks],
         }
 
     def format_table(self) -> str:
@@ -137,6 +147,10 @@ class ValidationReport:
         for o in self.outputs:
             if o.note:
                 lines.append(f"note: {o.name}: {o.note}")
+        for c in self.checks:  # how each output was read, as rows of answers
+            ok = "ok" if c["passed"] else "NO"
+            lines.append(f"{ok:>3} {c['output']}: {c['text']}")
+            lines.append(f"      read as {c['reason']}")
         how = _HOW.get(self.kind, self.kind)
         if self.kind != "emulated" and self.runtime:
             how = f"{self.runtime.get('label', how)} {self.runtime.get('version', '')}".strip()
@@ -201,7 +215,7 @@ def validate_models(
     if mode not in ("auto", "ort", "emulated"):
         raise MixprecError(f"unknown validation mode {mode!r}; use auto, ort or emulated")
     low_dtype = detect_low_dtype(converted)
-    lowered = _lowered_to(low_dtype, runtime)
+    lowered = lowered_to(low_dtype, runtime)
     tol = rtol if rtol is not None else DEFAULT_RTOL.get(lowered, _NO_LOW_RTOL)
     basic = RuntimeOptions(threads=threads, optimization="basic")
     reference = run_model(original, feeds_for(original, feeds), basic)
@@ -228,11 +242,12 @@ def validate_models(
     if isinstance(said, list):
         notes = (*notes, *said)
     return ValidationReport(
-        kind, low_dtype, tol, atol, tuple(comparisons), fallback, shapes, tuple(notes), described
-    )
+        kind, low_dtype, tol, atol, tuple(comparisons), fallback, shapes, tuple(notes), described,
+        arrays=(reference, result),
+    )  # fmt: skip
 
 
-def _lowered_to(low_dtype: str, runtime: RuntimeOptions | None) -> str:
+def lowered_to(low_dtype: str, runtime: RuntimeOptions | None) -> str:
     """The dtype whose tolerance applies: the model's lowest, or, for an FP32 model, the
     one its engine's precision hint lowers FP32 layers to (OpenVINO's ``bf16`` hint: the
     marked pair of ``bf16-lists-openvino`` ran 1.2e-3 off FP32 on an avx512_bf16 CPU,
