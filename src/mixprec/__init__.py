@@ -10,7 +10,7 @@ Example:
 from __future__ import annotations
 
 # isort: off
-import mixprec.core.quiet  # noqa: F401  (first: ONNX Runtime logs to stderr while imported)
+import mixprec.runtime.quiet  # noqa: F401  (first: ONNX Runtime logs to stderr while imported)
 
 # isort: on
 

@@ -157,3 +157,79 @@ def test_only_the_runtime_door_imports_an_engine() -> None:
         if found
     }
     assert within == {}, within
+
+
+def test_no_module_reaches_an_engine_through_importlib() -> None:
+    """``importlib.import_module("onnxruntime")`` (or ``__import__``) outside ``runtime/``
+    would get around the door above without an import statement to see."""
+    found = [
+        f"{module}:{node.lineno}"
+        for module, tree in MODULES.items()
+        if _layer(module) != "runtime"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute | ast.Name)
+        and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+        in ("import_module", "__import__", "find_spec")
+        and node.args
+        and isinstance(node.args[0], ast.Constant)
+        and str(node.args[0].value).startswith(ENGINE_IMPORTS)
+    ]
+    assert found == [], found
+
+
+def test_one_function_opens_an_onnxruntime_session() -> None:
+    """Session options, providers and the IR-version retry live in one place: a second
+    ``InferenceSession(...)`` would open sessions that miss them (issue 44)."""
+    calls = [
+        f"{module}:{node.lineno}"
+        for module, tree in MODULES.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "InferenceSession"
+    ]
+    assert len(calls) == 1 and calls[0].startswith("mixprec.runtime.ort:"), calls
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Each module's imports of other mixprec modules, TYPE_CHECKING ones included (a
+    circle that only type checking closes is still one a reader walks round)."""
+    edges: dict[str, set[str]] = {m: set() for m in MODULES}
+    for module, tree in MODULES.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [f"{node.module}.{a.name}" for a in node.names]
+                targets = [node.module, *(n for n in names if n in MODULES)]
+            else:
+                continue
+            edges[module] |= {t for t in targets if t in MODULES and t != module}
+    return edges
+
+
+def test_no_import_circles() -> None:
+    """No module reaches itself through its imports (the package's ``__init__`` files,
+    which re-export what lies below them, aside)."""
+    edges = {
+        m: {t for t in ts if not _is_package(t)}
+        for m, ts in _module_graph().items()
+        if not _is_package(m)
+    }
+    circles = []
+    for start in edges:
+        seen, stack = set(), [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in edges.get(node, ()):
+                if nxt == start:
+                    circles.append(" -> ".join([*path, start]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    assert circles == [], sorted(set(circles))[:5]
+
+
+def _is_package(module: str) -> bool:
+    return (PACKAGE.parent / module.replace(".", "/") / "__init__.py").is_file()

@@ -479,3 +479,39 @@ def test_a_kv_cache_decoder_keeps_its_signature_and_decodes_like_fp32(tied: bool
     prompt = np.arange(1, 9)
     tokens = [llm.greedy_decode(lambda f, m=m: run_ort(m, f), cfg, prompt, 4) for m in (model, out)]
     assert tokens[0] == tokens[1]
+
+
+@pytest.fixture
+def methods_restored():
+    """METHODS as it was after the test (every reader holds the one dict)."""
+    before = dict(METHODS)
+    yield
+    METHODS.clear()
+    METHODS.update(before)
+
+
+def test_a_registered_method_is_what_auto_and_its_name_run(methods_restored) -> None:
+    """``register_method`` is the seam a new method plugs into (weights/methods.py): the
+    preferred one is what "auto" runs, and a name reaches it too."""
+    from mixprec.weights.methods import WeightMethod, register_method, resolve_method
+
+    seen: list[tuple[int, int]] = []
+
+    def counted(weight: np.ndarray, spec: BlockSpec, inputs: object | None):
+        seen.append(weight.shape)
+        return quantize_rtn(weight, spec)
+
+    register_method(WeightMethod("counted", counted, False, "RTN, counted"), preferred=True)
+    method, why = resolve_method("auto", has_data=False)
+    assert method.name == "counted" and why.startswith("weight method auto -> counted"), why
+    model, w = _linear(64, 32)
+    auto = mixprec.quantize(model, weights="int4", block_size=32)
+    assert seen == [w.shape], seen
+    named = mixprec.quantize(model, weights="int4", block_size=32, weight_method="counted")
+    rtn = mixprec.quantize(model, weights="int4", block_size=32, weight_method="rtn")
+    assert len(seen) == 2
+    packed = [_initializers(ir.to_proto(m.model)) for m in (auto, named, rtn)]
+    assert packed[0].keys() == packed[2].keys() and all(
+        np.array_equal(packed[0][k], packed[2][k]) and np.array_equal(packed[1][k], packed[2][k])
+        for k in packed[2]
+    )

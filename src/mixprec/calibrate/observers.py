@@ -101,10 +101,6 @@ class Observer:
         """Folds one batch given only its min and max (NaN-free or NaN)."""
         raise NotImplementedError
 
-    def merge(self, other: Observer) -> None:
-        """Folds another observer of the same kind into this one."""
-        raise NotImplementedError
-
     def stats(self) -> TensorStats:
         """The statistics so far."""
         raise NotImplementedError
@@ -123,11 +119,6 @@ class AbsMaxObserver(Observer):
 
     def update_range(self, lo: float, hi: float) -> None:
         self.absmax = max(self.absmax, abs(lo), abs(hi))
-
-    def merge(self, other: Observer) -> None:
-        if not isinstance(other, AbsMaxObserver):
-            raise TypeError(f"cannot merge {type(other).__name__} into AbsMaxObserver")
-        self.absmax = max(self.absmax, other.absmax)
 
     def stats(self) -> TensorStats:
         return TensorStats(self.absmax)
@@ -148,12 +139,6 @@ class MinMaxObserver(Observer):
     def update_range(self, lo: float, hi: float) -> None:
         self.min = lo if self.min is None else min(self.min, lo)
         self.max = hi if self.max is None else max(self.max, hi)
-
-    def merge(self, other: Observer) -> None:
-        if not isinstance(other, MinMaxObserver):
-            raise TypeError(f"cannot merge {type(other).__name__} into {type(self).__name__}")
-        if other.min is not None and other.max is not None:
-            self.update_range(other.min, other.max)
 
     def _absmax(self) -> float:
         if self.min is None or self.max is None:
@@ -237,24 +222,6 @@ class HistogramObserver(MinMaxObserver):
         self._count(tail)
         if body.size and count > len(top):
             self._count(body, (count - len(top)) / body.size)
-
-    def merge(self, other: Observer) -> None:
-        if not isinstance(other, HistogramObserver) or other.bins != self.bins:
-            raise TypeError("can only merge a HistogramObserver with the same bins")
-        if other.min is not None and other.max is not None:
-            super().update_range(other.min, other.max)
-        if not other.counts.any():
-            return
-        mine = self.counts
-        self.counts = np.zeros(self.bins, np.int64)
-        upper = self.upper
-        self.upper = 0.0
-        self._grow(max(upper, other.upper))
-        for counts, their_upper in ((mine, upper), (other.counts, other.upper)):
-            if counts.any():  # each bin lands in the bin holding its centre
-                centres = (np.arange(self.bins) + 0.5) * (their_upper / self.bins)
-                index = np.minimum((centres / self.upper * self.bins).astype(int), self.bins - 1)
-                np.add.at(self.counts, index, counts)
 
     def stats(self) -> TensorStats:
         return TensorStats(self._absmax(), self.min, self.max, self.counts.copy(), self.upper)

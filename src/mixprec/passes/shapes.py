@@ -19,8 +19,6 @@ from collections.abc import Sequence
 import onnx
 import onnx_ir as ir
 
-from mixprec.core.ops import is_onnx_domain
-from mixprec.core.registry import node_info
 from mixprec.io.protos import weightless_proto
 
 __all__ = [
@@ -161,24 +159,6 @@ def _infer(model: ir.Model) -> ir.Model | str:
         )
     except Exception as exc:
         return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-
-
-def _type_locally(values: list[ir.Value]) -> bool:
-    """Give each value the dtype its producer implies (Shape/Size: int64; type-preserving
-    ops: their input's), in topological order; False when one cannot be typed so."""
-    for value in values:
-        node = value.producer()
-        if node is None or not is_onnx_domain(node.domain):
-            return False
-        if node.op_type in ("Shape", "Size"):
-            value.dtype = ir.DataType.INT64
-            continue
-        source = node.inputs[1] if node.op_type == "Where" and len(node.inputs) > 1 else None
-        source = source or (node.inputs[0] if node.inputs else None)
-        if not node_info(node).same_type or source is None or source.dtype is None:
-            return False
-        value.dtype = source.dtype
-    return True
 
 
 class InferShapesPass(ir.passes.InPlacePass):

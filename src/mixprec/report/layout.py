@@ -17,7 +17,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Layout", "dot_time_limit", "dot_version", "layout_graph"]
+__all__ = ["Layout", "dot_time_limit", "layout_graph"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,18 +41,6 @@ class Layout:
     height: float
     engine: str
     notes: list[str] = field(default_factory=list)
-
-
-def dot_version() -> str | None:
-    """``dot``'s version line, or None when Graphviz is not installed."""
-    exe = shutil.which("dot")
-    if exe is None:
-        return None
-    try:
-        done = subprocess.run([exe, "-V"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (done.stderr or done.stdout).strip() or "dot"
 
 
 def dot_time_limit(nodes: int, edges: int) -> float:

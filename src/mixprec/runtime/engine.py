@@ -329,11 +329,6 @@ class Engine(Protocol):
         GatherBlockQuantized): what a weight-only model is made of."""
         ...
 
-    def fuses_qdq(self) -> bool:
-        """Whether it runs QuantizeLinear/DequantizeLinear around a Conv/MatMul as one
-        integer kernel (so an INT8 placement is worth timing op by op)."""
-        ...
-
     def has_kernel(self, node: ir.Node, opsets: Mapping[str, int]) -> bool:
         """Whether it has a kernel for ``node`` as it stands (op, domain, attributes,
         input and output dtypes) at ``opsets`` (domain -> version). A node that cannot be

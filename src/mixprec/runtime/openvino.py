@@ -398,9 +398,6 @@ class OpenVinoEngine:
     def runs_contrib_ops(self) -> bool:
         return False
 
-    def fuses_qdq(self) -> bool:
-        return True  # its low-precision transformations run QDQ as integer kernels
-
     def has_kernel(self, node: ir.Node, opsets: Mapping[str, int]) -> bool:
         probe = probe_model(node, opsets)
         if probe is None:

@@ -149,9 +149,7 @@ def make_session(
     so = _session_options(threads, optimization, hints or LoadHints())
     providers = list(PROVIDERS[provider])
     try:
-        return _started(
-            ort.InferenceSession(source, sess_options=so, providers=providers), providers[0]
-        )
+        return _started(_opened(source, so, providers), providers[0])
     except OrtLoadError:
         raise
     except Exception as e:
@@ -173,13 +171,19 @@ def make_session(
         proto.ir_version = supported
         onnx.save_model(proto, source)
     try:
-        return _started(
-            ort.InferenceSession(source, sess_options=so, providers=providers), providers[0]
-        )
+        return _started(_opened(source, so, providers), providers[0])
     except OrtLoadError:
         raise
     except Exception as e:
         raise OrtLoadError(f"onnxruntime cannot load the model: {ort_first_line(e)}") from e
+
+
+def _opened(
+    source: str | bytes, so: ort.SessionOptions, providers: list[str]
+) -> ort.InferenceSession:
+    """The one place mixprec opens an ONNX Runtime session (:func:`make_session`, the
+    kernel probes and the optimized-graph reader all come here)."""
+    return ort.InferenceSession(source, sess_options=so, providers=providers)
 
 
 def _session_options(threads: int, optimization: str, hints: LoadHints) -> ort.SessionOptions:
@@ -487,9 +491,6 @@ class OrtEngine:
     def runs_contrib_ops(self) -> bool:
         return True
 
-    def fuses_qdq(self) -> bool:
-        return True
-
     def has_kernel(self, node: ir.Node, opsets: Mapping[str, int]) -> bool:
         probe = probe_model(node, opsets)
         if probe is None:
@@ -498,7 +499,7 @@ class OrtEngine:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         so.log_severity_level = 4
         try:
-            ort.InferenceSession(probe.SerializeToString(), so, providers=list(PROVIDERS["cpu"]))
+            _opened(probe.SerializeToString(), so, list(PROVIDERS["cpu"]))
         except Exception as e:
             text = str(e)
             return "NOT_IMPLEMENTED" not in text and "is not a registered function/op" not in text
@@ -527,7 +528,7 @@ class OrtEngine:
                     if _through_file(model, LoadHints())
                     else model.SerializeToString()
                 )
-                ort.InferenceSession(source, so, providers=list(PROVIDERS["cpu"]))
+                _opened(source, so, list(PROVIDERS["cpu"]))
             except Exception as e:
                 raise OrtLoadError(f"onnxruntime cannot load the model: {ort_first_line(e)}") from e
             return onnx.load(path, load_external_data=False)

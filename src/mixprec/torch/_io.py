@@ -13,16 +13,13 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.io.models import load_model, save_model
 from mixprec.pipeline.report import NodeReport, Report
-
-if TYPE_CHECKING:
-    from mixprec.torch._module import ConvertedModule
 
 __all__ = ["read_saved", "save_converted"]
 
@@ -31,15 +28,18 @@ SPEC_FILE = "mixprec_torch.json"
 REPORT_FILE = "report.json"
 
 
-def save_converted(module: ConvertedModule, path: str | os.PathLike[str]) -> None:
-    """Write ``module`` to the folder ``path`` (created; files in it are replaced)."""
+def save_converted(
+    path: str | os.PathLike[str], model: ir.Model, spec: Mapping[str, Any], report: Report
+) -> None:
+    """Write a converted module (its ONNX ``model``, its input/output ``spec`` as JSON
+    data, its ``report``) to the folder ``path`` (created; files in it are replaced)."""
     folder = Path(path)
     if folder.exists() and not folder.is_dir():
         raise MixprecError(f"{folder}: exists and is not a folder")
     folder.mkdir(parents=True, exist_ok=True)
-    save_model(module.onnx_model, folder / MODEL_FILE)
-    (folder / SPEC_FILE).write_text(json.dumps(module.spec.to_dict(), indent=2) + "\n")
-    (folder / REPORT_FILE).write_text(module.report.to_json() + "\n")
+    save_model(model, folder / MODEL_FILE)
+    (folder / SPEC_FILE).write_text(json.dumps(dict(spec), indent=2) + "\n")
+    (folder / REPORT_FILE).write_text(report.to_json() + "\n")
 
 
 def report_from_dict(data: Mapping[str, Any]) -> Report:

@@ -180,7 +180,7 @@ class ConvertedModule(torch.nn.Module):
 
         :func:`mixprec.torch.load` reads it back without the original module's class.
         """
-        save_converted(self, path)
+        save_converted(path, self.onnx_model, self.spec.to_dict(), self.report)
 
     def extra_repr(self) -> str:
         r = self.report

@@ -123,10 +123,6 @@ def _pooled(ref: Sequence[Outputs], out: Sequence[Outputs]) -> dict[str, tuple[n
     return pooled
 
 
-def _float_outputs(ref: Outputs) -> list[str]:
-    return [k for k, v in ref.items() if np.asarray(v).dtype.kind == "f"]
-
-
 def rel_l2(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
     """The worst output's rel L2 in its worst sample (:func:`worst_rel_l2`, as validate
     and the guard read it)."""

@@ -12,14 +12,13 @@ package imports it before anything else.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import sys
 from collections.abc import Iterator
 
 from mixprec.core.config import ort_log_severity
 
-__all__ = ["import_onnxruntime", "stderr_silenced"]
+__all__ = ["stderr_silenced"]
 
 
 @contextlib.contextmanager
@@ -37,17 +36,9 @@ def stderr_silenced() -> Iterator[None]:
         os.close(devnull)
 
 
-def import_onnxruntime() -> None:
-    """Imports ONNX Runtime once, quietly unless ``MIXPREC_LOG_LEVEL`` asks for its log."""
-    severity = ort_log_severity()
-    if "onnxruntime" in sys.modules:
-        ort = sys.modules["onnxruntime"]
-    elif severity >= 3:
-        with stderr_silenced():
-            ort = importlib.import_module("onnxruntime")
-    else:
-        ort = importlib.import_module("onnxruntime")
-    ort.set_default_logger_severity(severity)
+if "onnxruntime" not in sys.modules and ort_log_severity() >= 3:
+    with stderr_silenced():  # ORT's import-time lines go to /dev/null
+        import onnxruntime as ort
+import onnxruntime as ort  # noqa: E402  (imported above, quietly, or here as asked)
 
-
-import_onnxruntime()
+ort.set_default_logger_severity(ort_log_severity())
