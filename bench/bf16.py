@@ -45,6 +45,7 @@ from evaluate import (
 )
 
 from int8 import _cosine
+from mixprec.core.metrics import rel_l2_error, worst_rel_l2
 from models import Feeds, ModelSpec
 from report import _median, _num, _pct
 
@@ -196,16 +197,12 @@ def _batch(feeds: Feeds) -> int | None:
 
 
 def worst_sample_rel_l2(ref: np.ndarray, got: np.ndarray, batch: int | None) -> float:
-    """max over samples of ||got - ref|| / ||ref||; the whole tensor when the output has
-    no leading axis of ``batch`` samples."""
-    ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
-    if not np.all(np.isfinite(got64)):
-        return float("inf")
-    if batch is None or batch < 2 or ref64.ndim == 0 or ref64.shape[0] != batch:
-        ref64, got64 = ref64.reshape(1, -1), got64.reshape(1, -1)
-    ref2, diff2 = ref64.reshape(len(ref64), -1), (got64 - ref64).reshape(len(ref64), -1)
-    norms, diffs = np.linalg.norm(ref2, axis=1), np.linalg.norm(diff2, axis=1)
-    return float(np.max(np.where(norms > 0, diffs / np.where(norms > 0, norms, 1.0), diffs)))
+    """max over samples of ||got - ref|| / ||ref|| (mixprec's own relative L2 and its
+    worst sample); the whole tensor when the output has no leading axis of ``batch``
+    samples."""
+    if batch is None or batch < 2 or np.ndim(ref) == 0 or np.shape(ref)[0] != batch:
+        return rel_l2_error(ref, got)
+    return worst_rel_l2(list(ref), list(got))
 
 
 def score(base: Baseline, outputs: Mapping[str, np.ndarray]) -> Row:

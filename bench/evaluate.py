@@ -15,6 +15,7 @@ import onnx
 import onnxruntime as ort
 from metrics import ModelStats, Shape, model_stats
 
+from mixprec.core.metrics import rel_l2_error
 from models import Feeds, ModelSpec
 
 THREADS = 2
@@ -86,15 +87,6 @@ def latency_feeds(spec: ModelSpec, feeds: Feeds) -> Feeds:
     return {k: v[: spec.latency_batch] if v.ndim else v for k, v in feeds.items()}
 
 
-def _rel_l2(ref: np.ndarray, got: np.ndarray) -> float:
-    ref64, got64 = ref.astype(np.float64), got.astype(np.float64)
-    if not np.all(np.isfinite(got64)):
-        return float("inf")
-    denom = float(np.linalg.norm(ref64))
-    diff = float(np.linalg.norm(got64 - ref64))
-    return diff / denom if denom > 0 else diff
-
-
 def compare(base: Baseline, outputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
     per_output: dict[str, dict[str, float | None]] = {}
     for name, ref in base.outputs.items():
@@ -105,7 +97,7 @@ def compare(base: Baseline, outputs: Mapping[str, np.ndarray]) -> dict[str, Any]
                                 "problem": f"missing or shape {shape} != {list(ref.shape)}"}
             continue
         got32 = got.astype(np.float32) if np.issubdtype(got.dtype, np.floating) else got
-        entry: dict[str, Any] = {"rel_l2": _rel_l2(ref, got32)}
+        entry: dict[str, Any] = {"rel_l2": rel_l2_error(ref, got32)}
         diff = np.abs(got32.astype(np.float64) - ref.astype(np.float64))
         entry["max_abs"] = float(np.nanmax(diff)) if np.all(np.isfinite(diff)) else float("inf")
         if name in base.spec.class_outputs:

@@ -73,11 +73,6 @@ def _low_tensor_types(model: onnx.ModelProto) -> set[int]:
     return found & low
 
 
-def _rel_l2(a: np.ndarray, b: np.ndarray) -> float:
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    return float(np.linalg.norm(a64 - b64) / max(np.linalg.norm(a64), 1e-300))
-
-
 def _assert_bits_equal(got: np.ndarray, want: np.ndarray) -> None:
     same = (got == want) | (np.isnan(got) & np.isnan(want))
     bad = np.flatnonzero(~same)

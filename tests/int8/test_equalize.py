@@ -18,6 +18,7 @@ import mixprec
 from helpers import run_ort
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
+from mixprec.core.metrics import rel_l2_error
 from mixprec.int8.config import QuantizeConfig
 from mixprec.int8.equalize import EqualizeLayersPass, EqualizeLayersResult, channel_spread
 from mixprec.passes.fold import FoldBatchNormPass
@@ -123,10 +124,6 @@ def _equalized(
     return ir.to_proto(result.model), result
 
 
-def _rel_l2(ref: np.ndarray, got: np.ndarray) -> float:
-    return float(np.linalg.norm(ref - got) / np.linalg.norm(ref))
-
-
 def _assert_same_function(
     before: onnx.ModelProto, after: onnx.ModelProto, shape: Sequence[int] = (2, 4, 12, 12)
 ) -> None:
@@ -152,7 +149,7 @@ def _int8_error(model: onnx.ModelProto, equalize: bool) -> float:
     feeds = _inputs(n=6)[4:]
     ref = np.concatenate([run_ort(model, f)["y"] for f in feeds])
     got = np.concatenate([run_ort(quantized, f)["y"] for f in feeds])
-    return _rel_l2(ref, got)
+    return rel_l2_error(ref, got)
 
 
 def _weight(model: onnx.ModelProto, node_name: str) -> np.ndarray:
@@ -305,7 +302,7 @@ def test_high_bias_absorption_narrows_the_relu_range() -> None:
     held_out = data[4:]
     ref = np.concatenate([run_ort(model, f)["y"] for f in held_out])
     # Exact where the pre-activation stays above c (all but the normal tail): tiny change.
-    assert _rel_l2(ref, np.concatenate([run_ort(moved, f)["y"] for f in held_out])) < 1e-3
+    assert rel_l2_error(ref, np.concatenate([run_ort(moved, f)["y"] for f in held_out])) < 1e-3
     # The Relu output (conv2's input, INT8 per tensor) loses its constant part.
     relu_max = {}
     for absorb, m in ((False, kept), (True, moved)):
@@ -320,7 +317,7 @@ def test_high_bias_absorption_narrows_the_relu_range() -> None:
             m, data[:4], speed="off", guard=False, equalize=False, method="minmax"
         )
         got = np.concatenate([run_ort(ir.to_proto(int8.model), f)["y"] for f in held_out])
-        errors[absorb] = _rel_l2(ref, got)
+        errors[absorb] = rel_l2_error(ref, got)
     assert errors[True] < 0.8 * errors[False], errors
 
 

@@ -19,13 +19,14 @@ import pytest
 from onnx import helper
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.metrics import rel_l2_error
 from mixprec.io.feeds import make_inputs
 from mixprec.runtime.cpu import cpu_features, parse_cpuinfo
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions
 from mixprec.runtime.engines import ENGINES, check_plan, engine_for
 from mixprec.runtime.ort import run_model
 from mixprec.runtime.validation import validate_models
-from proto_builders import BF16, F16, F32, _fp16_mlp, _model, _rel_l2, _vi
+from proto_builders import BF16, F16, F32, _fp16_mlp, _model, _vi
 
 openvino = pytest.importorskip("openvino", reason="the [openvino] extra (make test installs it)")
 
@@ -81,7 +82,10 @@ def test_both_engines_run_an_fp32_model_like_each_other() -> None:
         )
         got = session.run(feeds)["y"]
         assert session.output_names == ("y",)
-        assert got.dtype == np.float32 and _rel_l2(want, got) < 1e-5, (name, _rel_l2(want, got))
+        assert got.dtype == np.float32 and rel_l2_error(want, got) < 1e-5, (
+            name,
+            rel_l2_error(want, got),
+        )
         described = engine.describe(RuntimeOptions(name))
         assert described["runtime"] == name and described["version"], described
 
@@ -114,10 +118,10 @@ def test_openvino_hint_f32_keeps_fp32_layers_fp32_and_bf16_hint_lowers_them() ->
     want = run_model(original, feeds)["y"]
     engine = engine_for("openvino")
     f32 = engine.session(original, RuntimeOptions("openvino", precision="f32")).run(feeds)["y"]
-    assert _rel_l2(want, f32) < 1e-5
+    assert rel_l2_error(want, f32) < 1e-5
     if engine.computes_bf16():
         bf16 = engine.session(original, RuntimeOptions("openvino", precision="bf16")).run(feeds)
-        assert 1e-4 < _rel_l2(want, bf16["y"]) < 2e-2, _rel_l2(want, bf16["y"])
+        assert 1e-4 < rel_l2_error(want, bf16["y"]) < 2e-2, rel_l2_error(want, bf16["y"])
 
 
 def test_bf16_inputs_and_outputs_cross_the_openvino_boundary() -> None:
@@ -127,7 +131,7 @@ def test_bf16_inputs_and_outputs_cross_the_openvino_boundary() -> None:
     got = engine_for("openvino").session(converted, RuntimeOptions("openvino")).run({"x": x})
     assert got["y"].dtype == np.dtype(ml_dtypes.bfloat16)
     want = run_model(original, {"x": x.astype(np.float32)})["y"]
-    assert _rel_l2(want, got["y"].astype(np.float32)) < 2e-2
+    assert rel_l2_error(want, got["y"].astype(np.float32)) < 2e-2
 
 
 def _det_model() -> onnx.ModelProto:

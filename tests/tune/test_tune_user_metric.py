@@ -122,7 +122,10 @@ def test_tune_top1_reads_the_class_axis_of_the_output_kinds():
     moved[0, 3, 0, :] = 1.0  # one row of 4 pixels (of 16) changes class
     seg = {"p": OutputKind("top1", 1, "class scores: Softmax")}
     assert top1([{"p": ref}], [{"p": moved}], seg) == pytest.approx(12 / 16)
-    assert top1([{"p": ref}], [{"p": moved}]) != pytest.approx(12 / 16)  # by shape: the width
+    with pytest.raises(mixprec.MixprecError, match="needs an output of class scores"):
+        top1([{"p": ref}], [{"p": moved}])  # by shape (one rule): rank 4 holds no classes
+    flat = {"p": ref[0, :, :, 0].T.copy()}  # [4, 5]: by shape, classes on the last axis
+    assert top1([flat], [{"p": moved[0, :, :, 0].T.copy()}]) == pytest.approx(3 / 4)
     emb = {"p": OutputKind("cosine", -1, "an embedding")}
     with pytest.raises(mixprec.MixprecError, match="needs an output of class scores"):
         top1([{"p": ref}], [{"p": moved}], emb)

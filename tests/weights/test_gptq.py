@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 import mixprec
 from helpers import run_ort
 from mixprec.core.errors import MixprecError
+from mixprec.core.metrics import rel_l2_error
 from mixprec.runtime import ort as ort_runtime
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.weights.blocks import BlockSpec, quantize_rtn
@@ -85,8 +86,7 @@ def _samples(count: int = 4, seed: int = 10) -> list[dict[str, np.ndarray]]:
 
 def _rel_out(model: onnx.ModelProto, quantized: onnx.ModelProto) -> float:
     feeds = {"x": _correlated(256, 99)}
-    ref, got = run_ort(model, feeds)["y"], run_ort(quantized, feeds)["y"]
-    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    return rel_l2_error(run_ort(model, feeds)["y"], run_ort(quantized, feeds)["y"])
 
 
 def test_the_layer_with_outlier_weights_ranks_first_and_goes_to_8_bits() -> None:

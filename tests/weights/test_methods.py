@@ -15,6 +15,7 @@ from helpers import run_ort
 from llm_models import DecoderConfig, decoder_feeds, tiny_decoder
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
+from mixprec.core.metrics import rel_l2_error
 from mixprec.weights.awq import scale_groups, scale_inputs
 from mixprec.weights.blocks import BlockSpec, quantize_rtn
 from mixprec.weights.config import WeightsConfig
@@ -71,8 +72,7 @@ def _samples(count: int, seed: int) -> list[dict[str, np.ndarray]]:
 
 
 def _rel_logits(model, quantized, feeds) -> float:
-    ref, got = run_ort(model, feeds)["logits"], run_ort(quantized, feeds)["logits"]
-    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+    return rel_l2_error(run_ort(model, feeds)["logits"], run_ort(quantized, feeds)["logits"])
 
 
 def test_awq_scaling_leaves_the_float_model_alone_and_lowers_int4_error() -> None:

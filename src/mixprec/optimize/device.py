@@ -46,8 +46,9 @@ __all__ = [
 
 #: ``device=`` values: the CPU (every runtime), or a GPU provider of ONNX Runtime.
 DEVICES = ("cpu", "cuda", "tensorrt")
-#: Candidate builds that convert the input to a float precision (:func:`converted`).
-LOW_BUILDS = {"fp16": "float16", "bf16": "bfloat16"}
+#: Candidate builds that convert the input to a float precision (:func:`converted`),
+#: named as :func:`~mixprec.core.ops.parse_dtype` reads them.
+LOW_BUILDS = ("fp16", "bf16")
 
 
 def device_candidates(device: str) -> tuple[Candidate, ...]:
@@ -93,7 +94,7 @@ def converted(source: onnx.ModelProto, build: str, calibration: Any) -> onnx.Mod
     """
     model = ir.from_proto(source)
     split = split_for_guard(calibration, None, model)
-    config = ConvertConfig.resolve(LOW_BUILDS[build])
+    config = ConvertConfig.resolve(build)
     inputs = None if split.calibration is None else _Inputs(model, split.calibration)
     work, _kind = load_input(source)  # a private copy: the rewrite frees FP32 weights it read
     work, _report = run_convert(work, config, calibration_data=inputs)

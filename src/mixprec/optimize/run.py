@@ -191,7 +191,7 @@ def _built(job: _Job, candidate: Candidate) -> tuple[onnx.ModelProto | None, str
         return candidate.build(job.source), ""
     if isinstance(candidate.build, str) and candidate.build in LOW_BUILDS:
         built = converted(job.source, candidate.build, job.calibration)
-        return built, f"mixprec.convert to {LOW_BUILDS[candidate.build]}, its default lists"
+        return built, f"mixprec.convert to {parse_dtype(candidate.build)}, its default lists"
     if candidate.build == "bf16-marks":
         proto, report = bf16_marked(job.source, job.calibration)
         kept = len(fp32_nodes(proto) or [])

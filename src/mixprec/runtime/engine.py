@@ -26,6 +26,7 @@ from mixprec.core.errors import MixprecError
 
 __all__ = [
     "GRAPH_OPTIMIZATIONS",
+    "ORT_PROVIDERS",
     "PERFORMANCE_HINTS",
     "PRECISIONS",
     "REGISTRY",
@@ -42,8 +43,28 @@ __all__ = [
     "RuntimeRunError",
     "Session",
     "free_dropped_graphs",
+    "provider_named",
     "runtime_names",
 ]
+
+#: ``RuntimeOptions.provider`` -> ONNX Runtime's execution providers, in priority order.
+ORT_PROVIDERS: Mapping[str, tuple[str, ...]] = {
+    "cpu": ("CPUExecutionProvider",),
+    "cuda": ("CUDAExecutionProvider", "CPUExecutionProvider"),
+    "tensorrt": (
+        "TensorrtExecutionProvider",
+        "CUDAExecutionProvider",
+        "CPUExecutionProvider",
+    ),
+}
+
+
+def provider_named(execution_provider: str) -> str | None:
+    """The ``RuntimeOptions.provider`` whose first execution provider is
+    ``execution_provider`` (``"CUDAExecutionProvider"`` -> ``"cuda"``), or None."""
+    found = [k for k, names in ORT_PROVIDERS.items() if names[0] == execution_provider]
+    return found[0] if found else None
+
 
 #: The built-in engines, the default first (:func:`runtime_names` lists the registered ones).
 RUNTIME_NAMES = ("ort", "openvino")

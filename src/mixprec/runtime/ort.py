@@ -37,6 +37,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.limits import INLINE_LIMIT
 from mixprec.runtime.cpu import cpu_features
 from mixprec.runtime.engine import (
+    ORT_PROVIDERS,
     DeviceBuffer,
     LoadHints,
     ModelSource,
@@ -67,16 +68,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _BF16 = np.dtype(ml_dtypes.bfloat16)
-#: ``RuntimeOptions.provider`` -> ONNX Runtime's execution providers, in priority order.
-PROVIDERS = {
-    "cpu": ("CPUExecutionProvider",),
-    "cuda": ("CUDAExecutionProvider", "CPUExecutionProvider"),
-    "tensorrt": (
-        "TensorrtExecutionProvider",
-        "CUDAExecutionProvider",
-        "CPUExecutionProvider",
-    ),
-}
+#: ``RuntimeOptions.provider`` -> ONNX Runtime's execution providers (their one home).
+PROVIDERS = ORT_PROVIDERS
 #: Where a provider's I/O binding puts its buffers.
 _DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda"}
 _LEVELS = {

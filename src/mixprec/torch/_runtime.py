@@ -26,17 +26,19 @@ import torch
 
 from mixprec.core.errors import MixprecError
 from mixprec.runtime.emulate import emulate_low_precision
-from mixprec.runtime.engine import DeviceBuffer, RuntimeOptions, Session
+from mixprec.runtime.engine import (
+    ORT_PROVIDERS,
+    DeviceBuffer,
+    RuntimeOptions,
+    Session,
+    provider_named,
+)
 from mixprec.runtime.engines import engine_for
 
 __all__ = ["OrtRunner", "default_providers"]
 
 logger = logging.getLogger(__name__)
 
-_CUDA = "CUDAExecutionProvider"
-_CPU = "CPUExecutionProvider"
-#: ONNX Runtime's execution provider names -> ``RuntimeOptions.provider``.
-_PROVIDERS = {_CPU: "cpu", _CUDA: "cuda", "TensorrtExecutionProvider": "tensorrt"}
 _NUMPY_TYPES: dict[ir.DataType, type[np.generic]] = {
     ir.DataType.FLOAT: np.float32,
     ir.DataType.FLOAT16: np.float16,
@@ -65,17 +67,17 @@ _TORCH_TYPES: dict[ir.DataType, torch.dtype] = {
 def default_providers() -> list[str]:
     """CUDA then CPU when this onnxruntime build has the CUDA provider, else CPU."""
     cuda = RuntimeOptions(provider="cuda")
-    return [_CUDA, _CPU] if engine_for("ort").missing(cuda) is None else [_CPU]
+    return list(ORT_PROVIDERS["cuda" if engine_for("ort").missing(cuda) is None else "cpu"])
 
 
 def _provider(providers: Sequence[str]) -> str:
     """The ``RuntimeOptions.provider`` of an ONNX Runtime provider list (its first)."""
-    first = providers[0] if providers else _CPU
-    if first not in _PROVIDERS:
-        raise MixprecError(
-            f"unknown execution provider {first!r}: use one of {', '.join(_PROVIDERS)}"
-        )
-    return _PROVIDERS[first]
+    first = providers[0] if providers else ORT_PROVIDERS["cpu"][0]
+    found = provider_named(first)
+    if found is None:
+        known = ", ".join(names[0] for names in ORT_PROVIDERS.values())
+        raise MixprecError(f"unknown execution provider {first!r}: use one of {known}")
+    return found
 
 
 def torch_dtype_of(dtype: ir.DataType | None) -> torch.dtype | None:
@@ -155,7 +157,7 @@ class OrtRunner:
             if self._chosen or options.provider == "cpu":
                 raise
         # the default CUDA provider did not start (no device): the CPU, as ORT would
-        self.providers = [_CPU]
+        self.providers = list(ORT_PROVIDERS["cpu"])
         options = dataclasses.replace(options, provider="cpu")
         return engine_for(options).session(proto, options)
 

@@ -43,7 +43,7 @@ from mixprec.core.metrics import (
     worst_rel_l2,
 )
 from mixprec.core.ops import TOLERANCES
-from mixprec.core.output_kinds import OutputKind
+from mixprec.core.output_kinds import OutputKind, shape_class_axis
 from mixprec.io.feeds import feeds_for
 
 __all__ = [
@@ -140,8 +140,8 @@ def top1(
     ref: Sequence[Outputs], out: Sequence[Outputs], kinds: Mapping[str, OutputKind] | None = None
 ) -> float:
     """The lowest top-1 agreement over the class-score outputs: those the model's output
-    ``kinds`` call class scores, on their class axis; without them, float outputs of rank
-    >= 2 with >= 2 on the last axis."""
+    ``kinds`` call class scores, on their class axis; without them, float outputs by
+    :func:`~mixprec.core.output_kinds.shape_class_axis` (the one rule by shape)."""
     agreements = []
     for name in ref[0]:
         shape = np.shape(ref[0][name])
@@ -168,9 +168,9 @@ def _class_axis(name: str, value: np.ndarray, kinds: Mapping[str, OutputKind] | 
         kind = kinds[name]
         fits = kind.check in ("top1", "scores") and -len(shape) <= kind.axis < len(shape)
         return kind.axis if fits and shape[kind.axis] >= 2 else None
-    if np.asarray(value).dtype.kind != "f" or len(shape) < 2 or shape[-1] < 2:
+    if np.asarray(value).dtype.kind != "f":
         return None
-    return -1
+    return shape_class_axis(tuple(shape))
 
 
 def cosine(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
