@@ -233,3 +233,21 @@ def test_no_import_circles() -> None:
 
 def _is_package(module: str) -> bool:
     return (PACKAGE.parent / module.replace(".", "/") / "__init__.py").is_file()
+
+
+_WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+
+
+def test_no_hand_written_list_of_weighted_layers_outside_core() -> None:
+    """Which ops are weighted layers is the registry's fact (``layer=``), read through
+    ``core.layers`` (issue 44: the list was written 9 times with 4 memberships)."""
+    found = []
+    for module, tree in MODULES.items():
+        if _layer(module) == "core":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Tuple | ast.List | ast.Set):
+                names = {e.value for e in node.elts if isinstance(e, ast.Constant)}
+                if len(names & _WEIGHTED_OPS) >= 2:
+                    found.append(f"{module}:{node.lineno}: {sorted(names & _WEIGHTED_OPS)}")
+    assert found == [], found

@@ -30,7 +30,9 @@ import onnx_ir as ir
 from mixprec.calibrate.runner import stream_tensors
 from mixprec.core.batching import runs_within
 from mixprec.core.constants import const_tensor
+from mixprec.core.layers import is_layer
 from mixprec.core.ops import trans_b
+from mixprec.core.registry import node_info
 from mixprec.io.feeds import Feeds
 
 __all__ = [
@@ -92,8 +94,8 @@ def _ints(node: ir.Node, name: str, default: Sequence[int]) -> tuple[int, ...]:
 
 def layer_input(node: ir.Node) -> LayerInput | None:
     """What to capture for a Conv, Gemm or MatMul with a constant weight (None otherwise)."""
-    if node.op_type not in ("Conv", "Gemm", "MatMul") or len(node.inputs) < 2:
-        return None
+    if not is_layer(node) or node_info(node).int8 != "weighted" or len(node.inputs) < 2:
+        return None  # the layers INT8 quantizes (ConvTranspose: none)
     x, w = node.inputs[0], node.inputs[1]
     tensor = const_tensor(w) if w is not None else None
     if x is None or not x.name or tensor is None:

@@ -16,6 +16,8 @@ import onnx_ir as ir
 from mixprec.calibrate.runner import CalibrationResult, calibrate
 from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import iter_nodes
+from mixprec.core.layers import takes_bias
+from mixprec.core.registry import node_info
 from mixprec.io.feeds import guessed_dims, make_inputs, resolve_input_shapes
 from mixprec.io.protos import weightless_proto
 from mixprec.passes.macs import concrete_shapes, count_macs
@@ -68,7 +70,8 @@ def _weighted_inputs(model: ir.Model) -> dict[str, int]:
     weight (what bias correction needs the per-channel mean of)."""
     found: dict[str, int] = {}
     for node in model.graph:
-        if node.op_type not in ("Conv", "Gemm") or len(node.inputs) < 2:
+        # the INT8 layers with a bias to correct (Conv, Gemm; a MatMul has none)
+        if not takes_bias(node) or node_info(node).int8 != "weighted" or len(node.inputs) < 2:
             continue
         x, w = node.inputs[0], node.inputs[1]
         if x is None or w is None or not x.name or const_tensor(w) is None:

@@ -18,22 +18,20 @@ from mixprec.calibrate.observers import (
     make_observer,
 )
 from mixprec.core.graphs import all_graphs, is_constant_node
-from mixprec.core.ops import trans_b
+from mixprec.core.layers import is_layer
+from mixprec.core.ops import weight_out_axis
 from mixprec.io.external import RELEASE_EVERY, release_mapped_pages
 
 __all__ = ["static_stats"]
 
 logger = logging.getLogger(__name__)
 
-# Weight input of ops whose output channel is not axis 0: (op, input index) -> axis.
-_CHANNEL_AXIS = {("MatMul", 1): -1, ("ConvTranspose", 1): 1}
 
-
-def _channel_axis(value: ir.Value) -> int:
+def _channel_axis(value: ir.Value, ndim: int) -> int:
+    """The output-channel axis of ``value`` (of rank ``ndim``) as the weight of the first
+    layer that reads it (:func:`~mixprec.core.ops.weight_out_axis`); 0 otherwise."""
     for user, index in value.uses():
-        if user.op_type == "Gemm" and index == 1:
-            return 0 if trans_b(user) else -1
-        axis = _CHANNEL_AXIS.get((user.op_type, index))
+        axis = weight_out_axis(user, ndim) if index == 1 and is_layer(user) else None
         if axis is not None:
             return axis
     return 0
@@ -85,7 +83,9 @@ def static_stats(
                 logger.debug("range analysis: cannot read tensor %r: %s", name, e)
                 continue
             if is_float_array(array):
-                found[name] = _weight_stats(np.asarray(array), kind, bins, _channel_axis(value))
+                found[name] = _weight_stats(
+                    np.asarray(array), kind, bins, _channel_axis(value, np.ndim(array))
+                )
                 if array.nbytes >= RELEASE_EVERY:
                     release_mapped_pages(model)  # read once: let a mapped file's pages go
         for node in graph:
@@ -95,6 +95,6 @@ def static_stats(
                 continue
             array = _constant_array(node)
             if array is not None and is_float_array(array):
-                axis = _channel_axis(node.outputs[0])
+                axis = _channel_axis(node.outputs[0], array.ndim)
                 found[node.outputs[0].name] = _weight_stats(array, kind, bins, axis)
     return found

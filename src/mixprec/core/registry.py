@@ -28,6 +28,7 @@ from mixprec.core.ops import onnx_domain
 
 __all__ = [
     "INT8_ROLES",
+    "LAYER_KINDS",
     "MacArgs",
     "OpClass",
     "OpInfo",
@@ -140,6 +141,12 @@ class OpInfo:
             stays float.
         count_inputs: input indices that take a count or a shape (Range's bounds,
             Reshape's shape, TopK's k, ...): a float rounded into one decides a length.
+        layer: a weighted layer (:data:`LAYER_KINDS`): its input 0 times its weight,
+            input 1, whose output channels lie along
+            :func:`~mixprec.core.ops.weight_out_axis`; "conv" or "dense" (with a bias
+            as input 2) or "matmul" (none). :func:`mixprec.core.layers.match_layer` reads
+            it for BatchNormalization folding, smoothing, equalization, calibration's
+            layer inputs and INT8; whether INT8 quantizes the layer is its ``int8`` role.
     """
 
     classes: Mapping[str, OpClass] = field(default_factory=dict)
@@ -152,7 +159,12 @@ class OpInfo:
     macs: MacFormula | None = None
     int8: str | None = None
     count_inputs: frozenset[int] = frozenset()
+    layer: str | None = None
 
+
+#: The kinds of weighted layer (:attr:`OpInfo.layer`): "conv" (a kernel over spatial
+#: axes, bias input 2), "dense" (a matrix, bias input 2), "matmul" (a matrix, no bias).
+LAYER_KINDS = ("conv", "dense", "matmul")
 
 #: How an op takes part in INT8 (QDQ that ONNX Runtime's CPU provider fuses):
 #: "weighted": integer kernel with a constant weight (QLinearConv, QLinearMatMul, QGemm);
@@ -206,6 +218,9 @@ def _check_registration(op_type: object, domain: object, facts: Mapping[str, obj
                 "values OpClass members"
             )
     _check_indices("count_inputs", facts.get("count_inputs", frozenset()))
+    layer = facts.get("layer")
+    if layer is not None and layer not in LAYER_KINDS:
+        raise MixprecError(f"layer must be one of {', '.join(LAYER_KINDS)} or None, not {layer!r}")
     checked = facts.get("range_checked", frozenset())
     if not isinstance(checked, frozenset) or not checked <= set(_TARGETS):
         raise MixprecError(f"range_checked must be a frozenset of targets, got {checked!r}")
@@ -407,10 +422,13 @@ def _gemm_macs(a: MacArgs) -> int:
     return _prod(y) * (x[0] if a.ints.get("transA", 0) else x[-1])
 
 
-register_op("Conv", macs=_conv_macs, int8="weighted")
-register_op("ConvTranspose", macs=_conv_transpose_macs)
-register_op("MatMul", macs=_matmul_macs, int8="weighted")
-register_op("Gemm", macs=_gemm_macs, int8="weighted")
+register_op("Conv", macs=_conv_macs, int8="weighted", layer="conv")
+# ConvTranspose is a layer (BatchNormalization folds into it, smoothing scales it) but
+# no INT8 role: ONNX Runtime's CPU provider has no QLinearConvTranspose kernel to fuse
+# its QDQ into, so quantizing it would only add rounding.
+register_op("ConvTranspose", macs=_conv_transpose_macs, layer="conv")
+register_op("MatMul", macs=_matmul_macs, int8="weighted", layer="matmul")
+register_op("Gemm", macs=_gemm_macs, int8="weighted", layer="dense")
 
 
 # --- INT8 roles (ONNX Runtime CPU QDQ fusions) ------------------------------------------

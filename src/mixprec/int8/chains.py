@@ -18,12 +18,12 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec.core.constants import const_tensor
-from mixprec.core.ops import is_onnx_domain, trans_b
+from mixprec.core.layers import is_layer
+from mixprec.core.ops import is_onnx_domain, trans_b, weight_out_axis
+from mixprec.core.registry import node_info
 
 __all__ = ["DEAD_RANGE", "Layer", "Link", "Pair", "channel_spread", "find_pairs"]
 
-_CONV = ("Conv", "ConvTranspose")
-_DENSE = ("Gemm", "MatMul")
 #: f(a x) = a f(x) for a > 0, and f(x) = x for x >= 0 (a bias shift passes where x >= c >= 0).
 _RELU_LIKE = frozenset({"Relu", "PRelu", "LeakyRelu"})
 #: Per-channel pools: positively homogeneous; the ones that also commute with a shift.
@@ -55,7 +55,7 @@ class Layer:
 
     @property
     def dense(self) -> bool:
-        return self.node.op_type in _DENSE
+        return node_info(self.node).layer != "conv"
 
     @property
     def channels(self) -> int:
@@ -155,7 +155,7 @@ def find_pairs(graph: ir.Graph, skipped: dict[str, str]) -> list[Pair]:
 
     pairs: list[Pair] = []
     for node in graph:
-        if node.op_type not in (*_CONV, *_DENSE) or not is_onnx_domain(node.domain):
+        if not is_layer(node):
             continue
         found = _pair_from(node, layer_of)
         if isinstance(found, str):
@@ -190,14 +190,15 @@ def _layer(node: ir.Node) -> Layer | str:
     if isinstance(weight, str):
         return weight
     bias: np.ndarray | None = None
-    if node.op_type != "MatMul" and len(node.inputs) > 2 and node.inputs[2] is not None:
+    kind = node_info(node).layer
+    if kind != "matmul" and len(node.inputs) > 2 and node.inputs[2] is not None:
         given = _own_constant(node, 2, "bias")
         if isinstance(given, str):
             return given
         bias = given
     group = _int_attr(node, "group", 1)
     op = node.op_type
-    if op in _CONV and (weight.ndim < 3 or group < 1 or weight.shape[0] % group):
+    if kind == "conv" and (weight.ndim < 3 or group < 1 or weight.shape[0] % group):
         return "malformed weight or group"
     if op == "ConvTranspose" and group != 1:
         return "ConvTranspose with groups"
@@ -205,7 +206,8 @@ def _layer(node: ir.Node) -> Layer | str:
         return "MatMul weight is not a matrix"
     if op == "Gemm" and (weight.ndim != 2 or _int_attr(node, "transA", 0)):
         return "Gemm with transA or a non-matrix weight"
-    out_axis = {"Conv": 0, "ConvTranspose": 1, "MatMul": 1}.get(op, 0 if trans_b(node) else 1)
+    out_axis = weight_out_axis(node, weight.ndim)
+    assert out_axis is not None  # a layer's weight of rank 2 or more
     channels = weight.shape[out_axis]
     if bias is not None:
         bias = _bias_vector(bias, channels, op)
@@ -258,7 +260,7 @@ def _walk(node: ir.Node, channels: int, axis: int) -> tuple[list[Link] | str, ir
         nxt, index = uses[0].node, uses[0].idx
         if nxt.graph is not node.graph or not is_onnx_domain(nxt.domain):
             return f"{value.name!r} feeds {nxt.op_type} in another graph or domain", None
-        if nxt.op_type in (*_CONV, *_DENSE) and index == 0:
+        if is_layer(nxt) and index == 0:
             return links, nxt
         link = _link(nxt, index, channels, axis)
         if isinstance(link, str):

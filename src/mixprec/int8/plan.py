@@ -24,6 +24,7 @@ import onnx_ir as ir
 
 from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import NodeExclusions, iter_nodes
+from mixprec.core.layers import is_layer, match_layer
 from mixprec.core.ops import is_onnx_domain
 from mixprec.core.registry import node_info
 
@@ -63,11 +64,8 @@ def _float(value: ir.Value | None) -> bool:
 
 def weight_index(node: ir.Node) -> int | None:
     """The input index of a weighted op's constant weight (None: no constant weight)."""
-    if node.op_type in ("Conv", "Gemm", "MatMul") and len(node.inputs) > 1:
-        weight = node.inputs[1]
-        if weight is not None and const_tensor(weight) is not None:
-            return 1
-    return None
+    layer = match_layer(node)
+    return 1 if not isinstance(layer, str) and layer.int8 else None
 
 
 class AnnotateInt8Pass(ir.passes.InPlacePass):
@@ -156,7 +154,7 @@ def _is_int8(node: ir.Node) -> bool:
 
 def dynamic_candidate(node: ir.Node) -> str | None:
     """None when ``node`` can run as a dynamic INT8 MatMul, else why not."""
-    if node.op_type not in ("MatMul", "Gemm") or not is_onnx_domain(node.domain):
+    if not is_layer(node) or node_info(node).layer == "conv":
         return f"{node.op_type}: dynamic mode quantizes MatMul/Gemm weights only"
     x = node.inputs[0]
     w = node.inputs[1] if len(node.inputs) > 1 else None

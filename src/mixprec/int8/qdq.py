@@ -27,6 +27,7 @@ from mixprec.calibrate.measure import calibration_of
 from mixprec.calibrate.observers import TensorStats
 from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import UniqueNames, add_initializer
+from mixprec.core.layers import takes_bias
 from mixprec.core.ops import trans_b, weight_out_axis
 from mixprec.int8.adaround import ROUNDING, LearnedCodes
 from mixprec.int8.bias import output_shift
@@ -278,7 +279,7 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
         x_params = qparams.get(x) if x is not None else None
         if self.bias_correction and x is not None and (x.name or "") in self._means:
             self._correct_bias(node, array, data, params, self._means[x.name or ""], result)
-        if node.op_type in ("Conv", "Gemm") and len(node.inputs) > 2 and node.inputs[2] is not None:
+        if takes_bias(node) and len(node.inputs) > 2 and node.inputs[2] is not None:
             self._quantize_bias(node, x_params, params, result)
 
     def _correct_bias(

@@ -46,6 +46,7 @@ import onnx_ir as ir
 from mixprec.calibrate.runner import calibrate
 from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import NodeExclusions, UniqueNames, add_initializer
+from mixprec.core.layers import is_layer, match_layer
 from mixprec.core.ops import is_onnx_domain, trans_b
 from mixprec.int8.plan import KEEP_FLOAT
 from mixprec.io.protos import weightless_proto
@@ -86,7 +87,6 @@ ROWS_PER_SAMPLE = 64
 SCORED_COLUMNS = 256
 #: ``smooth="auto"`` runs where the layers it could smooth hold this share of the MACs.
 AUTO_MAC_SHARE = 0.5
-_WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 # s is kept within [1/_S_LIMIT, _S_LIMIT]; channel maxima below _FLOOR count as _FLOOR.
 _S_LIMIT = 1e4
 _FLOOR = 1e-5
@@ -203,16 +203,15 @@ def head_of(data: Any, most: int = SAMPLES) -> tuple[list[Any], Any]:
 
 def _layer(node: ir.Node) -> _Layer | None:
     """The MatMul/Gemm's constant 2-D float weight as [channels, outputs], or None."""
-    if node.op_type not in ("MatMul", "Gemm") or not is_onnx_domain(node.domain):
-        return None
-    if len(node.inputs) < 2 or node.inputs[0] is None or node.inputs[1] is None:
+    layer = match_layer(node)
+    if isinstance(layer, str) or layer.kind == "conv":
         return None
     if node.op_type == "Gemm":
         trans_a = node.attributes.get("transA")
         if trans_a is not None and trans_a.as_int():
             return None
-    tensor = const_tensor(node.inputs[1])
-    if tensor is None or tensor.dtype != ir.DataType.FLOAT or len(tensor.shape) != 2:
+    tensor = layer.tensor
+    if tensor.dtype != ir.DataType.FLOAT or len(tensor.shape) != 2:
         return None
     return _Layer(node, tensor, node.op_type == "Gemm" and trans_b(node))
 
@@ -246,7 +245,7 @@ def _mac_share(model: ir.Model, groups: Mapping[ir.Value, list[_Layer]], sample:
     shaped, shapes = concrete_shapes(proto, inputs)
     known = {k: [1 if d is None else d for d in v] for k, v in shapes.items()}
     macs = count_macs(shaped, known)
-    total = sum(macs.get(n.name or "", 0) for n in model.graph if n.op_type in _WEIGHTED)
+    total = sum(macs.get(n.name or "", 0) for n in model.graph if is_layer(n))
     grouped = sum(macs.get(layer.node.name or "", 0) for ls in groups.values() for layer in ls)
     return grouped / total if total else 1.0
 

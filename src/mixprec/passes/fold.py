@@ -13,6 +13,7 @@ import onnx_ir as ir
 
 from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import UniqueNames, iter_nodes
+from mixprec.core.layers import takes_bias
 from mixprec.core.ops import is_onnx_domain, weight_out_axis
 
 __all__ = ["BN_STATS", "FoldBatchNormPass", "FoldBatchNormResult"]
@@ -86,7 +87,7 @@ class FoldBatchNormPass(ir.passes.InPlacePass):
             return "uses running statistics outputs"
         x = bn.inputs[0]
         producer = x.producer() if x is not None else None
-        if producer is None or producer.op_type not in ("Conv", "ConvTranspose", "Gemm"):
+        if producer is None or not takes_bias(producer):
             return ""  # nothing to fold into: not worth reporting
         if producer.graph is not bn.graph:
             return "producer in another graph"

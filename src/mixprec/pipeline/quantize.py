@@ -23,6 +23,7 @@ import onnx_ir.passes.common as common
 
 from mixprec.calibrate.measure import MACS, CalibratePass, CountMacsPass, calibration_of, node_macs
 from mixprec.core.errors import MixprecError
+from mixprec.core.layers import is_layer
 from mixprec.core.ops import QDQ_OPS
 from mixprec.int8.config import DYNAMIC_MAC_SHARE, PER_CHANNEL_OPSET, QuantizeConfig
 from mixprec.int8.dynamic import QuantizeDynamicPass, QuantizeDynamicResult
@@ -298,7 +299,7 @@ def choose_mode(model: ir.Model, config: QuantizeConfig) -> tuple[QuantizeConfig
     matmul = total = 0
     for node in model.graph:
         macs = by_name.get(node.name or "", 0)
-        if node.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm"):
+        if is_layer(node):
             total += macs
             if dynamic_candidate(node) is None:
                 matmul += macs

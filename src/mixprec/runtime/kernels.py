@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 import onnx
 import onnx_ir as ir
 
+from mixprec.core.registry import registered
 from mixprec.runtime.engine import Engine, RuntimeOptions
 from mixprec.runtime.engines import engine_for
 
@@ -29,17 +30,11 @@ INTEGER_KERNELS = frozenset(
         "QLinearConvTranspose",
     }
 )
+#: ONNX Runtime kernels that run a weighted layer in float: the layers themselves (the
+#: registry's) and ORT's fused forms of them.
 FLOAT_KERNELS = frozenset(
-    {
-        "Conv",
-        "ConvTranspose",
-        "MatMul",
-        "Gemm",
-        "FusedConv",
-        "FusedMatMul",
-        "FusedGemm",
-        "NchwcConv",
-    }
+    {op for (domain, op), info in registered() if info.layer and not domain}
+    | {"FusedConv", "FusedMatMul", "FusedGemm", "NchwcConv"}
 )
 
 
