@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from mixprec.core.metrics import rel_l2_error
 from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.ort import run_model
 from proto_builders import (
@@ -18,7 +19,6 @@ from proto_builders import (
     _fp16_mlp,
     _low_tensor_types,
     _model,
-    _rel_l2,
     _tensor,
     _vi,
 )
@@ -38,8 +38,8 @@ def test_emulated_fp16_model_matches_real_fp16_run() -> None:
     fp32 = np.maximum(
         x @ numpy_helper.to_array(converted.graph.initializer[0]).astype(np.float32), 0
     )
-    assert _rel_l2(emu, real) <= 1e-3, f"emulated vs fp16 rel L2 {_rel_l2(emu, real)}"
-    assert _rel_l2(emu, fp32) > 0, "emulation should differ from pure fp32"
+    assert rel_l2_error(emu, real) <= 1e-3, f"emulated vs fp16 rel L2 {rel_l2_error(emu, real)}"
+    assert rel_l2_error(emu, fp32) > 0, "emulation should differ from pure fp32"
     # every value the emulated model outputs is representable in float16
     _assert_bits_equal(emu, emu.astype(np.float16).astype(np.float32))
 
@@ -53,7 +53,7 @@ def test_emulated_low_precision_graph_inputs_and_outputs() -> None:
     x = np.random.default_rng(3).standard_normal((4, 16)).astype(np.float32)
     real = run_model(converted, {"x": x.astype(np.float16)})["y"]
     emu = run_model(emulated, {"x": x})["y"]  # fed as float32: rounded inside
-    assert _rel_l2(emu, real) <= 1e-3, f"emulated vs fp16 rel L2 {_rel_l2(emu, real)}"
+    assert rel_l2_error(emu, real) <= 1e-3, f"emulated vs fp16 rel L2 {rel_l2_error(emu, real)}"
 
 
 def test_emulated_bfloat16_rounding_is_exact() -> None:

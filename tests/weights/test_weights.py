@@ -515,3 +515,37 @@ def test_a_registered_method_is_what_auto_and_its_name_run(methods_restored) -> 
         np.array_equal(packed[0][k], packed[2][k]) and np.array_equal(packed[1][k], packed[2][k])
         for k in packed[2]
     )
+
+
+def test_the_weight_only_guard_reads_outputs_as_rows() -> None:
+    """Issue 43/44: the weight-only check reads each output as the INT8 guard does (one
+    OutputCheck schema: class scores by argmax rows, embedding rows at the cosine bound
+    and their neighbours; rel L2 a second figure), reports a reading below the INT8
+    defaults unless a budget is given, and fails where a budget is given and missed."""
+    model, _ = _linear(64, 48)
+    data = [{"x": RNG.standard_normal((2, 3, 64)).astype(np.float32)} for _ in range(4)]
+    result = mixprec.quantize(model, data, weights="int4", block_size=32, weight_method="rtn")
+    guard = result.report.guard
+    kinds = {(c["output"], c["kind"]) for c in guard["checks"]}
+    assert {("h", "top1"), ("y", "row-cosine"), ("y", "neighbours")} == kinds, kinds
+    assert all("rel_l2" in c and "reason" in c for c in guard["checks"])
+    assert all(c["rows"] == 4 * 2 * 3 and c["passed"] for c in guard["checks"])
+    assert "'y' rows at the cosine bound 1, nearest neighbours kept 1" in guard["summary"]
+    assert guard["passed"] and "reported only" not in guard["summary"]
+
+    # one outlier per block of 32 that the inputs never read: RTN's 4-bit step is then
+    # wider than every weight the output depends on, and they all round to zero
+    weights = (RNG.standard_normal((64, 48)) * 0.05).astype(np.float32)
+    weights[::32] = 1000.0
+    lossy, _ = _linear(64, 48)
+    lossy = _model(list(lossy.graph.node), list(lossy.graph.input), list(lossy.graph.output),
+                   {"W": weights})  # fmt: skip
+    for feeds in data:
+        feeds["x"][..., ::32] = 0.0
+    options = {"weights": "int4", "block_size": 32, "weight_method": "rtn", "ratio": 1.0}
+    reported = mixprec.quantize(lossy, data, **options).report.guard
+    cosine = next(c for c in reported["checks"] if c["kind"] == "row-cosine")
+    assert cosine["value"] < 0.5 and not cosine["passed"], cosine
+    assert reported["passed"] and "reported only" in reported["summary"], reported["summary"]
+    held = mixprec.quantize(lossy, data, max_drop=0.1, **options).report.guard
+    assert not held["passed"] and "output check FAILED" in held["summary"], held["summary"]

@@ -95,9 +95,13 @@ class WeightsConfig:
             :data:`PRECISIONS`), over the defaults above; exclusions still win.
         shapes: concrete shapes for symbolic input dims (the checks' generated inputs).
         guard: run the model on the samples and compare its outputs with FP32 (ONNX
-            Runtime): the report shows each output's rel L2 and top-1 agreement.
-        guard_drop: a top-1 agreement below 1 - drop fails the check (None: not enforced).
-        guard_rel_l2: a rel L2 above this fails the check (None: not enforced).
+            Runtime): the report reads each output as rows of answers, as the INT8 guard
+            does (:mod:`mixprec.guard.weights`), with its rel L2 beside them.
+        guard_drop: a share of rows (top-1, rows at the cosine bound, neighbours, ...)
+            below 1 - drop fails the check (None: reported against the INT8 defaults,
+            not enforced).
+        guard_rel_l2: a rel L2 (the worst channel's) above this fails the check (None:
+            not enforced).
         guard_kl: a language model's mean next-token KL(FP32 || quantized) in nats above
             this fails the language-model guard (None: its default, 0.03).
         guard_perplexity: a language model's accepted relative perplexity rise on the
