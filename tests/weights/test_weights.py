@@ -395,7 +395,8 @@ def test_cli_writes_a_smaller_model_onnx_runtime_runs(tmp_path: Path, capsys) ->
                "--calibration-data", str(calib)])  # fmt: skip
     text = capsys.readouterr().out
     assert rc == 0, text
-    assert "weight-only MatMul 2 int4, 1 int8; outputs vs FP32 on 4 calibration samples" in text
+    want = "MatMul 2 int4, 1 int8; outputs vs FP32 on 1 held-out calibration sample: 'logits'"
+    assert want in text, text
     written = onnx.load(str(out))
     assert written.ir_version == 10
     assert {"MatMulNBits", "GatherBlockQuantized"} <= set(_ops(written))
@@ -549,3 +550,23 @@ def test_the_weight_only_guard_reads_outputs_as_rows() -> None:
     assert reported["passed"] and "reported only" in reported["summary"], reported["summary"]
     held = mixprec.quantize(lossy, data, max_drop=0.1, **options).report.guard
     assert not held["passed"] and "output check FAILED" in held["summary"], held["summary"]
+
+
+def test_the_check_samples_are_held_out_of_the_calibration() -> None:
+    """The weight-only check draws its samples from the guard's one split (a seeded fifth
+    of the calibration samples, at most 4), so a data-aware method is never checked on
+    the samples it fitted; with too few samples every one does both, and says so."""
+    from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
+
+    model, _ = _linear(64, 48)
+    data = [{"x": RNG.standard_normal((2, 3, 64)).astype(np.float32)} for _ in range(10)]
+    options = {"weights": "int4", "block_size": 32, "ratio": 1.0}
+    guard = mixprec.quantize(model, data, **options).report.guard
+    held = held_out_indices(10, share=WINDOWS_HELD_OUT_SHARE, cap=4)
+    assert len(held) == 2 and guard["samples"] == 2, guard
+    assert guard["eval"] == "held-out calibration samples", guard["eval"]
+    assert "on 2 held-out calibration samples" in guard["summary"], guard["summary"]
+    few = mixprec.quantize(model, data[:3], **options).report.guard
+    assert few["samples"] == 3 and few["eval"] == "calibration samples", few
+    given = mixprec.quantize(model, data, eval_data=data[:1], **options).report.guard
+    assert given["samples"] == 1 and given["eval"] == "eval samples", given

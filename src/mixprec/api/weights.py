@@ -12,7 +12,7 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.guard.language import cache_note, is_language_model, language_model_guard
-from mixprec.guard.weights import output_check
+from mixprec.guard.weights import output_check, output_check_data
 from mixprec.io.models import ModelLike, load_input
 from mixprec.io.protos import weightless_proto
 from mixprec.io.text import DEFAULT_WINDOW, TextData
@@ -84,6 +84,8 @@ def quantize_weights(
     guard: WeightsGuard = weights_guard or output_check
     if weights_guard is None and config.guard and is_language_model(work):
         calibration_data, eval_data, guard = language_model_guard(work, calibration_data, eval_data)
+    elif weights_guard is None and config.guard:
+        calibration_data, eval_data, guard = output_check_data(work, calibration_data, eval_data)
     # a model with external data stays memory-mapped (pipeline.streamed's module doc);
     # others are copied into one proto, as the stages and checks of a small model read it
     source: Source = work if keeps_mapped(work, config) else ir.to_proto(work)

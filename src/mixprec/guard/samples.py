@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from mixprec.core.held_out import held_out_draw
 from mixprec.io.feeds import calibration_feeds
 from mixprec.io.samples import NpzSamples
 
@@ -191,9 +192,8 @@ def held_out_indices(
 ) -> list[int]:
     """The positions held out of ``count`` samples (:data:`GUARD_MIN_SAMPLES` or more): a
     seeded random ``share``, at least one and at most ``cap``, sorted. The same draw
-    every run."""
-    size = min(cap, max(1, round(count * share)))
-    return sorted(np.random.default_rng(seed).choice(count, size, replace=False).tolist())
+    every run (:func:`~mixprec.core.held_out.held_out_draw`, with the guard's share)."""
+    return held_out_draw(count, share, cap, seed)
 
 
 def held_out_cap(model: ir.Model, first: Mapping[str, Any]) -> int:

@@ -11,30 +11,53 @@ user's budget says how far is too far)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
+from typing import Any
 
 import onnx_ir as ir
 
 from mixprec.core.metrics import worst_rel_l2
 from mixprec.core.output_kinds import OutputKind, classify_outputs
 from mixprec.guard.checks import GuardBudget, OutputCheck, check_outputs
+from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, split_for_guard
 from mixprec.io.feeds import feeds_for
 from mixprec.pipeline.streamed import Outputs
-from mixprec.pipeline.weights import GuardContext, WeightsReport
+from mixprec.pipeline.weights import CHECK_SAMPLES, GuardContext, WeightsGuard, WeightsReport
 from mixprec.weights.config import WeightsConfig
 from mixprec.weights.select import class_score_outputs
 
-__all__ = ["output_check"]
+__all__ = ["output_check", "output_check_data"]
+
+
+def output_check_data(
+    work: ir.Model, calibration_data: Any, eval_data: Any
+) -> tuple[Any, Any, WeightsGuard]:
+    """The output check's data and guard: ``eval_data`` when given, else the check samples
+    held out of the calibration samples by the guard's one split
+    (:func:`~mixprec.guard.samples.split_for_guard`: a seeded fifth, at most
+    :data:`~mixprec.pipeline.weights.CHECK_SAMPLES`), so that a data-aware method (AWQ,
+    GPTQ) is not checked on the samples it fitted; fewer than
+    :data:`~mixprec.guard.samples.GUARD_MIN_SAMPLES`: every one does both."""
+    if eval_data is not None or calibration_data is None:
+        return calibration_data, eval_data, output_check
+    split = split_for_guard(calibration_data, None, work, WINDOWS_HELD_OUT_SHARE, CHECK_SAMPLES)
+    if split.in_sample:
+        return calibration_data, None, output_check
+    check = functools.partial(output_check, where="held-out calibration samples")
+    return split.calibration, split.held, check
 
 
 def output_check(
-    model: ir.Model, report: WeightsReport, context: GuardContext
+    model: ir.Model, report: WeightsReport, context: GuardContext, where: str | None = None
 ) -> tuple[ir.Model, WeightsReport]:
     """The default :data:`WeightsGuard`: each output against FP32 on the check samples,
     read as rows (module doc); fails on non-finite values where FP32 is finite, and on a
-    reading that misses a budget given (``guard_rel_l2``, ``guard_drop``)."""
+    reading that misses a budget given (``guard_rel_l2``, ``guard_drop``). ``where``
+    names the check samples (default: the context's)."""
     config = context.config
+    where = where or context.where
     feeds = [feeds_for(model, s) for s in context.samples]
     got = context.runs.quantized(model, feeds)
     reference = context.runs.fp32(feeds)
@@ -48,9 +71,9 @@ def output_check(
         "passed": passed,
         "checks": [{**c.to_dict(), "rel_l2": rel.get(c.output)} for c in checks],
         "samples": len(feeds),
-        "eval": context.where,
+        "eval": where,
         "enforced": enforced,
-        "summary": _summary(report, checks, rel, passed, len(feeds), context.where)
+        "summary": _summary(report, checks, rel, passed, len(feeds), where)
         + _unenforced(checks, enforced),
     }
     return model, report

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from mixprec.core.errors import MixprecError
+from mixprec.core.held_out import held_out_draw
 
 __all__ = [
     "BACKENDS",
@@ -55,7 +56,8 @@ ROUNDING = "mixprec.rounding"
 _ZETA, _GAMMA = 1.1, -0.1  # the rectified sigmoid's stretch
 _BETA = (20.0, 2.0)
 _WARMUP = 0.2
-_HOLD_OUT = 4  # every 4th row checks the fit
+#: The share of a layer's rows held out to check the fit (the guard's one seeded draw).
+_HOLD_OUT_SHARE = 0.25
 #: Fewest fitting rows per weight of one output channel. With fewer, the up/down choices
 #: fit the rows, not the layer: on PP-OCR cls, squeeze-excite convolutions (one row per
 #: image, 96 rows for 32-88 weights) lowered their held-out error and raised the model's.
@@ -286,7 +288,8 @@ def learn_rounding(
     if n == 0:
         return RoundingFit(nearest.astype(np.int8), math.nan, math.nan, math.nan, 0, 0, "no rows")
     b_rows = rows if quantized_rows is None else quantized_rows
-    held = np.arange(n) % _HOLD_OUT == _HOLD_OUT - 1
+    held = np.zeros(n, dtype=bool)
+    held[held_out_draw(n, _HOLD_OUT_SHARE, n)] = True
     with ops.threads(budget.threads):
         check = _Quadratic(ops, w, rows[:, held], b_rows[:, held])
         base = check.per_channel(ops.array(s * (nearest - ratio)))
