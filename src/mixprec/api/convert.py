@@ -9,19 +9,18 @@ dir gets the graphs and the report. ``max_error=`` hands the call to :func:`mixp
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
 import onnx_ir as ir
 
+from mixprec.api import envelope
 from mixprec.api.tune import tune
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
-from mixprec.io.models import ModelLike, load_input
+from mixprec.io.models import ModelLike
 from mixprec.pipeline.convert import CalibrationData, ConversionResult, resolve_config, run_convert
 from mixprec.pipeline.report import Report
-from mixprec.report.logdir import write_log_dir
 
 __all__ = ["annotate", "convert", "inspect"]
 
@@ -39,18 +38,12 @@ def _run(
     config = resolve_config(target_dtype, config, options)
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be callable, not {type(progress).__name__}")
-    t0 = time.perf_counter()
-    if progress is not None:
-        progress("loading")
-    work, kind = load_input(model, base_dir)
+    work, kind, load_s = envelope.load(model, base_dir, progress)
     before = ir.to_proto(work) if config.log_dir is not None else None
-    load_s = time.perf_counter() - t0
     work, report = run_convert(
         work, config, calibration_data=calibration_data, progress=progress, until=until
     )
-    report.timings = {"load": load_s, **report.timings}
-    if before is not None and config.log_dir is not None:
-        write_log_dir(config.log_dir, before, work, report)
+    envelope.finish(report, load_s, config.log_dir, before, work)
     return ConversionResult(work, report, kind)
 
 

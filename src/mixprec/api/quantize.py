@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
 import onnx_ir as ir
 
+from mixprec.api import envelope
 from mixprec.api.weights import quantize_weights
 from mixprec.core.errors import MixprecError
 from mixprec.guard.int8 import EvalData, guarded_quantize, quantize_once
@@ -25,7 +25,6 @@ from mixprec.io.models import ModelLike, load_input
 from mixprec.pipeline.convert import CalibrationData, ConversionResult
 from mixprec.pipeline.quantize import plan_model, resolve_qconfig
 from mixprec.pipeline.report import Report
-from mixprec.report.logdir import write_log_dir
 
 __all__ = ["plan_int8", "quantize"]
 
@@ -101,24 +100,18 @@ def quantize(
             eval_data=eval_data, **options,
         )  # fmt: skip
     config = resolve_qconfig(config, options)
-    t0 = time.perf_counter()
-    if progress is not None:
-        progress("loading")
-    work, kind = load_input(model, base_dir)
+    work, kind, load_s = envelope.load(model, base_dir, progress)
     files = input_files(work)  # one file: the model holds all its weights
     source = ir.to_proto(work)  # the input is read once: every later copy is made from it
     del work  # not held beside the copies made from ``source`` (one model's weights less)
     before = source if config.log_dir is not None else None
-    load_s = time.perf_counter() - t0
     if config.guard and (calibration_data is not None or eval_data is not None):
         work, report = guarded_quantize(source, config, calibration_data, eval_data, progress)
     else:
         why = _unguarded(config)
         work, report = quantize_once(source, config, calibration_data, progress)
         report.notes.append(why)
-    report.timings = {"load": load_s, **report.timings}
-    if before is not None and config.log_dir is not None:
-        write_log_dir(config.log_dir, before, work, report)
+    envelope.finish(report, load_s, config.log_dir, before, work)
     whole = next(iter(files)) if kind == "path" and len(files) == 1 else None
     return ConversionResult(work, report, kind, source_file=whole if report.unchanged else None)
 

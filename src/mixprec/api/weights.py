@@ -4,22 +4,21 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Callable
 from typing import Any
 
 import onnx
 import onnx_ir as ir
 
+from mixprec.api import envelope
 from mixprec.guard.language import cache_note, is_language_model, language_model_guard
 from mixprec.guard.weights import output_check, output_check_data
-from mixprec.io.models import ModelLike, load_input
+from mixprec.io.models import ModelLike
 from mixprec.io.protos import weightless_proto
 from mixprec.io.text import DEFAULT_WINDOW, TextData
 from mixprec.pipeline.convert import CalibrationData, ConversionResult
 from mixprec.pipeline.streamed import Source, keeps_mapped
 from mixprec.pipeline.weights import WeightsGuard, run_weights
-from mixprec.report.logdir import write_log_dir
 from mixprec.weights.config import WeightsConfig, weights_config
 
 __all__ = ["quantize_weights"]
@@ -75,10 +74,7 @@ def quantize_weights(
         >>> result.save("llm.int4.onnx")                                    # doctest: +SKIP
     """
     config = weights_config(weights, options)
-    t0 = time.perf_counter()
-    if progress is not None:
-        progress("loading")
-    work, kind = load_input(model, base_dir)
+    work, kind, load_s = envelope.load(model, base_dir, progress)
     texts = TextData(model, tokenizer, text_window, work)
     calibration_data, eval_data = texts.read(calibration_data), texts.read(eval_data)
     guard: WeightsGuard = weights_guard or output_check
@@ -91,7 +87,6 @@ def quantize_weights(
     source: Source = work if keeps_mapped(work, config) else ir.to_proto(work)
     no_cache = cache_note(work)
     del work
-    load_s = time.perf_counter() - t0
     model_out, report = run_weights(
         source,
         config,
@@ -103,12 +98,12 @@ def quantize_weights(
     report.notes.extend(texts.notes())
     if no_cache:
         report.notes.append(no_cache)
-    report.timings = {"load": load_s, **report.timings}
+    before = None
     if config.log_dir is not None:
         before = (
             source
             if isinstance(source, onnx.ModelProto)
             else weightless_proto(source, with_arrays=False)[0]
         )
-        write_log_dir(config.log_dir, before, model_out, report)
+    envelope.finish(report, load_s, config.log_dir, before, model_out)
     return ConversionResult(model_out, report, kind)
