@@ -31,8 +31,13 @@ from onnx import TensorProto, helper, numpy_helper
 import mixprec
 from mixprec.passes.macs import concrete_shapes, count_macs
 from mixprec.runtime.emulate import emulate_low_precision
-from mixprec.runtime.ort import run_model
+from mixprec.runtime.engine import RuntimeOptions
+from mixprec.runtime.engines import run_model
 from mixprec.tune.metrics import rel_l2
+
+#: ONNX Runtime with its basic graph optimizations, as the tests' references run.
+BASIC = RuntimeOptions("ort", optimization="basic")
+OFF = RuntimeOptions("ort", optimization="off")
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CORPUS = Path(os.environ.get("MIXPREC_CORPUS", "~/.cache/mixprec/corpus")).expanduser()
@@ -112,10 +117,10 @@ def _low_mac_share(model: onnx.ModelProto, original: onnx.ModelProto, feeds) -> 
 
 
 def _measure(model, original, samples) -> tuple[float, float]:
-    ref = [run_model(original, s) for s in samples]
-    as_is = [run_model(model, s) for s in samples]
+    ref = [run_model(original, s, BASIC) for s in samples]
+    as_is = [run_model(model, s, BASIC) for s in samples]
     emulated = emulate_low_precision(model)
-    emu = [run_model(emulated, s, optimize=False) for s in samples]
+    emu = [run_model(emulated, s, OFF) for s in samples]
     return rel_l2(ref, as_is), rel_l2(ref, emu)
 
 

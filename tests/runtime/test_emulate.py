@@ -9,7 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from mixprec.core.metrics import rel_l2_error
 from mixprec.runtime.emulate import emulate_low_precision
-from mixprec.runtime.ort import run_model
+from mixprec.runtime.engine import RuntimeOptions
+from mixprec.runtime.engines import run_model
 from proto_builders import (
     BF16,
     F16,
@@ -23,6 +24,9 @@ from proto_builders import (
     _vi,
 )
 
+#: ONNX Runtime with its basic graph optimizations, as the tests' references run.
+BASIC = RuntimeOptions("ort", optimization="basic")
+
 
 def test_emulated_fp16_model_matches_real_fp16_run() -> None:
     _, converted = _fp16_mlp()
@@ -33,8 +37,8 @@ def test_emulated_fp16_model_matches_real_fp16_run() -> None:
     assert not _low_tensor_types(emulated), _low_tensor_types(emulated)
 
     x = np.random.default_rng(2).standard_normal((4, 16)).astype(np.float32)
-    real = run_model(converted, {"x": x})["y"]
-    emu = run_model(emulated, {"x": x})["y"]
+    real = run_model(converted, {"x": x}, BASIC)["y"]
+    emu = run_model(emulated, {"x": x}, BASIC)["y"]
     fp32 = np.maximum(
         x @ numpy_helper.to_array(converted.graph.initializer[0]).astype(np.float32), 0
     )
@@ -51,8 +55,8 @@ def test_emulated_low_precision_graph_inputs_and_outputs() -> None:
     assert emulated.graph.input[0].type.tensor_type.elem_type == F32
     assert emulated.graph.output[0].type.tensor_type.elem_type == F32
     x = np.random.default_rng(3).standard_normal((4, 16)).astype(np.float32)
-    real = run_model(converted, {"x": x.astype(np.float16)})["y"]
-    emu = run_model(emulated, {"x": x})["y"]  # fed as float32: rounded inside
+    real = run_model(converted, {"x": x.astype(np.float16)}, BASIC)["y"]
+    emu = run_model(emulated, {"x": x}, BASIC)["y"]  # fed as float32: rounded inside
     assert rel_l2_error(emu, real) <= 1e-3, f"emulated vs fp16 rel L2 {rel_l2_error(emu, real)}"
 
 
@@ -76,7 +80,7 @@ def test_emulated_bfloat16_rounding_is_exact() -> None:
     special = [np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1e-40, -0.0, 1.00390625, 1.01171875]
     x = np.concatenate([rng.standard_normal(20000) * 10.0 ** rng.integers(-30, 30, 20000), special])
     x = x.astype(np.float32)
-    out = run_model(emulated, {"x": x})
+    out = run_model(emulated, {"x": x}, BASIC)
     rounded = x.astype(ml_dtypes.bfloat16).astype(np.float32)
     _assert_bits_equal(out["y_round"], rounded)
     # a product of two bfloat16 values is exact in float32, so this is correctly rounded
@@ -124,8 +128,8 @@ def test_emulated_if_subgraph_model() -> None:
     x = np.array([0.3, 1.7, 2.9], np.float32)
     for cond in (True, False):
         feeds = {"x": x, "c": np.array(cond)}
-        real = run_model(converted, feeds)["y"]
-        emu = run_model(emulated, feeds)["y"]
+        real = run_model(converted, feeds, BASIC)["y"]
+        emu = run_model(emulated, feeds, BASIC)["y"]
         _assert_bits_equal(emu, real)  # fp16 Mul/Add/Sqrt are correctly rounded both ways
 
 
@@ -157,7 +161,9 @@ def test_emulated_loop_body_with_low_carried_value() -> None:
     onnx.checker.check_model(emulated, full_check=True)
     assert not _low_tensor_types(emulated), _low_tensor_types(emulated)
     feeds = {"x": np.array([0.3, 1.7, -2.9], np.float32)}
-    _assert_bits_equal(run_model(emulated, feeds)["y"], run_model(converted, feeds)["y"])
+    _assert_bits_equal(
+        run_model(emulated, feeds, BASIC)["y"], run_model(converted, feeds, BASIC)["y"]
+    )
 
 
 # --------------------------------------------------------------------------- the pass on onnx_ir

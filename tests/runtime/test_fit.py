@@ -12,8 +12,12 @@ from onnx import TensorProto, helper
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
 from mixprec.io.feeds import guessed_dims, make_inputs, resolve_input_shapes
+from mixprec.runtime.engine import RuntimeOptions
+from mixprec.runtime.engines import run_model
 from mixprec.runtime.fit import fit_shapes
-from mixprec.runtime.ort import run_model
+
+#: ONNX Runtime with its basic graph optimizations, as the tests' references run.
+BASIC = RuntimeOptions("ort", optimization="basic")
 
 
 def _model(nodes, inputs, outputs, inits=()) -> onnx.ModelProto:
@@ -40,7 +44,7 @@ def _runner(model: onnx.ModelProto):
     def attempt(shapes: dict[str, list[int]]) -> dict[str, np.ndarray]:
         runs.append({k: list(v) for k, v in shapes.items()})
         feeds, _ = make_inputs(model, shapes=shapes, seed=0)
-        return run_model(model, feeds)
+        return run_model(model, feeds, BASIC)
 
     return runs, attempt
 
@@ -66,7 +70,7 @@ def test_the_dims_onnxruntime_names_are_taken_from_its_message() -> None:
 
     def attempt(shapes: dict[str, list[int]]) -> dict[str, np.ndarray]:
         runs.append({k: list(v) for k, v in shapes.items()})
-        return run_model(model, {"x": np.ones(shapes["x"], np.float32)})
+        return run_model(model, {"x": np.ones(shapes["x"], np.float32)}, BASIC)
 
     # a wrong first guess for a dim ORT knows: its refusal says what it expected
     _, used, notes = fit_shapes({"x": [2, 64]}, {("x", 1): "?"}, attempt)

@@ -12,7 +12,9 @@ from onnx import helper
 
 from mixprec.calibrate.runner import collect_absmax
 from mixprec.core.errors import MixprecError
-from mixprec.runtime.ort import make_session, run_model, session_for
+from mixprec.runtime.engine import RuntimeOptions
+from mixprec.runtime.engines import run_model
+from mixprec.runtime.ort import make_session, session_for
 from proto_builders import (
     BF16,
     F32,
@@ -22,6 +24,9 @@ from proto_builders import (
     _tensor,
     _vi,
 )
+
+#: ONNX Runtime with its basic graph optimizations, as the tests' references run.
+BASIC = RuntimeOptions("ort", optimization="basic")
 
 
 def test_run_model_sources_and_errors(tmp_path: Path) -> None:
@@ -35,14 +40,14 @@ def test_run_model_sources_and_errors(tmp_path: Path) -> None:
     path = tmp_path / "add.onnx"
     onnx.save_model(model, path)
     for source in (model, model.SerializeToString(), str(path), path):
-        out = run_model(source, feeds, threads=1)
+        out = run_model(source, feeds, RuntimeOptions("ort", threads=1, optimization="basic"))
         np.testing.assert_array_equal(out["y"], want, err_msg=f"source {type(source)}")
-    assert list(run_model(model, feeds, output_names=["y"])) == ["y"]
+    assert list(run_model(model, feeds, BASIC, output_names=["y"])) == ["y"]
 
     with pytest.raises(MixprecError, match=r"^onnxruntime failed to run the model: "):
-        run_model(model, {"a": feeds["a"]})
+        run_model(model, {"a": feeds["a"]}, BASIC)
     with pytest.raises(MixprecError, match=r"^onnxruntime cannot load the model: "):
-        run_model(b"not a model", feeds)
+        run_model(b"not a model", feeds, BASIC)
 
 
 def test_run_model_bfloat16_inputs_and_outputs() -> None:
@@ -55,7 +60,7 @@ def test_run_model_bfloat16_inputs_and_outputs() -> None:
         [_vi("y", BF16, [3])],
     )
     x = np.array([1.5, -2.25, 3.0e38], ml_dtypes.bfloat16)
-    out = run_model(model, {"x": x})["y"]
+    out = run_model(model, {"x": x}, BASIC)["y"]
     assert out.dtype == np.dtype(ml_dtypes.bfloat16), out.dtype
     _assert_bits_equal(out.astype(np.float32), x.astype(np.float32))
 
@@ -70,7 +75,7 @@ def test_ort_cpu_lacks_bfloat16_kernels(op: str) -> None:
     )
     pattern = rf"^onnxruntime cannot load the model: .*NOT_IMPLEMENTED.*{op}"
     with pytest.raises(MixprecError, match=pattern):
-        run_model(model, {"a": np.ones((2, 2), ml_dtypes.bfloat16)} | {"b": np.ones((2, 2))})
+        run_model(model, {"a": np.ones((2, 2), ml_dtypes.bfloat16)} | {"b": np.ones((2, 2))}, BASIC)
 
 
 def test_large_model_paths_use_external_data(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -93,7 +98,7 @@ def test_large_model_paths_use_external_data(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(mixprec.runtime.ort, "INLINE_LIMIT", 1000)
     monkeypatch.setattr(mixprec.runtime.probes, "INLINE_LIMIT", 1000)
     x = np.full(4096, 2.0, np.float32)
-    out = run_model(model, {"x": x})["y"]
+    out = run_model(model, {"x": x}, BASIC)["y"]
     np.testing.assert_allclose(out, 4 * big, rtol=1e-6)
     absmax = collect_absmax(model, {"x": x}, chunk_size=1)
     assert model.SerializeToString() == before, "the input model was mutated"
@@ -109,12 +114,12 @@ def test_run_model_lowers_an_ir_version_newer_than_onnxruntime(tmp_path: Path) -
     model.ir_version = 99
     x = np.array([1.0, -2.0], np.float32)
     for source in (model, model.SerializeToString()):
-        np.testing.assert_array_equal(run_model(source, {"x": x})["y"], -x)
+        np.testing.assert_array_equal(run_model(source, {"x": x}, BASIC)["y"], -x)
     assert model.ir_version == 99, "the input model was mutated"
     path = tmp_path / "m.onnx"
     onnx.save_model(model, path)
     with pytest.raises(MixprecError, match=r"Unsupported model IR version: 99"):
-        run_model(path, {"x": x})  # a user's file is never rewritten
+        run_model(path, {"x": x}, BASIC)  # a user's file is never rewritten
     assert onnx.load_model(path).ir_version == 99
 
 

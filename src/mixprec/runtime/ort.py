@@ -60,7 +60,6 @@ __all__ = [
     "OrtRunError",
     "make_session",
     "ort_first_line",
-    "run_model",
     "run_session",
     "session_for",
 ]
@@ -319,44 +318,6 @@ def run_session(
         }
     except Exception as e:
         raise OrtRunError(f"onnxruntime failed to run the model: {ort_first_line(e)}") from e
-
-
-def run_model(
-    model: onnx.ModelProto | bytes | str | os.PathLike[str],
-    feeds: Mapping[str, np.ndarray],
-    *,
-    output_names: Sequence[str] | None = None,
-    threads: int = 2,
-    optimize: bool = True,
-) -> dict[str, np.ndarray]:
-    """Runs a model once on ONNX Runtime's CPU execution provider (tests and benches; the
-    package runs models through :func:`mixprec.runtime.engines.run_model`).
-
-    bfloat16 inputs (``ml_dtypes.bfloat16`` arrays) and outputs are supported even though
-    ORT's numpy bridge is not. A model over 2 GB is best passed as a path to a file saved
-    with external data; an in-memory :class:`onnx.ModelProto` that large is first written
-    to a temporary directory.
-
-    Args:
-        model: A model proto, serialized model bytes, or a path to an ``.onnx`` file.
-        feeds: Input arrays by name.
-        output_names: Outputs to fetch; all graph outputs when ``None``.
-        threads: ORT intra-op thread count.
-        optimize: ORT basic graph optimizations (off for emulated models).
-
-    Returns:
-        The output arrays by name.
-
-    Raises:
-        MixprecError: ORT cannot load the model, or fails to run it.
-    """
-    optimization = "basic" if optimize else "off"
-    if isinstance(model, onnx.ModelProto):
-        with session_for(model, threads, optimization) as session:
-            return run_session(session, feeds, output_names)
-    source = bytes(model) if isinstance(model, bytes | bytearray) else os.fspath(model)
-    session = make_session(source, threads, optimization=optimization)
-    return run_session(session, feeds, output_names)
 
 
 class _OrtBound:
