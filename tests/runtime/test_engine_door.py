@@ -84,8 +84,11 @@ class RecordingEngine:
     def runs_contrib_ops(self) -> bool:
         return True
 
-    def fuses_qdq(self) -> bool:
-        return True
+    def saturates_int8(self) -> bool:
+        return ORT.saturates_int8()
+
+    def nbits_accuracy_level(self, bits: int, cpu=None) -> tuple[int, str]:
+        return ORT.nbits_accuracy_level(bits, cpu)
 
     def has_kernel(self, node: ir.Node, opsets: Mapping[str, int]) -> bool:
         return ORT.has_kernel(node, opsets)

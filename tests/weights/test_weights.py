@@ -328,6 +328,27 @@ def test_default_accuracy_level_follows_the_cpu() -> None:
     assert WeightsConfig(accuracy_level=0).level(4) == (0, "0 (as asked)")
 
 
+def test_kernel_capabilities_are_asked_of_the_engine() -> None:
+    """Issue 44: no config reads the CPU's flags; the engine that runs the kernels says
+    whether u8 x s8 saturates (7-bit INT8 weights) and which accuracy level runs
+    MatMulNBits fastest, from the CPU's features."""
+    import platform
+
+    from mixprec.int8.config import QuantizeConfig
+    from mixprec.runtime.cpu import cpu_features, saturates_u8s8
+    from mixprec.runtime.engines import engine_for
+
+    avx2 = parse_cpuinfo("flags\t: sse avx2 fma\n")
+    vnni = parse_cpuinfo("flags\t: sse avx2 avx512f avx512_vnni\n")
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    assert saturates_u8s8(avx2) is x86 and not saturates_u8s8(vnni)
+    ort = engine_for("ort")
+    assert ort.saturates_int8() == saturates_u8s8(cpu_features())
+    assert QuantizeConfig().reduce_range == ort.saturates_int8()
+    assert ort.nbits_accuracy_level(4, vnni) == default_accuracy_level(4, vnni)
+    assert "INT8 VNNI" in ort.nbits_accuracy_level(4, vnni)[1]
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -523,24 +544,29 @@ def test_the_weight_only_guard_reads_outputs_as_rows() -> None:
     OutputCheck schema: class scores by argmax rows, embedding rows at the cosine bound
     and their neighbours; rel L2 a second figure), reports a reading below the INT8
     defaults unless a budget is given, and fails where a budget is given and missed."""
-    model, _ = _linear(64, 48)
-    data = [{"x": RNG.standard_normal((2, 3, 64)).astype(np.float32)} for _ in range(4)]
-    result = mixprec.quantize(model, data, weights="int4", block_size=32, weight_method="rtn")
+    rng = np.random.default_rng(44)  # its own draws: the values below do not move
+    base, _ = _linear(64, 48)
+
+    def with_weights(w: np.ndarray) -> onnx.ModelProto:
+        g = base.graph
+        return _model(list(g.node), list(g.input), list(g.output), {"W": w.astype(np.float32)})
+
+    model = with_weights(rng.standard_normal((64, 48)) / 8.0)
+    data = [{"x": rng.standard_normal((2, 3, 64)).astype(np.float32)} for _ in range(4)]
+    result = mixprec.quantize(model, data, weights="int8", block_size=32, weight_method="rtn")
     guard = result.report.guard
     kinds = {(c["output"], c["kind"]) for c in guard["checks"]}
     assert {("h", "top1"), ("y", "row-cosine"), ("y", "neighbours")} == kinds, kinds
     assert all("rel_l2" in c and "reason" in c for c in guard["checks"])
-    assert all(c["rows"] == 4 * 2 * 3 and c["passed"] for c in guard["checks"])
+    assert all(c["rows"] == 4 * 2 * 3 and c["passed"] for c in guard["checks"]), guard
     assert "'y' rows at the cosine bound 1, nearest neighbours kept 1" in guard["summary"]
     assert guard["passed"] and "reported only" not in guard["summary"]
 
     # one outlier per block of 32 that the inputs never read: RTN's 4-bit step is then
     # wider than every weight the output depends on, and they all round to zero
-    weights = (RNG.standard_normal((64, 48)) * 0.05).astype(np.float32)
+    weights = rng.standard_normal((64, 48)) * 0.05
     weights[::32] = 1000.0
-    lossy, _ = _linear(64, 48)
-    lossy = _model(list(lossy.graph.node), list(lossy.graph.input), list(lossy.graph.output),
-                   {"W": weights})  # fmt: skip
+    lossy = with_weights(weights)
     for feeds in data:
         feeds["x"][..., ::32] = 0.0
     options = {"weights": "int4", "block_size": 32, "weight_method": "rtn", "ratio": 1.0}

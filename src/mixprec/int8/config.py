@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import platform
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,8 @@ from mixprec.core.policy import default_policy
 from mixprec.core.readings import user_kinds
 from mixprec.int8.params import METHODS
 from mixprec.int8.rounding import ROUNDINGS
-from mixprec.runtime.cpu import cpu_features
 from mixprec.runtime.engine import RuntimeOptions
-from mixprec.runtime.engines import runtime_options
+from mixprec.runtime.engines import engine_for, runtime_options
 
 __all__ = [
     "DEFAULT_SMOOTH",
@@ -235,12 +233,7 @@ class QuantizeConfig:
     def reduce_range(self) -> bool:
         if self.activations != "auto":
             return False
-        machine = platform.machine().lower()
-        return (
-            machine in ("x86_64", "amd64")
-            and bool(cpu_features().flags)
-            and not cpu_features().vnni
-        )
+        return engine_for(RuntimeOptions()).saturates_int8()  # ORT's QDQ kernels
 
     def base(self) -> ConvertConfig:
         """The shared stages' configuration (prepare, calibrate, check)."""

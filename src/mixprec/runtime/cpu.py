@@ -11,7 +11,7 @@ import functools
 import platform
 from dataclasses import dataclass
 
-__all__ = ["CpuFeatures", "cpu_features", "parse_cpuinfo"]
+__all__ = ["CpuFeatures", "cpu_features", "parse_cpuinfo", "saturates_u8s8"]
 
 _CPUINFO = "/proc/cpuinfo"
 
@@ -109,3 +109,12 @@ def cpu_features() -> CpuFeatures:
             return parse_cpuinfo(f.read())
     except OSError:
         return CpuFeatures(platform.processor() or platform.machine() or "unknown CPU", frozenset())
+
+
+def saturates_u8s8(cpu: CpuFeatures | None = None) -> bool:
+    """Whether this x86 CPU (or ``cpu``) multiplies u8 x s8 with AVX2's ``vpmaddubsw``,
+    which sums pairs of products in 16 bits and saturates (no VNNI): what 7-bit INT8
+    weights avoid. False off x86, or where the flags cannot be read."""
+    cpu = cpu or cpu_features()
+    machine = platform.machine().lower()
+    return machine in ("x86_64", "amd64") and bool(cpu.flags) and not cpu.vnni

@@ -23,6 +23,7 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
+from mixprec.runtime.cpu import CpuFeatures
 
 __all__ = [
     "GRAPH_OPTIMIZATIONS",
@@ -348,6 +349,17 @@ class Engine(Protocol):
     def runs_contrib_ops(self) -> bool:
         """Whether it runs ``com.microsoft`` contrib ops (MatMulNBits,
         GatherBlockQuantized): what a weight-only model is made of."""
+        ...
+
+    def saturates_int8(self) -> bool:
+        """Whether its integer kernels on this CPU saturate u8 x s8 products (x86 without
+        VNNI: pairs of them summed in 16 bits), so that INT8 weights need 7 bits
+        (``reduce_range``)."""
+        ...
+
+    def nbits_accuracy_level(self, bits: int, cpu: CpuFeatures | None = None) -> tuple[int, str]:
+        """The ``MatMulNBits`` ``accuracy_level`` that runs ``bits``-bit weights fastest
+        on this CPU (or ``cpu``), and why (0: float compute; 4: int8 compute)."""
         ...
 
     def has_kernel(self, node: ir.Node, opsets: Mapping[str, int]) -> bool:

@@ -31,7 +31,7 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
-from mixprec.runtime.cpu import cpu_features
+from mixprec.runtime.cpu import CpuFeatures, cpu_features, saturates_u8s8
 from mixprec.runtime.engine import (
     HostBound,
     LoadHints,
@@ -397,6 +397,12 @@ class OpenVinoEngine:
 
     def runs_contrib_ops(self) -> bool:
         return False
+
+    def saturates_int8(self) -> bool:
+        return saturates_u8s8()  # its AVX2 int8 kernels pair u8 x s8 products too
+
+    def nbits_accuracy_level(self, bits: int, cpu: CpuFeatures | None = None) -> tuple[int, str]:
+        return 0, "0: OpenVINO runs no MatMulNBits (weight-only models run in ONNX Runtime)"
 
     def has_kernel(self, node: ir.Node, opsets: Mapping[str, int]) -> bool:
         probe = probe_model(node, opsets)

@@ -20,6 +20,7 @@ import ctypes
 import dataclasses
 import logging
 import os
+import platform
 import re
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -35,7 +36,7 @@ from onnx import TensorProto
 from mixprec.core.config import ort_log_severity
 from mixprec.core.errors import MixprecError
 from mixprec.core.limits import INLINE_LIMIT
-from mixprec.runtime.cpu import cpu_features
+from mixprec.runtime.cpu import CpuFeatures, cpu_features, saturates_u8s8
 from mixprec.runtime.engine import (
     ORT_PROVIDERS,
     DeviceBuffer,
@@ -320,6 +321,32 @@ def run_session(
         raise OrtRunError(f"onnxruntime failed to run the model: {ort_first_line(e)}") from e
 
 
+#: Measured on this project's CPUs (ONNX Runtime 1.31/1.32, 2 threads, one 4096x4096
+#: MatMul at M=1, docs/guides/weights.md): int4 block 32 runs 1.7-2.3x faster at level 4
+#: than at 0, and 8-bit weights have no float-compute kernel at all (level 0 is 12-20x
+#: slower than the FP32 MatMul).
+_LEVEL_WHY = "4: int8 compute ({what}; measured 1.7-2.3x faster than float compute for int4)"
+
+
+def _accuracy_level(bits: int, cpu: CpuFeatures | None = None) -> tuple[int, str]:
+    """``accuracy_level`` for this CPU, and why: 4 (int8 compute) wherever ONNX Runtime
+    has int8 kernels for it (x86 with AVX2, AVX-VNNI or AVX-512; ARM64), and always for
+    8-bit weights (their float-compute path is 12-20x slower than FP32); 0 otherwise."""
+    cpu = cpu or cpu_features()
+    machine = platform.machine().lower()
+    if cpu.vnni:
+        what = "this CPU has INT8 VNNI"
+    elif cpu.avx512 or cpu.avx2:
+        what = "this CPU has AVX2" if not cpu.avx512 else "this CPU has AVX-512"
+    elif machine in ("arm64", "aarch64"):
+        what = "an ARM64 CPU"
+    elif bits == 8:
+        return 4, "4: int8 compute (8-bit weights have no fast float-compute kernel)"
+    else:
+        return 0, "0: float compute (no int8 kernels on this CPU)"
+    return 4, _LEVEL_WHY.format(what=what)
+
+
 class _OrtBound:
     """A :class:`~mixprec.runtime.engine.BoundRun` over ORT's ``io_binding``: the feeds
     copied once to the provider's device, the outputs allocated there."""
@@ -444,6 +471,12 @@ class OrtEngine:
 
     def runs_contrib_ops(self) -> bool:
         return True
+
+    def saturates_int8(self) -> bool:
+        return saturates_u8s8()
+
+    def nbits_accuracy_level(self, bits: int, cpu: CpuFeatures | None = None) -> tuple[int, str]:
+        return _accuracy_level(bits, cpu)
 
     def has_kernel(self, node: ir.Node, opsets: Mapping[str, int]) -> bool:
         probe = probe_model(node, opsets)

@@ -4,7 +4,6 @@ that choose ``accuracy_level``."""
 from __future__ import annotations
 
 import dataclasses
-import platform
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -12,9 +11,9 @@ from typing import Any
 from mixprec.core.config import check_budget
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import exclude_patterns
-from mixprec.runtime.cpu import CpuFeatures, cpu_features
+from mixprec.runtime.cpu import CpuFeatures
 from mixprec.runtime.engine import RuntimeOptions
-from mixprec.runtime.engines import ENGINES, runtime_options
+from mixprec.runtime.engines import ENGINES, engine_for, runtime_options
 from mixprec.weights.blocks import BITS, BLOCK_SIZES, BlockSpec
 from mixprec.weights.methods import AUTO, METHODS
 
@@ -225,30 +224,11 @@ def _layer_choices(layers: Mapping[str, LayerChoice | str]) -> dict[str, LayerCh
     }
 
 
-#: Measured on this project's CPUs (ONNX Runtime 1.31/1.32, 2 threads, one 4096x4096
-#: MatMul at M=1, docs/guides/weights.md): int4 block 32 runs 1.7-2.3x faster at level 4
-#: than at 0, and 8-bit weights have no float-compute kernel at all (level 0 is 12-20x
-#: slower than the FP32 MatMul).
-_LEVEL_WHY = "4: int8 compute ({what}; measured 1.7-2.3x faster than float compute for int4)"
-
-
 def default_accuracy_level(bits: int, cpu: CpuFeatures | None = None) -> tuple[int, str]:
-    """``accuracy_level`` for this CPU, and why: 4 (int8 compute) wherever ONNX Runtime
-    has int8 kernels for it (x86 with AVX2, AVX-VNNI or AVX-512; ARM64), and always for
-    8-bit weights (their float-compute path is 12-20x slower than FP32); 0 otherwise."""
-    cpu = cpu or cpu_features()
-    machine = platform.machine().lower()
-    if cpu.vnni:
-        what = "this CPU has INT8 VNNI"
-    elif cpu.avx512 or cpu.avx2:
-        what = "this CPU has AVX2" if not cpu.avx512 else "this CPU has AVX-512"
-    elif machine in ("arm64", "aarch64"):
-        what = "an ARM64 CPU"
-    elif bits == 8:
-        return 4, "4: int8 compute (8-bit weights have no fast float-compute kernel)"
-    else:
-        return 0, "0: float compute (no int8 kernels on this CPU)"
-    return 4, _LEVEL_WHY.format(what=what)
+    """``accuracy_level`` for ``bits``-bit weights on this CPU (or ``cpu``), and why: what
+    ONNX Runtime, the engine that runs ``MatMulNBits``, says
+    (:meth:`~mixprec.runtime.engine.Engine.nbits_accuracy_level`)."""
+    return engine_for(RuntimeOptions()).nbits_accuracy_level(bits, cpu)
 
 
 #: :func:`mixprec.quantize` options of INT8 only; with ``weights=`` they have nothing to
