@@ -291,3 +291,47 @@ def test_a_budget_the_plain_conversion_misses_is_met_by_tuning() -> None:
     got = converted(x).numpy()
     rel = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
     assert rel <= 1e-4, rel
+
+
+def test_the_eager_check_reads_each_output_as_rows() -> None:
+    """Issue 43: the check against eager PyTorch reads outputs as rows too. A small
+    channel 20% off beside a large one passes the whole tensor's rel L2 (2e-4) and fails
+    its own channel; class scores whose argmax moves fail by rows."""
+    from mixprec.core.output_kinds import OutputKind
+    from mixprec.torch._check import check_module
+
+    scale = torch.tensor([1000.0, 1.0])
+
+    def eager(sample):
+        (x,) = sample[0]
+        return [x * scale, x @ torch.eye(2)]
+
+    def converted(sample):
+        (x,) = sample[0]
+        return [x * torch.tensor([1000.0, 1.2]), x @ torch.eye(2)]
+
+    samples = [((torch.rand(8, 2) + 1.0,), {})]
+    check = check_module(
+        eager, converted, samples, ["box", "same"], dtype="float16", threshold=1e-2,
+        runtime="onnxruntime",
+    )  # fmt: skip
+    assert all(s.passed for s in check.samples)  # the whole tensors: within rel L2 1e-2
+    by_output = {(c.output, c.kind): c for c in check.checks}
+    box = by_output[("box", "channels")]
+    assert box.value == pytest.approx(0.2, rel=1e-3) and not box.passed
+    assert by_output[("same", "channels")].passed and not check.passed
+    assert "box: worst channel's rel L2 0.2 over 2 sample(s) (needs <= 0.01) FAIL" in (
+        check.format_table()
+    )
+    assert check.to_dict()["checks"][0]["kind"] == "channels"
+
+    def flipped(sample):
+        (x,) = sample[0]
+        return [x * scale, torch.flip(x @ torch.eye(2), [1])]
+
+    scores = check_module(
+        eager, flipped, samples, ["box", "scores"], dtype="float16", threshold=10.0,
+        runtime="onnxruntime", kinds=[OutputKind("other"), OutputKind("top1", -1, "class scores")],
+    )  # fmt: skip
+    top1 = next(c for c in scores.checks if c.kind == "top1")
+    assert top1.rows == 16 and top1.value < 0.99 and not scores.passed

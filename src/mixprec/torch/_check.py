@@ -23,6 +23,8 @@ import torch
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import DEFAULT_RTOL, OutputComparison, compare_outputs
 from mixprec.core.ops import DEFAULT_ATOL
+from mixprec.core.output_kinds import OutputKind
+from mixprec.guard.checks import GuardBudget, OutputCheck, check_outputs, row_budget
 
 __all__ = ["CHECK_ATOL", "CheckReport", "TorchCheckError", "check_module", "perturbed"]
 
@@ -55,6 +57,9 @@ class CheckReport:
         atol: max abs error accepted instead, for outputs near zero.
         runtime: "onnxruntime" or "emulated" (a bfloat16 model ORT cannot run).
         samples: one comparison per input.
+        checks: each output read as rows of answers over every input (the guard's
+            :func:`~mixprec.guard.checks.check_outputs`: argmax rows, embedding rows,
+            the worst channel), held to the dtype's bounds.
     """
 
     dtype: str
@@ -62,10 +67,12 @@ class CheckReport:
     atol: float
     runtime: str
     samples: tuple[SampleCheck, ...]
+    checks: tuple[OutputCheck, ...] = ()
 
     @property
     def passed(self) -> bool:
-        return all(s.passed for s in self.samples)
+        """Every sample's outputs within the threshold, and every reading of the rows."""
+        return all(s.passed for s in self.samples) and all(c.passed for c in self.checks)
 
     def worst(self) -> dict[str, dict[str, float | None]]:
         """Per output, the largest max abs and rel L2 error and the lowest top-1 agreement."""
@@ -93,6 +100,7 @@ class CheckReport:
                 {"label": s.label, "outputs": [o.to_dict() for o in s.outputs]}
                 for s in self.samples
             ],
+            "checks": [c.to_dict() for c in self.checks],
         }
 
     def format_table(self) -> str:
@@ -108,6 +116,8 @@ class CheckReport:
             lines.append(
                 f"  {name}: max abs {w['max_abs']:.3g}, rel L2 {w['rel_l2']:.3g}{top1} {verdict}"
             )
+        for c in self.checks:
+            lines.append(f"  {c.output}: {c.measured()} {'ok' if c.passed else 'FAIL'}")
         return "\n".join(lines)
 
 
@@ -173,6 +183,7 @@ def check_module(
     threshold: float,
     atol: float = CHECK_ATOL,
     runtime: str,
+    kinds: Sequence[OutputKind] | None = None,
 ) -> CheckReport:
     """Compare ``converted`` with ``eager`` on each sample and a perturbed copy of it.
 
@@ -185,19 +196,34 @@ def check_module(
         threshold: max relative L2 error per output.
         atol: max abs error accepted instead (0 with a budget: the budget alone decides).
         runtime: how the converted module runs ("onnxruntime" or "emulated").
+        kinds: each flat output's kind (the exported graph's, in order): the outputs are
+            then also read as rows over every input (None: by their values).
     """
     labelled = [(f"example {i}", s) for i, s in enumerate(samples)]
     labelled += [(f"example {i} perturbed", s) for i, s in enumerate(perturbed(samples))]
-    results = []
+    results, refs, outs = [], [], []
     for label, sample in labelled:
         with torch.no_grad():
-            ref = _arrays(eager(sample))
-        out = _arrays(converted(sample))
-        comparisons = compare_outputs(
-            dict(zip(output_names, ref, strict=True)),
-            dict(zip(output_names, out, strict=True)),
-            rtol=threshold,
-            atol=atol,
-        )
+            ref = dict(zip(output_names, _arrays(eager(sample)), strict=True))
+        out = dict(zip(output_names, _arrays(converted(sample)), strict=True))
+        comparisons = compare_outputs(ref, out, rtol=threshold, atol=atol)
         results.append(SampleCheck(label, tuple(comparisons)))
-    return CheckReport(dtype, threshold, atol, runtime, tuple(results))
+        refs.append(ref)
+        outs.append(out)
+    named = dict(zip(output_names, kinds or [OutputKind("other")] * len(output_names), strict=True))
+    checks = _row_checks(refs, outs, named, row_budget(dtype, threshold, atol))
+    return CheckReport(dtype, threshold, atol, runtime, tuple(results), checks)
+
+
+def _row_checks(
+    refs: list[dict[str, np.ndarray]],
+    outs: list[dict[str, np.ndarray]],
+    kinds: dict[str, OutputKind],
+    budget: GuardBudget,
+) -> tuple[OutputCheck, ...]:
+    """The outputs read as rows over every input; none where a shape changed (the
+    comparisons' miss) or the only reading is the whole tensor's rel L2 (already there)."""
+    if any(np.shape(r[k]) != np.shape(o[k]) for r, o in zip(refs, outs, strict=True) for k in r):
+        return ()
+    checks = check_outputs(refs, outs, kinds, budget)
+    return tuple(c for c in checks if c.kind != "rel-l2")

@@ -17,6 +17,7 @@ from mixprec.api.quantize import quantize
 from mixprec.api.tune import tune
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import iter_nodes
+from mixprec.core.output_kinds import classify_outputs
 from mixprec.core.policy import normalize_dtype
 from mixprec.torch._check import (
     CHECK_ATOL,
@@ -253,6 +254,7 @@ def _convert(
             threshold=threshold,
             atol=atol,
             runtime=candidate.runtime,
+            kinds=list(classify_outputs(candidate.onnx_model).values()),
         )
 
     checked = checked_against_eager(converted)
