@@ -17,7 +17,7 @@ import mixprec
 from mixprec import ConvertConfig, MixprecError, OpClass, OpRule, Policy
 from mixprec.core.policy import default_policy, register_rule
 from mixprec.core.registry import op_info, register_op
-from mixprec.io.feeds import feeds_for
+from mixprec.inputs.feeds import feeds_for
 
 
 def _model() -> onnx.ModelProto:

@@ -14,6 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "mixprec"
 LAYERS = (
     ("core",),
     ("io",),
+    ("inputs",),
     ("passes",),
     ("runtime",),
     ("calibrate",),

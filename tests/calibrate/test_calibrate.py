@@ -260,7 +260,7 @@ def test_a_generator_of_50_feeds_is_consumed_lazily() -> None:
     assert result.stats["x"].absmax == pytest.approx(want)
 
     # the generator is pulled one item at a time, interleaved with the runs
-    from mixprec.io.feeds import calibration_feeds
+    from mixprec.inputs.feeds import calibration_feeds
 
     pulled.clear()
     samples = calibration_feeds(stream())

@@ -29,7 +29,7 @@ from mixprec.cli.main import main
 from mixprec.core.metrics import neighbour_agreement
 from mixprec.guard.checks import GuardBudget, OutputCheck, check_outputs, shown
 from mixprec.guard.samples import held_out_indices, split_for_guard
-from mixprec.io.samples import NpzSamples
+from mixprec.inputs.samples import NpzSamples
 
 
 def test_plain_logits_are_read_as_class_scores_caught_and_repaired():

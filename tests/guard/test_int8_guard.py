@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
-import mixprec.int8.config as int8_config
+import mixprec.runtime.cpu as runtime_cpu
 from guard_models import (
     separable_classifier,
     separable_samples,
@@ -111,12 +111,13 @@ def test_at_the_default_budget_the_guard_claims_only_what_its_rows_carry(cpu, mo
     Now half the samples are held out; whatever INT8 keeps, a pass the held-out rows
     confirm carries to unseen rows, and one they cannot confirm says so on the last
     line with the rows it would take. Both CPU kinds' weight grids are run whatever this
-    CPU is (7-bit weights without VNNI, 8-bit with it: the flags the config reads)."""
+    CPU is (7-bit weights without VNNI, 8-bit with it: the flags the engine reads)."""
     flags = {"AVX2 without VNNI": "avx2", "AVX-512 VNNI": "avx2 avx512f avx512_vnni"}
     if cpu in flags:
         kind = parse_cpuinfo(f"model name\t: {cpu}\nflags\t\t: {flags[cpu]}\n")
-        monkeypatch.setattr(int8_config, "cpu_features", lambda: kind)
-        monkeypatch.setattr(int8_config.platform, "machine", lambda: "x86_64")
+        # the engine answers from runtime.cpu's flags (Engine.saturates_int8)
+        monkeypatch.setattr(runtime_cpu, "cpu_features", lambda: kind)
+        monkeypatch.setattr(runtime_cpu.platform, "machine", lambda: "x86_64")
     model = wide_range_classifier()
     unseen = wide_range_samples(8, seed=1)
     result = mixprec.quantize(model, wide_range_samples(20), speed="off", smooth=None)

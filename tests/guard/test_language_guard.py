@@ -24,7 +24,7 @@ from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
 from mixprec.guard.language import next_token_stats
 from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
-from mixprec.io.text import TextSamples, find_tokenizer
+from mixprec.inputs.text import TextSamples, find_tokenizer
 from mixprec.weights import sensitivity
 from mixprec.weights.config import WeightsConfig
 from mixprec.weights.sensitivity import rank_layers

@@ -20,7 +20,7 @@ from onnx import helper
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import rel_l2_error
-from mixprec.io.feeds import make_inputs
+from mixprec.inputs.feeds import make_inputs
 from mixprec.runtime.cpu import cpu_features, parse_cpuinfo
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions
 from mixprec.runtime.engines import ENGINES, check_plan, engine_for, run_model

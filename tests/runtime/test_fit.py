@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
-from mixprec.io.feeds import guessed_dims, make_inputs, resolve_input_shapes
+from mixprec.inputs.feeds import guessed_dims, make_inputs, resolve_input_shapes
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import run_model
 from mixprec.runtime.fit import fit_shapes

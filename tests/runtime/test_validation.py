@@ -6,7 +6,7 @@ import pytest
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import DEFAULT_RTOL
-from mixprec.io.feeds import make_inputs
+from mixprec.inputs.feeds import make_inputs
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.validation import validate_models
 from proto_builders import (

@@ -14,7 +14,7 @@ import pytest
 from helpers import assert_close, run_ort
 from llm_models import DecoderConfig, decoder_feeds, greedy_decode, tiny_decoder
 from mixprec.cli.main import main
-from mixprec.io.feeds import make_inputs, resolve_input_shapes
+from mixprec.inputs.feeds import make_inputs, resolve_input_shapes
 from mixprec.runtime.emulate import emulate_low_precision
 
 CFG = DecoderConfig()

@@ -316,7 +316,7 @@ def test_a_streamed_language_model_is_guarded_and_repaired(
     from guard.test_language_guard import CFG, _folder, _numpy_guard
     from llm_models import tiny_decoder
     from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
-    from mixprec.io.text import TextSamples
+    from mixprec.inputs.text import TextSamples
 
     path = _folder(tmp_path, tiny_decoder(CFG, seed=3))
     onnx.save(onnx.load(str(path)), str(path), save_as_external_data=True, size_threshold=1024)

@@ -42,7 +42,7 @@ def validate(
             report is the worst sample's, failing if any fails); generated from the
             signature when omitted.
         shapes: concrete shapes for symbolic input dims (else the rule of
-            :func:`mixprec.io.feeds.resolve_input_shapes`: 1 for a symbolic first dim, 64
+            :func:`mixprec.inputs.feeds.resolve_input_shapes`: 1 for a symbolic first dim, 64
             for others, as ``convert`` does).
         rtol: max relative L2 error per output (default: 1e-2 fp16, 8e-2 bf16).
         atol: max abs error accepted instead where the reference is near zero.

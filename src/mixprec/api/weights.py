@@ -13,9 +13,9 @@ import onnx_ir as ir
 from mixprec.api import envelope
 from mixprec.guard.language import cache_note, is_language_model, language_model_guard
 from mixprec.guard.weights import output_check, output_check_data
+from mixprec.inputs.text import DEFAULT_WINDOW, TextData
 from mixprec.io.models import ModelLike
 from mixprec.io.protos import weightless_proto
-from mixprec.io.text import DEFAULT_WINDOW, TextData
 from mixprec.pipeline.convert import CalibrationData, ConversionResult
 from mixprec.pipeline.streamed import Source, keeps_mapped
 from mixprec.pipeline.weights import WeightsGuard, run_weights
@@ -44,7 +44,7 @@ def quantize_weights(
         calibration_data: samples (a feed dict, a list, any iterable) the output check
             runs on (RTN reads none of them); a data-aware method reads them too. Or a
             ``.txt`` file (a folder of them): text, tokenized and cut into windows of
-            ``text_window`` tokens (:class:`~mixprec.io.text.TextSamples`).
+            ``text_window`` tokens (:class:`~mixprec.inputs.text.TextSamples`).
         weights: "int4" or "int8", or a ready :class:`~mixprec.weights.config.WeightsConfig`.
         progress: called with a short message at each stage.
         base_dir: the folder an in-memory model's external data is read from.

@@ -44,7 +44,7 @@ from mixprec.batch.jobs import external_files
 from mixprec.batch.optimize_job import optimize_row
 from mixprec.core.config import BATCH_PARENT_ENV
 from mixprec.core.errors import MixprecError
-from mixprec.io.feeds import iter_calibration_npz
+from mixprec.inputs.feeds import iter_calibration_npz
 from mixprec.io.models import load_model
 from mixprec.report.html import write_report_html
 

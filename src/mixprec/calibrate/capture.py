@@ -33,7 +33,7 @@ from mixprec.core.constants import const_tensor
 from mixprec.core.layers import is_layer
 from mixprec.core.ops import trans_b
 from mixprec.core.registry import node_info
-from mixprec.io.feeds import Feeds
+from mixprec.inputs.feeds import Feeds
 
 __all__ = [
     "DEFAULT_GROUP_BYTES",

@@ -18,7 +18,7 @@ from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import iter_nodes
 from mixprec.core.layers import takes_bias
 from mixprec.core.registry import node_info
-from mixprec.io.feeds import guessed_dims, make_inputs, resolve_input_shapes
+from mixprec.inputs.feeds import guessed_dims, make_inputs, resolve_input_shapes
 from mixprec.io.protos import weightless_proto
 from mixprec.passes.macs import concrete_shapes, count_macs
 from mixprec.runtime.fit import fit_shapes

@@ -36,7 +36,7 @@ from mixprec.calibrate.static import static_stats
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import is_constant_node
 from mixprec.core.ops import FLOAT_TYPES
-from mixprec.io.feeds import Feeds, calibration_feeds, feeds_for
+from mixprec.inputs.feeds import Feeds, calibration_feeds, feeds_for
 from mixprec.runtime.emulate import element_types
 from mixprec.runtime.probes import Subsample
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from mixprec.core.errors import MixprecError
+from mixprec.inputs.text import TOKENIZER_FILE, find_tokenizer
 from mixprec.io.genai import genai_config, write_genai_files
-from mixprec.io.text import TOKENIZER_FILE, find_tokenizer
 
 __all__ = ["GenaiPlan", "add_genai_args", "plan_genai", "write_genai"]
 

@@ -17,8 +17,8 @@ from mixprec.cli.options import (
     progress,
 )
 from mixprec.core.errors import MixprecError
+from mixprec.inputs.samples import NpzSamples
 from mixprec.io.models import check_output_path, load_model
-from mixprec.io.samples import NpzSamples
 from mixprec.optimize.candidates import CANDIDATES, RUNTIME_CHOICES
 from mixprec.optimize.device import DEVICES, check_device
 from mixprec.report.optimize_page import write_optimize_html

@@ -12,9 +12,9 @@ from typing import Any
 
 from mixprec.core.ops import parse_dtype
 from mixprec.core.readings import KIND_NAMES
-from mixprec.io.feeds import iter_calibration_npz
+from mixprec.inputs.feeds import iter_calibration_npz
+from mixprec.inputs.samples import NpzSamples
 from mixprec.io.models import load_model
-from mixprec.io.samples import NpzSamples
 from mixprec.runtime.engine import PERFORMANCE_HINTS, PRECISIONS, RuntimeOptions, runtime_names
 from mixprec.runtime.engines import engine_for, runtime_taking
 

@@ -21,7 +21,7 @@ from mixprec.cli.options import (
     progress,
 )
 from mixprec.cli.outputs import checked_output
-from mixprec.io.feeds import iter_calibration_npz
+from mixprec.inputs.feeds import iter_calibration_npz
 from mixprec.io.models import load_model
 from mixprec.tune.targets import FLOAT_MODES
 

@@ -17,7 +17,7 @@ from mixprec.guard.language import (
     DEFAULT_MAX_PPL_RISE,
     INT4_BUDGET,
 )
-from mixprec.io.text import DEFAULT_WINDOW, is_text_path
+from mixprec.inputs.text import DEFAULT_WINDOW, is_text_path
 from mixprec.weights.blocks import BLOCK_SIZES
 from mixprec.weights.config import ACCURACY_LEVELS, PRECISIONS
 from mixprec.weights.methods import AUTO, METHODS

@@ -59,11 +59,11 @@ from mixprec.guard.checks import (
     shown,
 )
 from mixprec.guard.samples import Samples, split_for_guard
+from mixprec.inputs.feeds import feeds_for
 from mixprec.int8.config import QuantizeConfig
 from mixprec.int8.speed import decide, time_paired
 from mixprec.int8.speed import session as timing_session
 from mixprec.io.external import clone_model
-from mixprec.io.feeds import feeds_for
 from mixprec.io.models import load_input
 from mixprec.pipeline.convert import CalibrationData
 from mixprec.pipeline.quantize import Reuse, latency_feeds, run_quantize

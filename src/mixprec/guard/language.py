@@ -44,8 +44,8 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec.guard.samples import MAX_HELD_OUT, WINDOWS_HELD_OUT_SHARE, split_for_guard
-from mixprec.io.feeds import Feeds, feeds_for
-from mixprec.io.signature import declared_dims, graph_inputs
+from mixprec.inputs.feeds import Feeds, feeds_for
+from mixprec.inputs.signature import declared_dims, graph_inputs
 from mixprec.pipeline.streamed import Source
 from mixprec.pipeline.weights import GuardContext, WeightsGuard, WeightsReport, let_go
 from mixprec.weights.config import LayerChoice, WeightsConfig

@@ -6,7 +6,7 @@ check, the repair's search and its grading). A source is read afresh each time:
 
 * a list or tuple of feed dicts (already in memory: only the user's references are held);
 * a path (a folder of ``.npz``, or an ``.npz`` with a leading sample axis), as
-  :class:`~mixprec.io.samples.NpzSamples`: re-read each time, its length from the
+  :class:`~mixprec.inputs.samples.NpzSamples`: re-read each time, its length from the
   listing or the array headers; arrays that are not model inputs stay in each sample as
   its labels (for the user's metric);
 * any other iterable that starts over when iterated again (``iter(x) is not x``: a
@@ -46,8 +46,8 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec.core.held_out import held_out_draw
-from mixprec.io.feeds import calibration_feeds
-from mixprec.io.samples import NpzSamples
+from mixprec.inputs.feeds import calibration_feeds
+from mixprec.inputs.samples import NpzSamples
 
 __all__ = [
     "GUARD_MIN_SAMPLES",

@@ -14,7 +14,7 @@ import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.guard.checks import check_outputs, output_kinds, row_budget
-from mixprec.io.feeds import guessed_dims, make_inputs, resolve_input_shapes
+from mixprec.inputs.feeds import guessed_dims, make_inputs, resolve_input_shapes
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.fit import fit_shapes
 from mixprec.runtime.validation import ValidationReport, lowered_to, validate_models

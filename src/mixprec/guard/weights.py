@@ -22,7 +22,7 @@ from mixprec.core.metrics import worst_rel_l2
 from mixprec.core.output_kinds import OutputKind, classify_outputs
 from mixprec.guard.checks import GuardBudget, OutputCheck, check_outputs
 from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, split_for_guard
-from mixprec.io.feeds import feeds_for
+from mixprec.inputs.feeds import feeds_for
 from mixprec.pipeline.streamed import Outputs
 from mixprec.pipeline.weights import CHECK_SAMPLES, GuardContext, WeightsGuard, WeightsReport
 from mixprec.weights.config import WeightsConfig

@@ -30,8 +30,8 @@ import onnx_ir as ir
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
 from mixprec.guard.samples import split_for_guard
+from mixprec.inputs.samples import feeds_for
 from mixprec.io.models import load_input
-from mixprec.io.samples import feeds_for
 from mixprec.optimize.candidates import BASELINE, CANDIDATES, Candidate, skip_reason
 from mixprec.pipeline.convert import run_convert
 

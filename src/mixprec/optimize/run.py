@@ -48,9 +48,9 @@ from mixprec.guard.checks import (
 )
 from mixprec.guard.int8 import guarded_quantize
 from mixprec.guard.samples import Samples, label_dicts, samples_of, split_for_guard
+from mixprec.inputs.feeds import feeds_for, make_inputs, resolve_input_shapes
 from mixprec.int8.speed import MAJORITY
 from mixprec.int8.speed import session as timing_session
-from mixprec.io.feeds import feeds_for, make_inputs, resolve_input_shapes
 from mixprec.optimize.candidates import (
     BASELINE,
     Candidate,

@@ -25,6 +25,7 @@ from mixprec.calibrate.measure import MACS, CalibratePass, CountMacsPass, calibr
 from mixprec.core.errors import MixprecError
 from mixprec.core.layers import is_layer
 from mixprec.core.ops import QDQ_OPS
+from mixprec.inputs.feeds import feeds_for, make_inputs
 from mixprec.int8.config import DYNAMIC_MAC_SHARE, PER_CHANNEL_OPSET, QuantizeConfig
 from mixprec.int8.dynamic import QuantizeDynamicPass, QuantizeDynamicResult
 from mixprec.int8.equalize import EqualizeLayersPass, EqualizeLayersResult
@@ -41,7 +42,6 @@ from mixprec.int8.smooth import (
 )
 from mixprec.int8.speed import Placement, candidate_placements, choose_placement
 from mixprec.io.external import clone_model
-from mixprec.io.feeds import feeds_for, make_inputs
 from mixprec.passes.opset import upgrade_to
 from mixprec.pipeline.convert import (
     CalibrationData,

@@ -23,8 +23,8 @@ import onnx_ir.passes.common as common
 from mixprec.calibrate.measure import CalibratePass, CountMacsPass
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import InternalError, MixprecError
+from mixprec.inputs.feeds import CheckGeneratedSizePass
 from mixprec.io.external import ResolveExternalDataPass
-from mixprec.io.feeds import CheckGeneratedSizePass
 from mixprec.io.input_checks import CheckAxesPass, CheckInputPass
 from mixprec.io.sanitize import (
     CheckOptionsPass,

@@ -37,8 +37,8 @@ import onnx_ir.passes.common as common
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
 from mixprec.core.policy import default_policy
+from mixprec.inputs.feeds import calibration_feeds, feeds_for, iter_calibration_npz, make_inputs
 from mixprec.io.external import release_mapped_pages
-from mixprec.io.feeds import calibration_feeds, feeds_for, iter_calibration_npz, make_inputs
 from mixprec.passes.cleanup import annotated_values
 from mixprec.pipeline.convert import CalibrationData, notes_about_input, param_bytes
 from mixprec.pipeline.report import NodeReport, Report

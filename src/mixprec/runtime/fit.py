@@ -1,15 +1,15 @@
 """Generated inputs a model accepts: learn from ONNX Runtime's refusals.
 
-When the user gives no inputs, :func:`~mixprec.io.feeds.resolve_input_shapes` picks the
+When the user gives no inputs, :func:`~mixprec.inputs.feeds.resolve_input_shapes` picks the
 first guess (1 for each input's first symbolic dim, :data:`DEFAULT_SYMBOLIC_DIM` for the
 others). If ONNX Runtime refuses the inputs generated at those shapes, :func:`fit_shapes`
 reads its message for the dims it expected (``Got invalid dimensions for input: state
 ... index: 1 Got: 64 Expected: 1``); when a length op refused (a reflect ``Pad``, a
 ``Conv`` or pooling window, an ``STFT`` frame longer than the guess:
-:data:`~mixprec.io.bounds.LENGTH_OPS`) it grows only the guessed dims that op's length
+:data:`~mixprec.inputs.bounds.LENGTH_OPS`) it grows only the guessed dims that op's length
 axes carry (the one axis ORT names for a Pad) to the next of :data:`GROWTH`. Any other
 refusal teaches nothing: no second run. At most :data:`MAX_RUNS` runs, and never a sample
-over :data:`~mixprec.io.feeds.MAX_SAMPLE_BYTES`; the notes say the shapes used and why,
+over :data:`~mixprec.inputs.feeds.MAX_SAMPLE_BYTES`; the notes say the shapes used and why,
 and when nothing works the one-line error names the input and the dim and gives a
 ``--shape`` to try.
 """
@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from mixprec.core.errors import MixprecError
-from mixprec.io.bounds import LENGTH_OPS, LENGTH_STEPS
-from mixprec.io.feeds import DEFAULT_SYMBOLIC_DIM, MAX_SAMPLE_BYTES, GuessedDims
+from mixprec.inputs.bounds import LENGTH_OPS, LENGTH_STEPS
+from mixprec.inputs.feeds import DEFAULT_SYMBOLIC_DIM, MAX_SAMPLE_BYTES, GuessedDims
 from mixprec.runtime.engine import RuntimeRunError
 
 __all__ = ["GROWTH", "MAX_RUNS", "fit_shapes"]

@@ -16,7 +16,7 @@ from mixprec.core.metrics import DEFAULT_RTOL, OutputComparison, compare_outputs
 from mixprec.core.ops import DEFAULT_ATOL, DTYPE_ATTRS, parse_dtype
 from mixprec.core.output_kinds import classify_outputs
 from mixprec.core.registry import node_info
-from mixprec.io.feeds import feeds_for
+from mixprec.inputs.feeds import feeds_for
 from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
 from mixprec.runtime.engines import check_plan, engine_for, run_model

@@ -44,7 +44,7 @@ from mixprec.core.metrics import (
 )
 from mixprec.core.ops import TOLERANCES
 from mixprec.core.output_kinds import OutputKind, shape_class_axis
-from mixprec.io.feeds import feeds_for
+from mixprec.inputs.feeds import feeds_for
 
 __all__ = [
     "BUILTIN_METRICS",

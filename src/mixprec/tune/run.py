@@ -26,7 +26,7 @@ import onnx_ir as ir
 from mixprec.calibrate.measure import CALIBRATION
 from mixprec.core.errors import MixprecError
 from mixprec.core.output_kinds import classify_outputs
-from mixprec.io.feeds import (
+from mixprec.inputs.feeds import (
     calibration_feeds,
     feeds_for,
     guessed_dims,

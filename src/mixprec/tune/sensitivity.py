@@ -35,7 +35,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec.core.graphs import UniqueNames
-from mixprec.io.feeds import feeds_for
+from mixprec.inputs.feeds import feeds_for
 from mixprec.runtime.engine import LoadHints, RuntimeOptions, RuntimeRunError, Session
 from mixprec.runtime.engines import engine_for
 

@@ -36,8 +36,8 @@ import onnx_ir as ir
 
 from mixprec.core.constants import const_tensor
 from mixprec.core.errors import MixprecError
+from mixprec.inputs.feeds import Feeds
 from mixprec.io.external import clone_model, release_mapped_pages
-from mixprec.io.feeds import Feeds
 from mixprec.weights.awq import scale_inputs
 from mixprec.weights.blocks import BlockSpec
 from mixprec.weights.config import WeightsConfig

@@ -27,7 +27,7 @@ import onnx_ir as ir
 
 from mixprec.calibrate.runner import stream_tensors
 from mixprec.core.batching import runs_within
-from mixprec.io.feeds import Feeds
+from mixprec.inputs.feeds import Feeds
 from mixprec.weights.inputs import LAYER_INPUTS, LayerData
 from mixprec.weights.select import matmul_weight, weight_decision
 

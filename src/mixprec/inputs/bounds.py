@@ -4,7 +4,7 @@ A generated input must be long enough for the ops that read it directly: a refle
 ``Pad`` needs more samples than its pad width, a ``Conv`` or pooling window at least its
 kernel (less the padding), an ``STFT`` at least one frame. :func:`length_bounds` reads
 them from every graph (subgraphs too, which see the main graph's inputs by name);
-:func:`~mixprec.io.feeds.resolve_input_shapes` guesses at least that much.
+:func:`~mixprec.inputs.feeds.resolve_input_shapes` guesses at least that much.
 
 When such an op still refuses a generated input, :func:`length_readers` says which guessed
 input dims its length axes carry (followed through the graph by ONNX shape inference), so

@@ -1,4 +1,4 @@
-"""Tests of mixprec.io.feeds: input shapes, generated inputs, .npz files, calibration streams."""
+"""Tests of mixprec.inputs.feeds: input shapes, generated inputs, .npz files, streams."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from mixprec.core.errors import MixprecError
-from mixprec.io.feeds import load_inputs_npz, make_inputs, resolve_input_shapes
+from mixprec.inputs.feeds import load_inputs_npz, make_inputs, resolve_input_shapes
 from proto_builders import (
     BF16,
     F16,
@@ -154,7 +154,7 @@ def test_load_inputs_npz(tmp_path: Path) -> None:
 
 
 def test_iter_calibration_npz_leading_axis_and_folder(tmp_path: Path) -> None:
-    from mixprec.io.feeds import iter_calibration_npz
+    from mixprec.inputs.feeds import iter_calibration_npz
 
     model = _input_model([_vi("x", F32, ["N", 3]), _vi("ids", TensorProto.INT64, ["N"])])
     stacked = tmp_path / "calib.npz"
@@ -190,7 +190,7 @@ def test_iter_calibration_npz_leading_axis_and_folder(tmp_path: Path) -> None:
 def test_an_npz_of_one_sample_is_one_sample_everywhere(tmp_path: Path) -> None:
     """Issue 17: every command's --inputs takes the same forms; an .npz whose arrays have
     the inputs' own ranks is one sample, not a stack of rows."""
-    from mixprec.io.feeds import iter_calibration_npz
+    from mixprec.inputs.feeds import iter_calibration_npz
 
     model = _input_model([_vi("x", F32, ["N", 3]), _vi("ids", TensorProto.INT64, ["N"])])
     one = tmp_path / "one.npz"

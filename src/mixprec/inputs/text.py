@@ -26,7 +26,7 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
-from mixprec.io.signature import ModelArg, as_ir, declared_dims, dtype_of, graph_inputs
+from mixprec.inputs.signature import ModelArg, as_ir, declared_dims, dtype_of, graph_inputs
 
 __all__ = [
     "DEFAULT_WINDOW",

@@ -6,7 +6,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx import TensorProto, helper, numpy_helper
 
-from mixprec.io.bounds import length_bounds, next_step
+from mixprec.inputs.bounds import length_bounds, next_step
 
 
 def _ir(nodes, inputs, inits, opset: int = 18) -> ir.Model:

@@ -9,7 +9,7 @@
   weighs (:data:`MAX_SAMPLE_BYTES` bounds what mixprec generates unasked).
 * :func:`make_inputs` generates one seeded feed dict from the signature.
 
-Given samples (``.npz`` files, calibration streams) are read by :mod:`mixprec.io.samples`,
+Given samples (``.npz`` files, calibration streams) are read by :mod:`mixprec.inputs.samples`,
 whose functions are re-exported here.
 """
 
@@ -24,14 +24,14 @@ import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.ops import FLOAT_TYPES
-from mixprec.io.bounds import LENGTH_STEPS, length_bounds, length_readers, next_step
-from mixprec.io.samples import (
+from mixprec.inputs.bounds import LENGTH_STEPS, length_bounds, length_readers, next_step
+from mixprec.inputs.samples import (
     calibration_feeds,
     feeds_for,
     iter_calibration_npz,
     load_inputs_npz,
 )
-from mixprec.io.signature import (
+from mixprec.inputs.signature import (
     Feeds,
     ModelArg,
     as_ir,
@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 #: Symbolic dims without a user shape: a batch-like dim gets 1, others this value (or
-#: the first of :data:`~mixprec.io.bounds.LENGTH_STEPS` above what the ops need).
+#: the first of :data:`~mixprec.inputs.bounds.LENGTH_STEPS` above what the ops need).
 DEFAULT_SYMBOLIC_DIM = LENGTH_STEPS[0]
 #: The most bytes one generated sample may take, the inputs the user gave a shape for
 #: aside (theirs is whatever ``--shape`` asks for).
@@ -248,7 +248,7 @@ class GuessedDims(dict[tuple[str, int], str]):
 
     def readers(self, node: str) -> dict[int, list[tuple[str, int]]]:
         """``{node axis: [(input, axis), ...]}``: the guessed dims that the length axes of
-        node ``node``'s first input carry (:func:`~mixprec.io.bounds.length_readers`)."""
+        node ``node``'s first input carry (:func:`~mixprec.inputs.bounds.length_readers`)."""
         if self._readers is None:
             found = length_readers(self.model, self) if self.model is not None else {}
             self._readers = found

@@ -22,7 +22,7 @@ import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.ops import is_float_dtype
-from mixprec.io.signature import (
+from mixprec.inputs.signature import (
     BF16,
     Feeds,
     ModelArg,

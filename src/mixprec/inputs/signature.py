@@ -1,6 +1,6 @@
 """A model's input signature: the graph inputs a caller feeds, their element types and
-declared dims (shared by generated inputs, :mod:`mixprec.io.feeds`, and given samples,
-:mod:`mixprec.io.samples`)."""
+declared dims (shared by generated inputs, :mod:`mixprec.inputs.feeds`, and given samples,
+:mod:`mixprec.inputs.samples`)."""
 
 from __future__ import annotations
 
