@@ -106,7 +106,7 @@ def test_collect_absmax_bisects_failing_chunks(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A tensor ORT refuses to expose is skipped with a warning; the others are kept."""
-    from mixprec.runtime.probes import ProbeSession, VariantRunner
+    from mixprec.calibrate.probes import ProbeSession, VariantRunner
 
     real_run = VariantRunner.run
 
@@ -128,7 +128,7 @@ def test_collect_absmax_bisects_failing_chunks(
 
 def test_collect_absmax_in_graph_matches_fetching(monkeypatch: pytest.MonkeyPatch) -> None:
     """The in-graph ReduceMax(Abs) path gives the same ranges and shapes as fetching."""
-    from mixprec.runtime.probes import ProbeSession
+    from mixprec.calibrate.probes import ProbeSession
 
     feeds = {"x": np.array([0.25, -0.5], np.float32), "cond": np.array(False)}
     shapes_fast: dict[str, list[int]] = {}

@@ -28,14 +28,14 @@ import pytest
 from onnx import helper
 
 from mixprec.calibrate.observers import HistogramObserver, TensorStats
+from mixprec.calibrate.probe_nodes import draw_positions, sample_indices
+from mixprec.calibrate.probes import ProbeSession, Subsample
 from mixprec.calibrate.runner import calibrate
 from mixprec.int8.params import (
     entropy_threshold,
     mse_threshold,
     percentile_threshold,
 )
-from mixprec.runtime.probe_nodes import draw_positions, sample_indices
-from mixprec.runtime.probes import ProbeSession, Subsample
 from proto_builders import F32, _model, _tensor, _vi
 
 #: Values sampled per tensor and sample in these tests (tensors hold up to 65536).

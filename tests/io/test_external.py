@@ -983,7 +983,7 @@ def test_calibration_lets_ort_map_the_model_files_and_measures_the_same(tmp_path
     }
     assert refs["k"]["location"] == "m.bin" and "k" not in arrays, (refs, sorted(arrays))
     assert int(refs["k"]["length"]) == 8 * 300 * 4
-    from mixprec.runtime.probes import ProbeSession
+    from mixprec.calibrate.probes import ProbeSession
 
     probe = ProbeSession.create(on_disk, [("c", ir.DataType.FLOAT)], threads=1)
     assert probe is not None, "ORT could not build the session that maps the model's files"

@@ -20,11 +20,11 @@ from onnx import helper
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import rel_l2_error
+from mixprec.guard.validate import validate_models
 from mixprec.inputs.feeds import make_inputs
 from mixprec.runtime.cpu import cpu_features, parse_cpuinfo
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions
 from mixprec.runtime.engines import ENGINES, check_plan, engine_for, run_model
-from mixprec.runtime.validation import validate_models
 from proto_builders import BF16, F16, F32, _fp16_mlp, _model, _vi
 
 #: ONNX Runtime with its basic graph optimizations, as the tests' references run.

@@ -80,8 +80,8 @@ def test_ort_cpu_lacks_bfloat16_kernels(op: str) -> None:
 
 def test_large_model_paths_use_external_data(monkeypatch: pytest.MonkeyPatch) -> None:
     """Models over the protobuf limit run through a temporary external-data file."""
+    import mixprec.calibrate.probes
     import mixprec.runtime.ort
-    import mixprec.runtime.probes
 
     big = np.linspace(-3.0, 2.0, 4096, dtype=np.float32)
     model = _model(
@@ -96,7 +96,7 @@ def test_large_model_paths_use_external_data(monkeypatch: pytest.MonkeyPatch) ->
     )
     before = model.SerializeToString()
     monkeypatch.setattr(mixprec.runtime.ort, "INLINE_LIMIT", 1000)
-    monkeypatch.setattr(mixprec.runtime.probes, "INLINE_LIMIT", 1000)
+    monkeypatch.setattr(mixprec.calibrate.probes, "INLINE_LIMIT", 1000)
     x = np.full(4096, 2.0, np.float32)
     out = run_model(model, {"x": x}, BASIC)["y"]
     np.testing.assert_allclose(out, 4 * big, rtol=1e-6)

@@ -31,6 +31,7 @@ from mixprec.calibrate.observers import (
     is_float_array,
     make_observer,
 )
+from mixprec.calibrate.probes import Subsample
 from mixprec.calibrate.sampler import Observed, SampleRunner
 from mixprec.calibrate.static import static_stats
 from mixprec.core.errors import MixprecError
@@ -38,7 +39,6 @@ from mixprec.core.graphs import is_constant_node
 from mixprec.core.ops import FLOAT_TYPES
 from mixprec.inputs.feeds import Feeds, calibration_feeds, feeds_for
 from mixprec.runtime.emulate import element_types
-from mixprec.runtime.probes import Subsample
 
 #: Values each tensor gives a histogram per sample (``calibrate(subsample=...)``).
 SUBSAMPLE = Subsample().size

@@ -4,9 +4,9 @@
 measures to :class:`Observed`, the observers of one calibration run by tensor name:
 
 * every float tensor is measured by ``ReduceMin``/``ReduceMax`` probes placed right
-  after its producer (:class:`~mixprec.runtime.probes.ProbeSession`: one ONNX Runtime
+  after its producer (:class:`~mixprec.calibrate.probes.ProbeSession`: one ONNX Runtime
   session, built once, run once per sample; no full-size intermediate leaves it); for a
-  histogram, the probes also give a :class:`~mixprec.runtime.probes.Subsample` of each
+  histogram, the probes also give a :class:`~mixprec.calibrate.probes.Subsample` of each
   tensor's values and its exact largest ``|x|`` (a tensor no larger than half the
   sample is taken whole, and counted as fetched);
 * tensors holding NaN, and models the probes cannot run in, fetch the tensors as extra
@@ -34,12 +34,12 @@ from mixprec.calibrate.observers import (
     is_float_array,
     make_observer,
 )
+from mixprec.calibrate.probe_nodes import sample_indices
+from mixprec.calibrate.probes import ProbeSession, Subsample, VariantRunner
 from mixprec.core.batching import runs_within
 from mixprec.core.errors import MixprecError
 from mixprec.io.external import DATA_FOLDER
 from mixprec.io.protos import weightless_proto
-from mixprec.runtime.probe_nodes import sample_indices
-from mixprec.runtime.probes import ProbeSession, Subsample, VariantRunner
 
 __all__ = ["FETCH_BYTES", "Observed", "SampleRunner"]
 

@@ -59,6 +59,7 @@ from mixprec.guard.checks import (
     shown,
 )
 from mixprec.guard.samples import Samples, split_for_guard
+from mixprec.guard.validate import detect_low_dtype
 from mixprec.inputs.feeds import feeds_for
 from mixprec.int8.config import QuantizeConfig
 from mixprec.int8.speed import decide, time_paired
@@ -71,7 +72,6 @@ from mixprec.pipeline.report import Report
 from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
 from mixprec.runtime.engines import check_plan, engine_for
-from mixprec.runtime.validation import detect_low_dtype
 from mixprec.tune.metrics import Labels
 from mixprec.tune.options import tune_from_options
 

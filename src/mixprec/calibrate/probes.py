@@ -3,7 +3,7 @@ default; any engine through :func:`~mixprec.runtime.engines.engine_for`).
 
 * :class:`ProbeSession`: the model with ``ReduceMin``/``ReduceMax``/``Shape`` probes
   after each measured tensor (and, for histograms, a :class:`Subsample` of its values:
-  nodes in :mod:`mixprec.runtime.probe_nodes`), built once and run once per sample.
+  nodes in :mod:`mixprec.calibrate.probe_nodes`), built once and run once per sample.
 * :class:`VariantRunner`: copies of the model whose graph outputs are swapped for the
   tensors to fetch (the fallback, and the path of observers that need the data).
 """
@@ -21,14 +21,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from mixprec.core.errors import MixprecError
-from mixprec.core.limits import INLINE_LIMIT
-from mixprec.core.ops import onnx_opset
-from mixprec.io.external import DATA_FOLDER
-from mixprec.io.protos import weightless_proto
-from mixprec.runtime.engine import LoadHints, RuntimeOptions, Session
-from mixprec.runtime.engines import engine_for
-from mixprec.runtime.probe_nodes import (
+from mixprec.calibrate.probe_nodes import (
     POSITIONS,
     SampleConstants,
     channel_nodes,
@@ -36,6 +29,13 @@ from mixprec.runtime.probe_nodes import (
     range_nodes,
     sample_nodes,
 )
+from mixprec.core.errors import MixprecError
+from mixprec.core.limits import INLINE_LIMIT
+from mixprec.core.ops import onnx_opset
+from mixprec.io.external import DATA_FOLDER
+from mixprec.io.protos import weightless_proto
+from mixprec.runtime.engine import LoadHints, RuntimeOptions, Session
+from mixprec.runtime.engines import engine_for
 from mixprec.runtime.source import check_external, external_skeleton
 
 __all__ = ["ProbeSession", "Subsample", "VariantRunner"]
@@ -110,7 +110,7 @@ class ProbeSession:
         #: (sample, largest ``|x|``) of the last :meth:`run` by tensor name (``subsample=``).
         self.last_samples: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         #: The positions the last :meth:`run` sampled at (see
-        #: :func:`~mixprec.runtime.probe_nodes.sample_indices`).
+        #: :func:`~mixprec.calibrate.probe_nodes.sample_indices`).
         self.last_positions = np.zeros(0)
 
     @classmethod

@@ -1,4 +1,4 @@
-"""Tests of mixprec.runtime.validation: validating a converted model against its original."""
+"""Tests of mixprec.guard.validate: validating a converted model against its original."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import DEFAULT_RTOL
+from mixprec.guard.validate import validate_models
 from mixprec.inputs.feeds import make_inputs
 from mixprec.runtime.engine import RuntimeOptions
-from mixprec.runtime.validation import validate_models
 from proto_builders import (
     BF16,
     _fp16_mlp,

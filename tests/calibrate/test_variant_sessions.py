@@ -1,4 +1,4 @@
-""":class:`mixprec.runtime.probes.VariantRunner` keeps its sessions (one per output set)
+""":class:`mixprec.calibrate.probes.VariantRunner` keeps its sessions (one per output set)
 within a budget of weight bytes: each session holds the model's weights on its own, so a
 model over half the budget keeps one session at a time, and its outputs are unchanged."""
 
@@ -9,8 +9,8 @@ import onnx
 import pytest
 from onnx import helper
 
-from mixprec.runtime import probes
-from mixprec.runtime.probes import VariantRunner
+from mixprec.calibrate import probes
+from mixprec.calibrate.probes import VariantRunner
 from text_models import filled_model
 
 TEXT = """<ir_version: 8, opset_import: ["" : 17]>

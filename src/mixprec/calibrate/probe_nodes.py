@@ -1,4 +1,4 @@
-"""The nodes a :class:`~mixprec.runtime.probes.ProbeSession` adds after a measured tensor.
+"""The nodes a :class:`~mixprec.calibrate.probes.ProbeSession` adds after a measured tensor.
 
 * :func:`range_nodes`: its exact ``ReduceMin``, ``ReduceMax`` and ``Shape``;
 * :func:`channel_nodes`: a per-channel ``ReduceMean`` or ``ReduceMax(Abs(x))``;
