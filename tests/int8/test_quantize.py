@@ -723,3 +723,21 @@ def test_a_placement_is_pruned_only_when_its_interval_is_past_the_bar():
     slow = {"fp32": fp32, "slow": [0.6, 0.55, 0.58, 0.5, 0.46]}
     assert _qspeed._hopeless(slow, "slow", bar=0.40)
     assert _qspeed.median_interval([0.6, 0.55, 0.58, 0.5, 0.46]) == (0.46, 0.6)
+
+
+def test_a_faster_placement_the_rows_cannot_confirm_keeps_what_was_timed(monkeypatch):
+    """When the speed plan picks an INT8 placement (here: timed 0.5x FP32, the clock set
+    by the test) and its pass on 2 in-sample samples cannot be confirmed, the input is
+    written unchanged and the report still says what was timed (before: its speed
+    section was gone, and test_speed_auto_... failed whenever a loaded machine made
+    INT8 look faster)."""
+    from mixprec.int8 import speed as _qspeed
+
+    def timed_half(sessions, _feeds, _bar=None):
+        return {label: [1e-3 if label == "fp32" else 5e-4] * 20 for label in sessions}
+
+    monkeypatch.setattr(_qspeed, "time_paired", timed_half)
+    result = mixprec.quantize(_cnn(), _samples(2))
+    speed = result.report.quantization["speed"]
+    assert speed["chosen"] != "fp32" and speed["ratio"][speed["chosen"]] == pytest.approx(0.5)
+    assert result.report.unchanged and "cannot confirm" in " ".join(result.report.notes)
