@@ -1,4 +1,4 @@
-"""The data-free scale search (weights/search.py), activation-aware scaling
+"""The data-free scale search (weights/scale_search.py), activation-aware scaling
 (weights/awq.py) and the size budget (weights/sensitivity.py), against round to nearest
 and FP32 in numpy and in ONNX Runtime's MatMulNBits, on seeded weights and the tiny
 decoder of tests/llm_models.py (a few KB)."""
@@ -20,7 +20,7 @@ from mixprec.weights.awq import scale_groups, scale_inputs
 from mixprec.weights.blocks import BlockSpec, quantize_rtn
 from mixprec.weights.config import WeightsConfig
 from mixprec.weights.inputs import LAYER_INPUTS, LayerData
-from mixprec.weights.search import quantize_search
+from mixprec.weights.scale_search import quantize_search
 from mixprec.weights.select import SelectWeightsPass
 from mixprec.weights.stats import attach_hessians, collect_hessians, hessian_inputs
 

@@ -8,8 +8,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from mixprec.batch.engine import OnRow, Plan
 from mixprec.batch.jobs import Job
+from mixprec.batch.pool import OnRow, Plan
 from mixprec.batch.process import WorkerProcess
 from mixprec.core.errors import MixprecError
 

@@ -21,8 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mixprec.batch.engine import OnRow, Plan
 from mixprec.batch.jobs import Job
+from mixprec.batch.pool import OnRow, Plan
 from mixprec.batch.process import WorkerProcess
 from mixprec.core.errors import MixprecError
 

@@ -12,10 +12,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mixprec.batch.engine import Engine, Plan
 from mixprec.batch.jobs import OPTION_NAMES, Job, find_jobs
 from mixprec.batch.local import LocalEngine
 from mixprec.batch.page import write_page
+from mixprec.batch.pool import Engine, Plan
 from mixprec.batch.process import sweep_staging
 from mixprec.batch.ray_engine import RayEngine
 from mixprec.batch.results import BatchResult, append_row, latest, read_rows, still_good

@@ -19,7 +19,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.weights.blocks import BlockQuant, BlockSpec, quantize_rtn
 from mixprec.weights.gptq import gptq_quantize, inverse_factor
 from mixprec.weights.inputs import LayerData
-from mixprec.weights.search import quantize_search
+from mixprec.weights.scale_search import quantize_search
 
 __all__ = [
     "AUTO",
@@ -96,7 +96,7 @@ def _gptq(weight: np.ndarray, spec: BlockSpec, inputs: object | None) -> BlockQu
 
 
 def _search(weight: np.ndarray, spec: BlockSpec, inputs: object | None) -> BlockQuant:
-    """The searched scales (:mod:`mixprec.weights.search`), each input channel's error
+    """The searched scales (:mod:`mixprec.weights.scale_search`), each input channel's error
     weighted by its mean square where the layer's statistics were recorded."""
     if not isinstance(inputs, LayerData):
         return quantize_search(weight, spec)
