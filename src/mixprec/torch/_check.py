@@ -24,7 +24,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import DEFAULT_RTOL, OutputComparison, compare_outputs
 from mixprec.core.ops import DEFAULT_ATOL
 from mixprec.core.output_kinds import OutputKind
-from mixprec.guard.checks import GuardBudget, OutputCheck, check_outputs, row_budget
+from mixprec.guard.checks import OutputCheck, row_budget, row_readings
 
 __all__ = ["CHECK_ATOL", "CheckReport", "TorchCheckError", "check_module", "perturbed"]
 
@@ -211,19 +211,5 @@ def check_module(
         refs.append(ref)
         outs.append(out)
     named = dict(zip(output_names, kinds or [OutputKind("other")] * len(output_names), strict=True))
-    checks = _row_checks(refs, outs, named, row_budget(dtype, threshold, atol))
-    return CheckReport(dtype, threshold, atol, runtime, tuple(results), checks)
-
-
-def _row_checks(
-    refs: list[dict[str, np.ndarray]],
-    outs: list[dict[str, np.ndarray]],
-    kinds: dict[str, OutputKind],
-    budget: GuardBudget,
-) -> tuple[OutputCheck, ...]:
-    """The outputs read as rows over every input; none where a shape changed (the
-    comparisons' miss) or the only reading is the whole tensor's rel L2 (already there)."""
-    if any(np.shape(r[k]) != np.shape(o[k]) for r, o in zip(refs, outs, strict=True) for k in r):
-        return ()
-    checks = check_outputs(refs, outs, kinds, budget)
-    return tuple(c for c in checks if c.kind != "rel-l2")
+    checks = row_readings(refs, outs, named, row_budget(dtype, threshold, atol))
+    return CheckReport(dtype, threshold, atol, runtime, tuple(results), tuple(checks))
