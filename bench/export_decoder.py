@@ -106,6 +106,11 @@ class Decoder(torch.nn.Module):
         return (out.logits, *present)
 
 
+def head_dim(cfg: Any) -> int:
+    """The attention head width (Qwen2's config leaves it to hidden / heads)."""
+    return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+
+
 def _bias(allowed: torch.Tensor) -> torch.Tensor:
     return (1.0 - allowed.to(torch.float32)) * torch.finfo(torch.float32).min
 
@@ -141,13 +146,13 @@ def export(decoder: Decoder, folder: Path) -> Path:
     import onnx
 
     cfg = decoder.lm.config
-    heads, head_dim = int(cfg.num_key_value_heads), int(cfg.head_dim)
+    heads, width = int(cfg.num_key_value_heads), head_dim(cfg)
     inputs, outputs = io_names(decoder.layers)
     batch, seq, past = 2, 5, 3
     generator = torch.Generator().manual_seed(0)
     args = [torch.randint(0, 1000, (batch, seq), generator=generator),
             torch.ones(batch, past + seq, dtype=torch.int64)]
-    args += [torch.randn(batch, heads, past, head_dim, generator=generator)
+    args += [torch.randn(batch, heads, past, width, generator=generator)
              for _ in range(2 * decoder.layers)]
     axes: dict[str, dict[int, str]] = {
         "input_ids": {0: "batch", 1: "sequence"},
@@ -199,7 +204,7 @@ def verify(spec: Spec, lm: Any, tokenizer: Any, target: Path) -> dict[str, Any]:
     import onnxruntime as ort
 
     cfg = lm.config
-    layers, heads, head_dim = cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim
+    layers, heads, width = cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim(cfg)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
     session = ort.InferenceSession(str(target), options, providers=["CPUExecutionProvider"])
@@ -207,7 +212,7 @@ def verify(spec: Spec, lm: Any, tokenizer: Any, target: Path) -> dict[str, Any]:
     # 1. logits of a prompt with an empty past, then one step with that past
     ids = tokenizer(VERIFY_PROMPTS[0], return_tensors="np")["input_ids"].astype(np.int64)
     feeds = {"input_ids": ids, "attention_mask": np.ones_like(ids),
-             **empty_past(layers, 1, heads, head_dim)}
+             **empty_past(layers, 1, heads, width)}
     got = session.run(None, feeds)
     with torch.no_grad():
         ref = lm(input_ids=torch.from_numpy(ids), use_cache=True)
@@ -219,14 +224,14 @@ def verify(spec: Spec, lm: Any, tokenizer: Any, target: Path) -> dict[str, Any]:
         ref_step = lm(input_ids=torch.from_numpy(step), past_key_values=ref.past_key_values)
     found["step_rel_error"] = _rel(ref_step.logits.numpy(), session.run(["logits"], feeds)[0])
     # 2. a left-padded batch against its rows alone (last-position logits)
-    found["padded_batch_rel_error"] = _padded_batch(session, tokenizer, layers, heads, head_dim)
+    found["padded_batch_rel_error"] = _padded_batch(session, tokenizer, layers, heads, width)
     # 3. greedy decoding with the cache against transformers' generate
     prompt = tokenizer(spec.prompt, return_tensors="pt")
     with torch.no_grad():
         expected = lm.generate(**prompt, max_new_tokens=48, do_sample=False)[0].tolist()
     expected = expected[prompt["input_ids"].shape[1]:]
     tokens = ort_greedy(session, layers, prompt["input_ids"].numpy(), len(expected), heads,
-                        head_dim)
+                        width)
     found["greedy_tokens_equal"] = tokens == expected
     found["greedy_text"] = tokenizer.decode(tokens)
     print(f"export_{spec.name}: {json.dumps(found)}", flush=True)

@@ -233,15 +233,18 @@ def rank_for_repair(
     config: WeightsConfig,
     samples: Sequence[Feeds] | None,
     names: Sequence[str],
+    *,
+    streamed: bool = False,
 ) -> tuple[list[LayerScore], str]:
     """The repair's seam: ``names`` (quantized linear MatMuls of ``source``), most
     sensitive first, each with its score and its cost in bytes, and what the score is:
     the output error 8 bits saves per weight on ``samples``, calibration windows apart
-    from the check windows (:func:`mixprec.weights.sensitivity.rank_layers`); ``samples``
-    None (a streamed model, whose layer inputs would need the whole FP32 model in one
-    session, or no calibration data): the weight error 8 bits saves per weight."""
+    from the check windows (:func:`mixprec.weights.sensitivity.rank_layers`; ``streamed``:
+    the layer inputs tapped from the model run in pieces); ``samples`` None (no
+    calibration data): the weight error 8 bits saves per weight."""
     wanted = set(names)
-    ranked = [s for s in rank_layers(source, config, samples) if s.name in wanted]
+    scores = rank_layers(source, config, samples, streamed=streamed)
+    ranked = [s for s in scores if s.name in wanted]
     let_go(source)  # the ranking's graph copy and its X^T X sums
     if samples is None:
         return ranked, "weight error 8 bits saves per weight (no layer inputs read)"
@@ -356,8 +359,13 @@ class _Repair:
         context = self.context
         # ranked on calibration windows, graded on the check windows: a ranking fitted to
         # the windows that judge it would make a narrow pass there look surer than it is
-        samples = None if context.runs.streamed else context.rank_samples
-        ranked, what = rank_for_repair(context.source, context.config, samples, list(now))
+        ranked, what = rank_for_repair(
+            context.source,
+            context.config,
+            context.rank_samples,
+            list(now),
+            streamed=context.runs.streamed,
+        )
         missed = "; ".join(self.best[3])
         lo = 0
         last_to = ""

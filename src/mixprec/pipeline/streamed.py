@@ -6,7 +6,10 @@ the loaded ``onnx_ir`` model, whose weights are read-only maps of its data files
 quantization works on a copy of its graph that shares those maps and reads a weight a
 slice at a time (:mod:`mixprec.weights.slices`), and the checks run the FP32 and the
 quantized model in pieces of at most :data:`~mixprec.runtime.pieces.PIECE_BYTES` of
-weights (:mod:`mixprec.runtime.pieces`), so no whole session of either is built.
+weights (:mod:`mixprec.runtime.pieces`), so no whole session of either is built. A
+data-aware method (AWQ, GPTQ) reads its layer statistics the same way: the calibration
+samples run the FP32 model piece by piece, and each layer input is summed as its piece
+makes it (:func:`~mixprec.runtime.pieces.tap_in_pieces`).
 **Mapped models.** A smaller model read from a file with external data is not copied into
 protobuf either: the source is the loaded ``onnx_ir`` model (its weights memory-mapped),
 each quantization works on a copy of its graph that shares the maps, and the checks run
@@ -42,7 +45,6 @@ __all__ = [
     "Outputs",
     "Source",
     "keeps_mapped",
-    "refuse_streamed",
     "streamed_note",
     "streams",
     "work_copy",
@@ -139,13 +141,6 @@ def _mapped_outputs(
     return _outputs(proto.SerializeToString(), feeds, config, what, hints)
 
 
-_NO_STATISTICS = (
-    "weight method {method} reads X^T X statistics that need the whole FP32 model in one "
-    "ONNX Runtime session, which a streamed model (external data over 2 GB, or stream=True) "
-    "never gets: use --weight-method rtn"
-)
-
-
 def streamed_note(source: ir.Model) -> str:
     """The report's note on a streamed run."""
     size = external_bytes(source) / 1e9
@@ -159,8 +154,3 @@ def streamed_note(source: ir.Model) -> str:
         f"streamed: {read}; the checks run the FP32 and the quantized model in pieces of "
         f"at most {PIECE_BYTES >> 20} MB of weights"
     )
-
-
-def refuse_streamed(method_name: str) -> MixprecError:
-    """The one line a streamed run gives a method that needs layer statistics."""
-    return MixprecError(_NO_STATISTICS.format(method=method_name))

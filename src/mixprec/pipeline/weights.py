@@ -46,14 +46,13 @@ from mixprec.pipeline.stages import Pipeline, Stage
 from mixprec.pipeline.streamed import (
     ModelRuns,
     Source,
-    refuse_streamed,
     streamed_note,
     streams,
     work_copy,
 )
 from mixprec.weights.apply import QuantizeWeightsPass, QuantizeWeightsResult
 from mixprec.weights.config import WeightsConfig
-from mixprec.weights.methods import AUTO, WeightMethod, resolve_method
+from mixprec.weights.methods import WeightMethod, resolve_method
 from mixprec.weights.select import SelectWeightsPass, weight_decision
 from mixprec.weights.sensitivity import plan_layers
 from mixprec.weights.stats import WeightsData
@@ -388,19 +387,13 @@ def run_weights(
     result, then ``guard`` (``config.guard=False``: only the load-and-run check). A
     model that ONNX Runtime cannot load or run raises one line (:class:`MixprecError`)."""
     say = progress or (lambda _msg: None)
-    data = _weights_data(calibration_data, config)  # a generator is read once, here
+    streamed = isinstance(source, ir.Model) and streams(source, config)
+    data = _weights_data(calibration_data, config, streamed)  # a generator is read once, here
     graph = source if isinstance(source, ir.Model) else ir.from_proto(source)
     samples, where = check_samples(graph, data.samples if data else None, eval_data, config.shapes)
     del graph
-    streamed = isinstance(source, ir.Model) and streams(source, config)
-    # a streamed model reads no layer statistics: "auto" picks a data-free method there
-    auto_streamed = streamed and config.method == AUTO and data is not None
-    method, why = resolve_method(config.method, has_data=data is not None and not auto_streamed)
-    if auto_streamed:
-        why += "; a streamed model reads no layer statistics"
+    method, why = resolve_method(config.method, has_data=data is not None)
     runs = ModelRuns(source, config, streamed)
-    if streamed and method.needs_data:
-        raise refuse_streamed(method.name)
     model, report = quantize_weights_once(source, config, method, progress, data)
     # the run's notes go on the report returned last (a repair returns its own)
     notes = [why, *([streamed_note(source)] if isinstance(source, ir.Model) and streamed else [])]
@@ -439,9 +432,12 @@ STATS_SAMPLES = 32
 
 
 def _weights_data(
-    calibration_data: CalibrationData | None, config: WeightsConfig
+    calibration_data: CalibrationData | None, config: WeightsConfig, streamed: bool
 ) -> WeightsData | None:
-    """The first :data:`STATS_SAMPLES` calibration samples, as a list (None: none given)."""
+    """The first :data:`STATS_SAMPLES` calibration samples, as a list (None: none given);
+    ``streamed``: their layer statistics are tapped from the model run in pieces."""
     found = calibration_feeds(calibration_data)
     samples = [dict(s) for s in itertools.islice(found or (), STATS_SAMPLES)]
-    return WeightsData(samples, threads=config.runtime.threads) if samples else None
+    if not samples:
+        return None
+    return WeightsData(samples, threads=config.runtime.threads, streamed=streamed)

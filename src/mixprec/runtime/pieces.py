@@ -19,6 +19,10 @@ itself), any other large one as an in-memory initializer
 default (no second, repacked copy of the weights). Both run at the graph optimizations
 of the engine's own sessions (``optimization="all"``: what a deployment gets).
 
+:func:`tap_in_pieces` runs the pieces only as far as the last one that makes a value asked
+for, and hands each such value to a callback as its piece makes it (the layer inputs a
+data-aware weight method sums over, for a model no single session can hold).
+
 :func:`run_saved` runs a model held in memory (a weight-only result) from a temporary
 file with external data, which ONNX Runtime maps: on a 366 MB MatMulNBits model one
 prepacked session took 580 MB beside the model, against 900 MB when the same weights were
@@ -31,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +50,15 @@ from mixprec.io.protos import iter_node_graphs, weightless_proto
 from mixprec.runtime.engine import LoadHints, RuntimeLoadError, RuntimeOptions, RuntimeRunError
 from mixprec.runtime.engines import engine_for
 
-__all__ = ["PIECE_BYTES", "Piece", "plan_pieces", "run_in_pieces", "run_saved"]
+__all__ = [
+    "PIECE_BYTES",
+    "Piece",
+    "Taps",
+    "plan_pieces",
+    "run_in_pieces",
+    "run_saved",
+    "tap_in_pieces",
+]
 
 #: Initializer bytes one piece reads at most (unless one node alone reads more).
 PIECE_BYTES = 256 << 20
@@ -96,13 +108,17 @@ def _group(graph: onnx.GraphProto, sizes: Mapping[str, int], max_bytes: int) -> 
 
 
 def plan_pieces(
-    graph: onnx.GraphProto, sizes: Mapping[str, int], max_bytes: int = PIECE_BYTES
+    graph: onnx.GraphProto,
+    sizes: Mapping[str, int],
+    max_bytes: int = PIECE_BYTES,
+    extra: Collection[str] = (),
 ) -> list[Piece]:
-    """``graph``'s main nodes cut into pieces (module doc); ``sizes``: bytes by initializer."""
+    """``graph``'s main nodes cut into pieces (module doc); ``sizes``: bytes by initializer;
+    ``extra``: values a piece hands on as well, whoever reads them (the taps)."""
     pieces = _group(graph, sizes, max_bytes)
     initializers = {t.name for t in graph.initializer}
     available = {v.name for v in graph.input} - initializers
-    needed = {v.name for v in graph.output}
+    needed = {v.name for v in graph.output} | set(extra)
     later: list[set[str]] = []
     for piece in reversed(pieces):  # what the pieces after each one read
         later.append(set(needed))
@@ -157,6 +173,54 @@ def run_in_pieces(
     Raises:
         MixprecError: ONNX Runtime cannot load or run a piece (``what``: the message).
     """
+    options = runtime or RuntimeOptions(threads=threads)
+    envs = _run_pieces(model, feeds, options, max_bytes, prepack, what, Taps())
+    outputs = [v.name for v in model.graph.outputs if v.name]
+    return [{n: env[n] for n in outputs if n in env} for env in envs]
+
+
+@dataclasses.dataclass(frozen=True)
+class Taps:
+    """Values handed to ``consume(sample_index, name, array)`` as soon as a piece makes
+    them, instead of the graph's outputs: a run with taps stops after the last piece
+    that makes one, and keeps no value longer than a later piece reads it."""
+
+    names: frozenset[str] = frozenset()
+    consume: Callable[[int, str, np.ndarray], None] | None = None
+
+
+def tap_in_pieces(
+    model: ir.Model,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    taps: Taps,
+    *,
+    threads: int,
+    max_bytes: int | None = None,
+    what: str = "ONNX Runtime cannot run the model",
+) -> None:
+    """Runs ``model`` one piece at a time (module doc) and hands each value of ``taps``
+    (made by a main-graph node, or a graph input) to ``taps.consume`` per sample: the
+    layer inputs of a model too large for one session, in bounded memory. ``max_bytes``
+    None: :data:`PIECE_BYTES`.
+
+    Raises:
+        MixprecError: ONNX Runtime cannot load or run a piece (``what``: the message).
+    """
+    options = RuntimeOptions(threads=threads)
+    _run_pieces(model, feeds, options, max_bytes or PIECE_BYTES, False, what, taps)
+
+
+def _run_pieces(
+    model: ir.Model,
+    feeds: Sequence[Mapping[str, np.ndarray]],
+    options: RuntimeOptions,
+    max_bytes: int | None,
+    prepack: bool,
+    what: str,
+    taps: Taps,
+) -> list[dict[str, np.ndarray]]:
+    """Each piece built, run on every feed dict and dropped in turn; the values each
+    later piece reads (and the graph's outputs, or the taps) kept per feed dict."""
     folder = model.meta.get(DATA_FOLDER)
     proto, arrays = weightless_proto(model, data_folder=folder)
     sizes = {
@@ -164,17 +228,17 @@ def run_in_pieces(
         for name, value in model.graph.initializers.items()
         if value.const_value is not None
     }
-    pieces = plan_pieces(proto.graph, sizes, max_bytes or sys.maxsize)
+    pieces = plan_pieces(proto.graph, sizes, max_bytes or sys.maxsize, extra=taps.names)
     envs = [dict(f) for f in feeds]
-    outputs = [o.name for o in proto.graph.output]
-    keep = set(outputs)
+    keep = set() if taps.consume else {o.name for o in proto.graph.output}
+    _hand(envs, taps, {v.name for v in proto.graph.input})
+    last = max((i for i, p in enumerate(pieces) if taps.names & set(p.outputs)), default=-1)
     for index, piece in enumerate(pieces):
-        if not piece.outputs:
-            continue  # nothing after it reads what it makes (dead nodes)
+        if not piece.outputs or (taps.consume and index > last):
+            continue  # nothing after it reads what it makes (dead nodes, or past the taps)
         source = _piece_model(proto, piece, envs[0])
         external = {n: arrays[n] for n in piece.initializers if n in arrays}
         hints = LoadHints(external=external, data_folder=folder, prepack=prepack)
-        options = runtime or RuntimeOptions(threads=threads)
         try:
             session = engine_for(options).session(source, options, hints=hints)
             for env in envs:
@@ -182,11 +246,22 @@ def run_in_pieces(
         except (RuntimeLoadError, RuntimeRunError) as e:
             raise MixprecError(f"{what}: {e}") from None
         del session
+        _hand(envs, taps, set(piece.outputs))
         later = keep | {n for p in pieces[index + 1 :] for n in p.inputs}
         for env in envs:
             for name in [n for n in env if n not in later]:
                 del env[name]
-    return [{n: env[n] for n in outputs if n in env} for env in envs]
+    return envs
+
+
+def _hand(envs: list[dict[str, np.ndarray]], taps: Taps, made: set[str]) -> None:
+    """Hands the tapped values among ``made`` to ``taps.consume``, sample by sample."""
+    if taps.consume is None:
+        return
+    for name in sorted(taps.names & made):
+        for index, env in enumerate(envs):
+            if name in env:
+                taps.consume(index, name, np.asarray(env[name]))
 
 
 def run_saved(

@@ -36,7 +36,7 @@ from mixprec.weights.config import WeightsConfig
 from mixprec.weights.inputs import LAYER_INPUTS, LayerData
 from mixprec.weights.methods import WeightMethod
 from mixprec.weights.select import WEIGHTS, WeightDecision, WeightSource, weight_decision
-from mixprec.weights.slices import quantize_in_slices
+from mixprec.weights.slices import SLICE_BYTES, quantize_in_slices
 
 __all__ = ["MS_DOMAIN", "QuantizeWeightsPass", "QuantizeWeightsResult"]
 
@@ -132,14 +132,21 @@ class QuantizeWeightsPass(ir.passes.InPlacePass):
         return self._packed[key]
 
     def _quantize(self, source: WeightSource, spec: BlockSpec, inputs: object) -> BlockQuant:
-        """The method's codes for ``source``; without layer statistics a large weight is
-        quantized a slice of columns at a time, and a memory-mapped weight's pages are
-        let go after it is read (:mod:`mixprec.weights.slices`)."""
+        """The method's codes for ``source``: a large weight is quantized a slice of
+        columns at a time (each slice with the layer's statistics, if any), and a
+        memory-mapped weight's pages are let go after it is read
+        (:mod:`mixprec.weights.slices`); a small one with statistics once, cached (the
+        ranking made the same codes)."""
         matrix = source.matrix()
-        if isinstance(inputs, LayerData):
+        if isinstance(inputs, LayerData) and matrix.nbytes <= SLICE_BYTES:
             return self.method.quantize(matrix, spec, inputs)
+        data = inputs if isinstance(inputs, LayerData) else None
+
+        def one(w: np.ndarray) -> BlockQuant:
+            return self.method.quantize(w, spec, data.for_slice() if data else None)
+
         release = self._release
-        quant = quantize_in_slices(lambda w: self.method.quantize(w, spec, None), matrix, release)
+        quant = quantize_in_slices(one, matrix, release)
         if matrix.nbytes >= RELEASE_EVERY:
             release()
         return quant

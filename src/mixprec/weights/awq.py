@@ -23,7 +23,8 @@ node and its float output is unchanged up to rounding:
 An input produced otherwise (attention's output, read by ``o_proj``; a GELU), read by
 anything but the group's MatMuls (``Shape`` aside), or whose constants are shared, is
 left unscaled, and the note counts it. Each scaled group's ``H`` becomes that of the scaled input,
-``H / (s s^T)``, for the rounding and the sensitivity scores that follow.
+``H / (s s^T)``, for the rounding and the sensitivity scores that follow (made when read:
+:class:`~mixprec.weights.inputs.LayerData`).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from mixprec.weights.blocks import BlockSpec, quantize_rtn
 from mixprec.weights.config import WeightsConfig
 from mixprec.weights.inputs import LAYER_INPUTS, LayerData
 from mixprec.weights.select import WeightSource, matmul_weight, weight_decision
+from mixprec.weights.slices import column_slices
 
 __all__ = ["ALPHAS", "ScaleGroup", "scale_groups", "scale_inputs", "search_alpha"]
 
@@ -189,7 +191,8 @@ def search_alpha(
 ) -> tuple[float, np.ndarray, float, float]:
     """``(alpha, s, error, error at alpha 0)`` of the least summed output error (module
     doc) over ``weights`` (each ``[K, N]``) reading one input of second moment
-    ``hessian``: :data:`ALPHAS`' quarters first, then the eighths beside the best."""
+    ``hessian``: :data:`ALPHAS`' quarters first, then the eighths beside the best. A
+    large weight is read a slice of columns at a time (a memory-mapped one stays mapped)."""
     h = np.asarray(hessian, np.float32)
     errors: dict[float, tuple[np.ndarray, float]] = {}
 
@@ -197,9 +200,11 @@ def search_alpha(
         if alpha not in errors:
             s = _rms_scales(hessian, alpha)
             total = 0.0
-            for w in weights:
-                d = w - quantize_rtn(w * s[:, None], spec).dequantize() / s[:, None]
-                total += float(np.einsum("kn,kn->", d, h @ d))
+            for matrix in weights:  # a slice of columns at a time: the error sums columns
+                for part in column_slices(*matrix.shape):
+                    w = np.asarray(matrix[:, part], np.float32)
+                    d = w - quantize_rtn(w * s[:, None], spec).dequantize() / s[:, None]
+                    total += float(np.einsum("kn,kn->", d, h @ d))
             errors[alpha] = (s, total)
         return errors[alpha][1]
 
@@ -215,16 +220,33 @@ def _divide(value: ir.Value, axis: int, s: np.ndarray) -> None:
     assert tensor is not None
     shape = [1] * len(tensor.shape)
     shape[axis] = len(s)
-    array = tensor.numpy() / s.reshape(shape)
-    value.const_value = ir.tensor(array.astype(np.float32), name=value.name)
+    _rescale(value, tensor, s.reshape(shape), divide=True)
 
 
 def _scale_weight(source: WeightSource, s: np.ndarray) -> None:
     tensor = const_tensor(source.value)
     assert tensor is not None
-    stored = tensor.numpy()
-    array = stored * (s[None, :] if source.transposed else s[:, None])
-    source.value.const_value = ir.tensor(array.astype(np.float32), name=source.value.name)
+    _rescale(source.value, tensor, s[None, :] if source.transposed else s[:, None])
+
+
+def _rescale(
+    value: ir.Value,
+    tensor: ir.TensorProtocol,
+    factor: np.ndarray,
+    divide: bool = False,
+) -> None:
+    """``value``'s constant times ``factor`` (or divided by it), made each time it
+    is read and never kept: a memory-mapped weight stays mapped, and a 0.5B decoder's
+    scaled weights do not become 2 GB of arrays held beside their file."""
+
+    def made() -> ir.TensorProtocol:
+        stored = tensor.numpy()
+        array = stored / factor if divide else stored * factor
+        return ir.tensor(array.astype(np.float32), name=value.name)
+
+    value.const_value = ir.LazyTensor(
+        made, ir.DataType.FLOAT, ir.Shape(tensor.shape.numpy()), name=value.name
+    )
 
 
 def scale_inputs(
@@ -242,7 +264,7 @@ def scale_inputs(
     for group in groups:
         name = group.input.name or ""
         if name not in cache:
-            weights = [src.matrix().astype(np.float32) for src in group.sources]
+            weights = [src.matrix() for src in group.sources]
             alpha, s, error, plain = search_alpha(weights, group.data.hessian, _spec(group, config))
             cache[name] = s
             alphas.append(alpha)
@@ -254,10 +276,13 @@ def scale_inputs(
             _scale_weight(source, s)
         for value, axis in group.fold:
             _divide(value, axis, s)
-        hessian = group.data.hessian / np.outer(s, s)
         shared: dict[str, np.ndarray] = {}
+        data = group.data
+        total = s if data.scale is None else data.scale * s
         for node in group.nodes:  # one H (and GPTQ's factor of it), a cache each
-            node.meta[LAYER_INPUTS] = LayerData(hessian, group.data.rows, shared=shared)
+            node.meta[LAYER_INPUTS] = LayerData(
+                data.measured, data.rows, shared=shared, scale=total
+            )
     if say is not None and gains:
         say(f"activation-aware scaling searched on {len(gains)} inputs")
     return [_note(groups, skipped, cache, gains, alphas)]

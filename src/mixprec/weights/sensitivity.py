@@ -51,7 +51,7 @@ from mixprec.weights.select import (
     matmul_weight,
     weight_decision,
 )
-from mixprec.weights.slices import digest_in_slices, errors_in_slices
+from mixprec.weights.slices import SLICE_BYTES, digest_in_slices, errors_in_slices
 from mixprec.weights.stats import (
     Hessians,
     WeightsData,
@@ -134,7 +134,7 @@ def layer_scores(model: ir.Model, config: WeightsConfig, method: WeightMethod) -
         data = node.meta.get(LAYER_INPUTS)
         matrix = source.matrix()
         if isinstance(data, LayerData):
-            error4, error8 = _errors(matrix.astype(np.float32), config, method, data)
+            error4, error8 = _data_errors(model, matrix, config, method, data)
             release_mapped_pages(model)  # a memory-mapped weight's pages, once read
         else:
             error4, error8 = _data_free(model, matrix, config, method)
@@ -170,13 +170,47 @@ def _data_free(
 
 
 def _errors(
-    weight: np.ndarray, config: WeightsConfig, method: WeightMethod, data: LayerData | None
+    weight: np.ndarray,
+    config: WeightsConfig,
+    method: WeightMethod,
+    data: LayerData | None,
+    hessian: np.ndarray | None = None,
 ) -> tuple[float, float]:
-    """The layer's output error at 4 bits (the run's method) and 8 bits (RTN)."""
-    hessian = data.hessian if data is not None else None
+    """The layer's output error at 4 bits (the run's method) and 8 bits (RTN);
+    ``hessian``: ``data``'s ``H`` when already made."""
+    if hessian is None and data is not None:
+        hessian = data.hessian
     q4 = method.quantize(weight, config.spec("int4"), data).dequantize()
     q8 = METHODS["rtn"].quantize(weight, config.spec("int8"), data).dequantize()
     return _error(weight, q4, hessian), _error(weight, q8, hessian)
+
+
+def _data_errors(
+    model: ir.Model,
+    matrix: np.ndarray,
+    config: WeightsConfig,
+    method: WeightMethod,
+    data: LayerData,
+) -> tuple[float, float]:
+    """(error4, error8) of a weight with its layer's statistics: a small weight at once
+    (its codes cached for the rewrite), a large one a slice of columns at a time (the
+    errors are sums over columns), its products with ``H`` in float32."""
+    if matrix.nbytes <= SLICE_BYTES:
+        return _errors(matrix.astype(np.float32), config, method, data)
+    hessian = np.asarray(data.hessian, np.float32)
+
+    def one(w: np.ndarray) -> tuple[float, float]:
+        q4 = method.quantize(w, config.spec("int4"), data.for_slice()).dequantize()
+        q8 = METHODS["rtn"].quantize(w, config.spec("int8"), None).dequantize()
+        return _error32(w, q4, hessian), _error32(w, q8, hessian)
+
+    release = functools.partial(release_mapped_pages, model)
+    return errors_in_slices(matrix, one, release)
+
+
+def _error32(weight: np.ndarray, quant: np.ndarray, hessian: np.ndarray) -> float:
+    d = weight - quant
+    return float(np.sum(d * (hessian @ d), dtype=np.float64))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -323,11 +357,13 @@ def rank_layers(
     data: Sequence[Feeds] | Hessians | None,
     *,
     method: str = "rtn",
+    streamed: bool = False,
 ) -> list[LayerScore]:
     """The score of each 4-bit linear layer (:class:`LayerScore`), most sensitive first (module
     doc): ``data`` the calibration samples (a few; run once) or sums already collected,
     None for the data-free score. ``method`` quantizes the 4-bit side ("rtn" is quick;
-    "gptq" scores what GPTQ leaves). ``model`` (FP32) is read, not changed."""
+    "gptq" scores what GPTQ leaves); ``streamed``: the samples run the model in pieces.
+    ``model`` (FP32) is read, not changed."""
     # a copy of the graph that shares the weights (a memory-mapped model stays mapped)
     work = ir.from_proto(model) if isinstance(model, onnx.ModelProto) else clone_model(model)
     SelectWeightsPass(dataclasses.replace(config, bits=4, ratio=1.0, max_size=None))(work)
@@ -335,7 +371,7 @@ def rank_layers(
         hessians = data if isinstance(data, Hessians) else None
         if hessians is None:
             samples = list(itertools.islice(data, 64))  # type: ignore[arg-type]
-            hessians = collect_hessians(work, samples, hessian_inputs(work))
+            hessians = collect_hessians(work, samples, hessian_inputs(work), streamed=streamed)
         attach_hessians(work, hessians)
     chosen = METHODS[method]
     return layer_scores(work, config, chosen)
@@ -352,7 +388,14 @@ def plan_layers(
     if data is not None and data.samples:
         widths = hessian_inputs(model)
         try:
-            collect_hessians(model, data.samples, widths, into=data.hessians, threads=data.threads)
+            collect_hessians(
+                model,
+                data.samples,
+                widths,
+                into=data.hessians,
+                threads=data.threads,
+                streamed=data.streamed,
+            )
         except MixprecError as e:  # the FP32 model does not run here: no statistics
             notes.append(f"no layer statistics ({e}): round to nearest, data-free scores")
             data = None
