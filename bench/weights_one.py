@@ -23,6 +23,7 @@ Tools (ONNX Runtime 1.31.1 and NNCF 3.4.0 of the bench environment):
                          library call) from the model's own GGUF file (IN is that file, OUT a
                          .gguf) to Q4_K_M, allow_requantize: the file's weights are dequantized
                          and quantized again, i.e. the weights the FP32 ONNX model holds
+  llamacpp-q4_0 / -q5km  the same to Q4_0 (4 bits, blocks of 32, one scale) and Q5_K_M
   nncf-int4-sym-g128     nncf.compress_weights(model, mode=INT4_SYM, group_size=128), ONNX
                          backend, data-free, its defaults otherwise (ratio 1; embeddings and
                          the last MatMul at its INT8_ASYM backup precision), with
@@ -56,9 +57,15 @@ ORT_TOOLS: dict[str, tuple[int, int, bool, int | None]] = {
 }
 KQUANT_TOOL = "ort-kquant-q4km-b32-acc4"
 LLAMACPP_TOOL = "llamacpp-q4km"
-TOOLS = (*ORT_TOOLS, KQUANT_TOOL, "nncf-int4-sym-g128", LLAMACPP_TOOL)
-#: llama.cpp's file type number for Q4_K_M (enum llama_ftype)
-LLAMA_FTYPE_MOSTLY_Q4_K_M = 15
+#: llama.cpp tool -> (file type name, its number in enum llama_ftype)
+LLAMACPP_TOOLS = {LLAMACPP_TOOL: ("Q4_K_M", 15), "llamacpp-q4_0": ("Q4_0", 2),
+                  "llamacpp-q5km": ("Q5_K_M", 17)}
+TOOLS = (*ORT_TOOLS, KQUANT_TOOL, "nncf-int4-sym-g128", *LLAMACPP_TOOLS)
+
+
+def is_llamacpp(tool: str) -> bool:
+    """Whether ``tool`` is a llama.cpp quantization (a GGUF file, decoders only)."""
+    return tool in LLAMACPP_TOOLS
 TWO_GB = 2**31 - 1
 
 
@@ -141,9 +148,11 @@ def _llamacpp(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
     except Exception as exc:
         raise Unavailable(f"llama_cpp not importable: {exc}") from exc
 
+    name, ftype = LLAMACPP_TOOLS[args.tool]
+
     def run() -> dict[str, Any]:
         params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype = LLAMA_FTYPE_MOSTLY_Q4_K_M
+        params.ftype = ftype
         params.nthread = 2
         params.allow_requantize = True
         code = llama_cpp.llama_model_quantize(args.model.encode(), args.out.encode(),
@@ -151,7 +160,7 @@ def _llamacpp(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
         if code != 0:
             raise RuntimeError(f"llama_model_quantize returned {code}")
         return {"version": llama_cpp.__version__,
-                "options": {"ftype": "Q4_K_M", "allow_requantize": True, "nthread": 2}}
+                "options": {"ftype": name, "allow_requantize": True, "nthread": 2}}
 
     return run
 
@@ -194,7 +203,7 @@ def build(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
         return _nncf(args)
     if args.tool == KQUANT_TOOL:
         return _kquant(args)
-    if args.tool == LLAMACPP_TOOL:
+    if is_llamacpp(args.tool):
         return _llamacpp(args)
     raise Unavailable(f"unknown tool {args.tool}")
 

@@ -35,11 +35,11 @@ from collections.abc import Callable
 import numpy as np
 import onnx_ir as ir
 
-from mixprec.core.constants import const_tensor
 from mixprec.core.ops import is_onnx_domain
 from mixprec.weights.blocks import BlockSpec, quantize_rtn
 from mixprec.weights.config import WeightsConfig
 from mixprec.weights.inputs import LAYER_INPUTS, LayerData
+from mixprec.weights.scaled import rescale
 from mixprec.weights.select import WeightSource, matmul_weight, weight_decision
 from mixprec.weights.slices import column_slices
 
@@ -220,33 +220,11 @@ def _divide(value: ir.Value, axis: int, s: np.ndarray) -> None:
     assert tensor is not None
     shape = [1] * len(tensor.shape)
     shape[axis] = len(s)
-    _rescale(value, tensor, s.reshape(shape), divide=True)
+    rescale(value, s.reshape(shape), divide=True)
 
 
 def _scale_weight(source: WeightSource, s: np.ndarray) -> None:
-    tensor = const_tensor(source.value)
-    assert tensor is not None
-    _rescale(source.value, tensor, s[None, :] if source.transposed else s[:, None])
-
-
-def _rescale(
-    value: ir.Value,
-    tensor: ir.TensorProtocol,
-    factor: np.ndarray,
-    divide: bool = False,
-) -> None:
-    """``value``'s constant times ``factor`` (or divided by it), made each time it
-    is read and never kept: a memory-mapped weight stays mapped, and a 0.5B decoder's
-    scaled weights do not become 2 GB of arrays held beside their file."""
-
-    def made() -> ir.TensorProtocol:
-        stored = tensor.numpy()
-        array = stored / factor if divide else stored * factor
-        return ir.tensor(array.astype(np.float32), name=value.name)
-
-    value.const_value = ir.LazyTensor(
-        made, ir.DataType.FLOAT, ir.Shape(tensor.shape.numpy()), name=value.name
-    )
+    rescale(source.value, s[None, :] if source.transposed else s[:, None])
 
 
 def scale_inputs(

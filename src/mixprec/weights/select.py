@@ -34,6 +34,7 @@ from mixprec.core.ops import FLOAT_TYPES, is_onnx_domain
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import engine_for
 from mixprec.weights.config import WeightsConfig
+from mixprec.weights.scaled import scaled_matrix
 
 __all__ = [
     "WEIGHTS",
@@ -91,7 +92,11 @@ class WeightSource:
         return (cols, rows) if self.transposed else (rows, cols)
 
     def matrix(self) -> np.ndarray:
-        """The weight as the MatMul reads it, ``[K, N]``."""
+        """The weight as the MatMul reads it, ``[K, N]``; a large weight AWQ scaled is read
+        a slice of columns at a time (:class:`~mixprec.weights.scaled.ScaledArray`)."""
+        scaled = scaled_matrix(self.value, self.transposed)
+        if scaled is not None:
+            return scaled  # type: ignore[return-value]
         tensor = const_tensor(self.value)
         assert tensor is not None
         array = tensor.numpy()
