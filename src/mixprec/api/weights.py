@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,10 +17,10 @@ from mixprec.api import envelope
 from mixprec.guard.language import cache_note, is_language_model, language_model_guard
 from mixprec.guard.weights import output_check, output_check_data
 from mixprec.inputs.text import DEFAULT_WINDOW, TextData
-from mixprec.io.models import ModelLike
+from mixprec.io.models import ModelLike, mapped_copy
 from mixprec.io.protos import weightless_proto
 from mixprec.pipeline.convert import CalibrationData, ConversionResult
-from mixprec.pipeline.streamed import Source, keeps_mapped
+from mixprec.pipeline.streamed import Source, keeps_mapped, maps_a_copy
 from mixprec.pipeline.weights import WeightsGuard, run_weights
 from mixprec.weights.config import WeightsConfig, weights_config
 
@@ -75,27 +78,44 @@ def quantize_weights(
     """
     config = weights_config(weights, options)
     work, kind, load_s = envelope.load(model, base_dir, progress)
-    texts = TextData(model, tokenizer, text_window, work)
-    calibration_data, eval_data = texts.read(calibration_data), texts.read(eval_data)
-    guard: WeightsGuard = weights_guard or output_check
-    if weights_guard is None and config.guard and is_language_model(work):
-        calibration_data, eval_data, guard = language_model_guard(work, calibration_data, eval_data)
-    elif weights_guard is None and config.guard:
-        calibration_data, eval_data, guard = output_check_data(work, calibration_data, eval_data)
-    # a model with external data stays memory-mapped (pipeline.streamed's module doc);
-    # others are copied into one proto, as the stages and checks of a small model read it
-    source: Source = work if keeps_mapped(work, config) else ir.to_proto(work)
-    no_cache = cache_note(work)
-    del work
-    model_out, report = run_weights(
-        source,
-        config,
-        calibration_data=calibration_data,
-        eval_data=eval_data,
-        progress=progress,
-        guard=guard,
-    )
-    report.notes.extend(texts.notes())
+    with contextlib.ExitStack() as stack:
+        mapped = None
+        if maps_a_copy(work, config):  # pipeline.streamed's module doc
+            folder = stack.enter_context(
+                tempfile.TemporaryDirectory(prefix="mixprec-mapped-", ignore_cleanup_errors=True)
+            )
+            clock = time.perf_counter()
+            work = mapped_copy(work, folder)
+            mapped = (
+                "held in memory (no external data): run from a memory-mapped copy with "
+                f"external data, written in {time.perf_counter() - clock:.1f}s"
+            )
+        texts = TextData(model, tokenizer, text_window, work)
+        calibration_data, eval_data = texts.read(calibration_data), texts.read(eval_data)
+        guard: WeightsGuard = weights_guard or output_check
+        if weights_guard is None and config.guard and is_language_model(work):
+            calibration_data, eval_data, guard = language_model_guard(
+                work, calibration_data, eval_data
+            )
+        elif weights_guard is None and config.guard:
+            calibration_data, eval_data, guard = output_check_data(
+                work, calibration_data, eval_data
+            )
+        # a model with external data stays memory-mapped (pipeline.streamed's module doc);
+        # others are copied into one proto, as the stages and checks of a small model read it
+        source: Source = work if keeps_mapped(work, config) else ir.to_proto(work)
+        no_cache = cache_note(work)
+        del work
+        model_out, report = run_weights(
+            source,
+            config,
+            calibration_data=calibration_data,
+            eval_data=eval_data,
+            progress=progress,
+            guard=guard,
+        )
+    # the copy's files are gone; its maps (and the float weights they hold) stay
+    report.notes.extend([*texts.notes(), *([mapped] if mapped else [])])
     if no_cache:
         report.notes.append(no_cache)
     before = None

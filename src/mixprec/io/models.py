@@ -44,6 +44,7 @@ __all__ = [
     "input_kind",
     "load_input",
     "load_model",
+    "mapped_copy",
     "runnable_proto",
     "save_model",
     "write_text",
@@ -354,6 +355,19 @@ def save_model(
         if os.path.realpath(old) not in inputs:
             with contextlib.suppress(OSError):
                 os.unlink(old)
+
+
+def mapped_copy(model: ir.Model, folder: str | os.PathLike[str]) -> ir.Model:
+    """``model`` written to ``folder`` with its weights in external data and read back, its
+    weights memory-mapped: a model held in memory (one ``.onnx`` file without external
+    data) that a long run would otherwise hold twice (the parsed model and a protobuf
+    copy). The copy keeps ``model``'s input files, so that no output may overwrite them;
+    ``folder`` must outlive every session that reads the copy's data file by path."""
+    path = Path(folder) / "model.onnx"
+    save_model(model, path, external_data=True)
+    copy = load_model(path)
+    add_input_files(copy, input_files(model))
+    return copy
 
 
 def copy_model_file(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
