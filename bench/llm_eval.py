@@ -15,6 +15,9 @@ paragraphs ``para2para_text1/2.txt``, about 10.8k tokens in all.
   log-likelihood of tokens 2..256 of each window), KL(P_fp32 || P_model) of the next-token
   distributions (mean over the same positions, nats) and top-1 next-token agreement with
   FP32. FP32's log-probabilities are kept once in a float32 memmap, not recomputed.
+* greedy continuations: from the first :data:`GREEDY_PROMPT` tokens of each window,
+  :data:`GREEDY_TOKENS` greedy tokens with the cache; the share of windows whose whole
+  continuation is FP32's, and the mean share of tokens before the first that differs.
 * speed of FP32 and every model in one loop (:func:`speed_loop`): decode tokens/s at
   batch 1 with the cache (:data:`NEW_TOKENS` greedy steps after a
   :data:`PROMPT_TOKENS`-token prompt, all models in lockstep, 1 / the median step time),
@@ -44,6 +47,8 @@ PROMPT_TOKENS = 64
 NEW_TOKENS = 64
 PREFILL_RUNS = 3
 SAMPLE_TOKENS = 40
+GREEDY_PROMPT = 32
+GREEDY_TOKENS = 24
 CALIBRATION_FILES = ("lee_background.cor",)
 HELDOUT_FILES = ("lee.cor", "para2para_text1.txt", "para2para_text2.txt")
 SAMPLE_PROMPT = (
@@ -201,11 +206,24 @@ class Reference:
             self.data[k] = logp
             nll.append(-float(logp[np.arange(len(ids) - 1), ids[1:]].astype(np.float64).sum()))
         self.nll = float(np.sum(nll)) / sum(len(t) - 1 for t in texts)
+        self.greedy = [fp32.greedy(ids[:GREEDY_PROMPT], GREEDY_TOKENS) for ids in texts]
 
     def quality(self) -> dict[str, Any]:
         return {"perplexity": float(np.exp(self.nll)), "kl": 0.0, "top1_agreement": 1.0,
                 "tokens_scored": sum(len(t) - 1 for t in self.texts),
-                "windows": len(self.texts)}
+                "windows": len(self.texts), "greedy_same": 1.0, "greedy_prefix": 1.0}
+
+    def greedy_agreement(self, model: Any) -> dict[str, float]:
+        """The share of windows whose greedy continuation is FP32's, and the mean share of
+        its tokens before the first that differs."""
+        same = prefix = 0.0
+        for ids, want in zip(self.texts, self.greedy, strict=True):
+            got = model.greedy(ids[:GREEDY_PROMPT], GREEDY_TOKENS)
+            pairs = enumerate(zip(got, want, strict=True))
+            first = next((i for i, (a, b) in pairs if a != b), len(want))
+            same += float(first == len(want))
+            prefix += first / len(want)
+        return {"greedy_same": same / len(self.texts), "greedy_prefix": prefix / len(self.texts)}
 
     def compare(self, model: Decoder) -> dict[str, Any]:
         """Perplexity, mean KL(FP32 || model) and top-1 agreement on the same windows."""
@@ -220,7 +238,7 @@ class Reference:
         count = sum(len(t) - 1 for t in self.texts)
         return {"perplexity": float(np.exp(nll / count)), "kl": kl / count,
                 "top1_agreement": agree / count, "tokens_scored": count,
-                "windows": len(self.texts)}
+                "windows": len(self.texts), **self.greedy_agreement(model)}
 
     def close(self) -> None:
         self.data = None

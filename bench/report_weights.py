@@ -10,8 +10,9 @@ from report import _num
 
 Row = dict[str, Any]
 
-LLM_COLUMNS = ("| tool | status | perplexity | vs FP32 | KL | next-token agreement | decode tok/s "
-               "| × FP32 | prefill 256 ms | × FP32 | size MB | × FP32 | quant s | peak RSS MB |")
+LLM_COLUMNS = ("| tool | status | perplexity | vs FP32 | KL | next-token agreement "
+               "| greedy same | decode tok/s | × FP32 | prefill 256 ms | × FP32 | size MB | × FP32 "
+               "| bits/weight | quant s | peak RSS MB |")
 ENCODER_COLUMNS = ("| tool | status | min cosine | mean cosine | latency × FP32 | size MB "
                    "| × FP32 | quant s | peak RSS MB |")
 
@@ -28,11 +29,27 @@ def _llm_row(r: Row) -> str:
     status = r["status"] if not r.get("evaluation_error") else "eval error"
     return (f"| {r['tool']} | {status} | {_num(r.get('perplexity'), '.2f')} "
             f"| {_signed_pct(r.get('perplexity_change'))} | {_num(r.get('kl'), '.4f')} "
-            f"| {_num(r.get('top1_agreement'), '.3f')} | {_num(r.get('decode_tok_s'), '.1f')} "
+            f"| {_num(r.get('top1_agreement'), '.3f')} | {_greedy(r)} "
+            f"| {_num(r.get('decode_tok_s'), '.1f')} "
             f"| {_num(r.get('decode_speedup'), '.2f')} | {_num(r.get('prefill_ms'), '.0f')} "
             f"| {_num(r.get('prefill_ratio'), '.2f')} | {_mb(r.get('size_bytes'))} "
-            f"| {_num(r.get('size_ratio'), '.2f')} | {_quant_s(r)} "
+            f"| {_num(r.get('size_ratio'), '.2f')} | {_bits(r)} | {_quant_s(r)} "
             f"| {_num(r.get('peak_rss_mb'), '.0f')} |")
+
+
+def _greedy(r: Row) -> str:
+    """Windows whose greedy continuation is FP32's, and the mean share before a change."""
+    same, prefix = r.get("greedy_same"), r.get("greedy_prefix")
+    if same is None or prefix is None:
+        return "–"
+    return f"{same:.2f} ({prefix:.2f})"
+
+
+def _bits(r: Row) -> str:
+    """Bits per FP32 weight: the file's size against the FP32 file's 32 bits per weight
+    (a GGUF file's tokenizer and an ONNX file's graph included)."""
+    ratio = r.get("size_ratio")
+    return "–" if ratio is None else f"{32 * ratio:.2f}"
 
 
 def _quant_s(r: Row) -> str:
@@ -65,9 +82,13 @@ def _llm_section(llm: Row) -> list[str]:
              "empty cache" + (", each starting with <bos> and 255 text tokens"
                               if llm.get("bos_per_window") else "") +
              "): perplexity, KL(FP32 || model) of the next-token distributions (mean, "
-             "nats) and top-1 next-token agreement with FP32. Calibration (mixprec only; the "
-             f"peers are data-free): {llm['calibration_samples']} samples of 256 tokens of "
-             "lee_background.cor with an empty cache. Decode: batch 1 with the cache, "
+             "nats) and top-1 next-token agreement with FP32. Greedy same: the share of "
+             f"windows whose {llm_eval.GREEDY_TOKENS} greedy tokens after its first "
+             f"{llm_eval.GREEDY_PROMPT} are FP32's (in brackets: the mean share of tokens "
+             "before the first that differs). Bits/weight: 32 x the size ratio. Calibration "
+             f"(mixprec only; the peers are data-free): {llm['calibration_samples']} samples "
+             "of 256 tokens of lee_background.cor with an empty cache. Decode: batch 1 with the "
+             "cache, "
              f"{llm_eval.NEW_TOKENS} greedy tokens after a {llm_eval.PROMPT_TOKENS}-token prompt, "
              "all models stepping in lockstep (each step runs once per model before the next), "
              "tok/s = 1 / the median step time; prefill: one 256-token window, median of "
