@@ -22,6 +22,7 @@ from helpers import run_ort
 from llm_models import DecoderConfig, greedy_decode, tiny_decoder
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
+from mixprec.guard.greedy import PROMPT as GREEDY_PROMPT
 from mixprec.guard.language import next_token_stats
 from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
 from mixprec.inputs.text import TextSamples, find_tokenizer
@@ -354,6 +355,45 @@ def test_a_kv_cache_decoder_through_quantize_with_text(tmp_path: Path, capsys) -
     ]
     tokens = greedy_decode(lambda f: run_ort(written, f), CFG, np.array([5, 9, 2, 7]), 6)
     assert len(tokens) == 6 and all(0 <= t < CFG.vocab for t in tokens)
+
+
+def test_greedy_continuations_are_read_from_one_run_as_a_decoder_would_decode_them(
+    tmp_path: Path,
+) -> None:
+    """The guard's greedy figures (read from one run of the candidate on FP32's
+    continuations) equal what decoding does: FP32 and the written model each decode 16
+    tokens with the KV cache in ONNX Runtime from the first 32 tokens of every eval window,
+    and the share of windows whose continuations agree, and the mean share of tokens before
+    the first difference, are the guard's; they are on the last line."""
+    path = _folder(tmp_path, tiny_decoder(CFG, seed=3))
+    result = mixprec.quantize(
+        path,
+        tmp_path / "calib.txt",
+        eval_data=tmp_path / "eval.txt",
+        weights="int4",
+        weight_method="rtn",
+        text_window=64,
+        guard_kl=5.0,
+        guard_drop=0.9,
+        guard_perplexity=5.0,
+    )
+    guard = result.report.guard
+    out = tmp_path / "out.onnx"
+    result.save(out)
+    evals = list(TextSamples(tmp_path / "eval.txt", path, tmp_path / "tokenizer.json", window=64))
+    same = prefix = 0.0
+    for window in evals[:4]:
+        prompt = window["input_ids"][0, :GREEDY_PROMPT]
+        want = greedy_decode(lambda f: run_ort(path, f, optimize=True), CFG, prompt, 16)
+        got = greedy_decode(lambda f: run_ort(out, f, optimize=True), CFG, prompt, 16)
+        first = next((i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), 16)
+        same += first == 16
+        prefix += first / 16
+    assert guard["greedy_windows"] == 4
+    assert guard["greedy_same"] == pytest.approx(same / 4)
+    assert guard["greedy_prefix"] == pytest.approx(prefix / 4)
+    assert 0 < prefix < 4  # int4 RTN on this decoder changes some tokens, not all
+    assert f"greedy continuations {round(same)}/4 as FP32's" in guard["summary"]
 
 
 def test_huge_logits_are_a_measured_miss_not_a_crash(tmp_path: Path, capsys) -> None:

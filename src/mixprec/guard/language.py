@@ -9,7 +9,11 @@ compares the next-token distributions at every position but the last:
 * top-1 next-token agreement (the share of positions where both pick the same token);
 * perplexity of each (exp of the mean negative log-likelihood of the window's own next
   token), and its relative rise; only where the windows are real tokens (text or given
-  samples), not a generated input.
+  samples), not a generated input;
+* greedy continuations: how many windows' greedy continuation (16 tokens after the first
+  32) stays FP32's, read from one run of the candidate (:mod:`mixprec.guard.greedy`);
+  reported on the last line, not a budget (three or four windows are too few to hold a
+  share of them to).
 
 A miss is repaired: the quantized linear layers, most sensitive first
 (:func:`rank_for_repair`), go to 8 bits in steps (1/8, 1/4, 1/2, all of those the size
@@ -43,6 +47,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from mixprec.guard.greedy import TOKENS as GREEDY_TOKENS
+from mixprec.guard.greedy import Continuations
 from mixprec.guard.samples import MAX_HELD_OUT, WINDOWS_HELD_OUT_SHARE, split_for_guard
 from mixprec.inputs.feeds import Feeds, feeds_for
 from mixprec.inputs.signature import declared_dims, graph_inputs
@@ -180,9 +186,14 @@ class _Checker:
         self.reference = [_log_softmax(x) for x in fp32]
         self.real_tokens = "generated" not in context.where
         self.where = context.where
+        self.greedy = Continuations.of(
+            self.feeds, lambda feeds: [np.asarray(o[LOGITS]) for o in self.runs.fp32(feeds)]
+        )
 
     def measure(self, model: ir.Model) -> dict[str, Any]:
-        got = [np.asarray(out[LOGITS]) for out in self.runs.quantized(model, self.feeds)]
+        outputs = self.runs.quantized(model, [*self.feeds, *self.greedy.feeds])
+        got = [np.asarray(out[LOGITS]) for out in outputs[: len(self.feeds)]]
+        greedy = self.greedy.stats([np.asarray(o[LOGITS]) for o in outputs[len(self.feeds) :]])
         total: dict[str, float] = {}
         for ref, logits, f in zip(self.reference, got, self.feeds, strict=True):
             for k, v in next_token_stats(ref, logits, f["input_ids"]).items():
@@ -198,6 +209,7 @@ class _Checker:
             "perplexity_rise": (ppl / ppl32 - 1.0) if finite else math.inf,
             "tokens": int(n),
             "windows": len(self.feeds),
+            **greedy,
         }
 
     def misses(self, stats: dict[str, Any], budget: LmBudget) -> list[str]:
@@ -476,6 +488,13 @@ def _measured(stats: dict[str, Any], real_tokens: bool) -> str:
         text += (
             f", perplexity {stats['perplexity']:.3g} vs FP32 {stats['perplexity_fp32']:.3g}"
             f" ({stats['perplexity_rise']:+.1%})"
+        )
+    windows = stats.get("greedy_windows", 0)
+    if windows:
+        held = round(stats["greedy_same"] * windows)
+        text += (
+            f", greedy continuations {held}/{windows} as FP32's ({GREEDY_TOKENS} tokens; "
+            f"{stats['greedy_prefix']:.0%} of tokens before a change; reported, not a budget)"
         )
     return text
 
