@@ -154,17 +154,26 @@ def next_token_stats(
 ) -> dict[str, float]:
     """Sums over the positions but the last of one window (``[batch, seq, vocab]``
     log-probabilities ``reference`` of FP32, raw ``logits`` of the model, ``ids``
-    ``[batch, seq]``): ``kl``, ``agree``, ``nll_fp32``, ``nll``, ``tokens``."""
-    logq = _log_softmax(logits[:, :-1])
-    logp = reference[:, :-1]
-    target = ids[:, 1:, None].astype(np.int64)
-    return {
-        "kl": float((np.exp(logp) * (logp - logq)).sum(dtype=np.float64)),
-        "agree": float((logp.argmax(-1) == logq.argmax(-1)).sum()),
-        "nll_fp32": -float(np.take_along_axis(logp, target, -1).sum(dtype=np.float64)),
-        "nll": -float(np.take_along_axis(logq, target, -1).sum(dtype=np.float64)),
-        "tokens": float(target.size),
-    }
+    ``[batch, seq]``): ``kl``, ``agree``, ``nll_fp32``, ``nll``, ``tokens``. Read
+    :data:`_POSITIONS` positions at a time: a window of 256 tokens over a 262k vocabulary is
+    268 MB of logits, and each whole-window temporary would be as large."""
+    total = dict.fromkeys(("kl", "agree", "nll_fp32", "nll", "tokens"), 0.0)
+    last = logits.shape[1] - 1
+    for start in range(0, last, _POSITIONS):
+        span = slice(start, min(start + _POSITIONS, last))
+        logq = _log_softmax(logits[:, span])
+        logp = reference[:, span]
+        target = ids[:, 1:][:, span, None].astype(np.int64)
+        total["kl"] += float((np.exp(logp) * (logp - logq)).sum(dtype=np.float64))
+        total["agree"] += float((logp.argmax(-1) == logq.argmax(-1)).sum())
+        total["nll_fp32"] -= float(np.take_along_axis(logp, target, -1).sum(dtype=np.float64))
+        total["nll"] -= float(np.take_along_axis(logq, target, -1).sum(dtype=np.float64))
+        total["tokens"] += float(target.size)
+    return total
+
+
+#: Positions of a window :func:`next_token_stats` reads at once.
+_POSITIONS = 32
 
 
 def _perplexity(nll: float, tokens: float) -> float:
