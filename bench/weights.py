@@ -64,7 +64,13 @@ from int8 import _cosine, write_calibration
 from models import MODELS
 
 Row = dict[str, Any]
-MIXPREC_TOOLS = {"mixprec-int4": "int4", "mixprec-int8": "int8"}
+#: mixprec tool -> its `quantize` arguments (the size-budget rows trace its size curve)
+MIXPREC_TOOLS = {
+    "mixprec-int4": ["--weights", "int4"],
+    "mixprec-int8": ["--weights", "int8"],
+    **{f"mixprec-int4-s{size}": ["--weights", "int4", "--max-size", size]
+       for size in ("0.16", "0.19", "0.26", "0.30")},
+}
 TOOLS = (*MIXPREC_TOOLS, *weights_one.TOOLS)
 CALIBRATION_SAMPLES = 16
 CAVEAT = (
@@ -172,8 +178,8 @@ def quantize(tool: str, name: str, source: Path, work: Path, calib: Path, timeou
     if tool in MIXPREC_TOOLS:
         if unavailable:
             return {"status": "unavailable", "error": unavailable}, out
-        cmd = [str(mixprec_cli()), "quantize", str(source), "-o", str(out), "--weights",
-               MIXPREC_TOOLS[tool], "--calibration-data", str(calib), "--json"]
+        cmd = [str(mixprec_cli()), "quantize", str(source), "-o", str(out), *MIXPREC_TOOLS[tool],
+               "--calibration-data", str(calib), "--json"]
         proc = run_measured(cmd, timeout, log)
         row: Row = {"argv": ["mixprec", *cmd[1:]], "wall_s": proc["wall_s"],
                     "peak_rss_mb": proc["sampled_peak_rss_mb"], "exit_code": proc["exit_code"]}
