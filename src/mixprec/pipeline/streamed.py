@@ -27,7 +27,9 @@ run in one session.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import onnx
@@ -125,6 +127,41 @@ class ModelRuns:
         if isinstance(self.source, ir.Model):
             return _mapped_outputs(self.source, feeds, self.config, what)
         return _outputs(self.source, feeds, self.config, what)
+
+    @contextlib.contextmanager
+    def fp32_runner(self) -> Iterator[Callable[[list[dict[str, np.ndarray]]], list[Outputs]]]:
+        """Runs of the FP32 model that follow one another (greedy steps, then the check
+        windows): one session kept while the block runs where the model is held whole (a
+        mapped model's without prepacked weights: its weights are the file's pages, with
+        no repacked copy beside them), pieces per call where it is streamed."""
+        what = "ONNX Runtime cannot run the FP32 model"
+        if isinstance(self.source, ir.Model) and self.streamed:
+            yield self.fp32
+            return
+        if isinstance(self.source, ir.Model):
+            folder = self.source.meta.get(DATA_FOLDER)
+            proto, arrays = weightless_proto(self.source, data_folder=folder)
+            model: onnx.ModelProto | bytes = proto.SerializeToString()
+            hints = LoadHints(external=arrays, data_folder=folder, prepack=False)
+        else:
+            model, hints = self.source, LoadHints()
+        try:
+            held = [
+                engine_for(self.config.runtime).session(model, self.config.runtime, hints=hints)
+            ]
+        except RuntimeLoadError as e:
+            raise MixprecError(f"{what}: {e}") from None
+
+        def run(feeds: list[dict[str, np.ndarray]]) -> list[Outputs]:
+            try:
+                return [held[0].run(f) for f in feeds]
+            except RuntimeRunError as e:
+                raise MixprecError(f"{what}: {e}") from None
+
+        try:
+            yield run
+        finally:
+            held.clear()  # the session (and the weights it holds) goes here
 
     def quantized(self, model: ir.Model, feeds: list[dict[str, np.ndarray]]) -> list[Outputs]:
         """A weight-only model's outputs on each feed dict; one line when it cannot run."""
