@@ -69,7 +69,10 @@ MIXPREC_TOOLS = {
     "mixprec-int4": ["--weights", "int4"],
     "mixprec-int8": ["--weights", "int8"],
     **{f"mixprec-int4-s{size}": ["--weights", "int4", "--max-size", size]
-       for size in ("0.16", "0.19", "0.26", "0.30")},
+       for size in ("0.19", "0.26", "0.30")},
+    # below the lm_head's and embeddings' 8 bits: both at 4 bits too
+    "mixprec-int4-s0.16": ["--weights", "int4", "--max-size", "0.16", "--lm-head", "int4",
+                           "--embeddings", "int4"],
 }
 TOOLS = (*MIXPREC_TOOLS, *weights_one.TOOLS)
 CALIBRATION_SAMPLES = 16
