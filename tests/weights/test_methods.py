@@ -16,6 +16,7 @@ from llm_models import DecoderConfig, decoder_feeds, tiny_decoder
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import rel_l2_error
+from mixprec.weights import sensitivity
 from mixprec.weights.awq import scale_groups, scale_inputs
 from mixprec.weights.blocks import BlockSpec, quantize_rtn
 from mixprec.weights.config import WeightsConfig
@@ -105,6 +106,21 @@ def test_auto_is_awq_with_data_and_the_search_without() -> None:
     without = mixprec.quantize(model, None, **options)
     assert with_data.report.quantization["method"].startswith("awq")
     assert without.report.quantization["method"] == "search"
+
+
+def test_a_budget_below_reach_fails_before_the_layer_statistics(monkeypatch) -> None:
+    """With calibration data, a ``max_size`` no mix reaches is refused before any layer
+    input is summed (on a 0.5B decoder the statistics took three minutes before the same
+    error), and the line names what would make the model smaller."""
+    model = _outlier_decoder()
+    samples = _samples(2, 0)
+
+    def never(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("statistics collected for a budget out of reach")
+
+    monkeypatch.setattr(sensitivity, "collect_hessians", never)
+    with pytest.raises(MixprecError, match=r"smallest reachable is 0\.\d+x .*--lm-head int4"):
+        mixprec.quantize(model, samples, weights="int4", max_size=0.05, guard=False)
 
 
 def test_a_size_budget_picks_the_mix_and_one_it_cannot_meet_is_one_line(tmp_path, capsys) -> None:

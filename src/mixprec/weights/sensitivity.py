@@ -246,25 +246,34 @@ class MixedChoice:
     bytes_after: int
 
 
+def check_reachable(model: ir.Model, config: WeightsConfig) -> tuple[int, int]:
+    """``(FP32 bytes, smallest reachable bytes)`` of a 4-bit run on the select pass's
+    decisions; a ``max_size`` below the smallest is one error naming it, raised before
+    any statistics are collected (on a 0.5B decoder they take minutes)."""
+    before = _float_bytes(model)
+    base = _estimate(model, config, set())
+    if config.max_size is not None and base > config.max_size * before:
+        smaller = [
+            *(["--lm-head int4"] if config.lm_head != "int4" else []),
+            *(["--embeddings int4"] if config.embeddings != "int4" else []),
+            *(["a larger --block-size"] if config.block_size < 128 else []),
+        ]
+        hint = f"; {', '.join(smaller)} make it smaller" if smaller else ""
+        raise MixprecError(
+            f"size budget {config.max_size:g}x FP32 cannot be met: the smallest reachable "
+            f"is {base / before:.4f}x (every linear layer at 4 bits, block "
+            f"{config.block_size}, lm_head {config.lm_head}, embeddings {config.embeddings})"
+            f"{hint}"
+        )
+    return before, base
+
+
 def size_budget(model: ir.Model, config: WeightsConfig, scores: Sequence[LayerScore]) -> SizeBudget:
     """The run's budget (module doc); a ``max_size`` below the smallest reachable size
     is one error naming it."""
-    before = _float_bytes(model)
-    base = _estimate(model, config, set())
+    before, base = check_reachable(model, config)
     extra = sum(s.extra8 for s in scores if s.name not in config.layers)
     if config.max_size is not None:
-        if base > config.max_size * before:
-            hint = (
-                ""
-                if config.lm_head == config.embeddings == "int4"
-                else ("; --lm-head int4 --embeddings int4 make it smaller")
-            )
-            raise MixprecError(
-                f"size budget {config.max_size:g}x FP32 cannot be met: the smallest reachable "
-                f"is {base / before:.3f}x (every linear layer at 4 bits, block "
-                f"{config.block_size}, lm_head {config.lm_head}, embeddings {config.embeddings})"
-                f"{hint}"
-            )
         goal = int(config.max_size * before)
         rule = f"max size {config.max_size:g}x FP32"
     else:
@@ -385,6 +394,8 @@ def plan_layers(
     layers to 8 bits (:func:`choose_mixed`). Returns notes for the report and its
     ``mixed`` section (empty when nothing was mixed)."""
     notes: list[str] = []
+    if config.bits == 4:
+        check_reachable(model, config)  # a budget below reach fails before the statistics
     if data is not None and data.samples:
         widths = hessian_inputs(model)
         try:
