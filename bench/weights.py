@@ -69,10 +69,15 @@ MIXPREC_TOOLS = {
     "mixprec-int4": ["--weights", "int4"],
     "mixprec-int8": ["--weights", "int8"],
     **{f"mixprec-int4-s{size}": ["--weights", "int4", "--max-size", size]
-       for size in ("0.19", "0.26", "0.30")},
-    # below the lm_head's and embeddings' 8 bits: both at 4 bits too
-    "mixprec-int4-s0.16": ["--weights", "int4", "--max-size", "0.16", "--lm-head", "int4",
-                           "--embeddings", "int4"],
+       for size in ("0.26", "0.30")},
+    # below what an 8-bit lm_head and embeddings allow (Qwen2.5-0.5B: 0.216 at block 32):
+    # llama.cpp's Q4_K_M (0.195) and Q4_0 (0.17) sizes
+    "mixprec-int4-s0.195-emb4": ["--weights", "int4", "--max-size", "0.195",
+                                 "--embeddings", "int4"],
+    "mixprec-int4-b64-s0.195": ["--weights", "int4", "--max-size", "0.195", "--block-size",
+                                "64"],
+    "mixprec-int4-s0.17-head4-emb4": ["--weights", "int4", "--max-size", "0.17", "--lm-head",
+                                      "int4", "--embeddings", "int4"],
 }
 TOOLS = (*MIXPREC_TOOLS, *weights_one.TOOLS)
 CALIBRATION_SAMPLES = 16
