@@ -96,7 +96,7 @@ def _llm_section(llm: Row) -> list[str]:
              "quality runs, ratios to FP32 in the same loop. Size includes external data (a "
              "GGUF file: its size, tokenizer included); quant s and peak RSS are the quantizing "
              "process's wall time and VmHWM.", "",
-             LLM_COLUMNS, "|" + "---|" * 14]
+             LLM_COLUMNS, "|" + "---|" * LLM_COLUMNS.count(" | ") + "---|"]
     lines += [_llm_row(r) for r in llm["rows"]]
     prompt = llm.get("sample_prompt", llm_eval.SAMPLE_PROMPT)
     lines += ["", f"Greedy samples ({llm_eval.SAMPLE_TOKENS} tokens at most) after {prompt!r}:",
