@@ -54,7 +54,7 @@ def plot(model: str, found: dict[str, dict[str, Any]], out: Path) -> None:
         ax.set_xlabel("bits per weight (32 x size / FP32 size)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    axes[0].legend(loc="upper right", fontsize=8)
+    axes[0].legend(loc="center right", fontsize=8)
     fig.suptitle(f"{model}: weight-only quantizers, held-out windows (lower is better)")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
