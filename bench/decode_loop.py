@@ -5,6 +5,11 @@ median of 3 rounds), the first model the reference of the ratios. A GGUF file ru
 llama.cpp (llamacpp_eval), whichever llama_cpp the interpreter imports: run with
 PYTHONPATH set to compare another build (e.g. one compiled with GGML_NATIVE=ON).
 
+In lockstep both runtimes wait passively (ORT without spinning, llama.cpp's OpenMP with
+OMP_WAIT_POLICY=PASSIVE), so that neither steals the cores of the other; that slows
+llama.cpp's steps more than ORT's. To time each with its own defaults, run one model per
+call with `BENCH_ORT_SPIN=1 OMP_WAIT_POLICY=ACTIVE`.
+
     python bench/decode_loop.py TOKENIZER_DIR NAME=PATH [NAME=PATH ...]
 """
 

@@ -28,6 +28,7 @@ paragraphs ``para2para_text1/2.txt``, about 10.8k tokens in all.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -106,8 +107,10 @@ def session(path: Path) -> ort.InferenceSession:
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
     # FP32 and a quantized model are timed alternately on 2 cores: spinning threads of one
-    # would steal the cores of the other
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    # would steal the cores of the other (BENCH_ORT_SPIN=1: ORT's default, for a model
+    # timed alone, as decode_loop.py's docstring says)
+    spin = "1" if os.environ.get("BENCH_ORT_SPIN") == "1" else "0"
+    options.add_session_config_entry("session.intra_op.allow_spinning", spin)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
