@@ -19,12 +19,15 @@ import dataclasses
 import numpy as np
 import onnx_ir as ir
 
+from mixprec.weights.slices import SLICE_BYTES
+
 __all__ = ["SCALED", "Scaled", "ScaledArray", "rescale", "scaled_matrix"]
 
 #: ``value.meta`` key of a constant's :class:`Scaled` record and the lazy tensor it made.
 SCALED = "mixprec.weights.scaled"
-#: A scaled weight of more bytes than this is read as a :class:`ScaledArray`.
-WHOLE_BYTES = 32 << 20
+#: A scaled weight of more bytes than this is read as a :class:`ScaledArray`: the size
+#: above which the slice readers cut a weight.
+WHOLE_BYTES = SLICE_BYTES
 
 
 @dataclasses.dataclass(frozen=True)

@@ -170,16 +170,10 @@ def _data_free(
 
 
 def _errors(
-    weight: np.ndarray,
-    config: WeightsConfig,
-    method: WeightMethod,
-    data: LayerData | None,
-    hessian: np.ndarray | None = None,
+    weight: np.ndarray, config: WeightsConfig, method: WeightMethod, data: LayerData | None
 ) -> tuple[float, float]:
-    """The layer's output error at 4 bits (the run's method) and 8 bits (RTN);
-    ``hessian``: ``data``'s ``H`` when already made."""
-    if hessian is None and data is not None:
-        hessian = data.hessian
+    """The layer's output error at 4 bits (the run's method) and 8 bits (RTN)."""
+    hessian = data.hessian if data is not None else None
     q4 = method.quantize(weight, config.spec("int4"), data).dequantize()
     q8 = METHODS["rtn"].quantize(weight, config.spec("int8"), data).dequantize()
     return _error(weight, q4, hessian), _error(weight, q8, hessian)
