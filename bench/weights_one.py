@@ -24,6 +24,10 @@ Tools (ONNX Runtime 1.31.1 and NNCF 3.4.0 of the bench environment):
                          .gguf) to Q4_K_M, allow_requantize: the file's weights are dequantized
                          and quantized again, i.e. the weights the FP32 ONNX model holds
   llamacpp-q4_0 / -q5km  the same to Q4_0 (4 bits, blocks of 32, one scale) and Q5_K_M
+  llamacpp-iq4xs         the same to IQ4_XS (4-bit non-linear codebook, super-blocks of 256,
+                         6-bit sub-block scales) without an importance matrix: llama-cpp-python
+                         ships no llama-imatrix, and llama.cpp needs none for IQ4_XS. Rows
+                         not a multiple of 256 (Qwen2.5's 896) fall back to IQ4_NL (blocks of 32)
   nncf-int4-sym-g128     nncf.compress_weights(model, mode=INT4_SYM, group_size=128), ONNX
                          backend, data-free, its defaults otherwise (ratio 1; embeddings and
                          the last MatMul at its INT8_ASYM backup precision), with
@@ -59,7 +63,7 @@ KQUANT_TOOL = "ort-kquant-q4km-b32-acc4"
 LLAMACPP_TOOL = "llamacpp-q4km"
 #: llama.cpp tool -> (file type name, its number in enum llama_ftype)
 LLAMACPP_TOOLS = {LLAMACPP_TOOL: ("Q4_K_M", 15), "llamacpp-q4_0": ("Q4_0", 2),
-                  "llamacpp-q5km": ("Q5_K_M", 17)}
+                  "llamacpp-q5km": ("Q5_K_M", 17), "llamacpp-iq4xs": ("IQ4_XS", 30)}
 TOOLS = (*ORT_TOOLS, KQUANT_TOOL, "nncf-int4-sym-g128", *LLAMACPP_TOOLS)
 
 

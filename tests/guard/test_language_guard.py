@@ -28,7 +28,6 @@ from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
 from mixprec.inputs.text import TextSamples, find_tokenizer
 from mixprec.weights import sensitivity
 from mixprec.weights.config import WeightsConfig
-from mixprec.weights.sensitivity import rank_layers
 
 tokenizers = pytest.importorskip("tokenizers", reason="the [llm] extra (tokenizers) is missing")
 
@@ -241,10 +240,11 @@ def test_the_repair_promotes_the_most_sensitive_layers_until_the_budget_holds(
     tmp_path: Path, monkeypatch
 ) -> None:
     """A KL budget that int4 misses and 8 bits meets: the first check misses, the repair
-    moves the layers rank_layers puts first on calibration windows (never the held-out
-    windows that grade it) to 8 bits, step by step, and the written model's KL,
-    agreement and perplexities on the held-out windows, recomputed here, are the guard's
-    and within the budget."""
+    moves the layers the run's own ranking puts first (recorded by its mixed choice, on
+    the calibration windows, never the held-out windows that grade it: ranked on those,
+    the order differs) to 8 bits, step by step, and the written model's KL, agreement and
+    perplexities on the held-out windows, recomputed here, are the guard's and within
+    the budget."""
     path = _folder(tmp_path, tiny_decoder(CFG, seed=3))
     budget = {"guard_kl": 0.004, "guard_drop": 0.5, "guard_perplexity": 0.5}
     # a default size budget with room for every linear layer at 8 bits
@@ -259,10 +259,15 @@ def test_the_repair_promotes_the_most_sensitive_layers_until_the_budget_holds(
     held = list(TextSamples(tmp_path / "calib.txt", path, tmp_path / "tokenizer.json", window=64))
     held_out = held_out_indices(len(held), share=WINDOWS_HELD_OUT_SHARE)
     checks = [held[k] for k in held_out[:4]]
-    calibration = [w for k, w in enumerate(held) if k not in held_out][:4]
-    config = WeightsConfig(bits=4)
-    ranked = [s.name for s in rank_layers(onnx.load(str(path)), config, calibration)]
-    on_checks = [s.name for s in rank_layers(onnx.load(str(path)), config, checks)]
+    # the first candidate's ranking: the same run with a budget it meets at once
+    loose = {**budget, "guard_kl": 1.0}
+    first = mixprec.quantize(path, tmp_path / "calib.txt", weights="int4", text_window=64, **loose)
+    assert not first.report.guard["repair"]
+    scores = first.report.quantization["mixed"]["scores"]
+    ranked = sorted(scores, key=lambda name: -scores[name])
+    config = WeightsConfig(bits=4, method="awq")
+    rank = sensitivity.rank_layers
+    on_checks = [s.name for s in rank(onnx.load(str(path)), config, checks, method="awq")]
     assert ranked != on_checks  # the two rankings differ: which windows rank matters
     promoted = guard["promoted"]
     assert set(promoted) == set(ranked[: guard["repaired_with"]["layers"]]) - _mixed(result)

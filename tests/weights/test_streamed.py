@@ -366,8 +366,8 @@ def test_a_streamed_language_model_is_guarded_and_repaired(
     statistics from the pieces and folds its scales as in one session (the first model's
     measures equal the whole model's), the next-token guard's FP32 reference comes from
     the pieces, a KL budget that int4 misses is repaired, ranked by the output error on
-    calibration windows, and the written model's measures are recomputed here from ONNX
-    Runtime runs."""
+    calibration windows the run's mixed choice recorded, and the written model's
+    measures are recomputed here from ONNX Runtime runs."""
     pytest.importorskip("tokenizers", reason="the [llm] extra (tokenizers) is missing")
     from guard.test_language_guard import CFG, _folder, _numpy_guard
     from llm_models import tiny_decoder
@@ -403,7 +403,8 @@ def test_a_streamed_language_model_is_guarded_and_repaired(
     assert abs(guard["first"]["agreement"] - whole["first"]["agreement"]) <= 2 / 252
     for key in ("kl", "perplexity"):
         assert guard["first"][key] == pytest.approx(whole["first"][key], rel=0.05), key
-    assert all("on calibration windows" in why for _, why in guard["promoted"].values())
+    # ranked by the scores the run's mixed choice computed on the calibration windows
+    assert all("the run's ranking: output error" in why for _, why in guard["promoted"].values())
     notes = runs[True].report.notes  # the repaired model's report carries the run's notes
     assert any(n.startswith("streamed:") for n in notes)
     assert any("auto -> awq" in n for n in notes), notes

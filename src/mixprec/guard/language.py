@@ -24,7 +24,8 @@ narrowed: the span between it and the failing step before it is halved
 :data:`BISECT_ROUNDS` times, and the passing candidate with the fewest promoted layers
 is kept (``repaired_with`` in the guard's record). A miss after all steps leaves
 ``passed`` False (the CLI writes nothing and exits 1, as the INT8 guard). The repair
-ranks layers on calibration windows and is graded on the check windows (held out of the
+ranks layers as the run's mixed choice scored them, on the calibration windows (else
+it scores them on those again), and is graded on the check windows (held out of the
 calibration text, or ``eval_data``), never the same ones; with no calibration data the
 ranking reads no windows (the weights' own error).
 

@@ -1,8 +1,9 @@
 """The language-model guard's repair by sensitivity (:mod:`mixprec.guard.language`'s
-module doc): the quantized linear layers, most sensitive first (:func:`rank_for_repair`),
-go to 8 bits in steps (:data:`REPAIR_SHARES`), then to float in the steps that fit the
-size budget, each step quantized again and checked, the first passing step narrowed by
-:data:`BISECT_ROUNDS` halvings."""
+module doc): the quantized linear layers, most sensitive first (the run's own ranking,
+:func:`recorded_ranking`, else :func:`rank_for_repair`), go to 8 bits in steps
+(:data:`REPAIR_SHARES`), then to float in the steps that fit the size budget, each step
+quantized again and checked (a step that changes nothing, or repeats one, is not), the
+first passing step narrowed by :data:`BISECT_ROUNDS` halvings."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from mixprec.inputs.feeds import Feeds
 from mixprec.pipeline.streamed import Source
 from mixprec.pipeline.weights import GuardContext, WeightsReport, let_go
 from mixprec.weights.config import LayerChoice, WeightsConfig
-from mixprec.weights.sensitivity import LayerScore, SizeBudget, rank_layers
+from mixprec.weights.sensitivity import LayerScore, SizeBudget, rank_layers, recorded_scores
 
 __all__ = [
     "BISECT_ROUNDS",
@@ -28,6 +29,7 @@ __all__ = [
     "Repair",
     "quantized_linear",
     "rank_for_repair",
+    "recorded_ranking",
 ]
 
 #: How a promoted layer's reason starts.
@@ -78,6 +80,30 @@ def rank_for_repair(
     if samples is None:
         return ranked, "weight error 8 bits saves per weight (no layer inputs read)"
     return ranked, "output error 8 bits saves per weight on calibration windows"
+
+
+def recorded_ranking(
+    model: ir.Model | None, report: WeightsReport, config: WeightsConfig, names: Sequence[str]
+) -> tuple[list[LayerScore], str] | None:
+    """The run's own ranking of ``names``, where its mixed choice recorded one for every
+    one of them (``report``'s ``mixed`` section; ``model``, the run's quantized model,
+    gives each layer's K and N): no second pass over the data and no second set of
+    ``X^T X`` sums. None where there is none (8-bit weights, no mixed choice)."""
+    mixed = (report.quantization or {}).get("mixed")
+    scores = mixed.get("scores") if isinstance(mixed, dict) else None
+    if model is None or not isinstance(scores, dict) or not set(names) <= set(scores):
+        return None
+    shapes = {
+        node.name or "": (node.attributes.get_int("K", 0), node.attributes.get_int("N", 0))
+        for node in model.graph
+        if node.op_type == "MatMulNBits" and node.name in scores
+    }
+    if not set(names) <= set(shapes):
+        return None
+    ranked = recorded_scores({n: float(scores[n]) for n in names}, shapes, config)
+    basis = str(mixed.get("basis")) if isinstance(mixed, dict) else ""
+    per_weight = "output error" if basis.startswith("output") else "weight error"
+    return ranked, f"the run's ranking: {per_weight} 8 bits saves per weight"
 
 
 def _steps(count: int, int4: bool) -> list[tuple[int, str]]:
@@ -141,6 +167,8 @@ class Repair:
         self.best = first
         self.best_config = context.config
         self.steps: list[dict[str, Any]] = []
+        #: each step's layer choices measured, and whether they passed
+        self.tried: dict[frozenset[tuple[str, str]], bool] = {}
         self.chosen: dict[str, Any] | None = None
         #: what the size budget kept the repair from trying (None: nothing)
         self.limit: str | None = None
@@ -149,7 +177,8 @@ class Repair:
         context = self.context
         # ranked on calibration windows, graded on the check windows: a ranking fitted to
         # the windows that judge it would make a narrow pass there look surer than it is
-        ranked, what = rank_for_repair(
+        found = recorded_ranking(self.best[0], self.best[1], context.config, list(now))
+        ranked, what = found or rank_for_repair(
             context.source,
             context.config,
             context.rank_samples,
@@ -238,6 +267,9 @@ class Repair:
         """Quantize and measure one step; it becomes ``best`` when it passes (or while
         nothing has)."""
         layers = _layers(ranked, now, step, what, missed)
+        key = frozenset((name, c.precision) for name, c in layers.items())
+        if not layers or key in self.tried:  # the model as it was, or a step made already
+            return bool(layers) and self.tried[key]
         config = self.context.config
         config = dataclasses.replace(config, layers={**config.layers, **layers})
         if self.context.runs.streamed:
@@ -246,6 +278,7 @@ class Repair:
         stats = self.checker.measure(model)
         misses = self.checker.misses(stats, self.budget)
         self.steps.append({"layers": step[0], "to": step[1], **stats, "passed": not misses})
+        self.tried[key] = not misses
         if not misses or self.best[3]:
             self.best = (model, report, stats, misses)
             self.best_config = config

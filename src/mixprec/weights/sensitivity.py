@@ -72,6 +72,7 @@ __all__ = [
     "packed_bytes",
     "plan_layers",
     "rank_layers",
+    "recorded_scores",
     "size_budget",
 ]
 
@@ -139,10 +140,27 @@ def layer_scores(model: ir.Model, config: WeightsConfig, method: WeightMethod) -
         else:
             error4, error8 = _data_free(model, matrix, config, method)
         k, n = matrix.shape
-        four = packed_bytes(k, n, config.spec("int4"))
-        extra8, extra_float = packed_bytes(k, n, config.spec("int8")) - four, 4 * k * n - four
-        scores.append(LayerScore(node.name or "", error4, error8, k * n, extra8, extra_float))
+        scores.append(LayerScore(node.name or "", error4, error8, k * n, *_extra(k, n, config)))
     return sorted(scores, key=lambda s: -s.score)
+
+
+def _extra(k: int, n: int, config: WeightsConfig) -> tuple[int, int]:
+    """The bytes 8 bits and float add over 4 bits to a ``[K, N]`` weight."""
+    four = packed_bytes(k, n, config.spec("int4"))
+    return packed_bytes(k, n, config.spec("int8")) - four, 4 * k * n - four
+
+
+def recorded_scores(
+    scores: dict[str, float], shapes: dict[str, tuple[int, int]], config: WeightsConfig
+) -> list[LayerScore]:
+    """A run's recorded ranking (the ``scores`` of its ``mixed`` section, :func:`plan_layers`)
+    as :class:`LayerScore` rows with their costs, most sensitive first: ``shapes`` gives
+    each layer's ``(K, N)``. The recorded score stands for the error difference."""
+    rows = []
+    for name, score in scores.items():
+        k, n = shapes[name]
+        rows.append(LayerScore(name, float(score) * k * n, 0.0, k * n, *_extra(k, n, config)))
+    return sorted(rows, key=lambda s: -s.score)
 
 
 #: Data-free (error4, error8) by weight digest, shape, method and specs: a repair
