@@ -37,7 +37,9 @@ Tools (ONNX Runtime 1.31.1 and NNCF 3.4.0 of the bench environment):
                          opset 21
                          it writes MatMulNBits without declaring the com.microsoft domain,
                          which onnx.checker refuses: the declaration is added here (counted
-                         in the timed span, as a user would have to)
+                         in the timed span, as a user would have to). A model with external
+                         data is loaded without it and its folder given as NNCF's
+                         EXTERNAL_DATA_DIR backend parameter (NNCF's way above 2 GB)
 
 The output is written as one file when it fits in 2 GB, else with external data. The
 timed span (`convert_s`) covers loading IN, quantizing and writing OUT; imports apart.
@@ -48,6 +50,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from convert_one import Unavailable, measure_and_write
@@ -177,24 +180,36 @@ def _nncf(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
         raise Unavailable(f"nncf not importable: {exc}") from exc
 
     def run() -> dict[str, Any]:
-        model = onnx.load(args.model)
+        from nncf.onnx.quantization.backend_parameters import BackendParameters
         from nncf.quantization.advanced_parameters import (
             AdvancedCompressionParameters,
             GroupSizeFallbackMode,
         )
+        from onnx.external_data_helper import load_external_data_for_model, uses_external_data
 
+        # NNCF's way for a model over 2 GB: loaded without its external data, the data's
+        # folder given as EXTERNAL_DATA_DIR (loaded whole, its shape inference cannot
+        # serialize the proto: "EncodeError: Failed to serialize proto")
+        model = onnx.load(args.model, load_external_data=False)
+        folder = str(Path(args.model).resolve().parent)
+        external = any(uses_external_data(t) for t in model.graph.initializer)
+        backend = {BackendParameters.EXTERNAL_DATA_DIR: folder} if external else {}
         adjust = AdvancedCompressionParameters(
-            group_size_fallback_mode=GroupSizeFallbackMode.ADJUST)
+            group_size_fallback_mode=GroupSizeFallbackMode.ADJUST, backend_params=backend)
         compressed = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT4_SYM,
                                            group_size=128, advanced_parameters=adjust)
-        notes = {}
+        notes: dict[str, str] = {}
+        if external:  # what it left uncompressed still points at the input's data file
+            load_external_data_for_model(compressed, folder)
+            notes["external_data"] = f"loaded without external data, EXTERNAL_DATA_DIR={folder}"
         domains = {o.domain for o in compressed.opset_import}
         uses_ms = any(n.domain == "com.microsoft" for n in compressed.graph.node)
         if uses_ms and "com.microsoft" not in domains:
             compressed.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
             notes["opset_added"] = "com.microsoft 1 (NNCF wrote MatMulNBits without it)"
         save(compressed, args.out)
-        options = {"mode": "INT4_SYM", "group_size": 128, "group_size_fallback_mode": "adjust"}
+        options = {"mode": "INT4_SYM", "group_size": 128, "group_size_fallback_mode": "adjust",
+                   "external_data_dir": bool(external)}
         return {"version": nncf.__version__, "options": options, **notes}
 
     return run
