@@ -21,6 +21,7 @@ from mixprec.api.tune import tune
 from mixprec.api.validate import validate
 from mixprec.batch.results import BatchResult
 from mixprec.batch.run import batch
+from mixprec.checks.validate import ValidationReport
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import InternalError, MixprecError
 from mixprec.core.policy import (
@@ -33,7 +34,6 @@ from mixprec.core.policy import (
     register_rule,
 )
 from mixprec.core.version import __version__ as __version__
-from mixprec.guard.validate import ValidationReport
 from mixprec.int8.config import QuantizeConfig
 from mixprec.optimize.result import OptimizeResult
 from mixprec.pipeline.convert import ConversionResult

@@ -70,6 +70,7 @@ def test_compare_outputs_edge_cases() -> None:
 
 def test_the_output_checks_have_one_home():
     """validate (compare_outputs), tune's metrics and the INT8 guard read these."""
+    from mixprec.checks import outputs as guard
     from mixprec.core.metrics import (
         cosine_similarity,
         equal_share,
@@ -78,7 +79,6 @@ def test_the_output_checks_have_one_home():
         top1_agreement,
         worst_rel_l2,
     )
-    from mixprec.guard import checks as guard
     from mixprec.tune import metrics
 
     ref = np.array([[1.0, 2.0, np.nan], [3.0, 0.0, 1.0]], np.float32)
@@ -103,8 +103,8 @@ def test_rel_l2_has_one_value_wherever_it_is_read():
     """Before: validate (compare_outputs) measured over the positions where both were
     finite, the guard and tune (rel_l2_error) gave inf for an output not finite where
     FP32 is, and tune pooled its samples into one norm where the guard took the worst."""
+    from mixprec.checks import outputs as guard
     from mixprec.core.metrics import rel_l2_error, worst_rel_l2
-    from mixprec.guard import checks as guard
     from mixprec.tune import metrics
 
     ref = np.array([3.0, 4.0, np.nan, 1.0], np.float32)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from mixprec.guard.confidence import Z_ONE_SIDED, lower_bound, rows_to_confirm
+from mixprec.checks.confidence import Z_ONE_SIDED, lower_bound, rows_to_confirm
 
 
 def test_every_row_agreeing_has_the_closed_form_bound_and_row_count():

@@ -20,12 +20,12 @@ from onnx import numpy_helper
 import mixprec
 from helpers import run_ort
 from llm_models import DecoderConfig, greedy_decode, tiny_decoder
+from mixprec.checks.greedy import PROMPT as GREEDY_PROMPT
+from mixprec.checks.samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
-from mixprec.guard.greedy import PROMPT as GREEDY_PROMPT
-from mixprec.guard.language import next_token_stats
-from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
 from mixprec.inputs.text import TextSamples, find_tokenizer
+from mixprec.repair.language_guard import next_token_stats
 from mixprec.weights import sensitivity
 from mixprec.weights.config import WeightsConfig
 

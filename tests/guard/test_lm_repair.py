@@ -1,4 +1,4 @@
-"""The language-model repair's search (mixprec.guard.lm_repair) on a made-up run: it
+"""The language-model repair's search (mixprec.repair.lm_repair) on a made-up run: it
 ranks by the run's own recorded scores (no second pass over the data), and a step whose
 layer choices change nothing, or repeat a step already measured, is not quantized and
 checked again. The quantizer and the checker are stand-ins that count what they are
@@ -11,8 +11,8 @@ from typing import Any
 
 import onnx_ir as ir
 
-from mixprec.guard.lm_repair import Repair, recorded_ranking
 from mixprec.pipeline.weights import GuardContext, WeightsReport
+from mixprec.repair.lm_repair import Repair, recorded_ranking
 from mixprec.weights.config import WeightsConfig
 from mixprec.weights.sensitivity import packed_bytes
 

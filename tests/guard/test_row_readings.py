@@ -15,11 +15,11 @@ import numpy as np
 import onnx_ir as ir
 import pytest
 
+from mixprec.checks.outputs import GuardBudget, check_outputs
 from mixprec.core.detections import MATCH_IOU, SCORE, decode, detection_f1, head_layout
 from mixprec.core.metrics import SCORE_TIE, active_top1, neighbour_agreement, rel_l2_error
 from mixprec.core.output_kinds import OutputKind, classify_outputs
 from mixprec.core.readings import parse_output_kind, readings
-from mixprec.guard.checks import GuardBudget, check_outputs
 from text_models import filled_model
 
 BUDGET = GuardBudget.of(None, None)

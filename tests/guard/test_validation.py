@@ -1,12 +1,12 @@
-"""Tests of mixprec.guard.validate: validating a converted model against its original."""
+"""Tests of mixprec.checks.validate: validating a converted model against its original."""
 
 from __future__ import annotations
 
 import pytest
 
+from mixprec.checks.validate import validate_models
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import DEFAULT_RTOL
-from mixprec.guard.validate import validate_models
 from mixprec.inputs.feeds import make_inputs
 from mixprec.runtime.engine import RuntimeOptions
 from proto_builders import (

@@ -13,8 +13,8 @@ import onnx
 import pytest
 
 from guard_models import separable_classifier
+from mixprec.checks.outputs import OutputCheck
 from mixprec.core.errors import MixprecError
-from mixprec.guard.checks import OutputCheck
 from mixprec.optimize import timing as timing_module
 from mixprec.optimize.candidates import CANDIDATES, select_candidates
 from mixprec.optimize.choice import Row, accuracy_text, choose

@@ -18,9 +18,9 @@ import onnx
 import pytest
 from onnx import helper
 
+from mixprec.checks.validate import validate_models
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import rel_l2_error
-from mixprec.guard.validate import validate_models
 from mixprec.inputs.feeds import make_inputs
 from mixprec.runtime.cpu import cpu_features, parse_cpuinfo
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions

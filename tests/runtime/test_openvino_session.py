@@ -12,8 +12,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
 from helpers import assert_close, run_ort
+from mixprec.checks.validate import validate_models
 from mixprec.core.errors import MixprecError
-from mixprec.guard.validate import validate_models
 from mixprec.runtime.engine import RuntimeOptions, RuntimeRunError
 from mixprec.runtime.engines import engine_for
 from mixprec.runtime.openvino import KEPT_COMPILED

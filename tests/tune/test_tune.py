@@ -136,7 +136,7 @@ def test_all_low_model_meeting_the_budget_takes_one_evaluation():
 def test_a_budget_even_the_all_float_model_misses_is_said_plainly():
     calls = []
 
-    def score(candidate: mixprec.tune.metrics.Candidate) -> float:
+    def score(candidate: mixprec.checks.user_metric.Candidate) -> float:
         calls.append(len(candidate.outputs))
         return 1.0 if len(calls) == 1 else 0.0  # only the FP32 reference scores 1
 

@@ -24,8 +24,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
 from helpers import run_ort
+from mixprec.checks.outputs import GuardBudget, guard_metric, output_kinds
 from mixprec.cli.main import main
-from mixprec.guard.checks import GuardBudget, guard_metric, output_kinds
 from mixprec.runtime.emulate import emulate_low_precision
 
 

@@ -12,9 +12,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
 from helpers import run_ort
+from mixprec.checks.user_metric import call_user_metric
 from mixprec.cli.main import main
 from mixprec.core.output_kinds import OutputKind
-from mixprec.tune.metrics import call_user_metric, top1
+from mixprec.tune.metrics import top1
 
 
 def _classifier() -> onnx.ModelProto:

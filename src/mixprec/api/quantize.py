@@ -18,13 +18,13 @@ import onnx_ir as ir
 from mixprec.api import envelope
 from mixprec.api.weights import quantize_weights
 from mixprec.core.errors import MixprecError
-from mixprec.guard.int8 import EvalData, guarded_quantize, quantize_once
 from mixprec.int8.config import QuantizeConfig, guard_spellings
 from mixprec.io.external import input_files
 from mixprec.io.models import ModelLike, load_input
 from mixprec.pipeline.convert import CalibrationData, ConversionResult
 from mixprec.pipeline.quantize import plan_model, resolve_qconfig
 from mixprec.pipeline.report import Report
+from mixprec.repair.int8_guard import EvalData, guarded_quantize, quantize_once
 
 __all__ = ["plan_int8", "quantize"]
 
@@ -61,7 +61,7 @@ def quantize(
             inputs are labels for ``metric``); by default a seeded random half of the
             calibration samples (at most 64, or enough for 300 rows where samples hold
             few rows each) is held out, streamed from its source
-            (:mod:`mixprec.guard.samples`).
+            (:mod:`mixprec.checks.samples`).
         weights: "int4" or "int8" (or a :class:`~mixprec.weights.config.WeightsConfig`):
             weight-only quantization instead of INT8; ``options`` are then its fields and
             the INT8 ones are refused.

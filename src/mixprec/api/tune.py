@@ -40,7 +40,7 @@ def tune(
             ``.npz``). They are also the calibration data unless ``calibration_data``.
         metric: "rel-l2" (default), "max-abs", "top1", "cosine" (against the FP32
             model's outputs), or a callable taking a
-            :class:`~mixprec.tune.metrics.Candidate` and returning a score, higher is
+            :class:`~mixprec.checks.user_metric.Candidate` and returning a score, higher is
             better; with ``metric_budget``, your own score as the INT8
             guard takes it: ``FUNCTION(fp32_outputs, outputs[, labels])`` (one dict per
             sample; ``labels``: each sample's arrays that are not model inputs), a

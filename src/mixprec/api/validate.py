@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mixprec.checks.validate import ValidationReport, check_arguments, validate_protos
 from mixprec.core.ops import DEFAULT_ATOL
-from mixprec.guard.validate import ValidationReport, check_arguments, validate_protos
 from mixprec.io.models import ModelLike, runnable_proto
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import options_from_metadata, runtime_options

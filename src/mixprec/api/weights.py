@@ -14,14 +14,14 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.api import envelope
-from mixprec.guard.language import cache_note, is_language_model, language_model_guard
-from mixprec.guard.weights import output_check, output_check_data
 from mixprec.inputs.text import DEFAULT_WINDOW, TextData
 from mixprec.io.models import ModelLike, mapped_copy
 from mixprec.io.protos import weightless_proto
 from mixprec.pipeline.convert import CalibrationData, ConversionResult
 from mixprec.pipeline.streamed import Source, keeps_mapped, maps_a_copy
 from mixprec.pipeline.weights import WeightsGuard, run_weights
+from mixprec.repair.language_guard import cache_note, is_language_model, language_model_guard
+from mixprec.repair.weights_guard import output_check, output_check_data
 from mixprec.weights.config import WeightsConfig, weights_config
 
 __all__ = ["quantize_weights"]
@@ -55,9 +55,9 @@ def quantize_weights(
             on instead of the calibration samples.
         weights_guard: the check of the result (default: a language model, one that
             takes ``input_ids`` and outputs ``logits``, gets the next-token guard with its
-            repair, :func:`~mixprec.guard.language.lm_guard`, on windows held out of the
+            repair, :func:`~mixprec.repair.language_guard.lm_guard`, on windows held out of the
             calibration data or on ``eval_data``; other models: each output against FP32,
-            :func:`~mixprec.guard.weights.output_check`).
+            :func:`~mixprec.repair.weights_guard.output_check`).
         tokenizer: the ``tokenizer.json`` of text data (default: the one beside the model).
         text_window: tokens per window of text data.
         **options: :class:`~mixprec.weights.config.WeightsConfig` fields (``block_size``,

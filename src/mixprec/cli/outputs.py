@@ -15,10 +15,10 @@ from typing import Any
 import onnx_ir as ir
 
 from mixprec.api.validate import validate
+from mixprec.checks.outputs import reading_lines
 from mixprec.cli.options import EXIT_VALIDATION_FAILED, runtime_of
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import iter_nodes
-from mixprec.guard.checks import reading_lines
 from mixprec.io.models import check_output_path, write_text
 from mixprec.pipeline.report import NodeReport, Report
 from mixprec.report.graph_view import PRECISION_LABELS, build_views, inferred_dtypes, node_precision

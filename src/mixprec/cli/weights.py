@@ -11,13 +11,13 @@ from mixprec.api.weights import quantize_weights
 from mixprec.cli.options import calibration_data, progress, runtime_of
 from mixprec.cli.outputs import validate_and_write
 from mixprec.core.errors import MixprecError
-from mixprec.guard.language import (
+from mixprec.inputs.text import DEFAULT_WINDOW, is_text_path
+from mixprec.repair.language_guard import (
     DEFAULT_MAX_DROP,
     DEFAULT_MAX_KL,
     DEFAULT_MAX_PPL_RISE,
     INT4_BUDGET,
 )
-from mixprec.inputs.text import DEFAULT_WINDOW, is_text_path
 from mixprec.weights.blocks import BLOCK_SIZES
 from mixprec.weights.config import ACCURACY_LEVELS, PRECISIONS
 from mixprec.weights.methods import AUTO, METHODS

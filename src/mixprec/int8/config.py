@@ -115,7 +115,7 @@ class QuantizeConfig:
             by the FP16/BF16 painter around the integer kernels (:mod:`mixprec.pipeline.fallback`).
         guard: the accuracy guard (:func:`mixprec.quantize`): check the INT8 model against
             FP32 on held-out samples and move the sensitive nodes back to float until it
-            holds (:mod:`mixprec.guard.checks`); False warns that nothing is checked.
+            holds (:mod:`mixprec.checks.outputs`); False warns that nothing is checked.
         guard_drop: the guard's accepted drop of top-1 agreement on class scores
             (agreement >= 1 - drop; None: 0.01) and of equal elements on integer outputs.
         guard_rel_l2: the guard's bound on other outputs' relative L2 (None: 0.1).

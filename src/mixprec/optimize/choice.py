@@ -27,7 +27,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mixprec.guard.checks import OutputCheck, least_confirmed, shown
+from mixprec.checks.outputs import OutputCheck, least_confirmed, shown
 from mixprec.int8.speed import MAJORITY
 from mixprec.optimize.candidates import BASELINE
 from mixprec.optimize.timing import Timing

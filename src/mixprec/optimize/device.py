@@ -27,9 +27,9 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
+from mixprec.checks.samples import split_for_guard
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
-from mixprec.guard.samples import split_for_guard
 from mixprec.inputs.samples import feeds_for
 from mixprec.io.models import load_input
 from mixprec.optimize.candidates import BASELINE, CANDIDATES, Candidate, skip_reason

@@ -1,9 +1,9 @@
 """The driver of ``mixprec optimize``: build each candidate, check it, time it, choose.
 
-1. The held-out samples (:func:`~mixprec.guard.samples.split_for_guard`: ``eval_data``,
+1. The held-out samples (:func:`~mixprec.checks.samples.split_for_guard`: ``eval_data``,
    else a seeded random half of the calibration samples, at most 64 or enough for 300
    rows) and the input's outputs on them in ONNX Runtime: every candidate is held to
-   those, by the guard room's checks (:func:`~mixprec.guard.checks.check_outputs`: each
+   those, by the checks (:func:`~mixprec.checks.outputs.check_outputs`: each
    output's kind and the INT8 default budgets) or the user's metric. The INT8
    candidates' own guard ran on the same split; they are checked again here so that the
    table is uniform.
@@ -32,13 +32,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from mixprec.core.callables import load_callable
-from mixprec.core.errors import MixprecError
-from mixprec.core.metrics import DEFAULT_RTOL
-from mixprec.core.ops import parse_dtype
-from mixprec.core.output_kinds import OutputKind
-from mixprec.core.readings import with_user_kinds
-from mixprec.guard.checks import (
+from mixprec.checks.outputs import (
     GuardBudget,
     OutputCheck,
     UserMetric,
@@ -46,8 +40,13 @@ from mixprec.guard.checks import (
     least_confirmed,
     output_kinds,
 )
-from mixprec.guard.int8 import guarded_quantize
-from mixprec.guard.samples import Samples, label_dicts, samples_of, split_for_guard
+from mixprec.checks.samples import Samples, label_dicts, samples_of, split_for_guard
+from mixprec.core.callables import load_callable
+from mixprec.core.errors import MixprecError
+from mixprec.core.metrics import DEFAULT_RTOL
+from mixprec.core.ops import parse_dtype
+from mixprec.core.output_kinds import OutputKind
+from mixprec.core.readings import with_user_kinds
 from mixprec.inputs.feeds import feeds_for, make_inputs, resolve_input_shapes
 from mixprec.int8.speed import MAJORITY
 from mixprec.int8.speed import session as timing_session
@@ -71,6 +70,7 @@ from mixprec.optimize.served import written_static
 from mixprec.optimize.timing import Timer, minimum_seconds
 from mixprec.pipeline.marks import bf16_marked
 from mixprec.pipeline.quantize import resolve_qconfig
+from mixprec.repair.int8_guard import guarded_quantize
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import RUNTIME_KEY, engine_for, runtime_hints
 from mixprec.runtime.ov_marks import fp32_nodes

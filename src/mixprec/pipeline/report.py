@@ -46,7 +46,7 @@ class Report:
     policy: dict[str, object] = field(default_factory=dict)
     validation: dict[str, object] | None = None
     quantization: dict[str, object] | None = None
-    #: The INT8 accuracy guard's checks and verdict (:mod:`mixprec.guard.int8`).
+    #: The INT8 accuracy guard's checks and verdict (:mod:`mixprec.repair.int8_guard`).
     guard: dict[str, object] | None = None
     #: The result is the input model as given (nothing was worth changing).
     unchanged: bool = False

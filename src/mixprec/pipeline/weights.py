@@ -8,9 +8,9 @@ passes swapped in: ``annotate`` is :class:`~mixprec.weights.select.SelectWeights
 
 **The guard hook.** After quantizing, :func:`run_weights` hands the model to a
 :data:`WeightsGuard`: ``guard(model, report, context) -> (model, report)``. The guards
-live in :mod:`mixprec.guard`: each output against FP32
-(:func:`mixprec.guard.weights.output_check`), or a language model's next-token guard
-(:mod:`mixprec.guard.language`), which repairs through ``context.requantize(config)``
+live in :mod:`mixprec.repair`: each output against FP32
+(:func:`mixprec.repair.weights_guard.output_check`), or a language model's next-token guard
+(:mod:`mixprec.repair.language_guard`), which repairs through ``context.requantize(config)``
 (e.g. a ``layers`` map with the worst layers at 8 bits).
 
 **Models with external data** keep their weights memory-mapped; **streamed** ones (over

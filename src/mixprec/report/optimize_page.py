@@ -16,7 +16,7 @@ import os
 
 import onnx_ir as ir
 
-from mixprec.guard.checks import reading_lines
+from mixprec.checks.outputs import reading_lines
 from mixprec.io.models import write_text
 from mixprec.optimize.choice import Row, accuracy_text
 from mixprec.optimize.result import OptimizeResult

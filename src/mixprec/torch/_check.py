@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from mixprec.checks.outputs import OutputCheck, row_budget, row_readings
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import DEFAULT_RTOL, OutputComparison, compare_outputs
 from mixprec.core.ops import DEFAULT_ATOL
 from mixprec.core.output_kinds import OutputKind
-from mixprec.guard.checks import OutputCheck, row_budget, row_readings
 
 __all__ = ["CHECK_ATOL", "CheckReport", "TorchCheckError", "check_module", "perturbed"]
 
@@ -58,7 +58,7 @@ class CheckReport:
         runtime: "onnxruntime" or "emulated" (a bfloat16 model ORT cannot run).
         samples: one comparison per input.
         checks: each output read as rows of answers over every input (the guard's
-            :func:`~mixprec.guard.checks.check_outputs`: argmax rows, embedding rows,
+            :func:`~mixprec.checks.outputs.check_outputs`: argmax rows, embedding rows,
             the worst channel), held to the dtype's bounds.
     """
 

@@ -10,30 +10,30 @@ Built-in metrics compare a candidate's outputs with the FP32 model's on the same
 * ``cosine``: the lowest cosine similarity of an output's flattened values (higher is
   better).
 
-A callable metric gets a :class:`Candidate` (its outputs on the tuning data, and a way to
-run it on any other input, e.g. labelled data the caller holds) and returns a score,
-higher is better (accuracy, BLEU, a negated loss). Its budget is the accepted drop from
-the FP32 model's score: a number (absolute drop) or a string ``"N%"`` (relative drop).
+A callable metric gets a :class:`~mixprec.checks.user_metric.Candidate` (its outputs on
+the tuning data, and a way to run it on any other input, e.g. labelled data the caller
+holds) and returns a score, higher is better (accuracy, BLEU, a negated loss). Its budget
+is the accepted drop from the FP32 model's score: a number (absolute drop) or a string
+``"N%"`` (relative drop).
 
 The user's own score, as the INT8 guard takes it (``--metric MODULE:FUNCTION
 --metric-budget S``, ``metric_budget=``): ``FUNCTION(fp32_outputs, outputs[, labels])``
 gets one dict of outputs per sample and returns a number, higher is better; the budget is
 its lowest accepted value. The guard and ``tune`` load it (:func:`~mixprec.core.callables.
-load_callable`) and call it (:func:`call_user_metric`) the same way.
+load_callable`) and call it (:func:`~mixprec.checks.user_metric.call_user_metric`) the
+same way; what a callable metric is given lives in :mod:`mixprec.checks.user_metric`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import numpy as np
-import onnx_ir as ir
 
+from mixprec.checks.user_metric import Candidate, Outputs, shape_miss
 from mixprec.core.callables import load_callable
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import (
@@ -44,72 +44,19 @@ from mixprec.core.metrics import (
 )
 from mixprec.core.ops import TOLERANCES
 from mixprec.core.output_kinds import OutputKind, shape_class_axis
-from mixprec.inputs.feeds import feeds_for
 
 __all__ = [
     "BUILTIN_METRICS",
     "MISS",
     "Budget",
-    "Candidate",
-    "Labels",
     "Metric",
-    "call_user_metric",
     "resolve_metric",
     "score_budget",
 ]
 
-Outputs = Mapping[str, np.ndarray]
-#: One dict per sample of its arrays that are not model inputs (labels, boxes).
-Labels = Sequence[Mapping[str, np.ndarray]]
 logger = logging.getLogger(__name__)
 #: name -> (higher is better, default budget by target or None).
 BUILTIN_METRICS = TOLERANCES
-
-
-class Candidate:
-    """A candidate model as a callable metric sees it.
-
-    Attributes:
-        model: the candidate as an ``onnx.ModelProto`` (bfloat16 candidates emulated in
-            float32 where the runtime refuses bfloat16, as ONNX Runtime's CPU provider does).
-        session: the runtime's session of ``model``
-            (:class:`~mixprec.runtime.engine.Session`: ``session.run(feeds)`` gives the
-            outputs by name).
-    """
-
-    def __init__(self, model: Any, session: Any, samples: Sequence[Mapping[str, np.ndarray]]):
-        self.model = model
-        self.session = session
-        self._samples = samples
-        self._outputs: list[dict[str, np.ndarray]] | None = None
-        self._signature: ir.Model | None = None
-
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The candidate's outputs, by name, for one feed dict (float arrays are cast to
-        the dtypes the model takes)."""
-        if self._signature is None:  # read once: the inputs' names and dtypes
-            model = self.model
-            self._signature = model if isinstance(model, ir.Model) else ir.from_proto(model)
-        return dict(self.session.run(feeds_for(self._signature, feeds)))
-
-    @property
-    def outputs(self) -> list[dict[str, np.ndarray]]:
-        """Its outputs on each sample of the data being evaluated, in order."""
-        if self._outputs is None:
-            self._outputs = [self.run(s) for s in self._samples]
-        return self._outputs
-
-
-def shape_miss(ref: Sequence[Outputs], out: Sequence[Outputs]) -> str | None:
-    """Why the candidate's outputs cannot be compared with FP32's, or None: an output whose
-    shape depends on values (a predicted length) came out another shape. A measured miss,
-    never an error."""
-    for k, (r, o) in enumerate(zip(ref, out, strict=True)):
-        for name, value in r.items():
-            got = np.shape(o[name]) if name in o else None
-            if got != np.shape(value):
-                return f"output {name!r} of sample {k} has shape {got}, FP32 {np.shape(value)}"
-    return None
 
 
 def _pooled(ref: Sequence[Outputs], out: Sequence[Outputs]) -> dict[str, tuple[np.ndarray, ...]]:
@@ -178,44 +125,6 @@ def cosine(ref: Sequence[Outputs], out: Sequence[Outputs]) -> float:
 
 
 Compare = Callable[[Sequence[Outputs], Sequence[Outputs]], float]
-
-
-def _takes_labels(function: Callable[..., float]) -> bool:
-    """Whether ``function`` takes the labels: a third positional parameter without a
-    default or named ``labels``, or ``*args``. A third one with a default (``def f1(fp32,
-    int8, threshold=0.3)``) is the function's own option, not the labels."""
-    try:
-        parameters = list(inspect.signature(function).parameters.values())
-    except (TypeError, ValueError):  # a builtin without a signature: two arguments
-        return False
-    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
-        return True
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    third = [p for p in parameters if p.kind in positional][2:3]
-    return bool(third) and (
-        third[0].default is inspect.Parameter.empty or third[0].name == "labels"
-    )
-
-
-def call_user_metric(
-    function: Callable[..., float],
-    reference: Sequence[Outputs],
-    outputs: Sequence[Outputs],
-    labels: Labels | None = None,
-) -> float:
-    """The user's score: ``function(fp32_outputs, outputs)``, or ``function(fp32_outputs,
-    outputs, labels)`` when it takes a third argument, each a list with one entry per
-    sample; ``labels`` is None when no sample carries arrays other than model inputs.
-
-    Example:
-        >>> def accuracy(fp32, int8, labels):                                # doctest: +SKIP
-        ...     hits = [o["logits"].argmax(-1) == l["label"] for o, l in zip(int8, labels)]
-        ...     return float(np.mean(np.concatenate(hits)))
-    """
-    given = list(labels) if labels is not None and any(labels) else None
-    if _takes_labels(function):
-        return float(function(list(reference), list(outputs), given))
-    return float(function(list(reference), list(outputs)))
 
 
 def _guarded(compare: Compare, miss: float) -> Compare:

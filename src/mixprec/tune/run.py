@@ -24,6 +24,7 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.calibrate.measure import CALIBRATION
+from mixprec.checks.user_metric import Candidate, Labels
 from mixprec.core.errors import MixprecError
 from mixprec.core.output_kinds import classify_outputs
 from mixprec.inputs.feeds import (
@@ -40,14 +41,7 @@ from mixprec.pipeline.report import Report
 from mixprec.runtime.engine import RuntimeOptions, runtime_names
 from mixprec.runtime.engines import engine_for, run_model
 from mixprec.runtime.fit import fit_shapes
-from mixprec.tune.metrics import (
-    Candidate,
-    Labels,
-    Metric,
-    resolve_budget,
-    resolve_metric,
-    score_budget,
-)
+from mixprec.tune.metrics import Metric, resolve_budget, resolve_metric, score_budget
 from mixprec.tune.result import TuneResult
 from mixprec.tune.search import Search
 from mixprec.tune.sensitivity import NodeSensitivity, measure_sensitivity, rank

@@ -95,7 +95,7 @@ class WeightsConfig:
         shapes: concrete shapes for symbolic input dims (the checks' generated inputs).
         guard: run the model on the samples and compare its outputs with FP32 (ONNX
             Runtime): the report reads each output as rows of answers, as the INT8 guard
-            does (:mod:`mixprec.guard.weights`), with its rel L2 beside them.
+            does (:mod:`mixprec.repair.weights_guard`), with its rel L2 beside them.
         guard_drop: a share of rows (top-1, rows at the cosine bound, neighbours, ...)
             below 1 - drop fails the check (None: reported against the INT8 defaults,
             not enforced).

@@ -19,7 +19,7 @@ lm_head and embeddings count at their configured precision.
 **Mixed bits.** With ``max_size`` or ``ratio``, the highest scores go to 8 bits while the
 budget holds. By default only the layers whose score is more than :data:`OUTLIER` times
 the median go, highest first, within the budget; the language-model guard's repair may
-spend the rest of it (:mod:`mixprec.guard.language`), never more: a miss at that size is
+spend the rest of it (:mod:`mixprec.repair.language_guard`), never more: a miss at that size is
 reported, not paid for in size.
 """
 

@@ -1,9 +1,9 @@
 """The weight-only guard of a model that is not a language model: each output against
 the FP32 model's on the check samples, read as rows of answers as the INT8 guard reads
-them (:func:`~mixprec.guard.checks.check_outputs`: argmax rows of class scores,
+them (:func:`~mixprec.checks.outputs.check_outputs`: argmax rows of class scores,
 embedding rows at the cosine bound and their nearest neighbours, the worst channel, ...),
 with the worst sample's relative L2 beside them as a second figure. One schema for "is
-it still the same model?": the checks are :class:`~mixprec.guard.checks.OutputCheck`
+it still the same model?": the checks are :class:`~mixprec.checks.outputs.OutputCheck`
 records, as INT8's. It fails where a budget was given (``guard_drop`` /
 ``guard_rel_l2``) and a reading misses it, or an output goes non-finite; without budgets
 it reports each reading (weight-only INT4 of an encoder moves its rows by design: the
@@ -18,10 +18,10 @@ from typing import Any
 
 import onnx_ir as ir
 
+from mixprec.checks.outputs import GuardBudget, OutputCheck, check_outputs
+from mixprec.checks.samples import WINDOWS_HELD_OUT_SHARE, split_for_guard
 from mixprec.core.metrics import worst_rel_l2
 from mixprec.core.output_kinds import OutputKind, classify_outputs
-from mixprec.guard.checks import GuardBudget, OutputCheck, check_outputs
-from mixprec.guard.samples import WINDOWS_HELD_OUT_SHARE, split_for_guard
 from mixprec.inputs.feeds import feeds_for
 from mixprec.pipeline.streamed import Outputs
 from mixprec.pipeline.weights import CHECK_SAMPLES, GuardContext, WeightsGuard, WeightsReport
@@ -36,10 +36,10 @@ def output_check_data(
 ) -> tuple[Any, Any, WeightsGuard]:
     """The output check's data and guard: ``eval_data`` when given, else the check samples
     held out of the calibration samples by the guard's one split
-    (:func:`~mixprec.guard.samples.split_for_guard`: a seeded fifth, at most
+    (:func:`~mixprec.checks.samples.split_for_guard`: a seeded fifth, at most
     :data:`~mixprec.pipeline.weights.CHECK_SAMPLES`), so that a data-aware method (AWQ,
     GPTQ) is not checked on the samples it fitted; fewer than
-    :data:`~mixprec.guard.samples.GUARD_MIN_SAMPLES`: every one does both."""
+    :data:`~mixprec.checks.samples.GUARD_MIN_SAMPLES`: every one does both."""
     if eval_data is not None or calibration_data is None:
         return calibration_data, eval_data, output_check
     split = split_for_guard(calibration_data, None, work, WINDOWS_HELD_OUT_SHARE, CHECK_SAMPLES)

@@ -35,6 +35,9 @@ from typing import TypeVar
 import numpy as np
 import onnx_ir as ir
 
+from mixprec.checks.confidence import CONFIDENCE, lower_bound, rows_to_confirm
+from mixprec.checks.samples import GUARD_MIN_SAMPLES
+from mixprec.checks.user_metric import Candidate, Labels, call_user_metric, shape_miss
 from mixprec.core.detections import detection_f1 as _detection_f1
 from mixprec.core.detections import head_layout
 from mixprec.core.metrics import (
@@ -50,9 +53,6 @@ from mixprec.core.metrics import (
 from mixprec.core.ops import ROW_BUDGETS, tolerance
 from mixprec.core.output_kinds import OutputKind, classify_outputs
 from mixprec.core.readings import readings
-from mixprec.guard.confidence import CONFIDENCE, lower_bound, rows_to_confirm
-from mixprec.guard.samples import GUARD_MIN_SAMPLES
-from mixprec.tune.metrics import Candidate, Labels, call_user_metric, shape_miss
 
 __all__ = [
     "AGREEMENT_KINDS",
@@ -103,7 +103,7 @@ class UserMetric:
     """The user's own measure of the INT8 model (``--metric MODULE:FUNCTION``,
     ``quantize(metric=callable)``): ``score(fp32_outputs, int8_outputs[, labels])`` gets
     one dict of outputs by name per held-out sample, in order, and, when it takes a third
-    argument, the samples' labels (:func:`~mixprec.tune.metrics.call_user_metric`); it
+    argument, the samples' labels (:func:`~mixprec.checks.user_metric.call_user_metric`); it
     returns a number, higher is better; the guard passes when it is at least ``budget``.
     It replaces the per-output checks, in the guard and in the repair's search alike."""
 
@@ -205,7 +205,7 @@ class OutputCheck:
     reason: str = ""  # why the output gets this check (its kind)
     rows: int = 0  # the held-out answers measured (rows, elements, embeddings, samples)
     #: agreement checks: the 95% lower confidence bound of ``value`` on ``rows``
-    #: (:func:`~mixprec.guard.confidence.lower_bound`); None for the other kinds
+    #: (:func:`~mixprec.checks.confidence.lower_bound`); None for the other kinds
     bound: float | None = None
 
     @property

@@ -11,11 +11,11 @@ compares the next-token distributions at every position but the last:
   token), and its relative rise; only where the windows are real tokens (text or given
   samples), not a generated input;
 * greedy continuations: how many windows' greedy continuation (16 tokens after the first
-  32) stays FP32's, read from one run of the candidate (:mod:`mixprec.guard.greedy`);
+  32) stays FP32's, read from one run of the candidate (:mod:`mixprec.checks.greedy`);
   reported on the last line, not a budget (three or four windows are too few to hold a
   share of them to).
 
-A miss is repaired (:mod:`mixprec.guard.lm_repair`): the quantized linear layers, most
+A miss is repaired (:mod:`mixprec.repair.lm_repair`): the quantized linear layers, most
 sensitive first, go to 8 bits in steps (1/8, 1/4, 1/2, all of those the size
 budget has room for), then to float in the steps that fit (the lm_head and embeddings
 keep their precision), each step quantized again (``context.requantize``) and checked,
@@ -47,13 +47,13 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from mixprec.guard.greedy import TOKENS as GREEDY_TOKENS
-from mixprec.guard.greedy import Continuations
-from mixprec.guard.lm_repair import REPAIRED, Repair, quantized_linear
-from mixprec.guard.samples import MAX_HELD_OUT, WINDOWS_HELD_OUT_SHARE, split_for_guard
+from mixprec.checks.greedy import TOKENS as GREEDY_TOKENS
+from mixprec.checks.greedy import Continuations
+from mixprec.checks.samples import MAX_HELD_OUT, WINDOWS_HELD_OUT_SHARE, split_for_guard
 from mixprec.inputs.feeds import feeds_for
 from mixprec.inputs.signature import declared_dims, graph_inputs
 from mixprec.pipeline.weights import GuardContext, WeightsGuard, WeightsReport
+from mixprec.repair.lm_repair import REPAIRED, Repair, quantized_linear
 from mixprec.weights.config import WeightsConfig
 
 __all__ = [

@@ -4,10 +4,10 @@
    samples, at most 64 or enough for 300 rows, when there are at least five; fewer:
    every sample both calibrates and checks, with a warning). Ranges never see the
    held-out samples. The samples stream from their source at each pass
-   (:mod:`mixprec.guard.samples`): only the held-out samples' FP32 outputs and labels
+   (:mod:`mixprec.checks.samples`): only the held-out samples' FP32 outputs and labels
    are kept.
 2. Quantize as asked (speed plan included) and hold each output to its check
-   (:mod:`mixprec.guard.checks`: top-1 on class scores, cosine on embeddings, rel L2
+   (:mod:`mixprec.checks.outputs`: top-1 on class scores, cosine on embeddings, rel L2
    elsewhere, each with the reason for its kind; or the user's metric, given the
    samples' labels) against the user's FP32 model run in the deployment's runtime too
    (its drift from ONNX Runtime's CPU provider reported where that runtime is another).
@@ -22,7 +22,7 @@
    samples ranked nothing), down to the input unchanged.
 4. ``report.guard`` says what was measured, on how many rows (a batch of 16 is 16
    answers), and whether those rows confirm each agreement pass (the 95% lower bound of
-   :mod:`mixprec.guard.confidence` at or above the budget); its ``summary`` is the
+   :mod:`mixprec.checks.confidence` at or above the budget); its ``summary`` is the
    command's last line, and ends with the rows it would take when they do not.
    A result that misses (only possible when the FP32 model itself misses the budget) has
    ``passed`` False: the CLI writes nothing and exits 1.
@@ -43,10 +43,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from mixprec.core.errors import MixprecError
-from mixprec.core.output_kinds import OutputKind
-from mixprec.core.readings import with_user_kinds
-from mixprec.guard.checks import (
+from mixprec.checks.outputs import (
     GuardBudget,
     OutputCheck,
     UserMetric,
@@ -58,8 +55,12 @@ from mixprec.guard.checks import (
     search_and_grade,
     shown,
 )
-from mixprec.guard.samples import Samples, split_for_guard
-from mixprec.guard.validate import detect_low_dtype
+from mixprec.checks.samples import Samples, split_for_guard
+from mixprec.checks.user_metric import Labels
+from mixprec.checks.validate import detect_low_dtype
+from mixprec.core.errors import MixprecError
+from mixprec.core.output_kinds import OutputKind
+from mixprec.core.readings import with_user_kinds
 from mixprec.inputs.feeds import feeds_for
 from mixprec.int8.config import QuantizeConfig
 from mixprec.int8.speed import decide, time_paired
@@ -72,7 +73,6 @@ from mixprec.pipeline.report import Report
 from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
 from mixprec.runtime.engines import check_plan, engine_for
-from mixprec.tune.metrics import Labels
 from mixprec.tune.options import tune_from_options
 
 __all__ = ["EvalData", "guarded_quantize", "quantize_once"]

@@ -19,13 +19,13 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from mixprec.checks.outputs import row_budget, row_readings
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import all_graphs, iter_nodes
 from mixprec.core.metrics import DEFAULT_RTOL, OutputComparison, compare_outputs
 from mixprec.core.ops import DEFAULT_ATOL, DTYPE_ATTRS, parse_dtype
 from mixprec.core.output_kinds import OutputKind, classify_outputs
 from mixprec.core.registry import node_info
-from mixprec.guard.checks import row_budget, row_readings
 from mixprec.inputs.feeds import feeds_for, guessed_dims, make_inputs, resolve_input_shapes
 from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
@@ -103,7 +103,7 @@ class ValidationReport:
             ``precision``, ``threads`` and ``cpu`` (the FP32 reference always runs in
             ONNX Runtime).
         checks: Each output read as rows of answers (:func:`mixprec.validate` fills them
-            from :mod:`mixprec.guard.checks`: argmax rows, detections, embedding rows,
+            from :mod:`mixprec.checks.outputs`: argmax rows, detections, embedding rows,
             the worst channel), as dicts with ``output``, ``kind``, ``value``,
             ``limit``, ``passed``, ``rows``, ``reason`` and ``text``; every one must pass.
         arrays: The FP32 and the converted outputs it compared (not in ``to_dict``).
@@ -328,7 +328,7 @@ def validate_protos(
     """:func:`mixprec.validate` on loaded models: ``samples`` (feed dicts, as
     :func:`check_arguments` returns them; None: generated), ``tolerances`` (rtol, atol),
     the converted model run in ``runtime`` (None: the default choice of
-    :func:`~mixprec.guard.validate.validate_models`; the FP32 original in ONNX
+    :func:`~mixprec.checks.validate.validate_models`; the FP32 original in ONNX
     Runtime), ``threads`` intra-op threads."""
     rtol, atol = tolerances
     kinds = classify_outputs(ir.from_proto(ref_model))  # read once, for every sample
@@ -383,7 +383,7 @@ def _row_checks(
     atol: float,
     runtime: RuntimeOptions | None,
 ) -> tuple[dict[str, object], ...]:
-    """Each output read as rows over every sample (:func:`~mixprec.guard.checks.row_readings`:
+    """Each output read as rows over every sample (:func:`~mixprec.checks.outputs.row_readings`:
     argmax rows, decisions, detections, embedding rows, the worst channel), held to the
     bounds of the dtype the model was lowered to; the whole-tensor rel L2 stays in the
     report's comparisons."""

@@ -1,4 +1,4 @@
-"""The language-model guard's repair by sensitivity (:mod:`mixprec.guard.language`'s
+"""The language-model guard's repair by sensitivity (:mod:`mixprec.repair.language_guard`'s
 module doc): the quantized linear layers, most sensitive first (the run's own ranking,
 :func:`recorded_ranking`, else :func:`rank_for_repair`), go to 8 bits in steps
 (:data:`REPAIR_SHARES`), then to float in the steps that fit the size budget, each step

@@ -27,7 +27,7 @@ not the last part: ordered data (a sorted folder, one class after another) would
 check.
 
 Half, not a fifth: the check's pass is only as sure as the rows it is measured on
-(:mod:`mixprec.guard.confidence`), and the repair grades on half of them, while ranges
+(:mod:`mixprec.checks.confidence`), and the repair grades on half of them, while ranges
 settle on far fewer samples than that (a fifth of 20 batches of 16 rows graded the repair
 on 32 rows, which cannot tell 0.99 from 0.98; a model passed there agreed on 0.984 of new
 rows).
