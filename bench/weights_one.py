@@ -40,6 +40,10 @@ Tools (ONNX Runtime 1.31.1 and NNCF 3.4.0 of the bench environment):
                          in the timed span, as a user would have to). A model with external
                          data is loaded without it and its folder given as NNCF's
                          EXTERNAL_DATA_DIR backend parameter (NNCF's way above 2 GB)
+  nncf-int4-sym-g128-onebias  the same, then the bias Adds NNCF leaves after MatMulNBits
+                         nodes that already carry that bias removed: NNCF 3.4.0 adds
+                         Qwen2's q/k/v biases twice (_drop_double_bias); not a user's result,
+                         NNCF's rounding without that defect
 
 The output is written as one file when it fits in 2 GB, else with external data. The
 timed span (`convert_s`) covers loading IN, quantizing and writing OUT; imports apart.
@@ -67,7 +71,10 @@ LLAMACPP_TOOL = "llamacpp-q4km"
 #: llama.cpp tool -> (file type name, its number in enum llama_ftype)
 LLAMACPP_TOOLS = {LLAMACPP_TOOL: ("Q4_K_M", 15), "llamacpp-q4_0": ("Q4_0", 2),
                   "llamacpp-q5km": ("Q5_K_M", 17), "llamacpp-iq4xs": ("IQ4_XS", 30)}
-TOOLS = (*ORT_TOOLS, KQUANT_TOOL, "nncf-int4-sym-g128", *LLAMACPP_TOOLS)
+NNCF_TOOL = "nncf-int4-sym-g128"
+#: NNCF's output with its second bias Add removed (see _drop_double_bias)
+NNCF_FIXED = "nncf-int4-sym-g128-onebias"
+TOOLS = (*ORT_TOOLS, KQUANT_TOOL, NNCF_TOOL, NNCF_FIXED, *LLAMACPP_TOOLS)
 
 
 def is_llamacpp(tool: str) -> bool:
@@ -202,6 +209,8 @@ def _nncf(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
         if external:  # what it left uncompressed still points at the input's data file
             load_external_data_for_model(compressed, folder)
             notes["external_data"] = f"loaded without external data, EXTERNAL_DATA_DIR={folder}"
+        if args.tool == NNCF_FIXED:
+            notes["double_bias_adds_removed"] = str(_drop_double_bias(compressed))
         domains = {o.domain for o in compressed.opset_import}
         uses_ms = any(n.domain == "com.microsoft" for n in compressed.graph.node)
         if uses_ms and "com.microsoft" not in domains:
@@ -215,10 +224,38 @@ def _nncf(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
     return run
 
 
+def _drop_double_bias(model: Any) -> int:
+    """NNCF 3.4.0's ONNX backend folds a MatMul's bias into MatMulNBits' bias input but
+    keeps the ``Add(bias, y)`` after it (Qwen2's q/k/v, the bias as the Add's first
+    input), so the bias is added twice. Remove those Adds (their output renamed to the
+    MatMulNBits'); returns how many."""
+    consumers: dict[str, list[Any]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    dropped = []
+    rename: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits" or len(node.input) < 6 or not node.input[5]:
+            continue
+        after = consumers.get(node.output[0], [])
+        if len(after) == 1 and after[0].op_type == "Add" and node.input[5] in after[0].input:
+            dropped.append(after[0])
+            rename[after[0].output[0]] = node.output[0]
+    for add in dropped:
+        model.graph.node.remove(add)
+    for node in model.graph.node:
+        node.input[:] = [rename.get(name, name) for name in node.input]
+    for out in model.graph.output:
+        if out.name in rename:
+            raise RuntimeError(f"a graph output {out.name!r} is a double-bias Add")
+    return len(dropped)
+
+
 def build(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
     if args.tool in ORT_TOOLS:
         return _ort(args)
-    if args.tool == "nncf-int4-sym-g128":
+    if args.tool in (NNCF_TOOL, NNCF_FIXED):
         return _nncf(args)
     if args.tool == KQUANT_TOOL:
         return _kquant(args)
