@@ -20,7 +20,7 @@ import llm_eval
 import onnx
 from common import derived_dir
 
-from mixprec.pipeline.weights import quantize_weights_once
+from mixprec.pipeline.weight_only import quantize_weights_once
 from mixprec.weights.config import WeightsConfig
 from mixprec.weights.methods import METHODS
 from mixprec.weights.stats import WeightsData

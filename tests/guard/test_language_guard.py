@@ -26,7 +26,7 @@ from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
 from mixprec.inputs.text import TextSamples, find_tokenizer
 from mixprec.repair.language_guard import next_token_stats
-from mixprec.weights import sensitivity
+from mixprec.weights import mixed_bits
 from mixprec.weights.config import WeightsConfig
 
 tokenizers = pytest.importorskip("tokenizers", reason="the [llm] extra (tokenizers) is missing")
@@ -248,8 +248,8 @@ def test_the_repair_promotes_the_most_sensitive_layers_until_the_budget_holds(
     path = _folder(tmp_path, tiny_decoder(CFG, seed=3))
     budget = {"guard_kl": 0.004, "guard_drop": 0.5, "guard_perplexity": 0.5}
     # a default size budget with room for every linear layer at 8 bits
-    monkeypatch.setattr(sensitivity, "DEFAULT_RATIO", 0.0)
-    monkeypatch.setattr(sensitivity, "DEFAULT_MOST_LAYERS", 1.0)
+    monkeypatch.setattr(mixed_bits, "DEFAULT_RATIO", 0.0)
+    monkeypatch.setattr(mixed_bits, "DEFAULT_MOST_LAYERS", 1.0)
     result = mixprec.quantize(
         path, tmp_path / "calib.txt", weights="int4", text_window=64, **budget
     )
@@ -266,7 +266,7 @@ def test_the_repair_promotes_the_most_sensitive_layers_until_the_budget_holds(
     scores = first.report.quantization["mixed"]["scores"]
     ranked = sorted(scores, key=lambda name: -scores[name])
     config = WeightsConfig(bits=4, method="awq")
-    rank = sensitivity.rank_layers
+    rank = mixed_bits.rank_layers
     on_checks = [s.name for s in rank(onnx.load(str(path)), config, checks, method="awq")]
     assert ranked != on_checks  # the two rankings differ: which windows rank matters
     promoted = guard["promoted"]

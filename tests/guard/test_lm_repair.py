@@ -11,10 +11,10 @@ from typing import Any
 
 import onnx_ir as ir
 
-from mixprec.pipeline.weights import GuardContext, WeightsReport
+from mixprec.pipeline.weight_only import GuardContext, WeightsReport
 from mixprec.repair.lm_repair import Repair, recorded_ranking
 from mixprec.weights.config import WeightsConfig
-from mixprec.weights.sensitivity import packed_bytes
+from mixprec.weights.mixed_bits import packed_bytes
 
 SCORES = {"a": 9.0, "b": 5.0, "c": 1.0}  # "a" the most sensitive
 K, N = 64, 32

@@ -21,7 +21,7 @@ from mixprec.runtime.engine import RuntimeOptions
 from mixprec.weights.blocks import BlockSpec, quantize_rtn
 from mixprec.weights.config import WeightsConfig
 from mixprec.weights.gptq import gptq_quantize
-from mixprec.weights.sensitivity import rank_layers
+from mixprec.weights.mixed_bits import rank_layers
 
 K = 64
 

@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import run_ort
-from mixprec.api.weights import quantize_weights
+from mixprec.api.weight_only import quantize_weights
 from mixprec.core.errors import MixprecError
 from mixprec.pipeline import streamed
 

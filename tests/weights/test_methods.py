@@ -1,5 +1,5 @@
 """The data-free scale search (weights/scale_search.py), activation-aware scaling
-(weights/awq.py) and the size budget (weights/sensitivity.py), against round to nearest
+(weights/awq.py) and the size budget (weights/mixed_bits.py), against round to nearest
 and FP32 in numpy and in ONNX Runtime's MatMulNBits, on seeded weights and the tiny
 decoder of tests/llm_models.py (a few KB)."""
 
@@ -16,7 +16,7 @@ from llm_models import DecoderConfig, decoder_feeds, tiny_decoder
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import rel_l2_error
-from mixprec.weights import sensitivity
+from mixprec.weights import mixed_bits
 from mixprec.weights.awq import scale_groups, scale_inputs
 from mixprec.weights.blocks import BlockSpec, quantize_rtn
 from mixprec.weights.config import WeightsConfig
@@ -118,7 +118,7 @@ def test_a_budget_below_reach_fails_before_the_layer_statistics(monkeypatch) -> 
     def never(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("statistics collected for a budget out of reach")
 
-    monkeypatch.setattr(sensitivity, "collect_hessians", never)
+    monkeypatch.setattr(mixed_bits, "collect_hessians", never)
     with pytest.raises(MixprecError, match=r"smallest reachable is 0\.\d+x .*--lm-head int4"):
         mixprec.quantize(model, samples, weights="int4", max_size=0.05, guard=False)
 

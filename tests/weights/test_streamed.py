@@ -23,11 +23,11 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
 from helpers import run_ort
-from mixprec.api.weights import quantize_weights
+from mixprec.api.weight_only import quantize_weights
 from mixprec.cli.main import main
 from mixprec.runtime import pieces
 from mixprec.runtime.pieces import plan_pieces, run_in_pieces
-from mixprec.weights import sensitivity, slices, stats
+from mixprec.weights import mixed_bits, slices, stats
 from mixprec.weights.blocks import BlockSpec, quantize_rtn
 from mixprec.weights.slices import quantize_in_slices
 
@@ -378,8 +378,8 @@ def test_a_streamed_language_model_is_guarded_and_repaired(
     onnx.save(onnx.load(str(path)), str(path), save_as_external_data=True, size_threshold=1024)
     budget = {"guard_kl": 0.004, "guard_drop": 0.5, "guard_perplexity": 0.5}
     # a default size budget with room for every layer at 8 bits
-    monkeypatch.setattr(sensitivity, "DEFAULT_RATIO", 0.0)
-    monkeypatch.setattr(sensitivity, "DEFAULT_MOST_LAYERS", 1.0)
+    monkeypatch.setattr(mixed_bits, "DEFAULT_RATIO", 0.0)
+    monkeypatch.setattr(mixed_bits, "DEFAULT_MOST_LAYERS", 1.0)
     calib = tmp_path / "calib.txt"
     runs = {
         stream: mixprec.quantize(

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
 from helpers import assert_close, run_ort
-from mixprec.api.weights import quantize_weights
+from mixprec.api.weight_only import quantize_weights
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
 from mixprec.runtime.cpu import parse_cpuinfo

@@ -16,7 +16,7 @@ from typing import Any
 import onnx_ir as ir
 
 from mixprec.api import envelope
-from mixprec.api.weights import quantize_weights
+from mixprec.api.weight_only import quantize_weights
 from mixprec.core.errors import MixprecError
 from mixprec.int8.config import QuantizeConfig, guard_spellings
 from mixprec.io.external import input_files
@@ -45,7 +45,7 @@ def quantize(
     """Post-training INT8 quantization: static (calibrated Q/DQ pairs) or dynamic (MatMul
     weights INT8, activations quantized at run time), chosen by ``mode``; or, with
     ``weights="int4"`` / ``"int8"``, weight-only quantization: MatMul weights in blocks,
-    activations float (:func:`mixprec.api.weights.quantize_weights` lists its options).
+    activations float (:func:`mixprec.api.weight_only.quantize_weights` lists its options).
 
     Args:
         model: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``; never mutated.

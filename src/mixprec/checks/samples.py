@@ -73,7 +73,7 @@ GUARD_MIN_SAMPLES = 5
 #: The share held out (at least one sample) ...
 HELD_OUT_SHARE = 0.5
 #: ... of a language model's text windows: its guard checks at most a few of them
-#: (:data:`~mixprec.pipeline.weights.CHECK_SAMPLES`), and the rest calibrate.
+#: (:data:`~mixprec.pipeline.weight_only.CHECK_SAMPLES`), and the rest calibrate.
 WINDOWS_HELD_OUT_SHARE = 0.2
 #: ... and at most this many: a bound on the FP32 outputs the guard keeps, whatever the
 #: number of samples (rows can still confirm a budget: batches of rows count each row) ...

@@ -33,7 +33,7 @@ Budgets (:data:`DEFAULT_MAX_KL`, :data:`DEFAULT_MAX_DROP`, :data:`DEFAULT_MAX_PP
 for 8-bit weights, :data:`INT4_BUDGET` for 4-bit) were chosen on SmolLM2-135M
 (docs/guides/weights.md): int8 everywhere is well inside the first; 4-bit AWQ within the
 default size budget inside the second; int4 RTN without repair outside both. The repair
-never leaves the run's size budget (:mod:`mixprec.weights.sensitivity`): a miss at that
+never leaves the run's size budget (:mod:`mixprec.weights.mixed_bits`): a miss at that
 size is reported as a miss.
 """
 
@@ -52,7 +52,7 @@ from mixprec.checks.greedy import Continuations
 from mixprec.checks.samples import MAX_HELD_OUT, WINDOWS_HELD_OUT_SHARE, split_for_guard
 from mixprec.inputs.feeds import feeds_for
 from mixprec.inputs.signature import declared_dims, graph_inputs
-from mixprec.pipeline.weights import GuardContext, WeightsGuard, WeightsReport
+from mixprec.pipeline.weight_only import GuardContext, WeightsGuard, WeightsReport
 from mixprec.repair.lm_repair import REPAIRED, Repair, quantized_linear
 from mixprec.weights.config import WeightsConfig
 
@@ -243,7 +243,7 @@ class _Checker:
 def lm_guard(
     model: ir.Model, report: WeightsReport, context: GuardContext, *, where: str | None = None
 ) -> tuple[ir.Model, WeightsReport]:
-    """The :data:`~mixprec.pipeline.weights.WeightsGuard` of a language model (module
+    """The :data:`~mixprec.pipeline.weight_only.WeightsGuard` of a language model (module
     doc): measure, repair on a miss, and set ``report.guard``; ``where`` names the check
     windows (default: ``context.where``)."""
     if where is not None:

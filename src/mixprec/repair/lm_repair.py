@@ -16,9 +16,9 @@ import onnx_ir as ir
 
 from mixprec.inputs.feeds import Feeds
 from mixprec.pipeline.streamed import Source
-from mixprec.pipeline.weights import GuardContext, WeightsReport, let_go
+from mixprec.pipeline.weight_only import GuardContext, WeightsReport, let_go
 from mixprec.weights.config import LayerChoice, WeightsConfig
-from mixprec.weights.sensitivity import LayerScore, SizeBudget, rank_layers, recorded_scores
+from mixprec.weights.mixed_bits import LayerScore, SizeBudget, rank_layers, recorded_scores
 
 __all__ = [
     "BISECT_ROUNDS",
@@ -70,7 +70,7 @@ def rank_for_repair(
     """The repair's seam: ``names`` (quantized linear MatMuls of ``source``), most
     sensitive first, each with its score and its cost in bytes, and what the score is:
     the output error 8 bits saves per weight on ``samples``, calibration windows apart
-    from the check windows (:func:`mixprec.weights.sensitivity.rank_layers`; ``streamed``:
+    from the check windows (:func:`mixprec.weights.mixed_bits.rank_layers`; ``streamed``:
     the layer inputs tapped from the model run in pieces); ``samples`` None (no
     calibration data): the weight error 8 bits saves per weight."""
     wanted = set(names)
@@ -201,7 +201,7 @@ class Repair:
         self, ranked: list[LayerScore], now: dict[str, str]
     ) -> tuple[list[LayerScore], list[tuple[int, str]]]:
         """The ranked layers and steps within the run's size budget
-        (:mod:`mixprec.weights.sensitivity`): the layers, in rank order, that fit at 8
+        (:mod:`mixprec.weights.mixed_bits`): the layers, in rank order, that fit at 8
         bits together (one that does not is passed over, as the mixed choice does),
         shares of them to 8 bits, then the float steps of them that fit. Without a
         budget (8-bit weights), every layer and step; ``limit`` says what it cut."""

@@ -24,7 +24,7 @@ from mixprec.core.metrics import worst_rel_l2
 from mixprec.core.output_kinds import OutputKind, classify_outputs
 from mixprec.inputs.feeds import feeds_for
 from mixprec.pipeline.streamed import Outputs
-from mixprec.pipeline.weights import CHECK_SAMPLES, GuardContext, WeightsGuard, WeightsReport
+from mixprec.pipeline.weight_only import CHECK_SAMPLES, GuardContext, WeightsGuard, WeightsReport
 from mixprec.weights.config import WeightsConfig
 from mixprec.weights.select import class_score_outputs
 
@@ -37,7 +37,7 @@ def output_check_data(
     """The output check's data and guard: ``eval_data`` when given, else the check samples
     held out of the calibration samples by the guard's one split
     (:func:`~mixprec.checks.samples.split_for_guard`: a seeded fifth, at most
-    :data:`~mixprec.pipeline.weights.CHECK_SAMPLES`), so that a data-aware method (AWQ,
+    :data:`~mixprec.pipeline.weight_only.CHECK_SAMPLES`), so that a data-aware method (AWQ,
     GPTQ) is not checked on the samples it fitted; fewer than
     :data:`~mixprec.checks.samples.GUARD_MIN_SAMPLES`: every one does both."""
     if eval_data is not None or calibration_data is None:

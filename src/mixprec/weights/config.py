@@ -75,7 +75,7 @@ class WeightsConfig:
         method: "rtn" (round to nearest) or "auto": the best registered method that the
             data given allows (:mod:`mixprec.weights.methods`).
         ratio: the share of linear-layer weights left at 4 bits when ``bits`` is 4 (0 to
-            1), the rest going to 8 bits by sensitivity (:mod:`mixprec.weights.sensitivity`);
+            1), the rest going to 8 bits by sensitivity (:mod:`mixprec.weights.mixed_bits`);
             None (default): the layers whose score stands out go to 8 bits, within a size
             budget of 90% of the linear weights at 4 bits, which the guard's repair may
             spend and never exceed.

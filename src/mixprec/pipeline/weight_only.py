@@ -53,8 +53,8 @@ from mixprec.pipeline.streamed import (
 from mixprec.weights.apply import QuantizeWeightsPass, QuantizeWeightsResult
 from mixprec.weights.config import WeightsConfig
 from mixprec.weights.methods import WeightMethod, resolve_method
+from mixprec.weights.mixed_bits import plan_layers
 from mixprec.weights.select import SelectWeightsPass, weight_decision
-from mixprec.weights.sensitivity import plan_layers
 from mixprec.weights.stats import WeightsData
 
 __all__ = [

@@ -1,5 +1,5 @@
 """``mixprec quantize --weights int4|int8``: the weight-only options and their command
-(see :func:`mixprec.api.weights.quantize_weights`)."""
+(see :func:`mixprec.api.weight_only.quantize_weights`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from mixprec.api.weights import quantize_weights
+from mixprec.api.weight_only import quantize_weights
 from mixprec.cli.options import calibration_data, progress, runtime_of
 from mixprec.cli.outputs import validate_and_write
 from mixprec.core.errors import MixprecError

@@ -1,5 +1,5 @@
 """``mixprec.quantize(model, weights="int4")``: load -> the weight-only stages and checks
-(:func:`~mixprec.pipeline.weights.run_weights`) -> log dir."""
+(:func:`~mixprec.pipeline.weight_only.run_weights`) -> log dir."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from mixprec.io.models import ModelLike, mapped_copy
 from mixprec.io.protos import weightless_proto
 from mixprec.pipeline.convert import CalibrationData, ConversionResult
 from mixprec.pipeline.streamed import Source, keeps_mapped, maps_a_copy
-from mixprec.pipeline.weights import WeightsGuard, run_weights
+from mixprec.pipeline.weight_only import WeightsGuard, run_weights
 from mixprec.repair.language_guard import cache_note, is_language_model, language_model_guard
 from mixprec.repair.weights_guard import output_check, output_check_data
 from mixprec.weights.config import WeightsConfig, weights_config
