@@ -24,7 +24,8 @@ from mixprec.io.models import ModelLike, load_input
 from mixprec.pipeline.convert import CalibrationData, ConversionResult
 from mixprec.pipeline.quantize import plan_model, resolve_qconfig
 from mixprec.pipeline.report import Report
-from mixprec.repair.int8_guard import EvalData, guarded_quantize, quantize_once
+from mixprec.repair.int8_guard import EvalData, guarded_quantize
+from mixprec.repair.int8_runs import quantize_once
 
 __all__ = ["plan_int8", "quantize"]
 
