@@ -307,6 +307,19 @@ def test_the_repair_stays_within_the_size_budget_and_says_so(tmp_path: Path, cap
     assert [s["layers"] for s in guard["repair"]] == [1]
     assert all(s["to"] == "int8" for s in guard["repair"])
     assert result.report.param_bytes_after <= mixed["budget"]["goal_bytes"]
+    # the verdict in the guard's one schema: each next-token figure held to its budget
+    checks = {c["kind"]: c for c in guard["checks"]}
+    assert set(checks) == {"kl", "next-token", "perplexity-rise"}
+    kl = checks["kl"]
+    assert (kl["value"], kl["limit"], kl["rows"]) == (guard["kl"], 0.004, guard["tokens"])
+    assert not kl["passed"] and f"KL {guard['kl']:.3g} > 0.004 (--max-kl)" in err
+    assert checks["next-token"]["value"] == guard["agreement"]
+    assert checks["perplexity-rise"]["value"] == pytest.approx(guard["perplexity_rise"])
+    for kind, c in checks.items():  # an error holds below its limit, a share above
+        holds = c["value"] <= c["limit"] if kind != "next-token" else c["value"] >= c["limit"]
+        assert c["passed"] == holds, kind
+    failed = err.split("language-model guard FAILED (")[1].split(")); ")[0]
+    assert failed.count("(--max-") == sum(not c["passed"] for c in checks.values()), failed
 
 
 def _mixed(result) -> set[str]:

@@ -80,7 +80,7 @@ _T = TypeVar("_T")
 #: The checks that count rows whose answer holds, whose share gets a confidence bound.
 AGREEMENT_KINDS = frozenset(ROW_BUDGETS)
 #: The checks whose value is an error (lower is better).
-_ERRORS = frozenset({"rel-l2", "channels"})
+_ERRORS = frozenset({"rel-l2", "channels", "kl", "perplexity-rise"})
 _LABELS = {
     "top1": "top-1",
     "top1-active": "top-1 of rows with a score >= 0.5",
@@ -93,7 +93,13 @@ _LABELS = {
     "detection": "detections F1",
     "match": "equal elements",
     "metric": "score",
+    # a language model's next-token checks (mixprec.repair.language_guard)
+    "kl": "mean KL",
+    "next-token": "next-token agreement",
+    "perplexity-rise": "perplexity rise",
 }
+#: A language model's checks, measured over the check windows' tokens.
+_NEXT_TOKEN = frozenset({"kl", "next-token", "perplexity-rise"})
 #: The most rows the neighbour check compares (every k-th beyond: its cost is R^2).
 _NEIGHBOUR_ROWS = 4096
 
@@ -244,6 +250,7 @@ class OutputCheck:
         unit = (
             ("row" if self.rows == 1 else "rows") if self.kind in AGREEMENT_KINDS else "sample(s)"
         )
+        unit = "tokens" if self.kind in _NEXT_TOKEN else unit
         need = f"needs {self.side} {self.limit:g}"
         return f"{_LABELS[self.kind]} {got} over {self.rows:,} {unit} ({need})"
 

@@ -49,6 +49,7 @@ import onnx_ir as ir
 
 from mixprec.checks.greedy import TOKENS as GREEDY_TOKENS
 from mixprec.checks.greedy import Continuations
+from mixprec.checks.outputs import OutputCheck
 from mixprec.checks.samples import MAX_HELD_OUT, WINDOWS_HELD_OUT_SHARE, split_for_guard
 from mixprec.inputs.feeds import feeds_for
 from mixprec.inputs.signature import declared_dims, graph_inputs
@@ -221,23 +222,33 @@ class _Checker:
             **greedy,
         }
 
+    def checks(self, stats: dict[str, Any], budget: LmBudget) -> list[OutputCheck]:
+        """``stats`` held to ``budget`` in the guard's one schema (:class:`OutputCheck`):
+        KL and next-token agreement over the check windows' tokens, and the perplexity
+        rise where the windows are real text."""
+        tokens, kl, agree = stats["tokens"], stats["kl"], stats["agreement"]
+        why = "next tokens against FP32's on the check windows"
+        found = [
+            OutputCheck(LOGITS, "kl", kl, budget.max_kl, kl <= budget.max_kl, reason=why,
+                        rows=tokens),
+            OutputCheck(LOGITS, "next-token", agree, 1.0 - budget.max_drop,
+                        agree >= 1.0 - budget.max_drop, reason=why, rows=tokens),
+        ]  # fmt: skip
+        if self.real_tokens:
+            rise = stats["perplexity_rise"]
+            ppl = stats["perplexity"]
+            note = "" if math.isfinite(ppl) else f"perplexity {ppl:g}, not finite"
+            found.append(
+                OutputCheck(LOGITS, "perplexity-rise", rise, budget.max_ppl_rise,
+                            not note and rise <= budget.max_ppl_rise, note, reason=why,
+                            rows=tokens)
+            )  # fmt: skip
+        return found
+
     def misses(self, stats: dict[str, Any], budget: LmBudget) -> list[str]:
-        """Why ``stats`` misses ``budget`` (empty: it passes)."""
-        why = []
-        if not stats["kl"] <= budget.max_kl:
-            why.append(f"KL {stats['kl']:.3g} > {budget.max_kl:g} (--max-kl)")
-        if stats["agreement"] < 1.0 - budget.max_drop:
-            why.append(
-                f"agreement {stats['agreement']:.3f} < {1.0 - budget.max_drop:g} (--max-drop)"
-            )
-        if self.real_tokens and not math.isfinite(stats["perplexity"]):
-            why.append(f"perplexity {stats['perplexity']:g}, not finite (--max-perplexity-rise)")
-        elif self.real_tokens and not stats["perplexity_rise"] <= budget.max_ppl_rise:
-            why.append(
-                f"perplexity +{stats['perplexity_rise']:.1%} > +{budget.max_ppl_rise:.0%} "
-                "(--max-perplexity-rise)"
-            )
-        return why
+        """Why ``stats`` misses ``budget``, one phrase per failed check with the option
+        that sets its budget (empty: it passes)."""
+        return [_miss(c) for c in self.checks(stats, budget) if not c.passed]
 
 
 def lm_guard(
@@ -268,6 +279,7 @@ def lm_guard(
         "repair": repair.steps,
         "size_limit": repair.limit,
         "repaired_with": repair.chosen,
+        "checks": [c.to_dict() for c in checker.checks(stats, budget)],
         "promoted": {
             n.name: [n.precision, n.reason] for n in report.nodes if n.reason.startswith(REPAIRED)
         },
@@ -275,6 +287,26 @@ def lm_guard(
         "summary": _summary(report, first, stats, repair, final_misses, checker),
     }
     return model, report
+
+
+#: The option that sets each next-token check's budget.
+_OPTIONS = {
+    "kl": "--max-kl",
+    "next-token": "--max-drop",
+    "perplexity-rise": "--max-perplexity-rise",
+}
+
+
+def _miss(check: OutputCheck) -> str:
+    """``KL 0.0509 > 0.03 (--max-kl)``: a failed next-token check, as the last line says it."""
+    option = _OPTIONS[check.kind]
+    if check.kind == "kl":
+        return f"KL {check.value:.3g} > {check.limit:g} ({option})"
+    if check.kind == "next-token":
+        return f"agreement {check.value:.3f} < {check.limit:g} ({option})"
+    if check.note:
+        return f"{check.note} ({option})"
+    return f"perplexity +{check.value:.1%} > +{check.limit:.0%} ({option})"
 
 
 def _measured(stats: dict[str, Any], real_tokens: bool) -> str:
