@@ -242,13 +242,14 @@ def _drop_double_bias(model: Any) -> int:
         if len(after) == 1 and after[0].op_type == "Add" and node.input[5] in after[0].input:
             dropped.append(after[0])
             rename[after[0].output[0]] = node.output[0]
+    if not dropped:
+        raise RuntimeError("no bias Add after a MatMulNBits that carries it: nothing to fix")
+    if any(out.name in rename for out in model.graph.output):
+        raise RuntimeError("a graph output is a double-bias Add")
     for add in dropped:
         model.graph.node.remove(add)
     for node in model.graph.node:
         node.input[:] = [rename.get(name, name) for name in node.input]
-    for out in model.graph.output:
-        if out.name in rename:
-            raise RuntimeError(f"a graph output {out.name!r} is a double-bias Add")
     return len(dropped)
 
 

@@ -227,7 +227,7 @@ class _Checker:
         KL and next-token agreement over the check windows' tokens, and the perplexity
         rise where the windows are real text."""
         tokens, kl, agree = stats["tokens"], stats["kl"], stats["agreement"]
-        why = "next tokens against FP32's on the check windows"
+        why = "a language model's logits: next-token distributions against FP32's"
         found = [
             OutputCheck(LOGITS, "kl", kl, budget.max_kl, kl <= budget.max_kl, reason=why,
                         rows=tokens),

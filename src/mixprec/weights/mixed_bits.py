@@ -157,10 +157,12 @@ def recorded_scores(
     as :class:`LayerScore` rows with their costs, most sensitive first: ``shapes`` gives
     each layer's ``(K, N)``. The recorded score stands for the error difference."""
     rows = []
-    for name, score in scores.items():
+    for name in sorted(scores, key=lambda layer: -scores[layer]):  # the recorded order
         k, n = shapes[name]
-        rows.append(LayerScore(name, float(score) * k * n, 0.0, k * n, *_extra(k, n, config)))
-    return sorted(rows, key=lambda s: -s.score)
+        rows.append(
+            LayerScore(name, float(scores[name]) * k * n, 0.0, k * n, *_extra(k, n, config))
+        )
+    return rows
 
 
 #: Data-free (error4, error8) by weight digest, shape, method and specs: a repair
