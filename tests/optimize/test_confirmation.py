@@ -73,6 +73,23 @@ def test_fp32_in_another_runtime_needs_no_confirming(model_file: Path, samples) 
     assert any(c.bound is not None and c.bound < c.limit for c in row.checks)
 
 
+def test_a_candidate_that_fits_nothing_is_checked_on_every_sample(model_file, samples) -> None:
+    """12 samples of 16 rows: half are held out of the calibration, and a candidate built
+    from them (INT8, a caller's function) is checked on those 96 rows; the input in
+    another runtime fits nothing to any sample, so it is checked on all 192, which
+    confirms more (before: 96 rows for every candidate)."""
+    result = mixprec.optimize(
+        str(model_file), samples, candidates=["fp32-ort", NUDGED, "fp32-openvino"]
+    )
+    rows = {r.name: r for r in result.table}
+    (nudged,), (plain,) = rows["nudged-ort"].checks, rows["fp32-openvino"].checks
+    assert (nudged.kind, plain.kind) == ("top1", "top1")
+    assert nudged.rows == 6 * 16 and plain.rows == 12 * 16
+    assert plain.bound is not None and nudged.bound is not None and plain.bound > nudged.bound
+    assert any("checked on 12 sample(s): the held-out ones and calibration ones" in n
+               for n in result.notes)  # fmt: skip
+
+
 def test_the_user_reads_an_output_their_way(model_file: Path, samples, tmp_path, capsys) -> None:
     result = mixprec.optimize(
         str(model_file), samples, candidates=["fp32-ort"], output_kinds={"probs": "rel-l2"}

@@ -6,7 +6,9 @@
    those, by the checks (:func:`~mixprec.checks.outputs.check_outputs`: each
    output's kind and the INT8 default budgets) or the user's metric. The INT8
    candidates' own guard ran on the same split; they are checked again here so that the
-   table is uniform.
+   table is uniform. A candidate that fits nothing to the data (the input in a runtime,
+   under any precision hint) is checked on up to 64 calibration samples besides: no
+   sample is in-sample for it, and more rows can confirm what it keeps.
 2. Each candidate in order: skipped where it cannot run here (with why), built, checked,
    and, when accurate, timed beside the input (:mod:`mixprec.optimize.timing`, pruned
    once clearly slower than the best so far). One candidate's model is alive at a time
@@ -22,6 +24,7 @@ provider.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -40,7 +43,13 @@ from mixprec.checks.outputs import (
     least_confirmed,
     output_kinds,
 )
-from mixprec.checks.samples import Samples, label_dicts, samples_of, split_for_guard
+from mixprec.checks.samples import (
+    MAX_HELD_OUT,
+    Samples,
+    label_dicts,
+    samples_of,
+    split_for_guard,
+)
 from mixprec.core.callables import load_callable
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import DEFAULT_RTOL
@@ -162,12 +171,19 @@ class _Job:
     generated: bool = False
 
 
-def _held(job: _Job, model: ir.Model) -> _Held:
+def _held(job: _Job, model: ir.Model) -> tuple[_Held, _Held | None]:
+    """The held-out samples every candidate is checked on, and, where the data has more,
+    those with up to :data:`MAX_HELD_OUT` of the calibration samples beside them: the
+    rows a candidate that fits nothing to the data (the input in each runtime, under any
+    precision hint) is checked on, since no sample is in-sample for it."""
     split = split_for_guard(job.calibration, job.eval_data, model)
     samples = list(split.held)
+    more = []
+    if split.calibration is not None and not split.in_sample:
+        more = list(itertools.islice(split.calibration, MAX_HELD_OUT))
     inputs = {v.name or "" for v in model.graph.inputs}
-    feeds = [feeds_for(model, s) for s in samples]
-    labels = label_dicts(samples, inputs)
+    feeds = [feeds_for(model, s) for s in [*samples, *more]]
+    labels = label_dicts([*samples, *more], inputs)
     options = RuntimeOptions(threads=job.threads)
     session = engine_for(options).session(job.source, options)
     reference = [session.run(f) for f in feeds]
@@ -178,8 +194,17 @@ def _held(job: _Job, model: ir.Model) -> _Held:
     how = "eval data" if split.given else "held out of calibration"
     if split.in_sample:
         how = "too few to hold any out: the calibration samples themselves"
-    found = labels if any(labels) else None
-    return _Held(feeds, reference, found, kinds, budget, job.metric, how)
+    n = len(samples)
+    held = _Held(feeds[:n], reference[:n], _labels(labels[:n]), kinds, budget, job.metric, how)
+    if not more:
+        return held, None
+    every = f"{how}, and {len(more)} calibration sample(s): it fits nothing to them"
+    wide = _Held(feeds, reference, _labels(labels), kinds, budget, job.metric, every)
+    return held, wide
+
+
+def _labels(labels: list[Feeds]) -> list[Feeds] | None:
+    return labels if any(labels) else None
 
 
 def _built(job: _Job, candidate: Candidate) -> tuple[onnx.ModelProto | None, str]:
@@ -249,7 +274,7 @@ def _row(
         proto, note = _built(job, candidate)
         if proto is None:
             return Row(candidate.name, candidate.runtime, hints, "skipped", note=note), None
-        job.say(f"{candidate.name}: checking on {len(held.feeds)} held-out sample(s)")
+        job.say(f"{candidate.name}: checking on {len(held.feeds)} sample(s) ({held.how})")
         checks = held.check(proto, options, _tolerance(job, candidate))
     except MixprecError as e:  # the runtime cannot load or run it: a failed candidate
         return Row(candidate.name, candidate.runtime, hints, "failed", note=str(e)), None
@@ -322,16 +347,21 @@ def optimize_model(
     job = _Job(source, calibration, evals, threads, metric, say, given, device, kinds, accept)
     job = dataclasses.replace(job, generated=generated)
     say("running the input in ONNX Runtime on the held-out samples")
-    held = _held(job, model)
+    held, wide = _held(job, model)
     feeds = _timing_feeds(model, calibration.first(), given)
     base = device_candidates(device)[0]
     timed = [c for c in chosen if c.name != base.name and skip_reason(c) is None]
     timer = Timer(timing_session(source, base.options(threads)), feeds, time_budget, len(timed) + 1)
     _check_budget(time_budget, timer.run_seconds)
     control = timer.time(timing_session(source, base.options(threads)), None) if timed else None
-    rows, models = _tried(job, held, _baseline_first(chosen, device), timer)
+    rows, models = _tried(job, (held, wide or held), _baseline_first(chosen, device), timer)
     winner, table = choose(rows, base.name)
     notes = [_where(held, feeds, threads, base)]
+    if wide is not None:
+        notes.append(
+            f"the input in each runtime (it fits nothing to the data) checked on "
+            f"{len(wide.feeds)} sample(s): the held-out ones and calibration ones"
+        )
     if control is not None:
         notes.append(
             f"control: a second session of the input, timed as the candidates were, measured "
@@ -367,14 +397,20 @@ def _generated(model: ir.Model, shapes: Mapping[str, list[int]]) -> list[Feeds]:
 
 
 def _tried(
-    job: _Job, held: _Held, candidates: Sequence[tuple[Candidate, bool]], timer: Timer
+    job: _Job,
+    checked: tuple[_Held, _Held],
+    candidates: Sequence[tuple[Candidate, bool]],
+    timer: Timer,
 ) -> tuple[list[Row], dict[str, onnx.ModelProto]]:
     """Every candidate's row, in order, and the models of the listed ones that may win;
-    each timed one that would win sets the bar later ones are pruned against."""
+    each timed one that would win sets the bar later ones are pruned against.
+    ``checked``: the held-out samples, and those a candidate that fits nothing to the
+    data (``build`` "input") is checked on (:func:`_held`)."""
     rows: list[Row] = []
     models: dict[str, onnx.ModelProto] = {}
     bar: float | None = None
     for candidate, listed in candidates:
+        held = checked[1] if candidate.build == "input" else checked[0]
         row, proto = _row(job, held, candidate, timer, bar)
         rows.append(dataclasses.replace(row, listed=listed))
         t = row.timing
