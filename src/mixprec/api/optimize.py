@@ -13,9 +13,10 @@ from mixprec.core.readings import user_kinds
 from mixprec.io.external import input_files
 from mixprec.io.models import ModelLike, load_input
 from mixprec.optimize.candidates import Candidate
+from mixprec.optimize.checked import user_metric
 from mixprec.optimize.metadata import runtime_fields
 from mixprec.optimize.result import OptimizeResult
-from mixprec.optimize.run import optimize_model, user_metric
+from mixprec.optimize.run import optimize_model
 
 __all__ = ["optimize"]
 

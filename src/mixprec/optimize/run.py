@@ -24,7 +24,6 @@ provider.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -36,26 +35,16 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.checks.outputs import (
-    GuardBudget,
-    OutputCheck,
     UserMetric,
-    check_outputs,
     least_confirmed,
-    output_kinds,
 )
 from mixprec.checks.samples import (
-    MAX_HELD_OUT,
     Samples,
-    label_dicts,
     samples_of,
-    split_for_guard,
 )
-from mixprec.core.callables import load_callable
 from mixprec.core.errors import MixprecError
-from mixprec.core.metrics import DEFAULT_RTOL
 from mixprec.core.ops import parse_dtype
 from mixprec.core.output_kinds import OutputKind
-from mixprec.core.readings import with_user_kinds
 from mixprec.inputs.feeds import feeds_for, make_inputs, resolve_input_shapes
 from mixprec.int8.speed import MAJORITY
 from mixprec.int8.speed import session as timing_session
@@ -65,6 +54,7 @@ from mixprec.optimize.candidates import (
     select_candidates,
     skip_reason,
 )
+from mixprec.optimize.checked import GENERATED, HeldOut, held_out, tolerance
 from mixprec.optimize.choice import GAIN, Row, accuracy_text, choose
 from mixprec.optimize.device import (
     LOW_BUILDS,
@@ -84,70 +74,15 @@ from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import RUNTIME_KEY, engine_for, runtime_hints
 from mixprec.runtime.ov_marks import fp32_nodes
 
-__all__ = ["optimize_model", "user_metric"]
+__all__ = ["optimize_model"]
 
 Say = Callable[[str], None]
 Feeds = dict[str, np.ndarray]
 
 
-def user_metric(metric: Any, budget: float | None) -> UserMetric | None:
-    """``metric`` (a callable or ``"MODULE:FUNCTION"``) with its lowest accepted score.
-
-    Raises:
-        MixprecError: one of the two without the other, or a budget that is no number.
-    """
-    if metric is None and budget is None:
-        return None
-    if metric is None:
-        raise MixprecError("metric_budget (--metric-budget) needs metric (--metric)")
-    if budget is None:
-        raise MixprecError("metric needs metric_budget (--metric-budget): its lowest score")
-    if isinstance(budget, bool) or not isinstance(budget, int | float) or math.isnan(budget):
-        raise MixprecError(f"metric_budget must be a number, not {budget!r}")
-    score = load_callable(metric) if isinstance(metric, str) else metric
-    if not callable(score):
-        raise MixprecError(f"metric must be a callable or 'MODULE:FUNCTION', not {metric!r}")
-    return UserMetric(score, float(budget), getattr(score, "__name__", "metric"))
-
-
 #: Samples generated where no data is given (half held out to check the candidates).
 GENERATED_SAMPLES = 8
-#: How candidates are checked on generated inputs, and what the last line adds.
-GENERATED = "each candidate held to convert's relative L2 for its precision"
 NEEDS_DATA = "INT8 needs representative data: give --calibration-data"
-#: Convert's relative L2 bound for an FP32 model run elsewhere (validate's, for a model
-#: with no low-precision tensor).
-FP32_RTOL = 1e-4
-
-
-@dataclass(frozen=True)
-class _Held:
-    """The held-out samples' feeds, the input's outputs on them in ONNX Runtime, their
-    labels, each output's kind, the budget and the user's metric."""
-
-    feeds: list[Feeds]
-    reference: list[dict[str, np.ndarray]]
-    labels: list[Feeds] | None
-    kinds: dict[str, OutputKind]
-    budget: GuardBudget
-    metric: UserMetric | None
-    how: str = "held out of calibration"
-
-    def check(
-        self, proto: onnx.ModelProto, options: RuntimeOptions, rel_l2: float | None = None
-    ) -> tuple[OutputCheck, ...]:
-        """The candidate's checks, run in its own engine (``rel_l2``: its bound in place
-        of the budget's).
-
-        Raises:
-            MixprecError: the engine cannot load or run it (the candidate failed).
-        """
-        session = engine_for(options).session(proto, options)
-        outputs = [session.run(f) for f in self.feeds]
-        budget = self.budget if rel_l2 is None else dataclasses.replace(self.budget, rel_l2=rel_l2)
-        return tuple(
-            check_outputs(self.reference, outputs, self.kinds, budget, self.metric, self.labels)
-        )
 
 
 @dataclass(frozen=True)
@@ -169,42 +104,6 @@ class _Job:
     #: No data was given: the samples are generated, INT8 is not tried, and every
     #: candidate is held to convert's tolerance for its precision.
     generated: bool = False
-
-
-def _held(job: _Job, model: ir.Model) -> tuple[_Held, _Held | None]:
-    """The held-out samples every candidate is checked on, and, where the data has more,
-    those with up to :data:`MAX_HELD_OUT` of the calibration samples beside them: the
-    rows a candidate that fits nothing to the data (the input in each runtime, under any
-    precision hint) is checked on, since no sample is in-sample for it."""
-    split = split_for_guard(job.calibration, job.eval_data, model)
-    samples = list(split.held)
-    more = []
-    if split.calibration is not None and not split.in_sample:
-        more = list(itertools.islice(split.calibration, MAX_HELD_OUT))
-    inputs = {v.name or "" for v in model.graph.inputs}
-    feeds = [feeds_for(model, s) for s in [*samples, *more]]
-    labels = label_dicts([*samples, *more], inputs)
-    options = RuntimeOptions(threads=job.threads)
-    session = engine_for(options).session(job.source, options)
-    reference = [session.run(f) for f in feeds]
-    budget = GuardBudget.of(None, None)
-    kinds = with_user_kinds(output_kinds(model), job.kinds)
-    if job.generated:  # generated inputs hold no answers to read: convert's rel L2
-        kinds = {name: OutputKind("rel-l2", reason=GENERATED) for name in kinds}
-    how = "eval data" if split.given else "held out of calibration"
-    if split.in_sample:
-        how = "too few to hold any out: the calibration samples themselves"
-    n = len(samples)
-    held = _Held(feeds[:n], reference[:n], _labels(labels[:n]), kinds, budget, job.metric, how)
-    if not more:
-        return held, None
-    every = f"{how}, and {len(more)} calibration sample(s): it fits nothing to them"
-    wide = _Held(feeds, reference, _labels(labels), kinds, budget, job.metric, every)
-    return held, wide
-
-
-def _labels(labels: list[Feeds]) -> list[Feeds] | None:
-    return labels if any(labels) else None
 
 
 def _built(job: _Job, candidate: Candidate) -> tuple[onnx.ModelProto | None, str]:
@@ -246,20 +145,8 @@ def _built(job: _Job, candidate: Candidate) -> tuple[onnx.ModelProto | None, str
     return None, f"no node runs in INT8: {why}"
 
 
-def _tolerance(job: _Job, candidate: Candidate) -> float | None:
-    """Without data: convert's relative L2 for the candidate's precision (FP32's for
-    the input in any runtime); with data: None, the guard's own budget."""
-    if not job.generated:
-        return None
-    precision = candidate.precision if candidate.build == "input" else candidate.build
-    if precision in (None, "f32") or not isinstance(precision, str):
-        return FP32_RTOL
-    lowered = parse_dtype(precision.removesuffix("-marks"), ("float16", "bfloat16"))
-    return DEFAULT_RTOL[lowered]
-
-
 def _row(
-    job: _Job, held: _Held, candidate: Candidate, timer: Timer, bar: float | None
+    job: _Job, held: HeldOut, candidate: Candidate, timer: Timer, bar: float | None
 ) -> tuple[Row, onnx.ModelProto | None]:
     """The candidate's row (and its model where it may win)."""
     options = candidate.options(job.threads)
@@ -275,7 +162,7 @@ def _row(
         if proto is None:
             return Row(candidate.name, candidate.runtime, hints, "skipped", note=note), None
         job.say(f"{candidate.name}: checking on {len(held.feeds)} sample(s) ({held.how})")
-        checks = held.check(proto, options, _tolerance(job, candidate))
+        checks = held.check(proto, options, tolerance(candidate, job.generated))
     except MixprecError as e:  # the runtime cannot load or run it: a failed candidate
         return Row(candidate.name, candidate.runtime, hints, "failed", note=str(e)), None
     # FP32 in any runtime only rounds differently: its passes need no confirming rows
@@ -347,7 +234,10 @@ def optimize_model(
     job = _Job(source, calibration, evals, threads, metric, say, given, device, kinds, accept)
     job = dataclasses.replace(job, generated=generated)
     say("running the input in ONNX Runtime on the held-out samples")
-    held, wide = _held(job, model)
+    held, wide = held_out(
+        source, model, (calibration, evals), threads=threads, metric=metric, kinds=kinds,
+        generated=generated,
+    )  # fmt: skip
     feeds = _timing_feeds(model, calibration.first(), given)
     base = device_candidates(device)[0]
     timed = [c for c in chosen if c.name != base.name and skip_reason(c) is None]
@@ -398,14 +288,14 @@ def _generated(model: ir.Model, shapes: Mapping[str, list[int]]) -> list[Feeds]:
 
 def _tried(
     job: _Job,
-    checked: tuple[_Held, _Held],
+    checked: tuple[HeldOut, HeldOut],
     candidates: Sequence[tuple[Candidate, bool]],
     timer: Timer,
 ) -> tuple[list[Row], dict[str, onnx.ModelProto]]:
     """Every candidate's row, in order, and the models of the listed ones that may win;
     each timed one that would win sets the bar later ones are pruned against.
     ``checked``: the held-out samples, and those a candidate that fits nothing to the
-    data (``build`` "input") is checked on (:func:`_held`)."""
+    data (``build`` "input") is checked on (:func:`held_out`)."""
     rows: list[Row] = []
     models: dict[str, onnx.ModelProto] = {}
     bar: float | None = None
@@ -533,7 +423,7 @@ def _check_budget(time_budget: float | None, run_seconds: float) -> None:
         )
 
 
-def _where(held: _Held, feeds: Feeds, threads: int, base: Candidate) -> str:
+def _where(held: HeldOut, feeds: Feeds, threads: int, base: Candidate) -> str:
     shapes = ", ".join(f"{k} {list(np.shape(v))}" for k, v in feeds.items())
     how = "the user's metric" if held.metric is not None else "the guard's checks"
     beside, bound = "beside it", ""
