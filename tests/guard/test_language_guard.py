@@ -436,6 +436,17 @@ def test_huge_logits_are_a_measured_miss_not_a_crash(tmp_path: Path, capsys) -> 
     assert "language-model guard FAILED" in err and "not written" in err, err
     assert "perplexity inf, not finite" in err, err
     assert "internal error" not in err and not out.exists()
+    # --json stays strict JSON: a non-finite figure is a string, never Infinity or NaN
+    assert main([*args, "--json"]) == 1
+    text = capsys.readouterr().out
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in the JSON")
+
+    guard = json.loads(text, parse_constant=refuse)["guard"]
+    assert guard["perplexity"] == "inf" and not guard["passed"]
+    rise = next(c for c in guard["checks"] if c["kind"] == "perplexity-rise")
+    assert rise["value"] in ("inf", "nan") and rise["note"].startswith("perplexity inf")
 
 
 def _without_cache() -> onnx.ModelProto:

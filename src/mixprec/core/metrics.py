@@ -6,6 +6,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,7 @@ __all__ = [
     "cosine_similarity",
     "decision_agreement",
     "equal_share",
+    "json_ready",
     "max_abs_error",
     "nearest_neighbours",
     "neighbour_agreement",
@@ -44,6 +46,19 @@ def _json_float(value: float | None) -> float | str | None:
     if value is None or math.isfinite(value):
         return value
     return str(value)
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` (dicts, lists and tuples of it, nested) with every non-finite float
+    written as the string ``"inf"``, ``"-inf"`` or ``"nan"``: strict JSON has no
+    Infinity or NaN, and a report read by another tool must parse."""
+    if isinstance(value, float):
+        return _json_float(value)
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)

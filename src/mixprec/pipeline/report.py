@@ -7,6 +7,8 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 
+from mixprec.core.metrics import json_ready
+
 __all__ = ["NodeReport", "Report"]
 
 
@@ -87,7 +89,7 @@ class Report:
         return data
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=str)
+        return json.dumps(json_ready(self.to_dict()), indent=2, default=str)
 
     def format_summary(self, *, max_fp32: int = 25) -> str:
         """A readable summary: counts, shares, casts, bytes, and nodes kept in FP32."""
