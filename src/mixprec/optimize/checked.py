@@ -16,19 +16,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from mixprec.checks.outputs import (
-    GuardBudget,
-    OutputCheck,
-    UserMetric,
-    check_outputs,
-    output_kinds,
-)
-from mixprec.checks.samples import (
-    MAX_HELD_OUT,
-    Samples,
-    label_dicts,
-    split_for_guard,
-)
+from mixprec.checks.outputs import GuardBudget, OutputCheck, UserMetric, check_outputs, output_kinds
+from mixprec.checks.samples import MAX_HELD_OUT, Samples, label_dicts, split_for_guard
 from mixprec.core.callables import load_callable
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import DEFAULT_RTOL
@@ -36,9 +25,7 @@ from mixprec.core.ops import parse_dtype
 from mixprec.core.output_kinds import OutputKind
 from mixprec.core.readings import with_user_kinds
 from mixprec.inputs.feeds import feeds_for
-from mixprec.optimize.candidates import (
-    Candidate,
-)
+from mixprec.optimize.candidates import Candidate
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import engine_for
 
@@ -69,8 +56,6 @@ def user_metric(metric: Any, budget: float | None) -> UserMetric | None:
 
 #: How candidates are checked on generated inputs, and what the last line adds.
 GENERATED = "each candidate held to convert's relative L2 for its precision"
-
-
 #: Convert's relative L2 bound for an FP32 model run elsewhere (validate's, for a model
 #: with no low-precision tensor).
 FP32_RTOL = 1e-4

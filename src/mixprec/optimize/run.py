@@ -34,14 +34,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from mixprec.checks.outputs import (
-    UserMetric,
-    least_confirmed,
-)
-from mixprec.checks.samples import (
-    Samples,
-    samples_of,
-)
+from mixprec.checks.outputs import UserMetric, least_confirmed
+from mixprec.checks.samples import Samples, samples_of
 from mixprec.core.errors import MixprecError
 from mixprec.core.ops import parse_dtype
 from mixprec.core.output_kinds import OutputKind
