@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # `make bench`: benchmark mixprec against peer converters on real pretrained models.
 #
-#   bash bench/run.sh [bench.py options, e.g. --models minilm,mnist_cnn]
+#   bash bench/run.sh [python -m bench options, e.g. --models minilm,mnist_cnn]
 #
 # 1. creates .venv-bench (if missing) and installs bench/requirements.txt + this repo
-# 2. fetches the pinned corpus (bench/fetch.py; cache: bench/cache or $MIXPREC_BENCH_CACHE)
+# 2. fetches the pinned corpus (bench.harness.fetch; cache: bench/cache or $MIXPREC_BENCH_CACHE)
 # 3. exports MiniLM to ONNX and trains the MNIST CNN (both cached); with --weights-only also
 #    exports SmolLM2-135M, Gemma 3 270M and Qwen2.5-Coder-0.5B with their KV caches
-#    (bench/export_smollm2.py, export_gemma3.py, export_qwen.py, cached)
-# 4. runs bench/bench.py: results in bench/results/<date>.{json,md,png}
+#    (bench.exporters.smollm2, .gemma3, .qwen; cached)
+# 4. runs python -m bench (bench/main.py): results in bench/results/<date>.{json,md,png}
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -36,16 +36,16 @@ echo "run.sh: installing mixprec from $ROOT"
 "$PY" -m pip check --disable-pip-version-check || echo "run.sh: pip check reported the above"
 echo "run.sh: environment ready after $(( $(date +%s) - start ))s"
 
-"$PY" bench/fetch.py
-HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" bench/export_minilm.py
-"$PY" bench/train_mnist.py
+"$PY" -m bench.harness.fetch
+HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" -m bench.exporters.minilm
+"$PY" -m bench.exporters.mnist
 case " $* " in
   *" --weights-only "*)  # the decoders with their KV caches, for the weight-only part (cached)
-    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" bench/export_smollm2.py
-    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" bench/export_gemma3.py
-    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" bench/export_qwen.py ;;
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" -m bench.exporters.smollm2
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" -m bench.exporters.gemma3
+    HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$PY" -m bench.exporters.qwen ;;
 esac
 echo "run.sh: corpus and derived models ready after $(( $(date +%s) - start ))s"
 
-"$PY" bench/bench.py "$@"
+"$PY" -m bench "$@"
 echo "run.sh: total $(( $(date +%s) - start ))s"

@@ -6,7 +6,7 @@
 1. ``$MIXPREC_CORPUS`` (must hold all 7 models with the right sha256, else the tests fail);
 2. the cache ``~/.cache/mixprec/corpus`` when it holds all 7 with the right sha256;
 3. fetch once into that cache with ``shared/corpus/fetch.sh`` (``shared/`` sits beside the
-   repository, or inside it), else with ``bench/fetch.py``.
+   repository, or inside it), else with ``python -m bench.harness.fetch``.
 
 When no fetch script exists, or the fetch fails (no network), the corpus tests are
 skipped with the reason shown; under CI (``$CI`` set) they fail instead.
@@ -109,19 +109,20 @@ def _tail(text: str) -> str:
 
 
 def _fetch_with_bench(cache: Path, digests: dict[str, str]) -> None:
-    """bench/fetch.py writes <cache>/corpus/<local_name>; copy the models into fetch.sh names."""
+    """bench.harness.fetch writes <cache>/corpus/<local_name>; copy the models into fetch.sh
+    names."""
     bench_cache = cache / "bench"
     env = {**os.environ, "MIXPREC_BENCH_CACHE": str(bench_cache)}
     proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "bench" / "fetch.py")],
-        cwd=REPO_ROOT / "bench",
+        [sys.executable, "-m", "bench.harness.fetch"],
+        cwd=REPO_ROOT,
         env=env,
         capture_output=True,
         text=True,
         check=False,
     )
     if proc.returncode != 0:
-        _cannot_fetch(f"bench/fetch.py failed: {_tail(proc.stderr + proc.stdout)}")
+        _cannot_fetch(f"bench.harness.fetch failed: {_tail(proc.stderr + proc.stdout)}")
     by_digest = {sha256_of(p): p for p in (bench_cache / "corpus").glob("*.onnx")}
     for rel, digest in digests.items():
         if digest in by_digest:
@@ -240,10 +241,10 @@ def _fetched(cache: Path, digests: dict[str, str]) -> Path:
         )
         if proc.returncode != 0:
             _cannot_fetch(f"fetch.sh failed: {_tail(proc.stderr + proc.stdout)}")
-    elif (REPO_ROOT / "bench" / "fetch.py").is_file():
+    elif (REPO_ROOT / "bench" / "harness" / "fetch.py").is_file():
         _fetch_with_bench(cache, digests)
     else:
-        _cannot_fetch("no shared/corpus/fetch.sh beside the repository and no bench/fetch.py")
+        _cannot_fetch("no shared/corpus/fetch.sh beside the repository and no bench fetch")
     problems = _problems(cache, digests)
     if problems:
         pytest.fail(f"corpus fetched into {cache} but {'; '.join(problems)}", pytrace=False)

@@ -1,6 +1,6 @@
 """A tiny Llama-like decoder with a KV cache, built with onnx.helper, for the LLM tests.
 
-Same I/O contract as the bench's SmolLM2 export (``bench/export_smollm2.py``):
+Same I/O contract as the bench's SmolLM2 export (``bench/exporters/smollm2.py``):
 
     inputs   input_ids                  int64   [batch, sequence]
              attention_mask             int64   [batch, total_sequence]

@@ -1,20 +1,15 @@
-"""The mixprec-metric row's CTC metric for PP-OCR rec (bench/int8.py ``CTC_METRIC``): the
+"""The mixprec-metric row's CTC metric for PP-OCR rec (bench/int8/suite.py ``CTC_METRIC``): the
 module the bench writes for ``mixprec quantize --metric`` reads per-timestep class scores
 as greedy CTC text and scores INT8's characters against FP32's."""
 
 from __future__ import annotations
 
 import importlib.util
-import sys
-from pathlib import Path
 
 import numpy as np
 
-# Appended, not prepended: bench/ holds modules that must not shadow the tests' imports.
-sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
-
-import int8
-import models
+from bench.harness import models
+from bench.int8 import suite as int8
 
 
 def _scores(ids: list[int], classes: int = 6) -> np.ndarray:

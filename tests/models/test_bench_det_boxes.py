@@ -1,4 +1,4 @@
-"""The bench's box-level PP-OCR det score (bench/det_boxes.py): rapidocr's text boxes from
+"""The bench's box-level PP-OCR det score (bench/harness/det_boxes.py): rapidocr's text boxes from
 a probability map, one-to-one IoU matching and the hmean, the metric function the
 mixprec-metric row passes to ``mixprec quantize --metric``, and ocr_text.DetSet's scores.
 numpy only: these run in mixprec's own environment too.
@@ -6,19 +6,12 @@ numpy only: these run in mixprec's own environment too.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-# Appended, not prepended: bench/ holds modules (common, models, metrics) that must not
-# shadow anything the other tests import.
-sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
-
-import det_boxes
-import ocr_text
+from bench.harness import det_boxes, ocr_text
 
 
 def _two_lines() -> np.ndarray:

@@ -1,19 +1,12 @@
-"""The bench's guard table (bench/report_int8.py ``guard_table``) reads the guard record a
+"""The bench's guard table (bench/int8/report.py ``guard_table``) reads the guard record a
 real ``mixprec.quantize`` writes: rows graded, the 95% bound beside the budget, and
 whether the rows confirm the pass."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import mixprec
+from bench.int8 import report as report_int8
 from guard_models import separable_classifier, separable_samples
-
-# Appended, not prepended: bench/ holds modules that must not shadow the tests' imports.
-sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
-
-import report_int8
 
 
 def test_the_guard_table_shows_rows_bound_and_budget() -> None:

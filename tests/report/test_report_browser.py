@@ -24,13 +24,13 @@ from mixprec.report.html import write_report_html
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-#: The 2,000-node model's builder (also timed by bench/report_page.py).
+#: The 2,000-node model's builder (also timed by bench/harness/report_page.py).
 WIDE = ROOT / "examples" / "make_wide_model.py"
 
 
 def _open(browser: Any, path: Path) -> Any:
     """A new page showing ``path``, once its first frame is drawn (how long that takes is
-    measured by ``bench/report_page.py``, not here)."""
+    measured by ``bench/harness/report_page.py``, not here)."""
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     page.goto(path.as_uri())
     page.wait_for_selector("body[data-ready='1']", timeout=60_000)

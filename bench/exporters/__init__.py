@@ -1,0 +1,1 @@
+"""The models the bench derives: MiniLM, the MNIST CNN, decoders with KV caches."""

@@ -1,0 +1,1 @@
+"""Harness: the bench's models and data, measuring, reports and golden results."""

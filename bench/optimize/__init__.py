@@ -1,0 +1,1 @@
+"""`mixprec optimize` against the obvious recipes."""
