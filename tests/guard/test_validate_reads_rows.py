@@ -43,14 +43,16 @@ def test_a_small_channel_beside_a_large_one_is_read_on_its_own():
     report = mixprec.validate(original, changed, inputs=feeds, rtol=1e-2)
     (compared,) = report.outputs
     assert compared.passed and compared.rel_l2_error < 1e-3  # the whole tensor: fine
-    (check,) = report.checks
-    assert check["kind"] == "channels" and check["value"] == pytest.approx(0.2, rel=1e-5)
-    assert not check["passed"] and not report.passed
+    closeness, check = report.checks  # the tensor's rel L2, then its rows: one schema
+    assert closeness.kind == "rel-l2" and closeness.passed
+    assert closeness.value == pytest.approx(compared.rel_l2_error)
+    assert check.kind == "channels" and check.value == pytest.approx(0.2, rel=1e-5)
+    assert not check.passed and not report.passed
     table = report.format_table()
     assert " NO box: worst channel's rel L2 0.2 over 1 sample(s) (needs <= 0.01)" in table, table
     assert "rel L2 of each of its 2 channels on axis 1" in table and "FAILED" in table
     same = mixprec.validate(original, original, inputs=feeds, rtol=1e-2)
-    assert same.passed and same.checks[0]["value"] == 0.0, same.format_table()
+    assert same.passed and [c.value for c in same.checks] == [0.0, 0.0], same.format_table()
 
 
 def test_a_flipped_class_fails_where_the_logits_barely_moved(tmp_path, capsys):
@@ -69,10 +71,11 @@ def test_a_flipped_class_fails_where_the_logits_barely_moved(tmp_path, capsys):
     report = mixprec.validate(original, changed, inputs={"x": x}, rtol=0.5)
     (compared,) = report.outputs
     assert compared.passed  # rel L2 within the (loose) rtol: the old verdict
-    (check,) = report.checks
-    assert check["kind"] == "top1" and check["rows"] == 8
-    assert check["value"] == pytest.approx(7 / 8) and not report.passed
-    assert report.to_dict()["checks"][0]["value"] == pytest.approx(7 / 8)
+    closeness, check = report.checks
+    assert closeness.kind == "rel-l2" and closeness.passed
+    assert check.kind == "top1" and check.rows == 8
+    assert check.value == pytest.approx(7 / 8) and not report.passed
+    assert report.to_dict()["checks"][1]["value"] == pytest.approx(7 / 8)
     paths = []
     for name, model in (("fp32", original), ("changed", changed)):
         paths.append(str(tmp_path / f"{name}.onnx"))
@@ -83,4 +86,22 @@ def test_a_flipped_class_fails_where_the_logits_barely_moved(tmp_path, capsys):
     assert code == 1 and " NO logits: top-1 0.875 over 8 rows (needs >= 0.99)" in out, out
     assert main(["validate", *paths, "--inputs", str(tmp_path / "x.npz"), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
-    assert data["passed"] is False and data["checks"][0]["kind"] == "top1"
+    assert data["passed"] is False
+    assert [c["kind"] for c in data["checks"]] == ["rel-l2", "top1"]  # default rtol here
+    assert data["checks"][1]["passed"] is False
+
+
+def test_the_verdict_is_one_list_of_output_checks():
+    """validate's pass is its OutputCheck records alone (issue 44: one schema of "is it
+    still the same model?"): a tensor past its rel L2 fails as a ``rel-l2`` check, over
+    every sample, with the samples' count as its rows."""
+    from mixprec.checks.outputs import OutputCheck
+
+    original, changed = _pair(_SCALED, "s", np.array([1.0, 1.0]), np.array([1.5, 1.0]))
+    samples = [{"x": RNG.uniform(1, 2, (8, 2)).astype(np.float32)} for _ in range(3)]
+    report = mixprec.validate(original, changed, inputs=samples, rtol=1e-2)
+    assert all(isinstance(c, OutputCheck) for c in report.checks)
+    closeness = next(c for c in report.checks if c.kind == "rel-l2")
+    assert closeness.rows == 3 and not closeness.passed and not report.passed
+    assert closeness.value == pytest.approx(max(o.rel_l2_error for o in report.outputs))
+    assert report.to_dict()["checks"][0]["text"].startswith("rel L2 ")

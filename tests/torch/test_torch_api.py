@@ -323,7 +323,13 @@ def test_the_eager_check_reads_each_output_as_rows() -> None:
     assert "box: worst channel's rel L2 0.2 over 2 sample(s) (needs <= 0.01) FAIL" in (
         check.format_table()
     )
-    assert check.to_dict()["checks"][0]["kind"] == "channels"
+    kinds = [(c["output"], c["kind"], c["passed"]) for c in check.to_dict()["checks"]]
+    assert kinds == [
+        ("box", "rel-l2", True),  # each output's rel L2 over the 2 inputs, in the one schema
+        ("same", "rel-l2", True),
+        ("box", "channels", False),
+        ("same", "channels", True),
+    ]
 
     def flipped(sample):
         (x,) = sample[0]

@@ -41,6 +41,7 @@ from mixprec.checks.user_metric import Candidate, Labels, call_user_metric, shap
 from mixprec.core.detections import detection_f1 as _detection_f1
 from mixprec.core.detections import head_layout
 from mixprec.core.metrics import (
+    OutputComparison,
     active_top1,
     channel_rel_l2,
     decision_agreement,
@@ -61,6 +62,7 @@ __all__ = [
     "OutputCheck",
     "UserMetric",
     "check_outputs",
+    "closeness_checks",
     "guard_metric",
     "guard_score",
     "least_confirmed",
@@ -340,6 +342,33 @@ def check_outputs(
             checks.append(
                 OutputCheck(name, kind, value, limit, passed, reason=why, rows=rows, bound=bound)
             )
+    return checks
+
+
+def closeness_checks(
+    per_sample: Iterable[Sequence[OutputComparison]], rtol: float, atol: float
+) -> list[OutputCheck]:
+    """Each output's whole-tensor comparisons (validate's and the torch check's table, one
+    per sample: :func:`~mixprec.core.metrics.compare_outputs`) as one ``rel-l2`` check:
+    the worst sample's relative L2 against ``rtol``, over the samples. A sample whose max
+    abs error is within ``atol`` passes (a reference near zero), and the reason says so;
+    a failed comparison's note (a shape changed, values not finite) is the check's."""
+    by_name: dict[str, list[OutputComparison]] = {}
+    for comparisons in per_sample:
+        for c in comparisons:
+            by_name.setdefault(c.name, []).append(c)
+    checks = []
+    for name, found in by_name.items():
+        worst = max(c.rel_l2_error if not math.isnan(c.rel_l2_error) else math.inf for c in found)
+        passed = all(c.passed for c in found)
+        note = "" if passed else next((c.note for c in found if not c.passed and c.note), "")
+        reason = "the whole tensor's relative L2, its worst sample"
+        near_zero = sum(c.passed and c.rel_l2_error > rtol for c in found)
+        if near_zero:
+            reason += f"; {near_zero} sample(s) within max abs {atol:g} (a reference near zero)"
+        checks.append(
+            OutputCheck(name, "rel-l2", worst, rtol, passed, note, reason=reason, rows=len(found))
+        )
     return checks
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from mixprec.checks.outputs import row_budget, row_readings
+from mixprec.checks.outputs import OutputCheck, closeness_checks, row_budget, row_readings
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import all_graphs, iter_nodes
 from mixprec.core.metrics import DEFAULT_RTOL, OutputComparison, compare_outputs
@@ -102,10 +102,13 @@ class ValidationReport:
         runtime: What ran the converted model: ``runtime``, ``label``, ``version``,
             ``precision``, ``threads`` and ``cpu`` (the FP32 reference always runs in
             ONNX Runtime).
-        checks: Each output read as rows of answers (:func:`mixprec.validate` fills them
-            from :mod:`mixprec.checks.outputs`: argmax rows, detections, embedding rows,
-            the worst channel), as dicts with ``output``, ``kind``, ``value``,
-            ``limit``, ``passed``, ``rows``, ``reason`` and ``text``; every one must pass.
+        checks: The verdict, in the one schema of "is it still the same model?"
+            (:class:`~mixprec.checks.outputs.OutputCheck`, as the guards, optimize and
+            the torch check hold theirs): each output's ``rel-l2`` check over the
+            samples (:func:`~mixprec.checks.outputs.closeness_checks`, from
+            ``outputs``), then each output read as rows of answers
+            (:func:`mixprec.validate` adds those: argmax rows, detections, embedding
+            rows, the worst channel); every one must pass.
         arrays: The FP32 and the converted outputs it compared (not in ``to_dict``).
     """
 
@@ -118,15 +121,15 @@ class ValidationReport:
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     runtime: dict[str, object] = field(default_factory=dict)
-    checks: tuple[Mapping[str, object], ...] = ()
+    checks: tuple[OutputCheck, ...] = ()
     arrays: tuple[Mapping[str, np.ndarray], Mapping[str, np.ndarray]] | None = field(
         default=None, compare=False, repr=False
     )
 
     @property
     def passed(self) -> bool:
-        """Whether every output passed, and every reading of its rows."""
-        return all(o.passed for o in self.outputs) and all(c["passed"] for c in self.checks)
+        """Whether every check passed: each output's rel L2 and every reading of its rows."""
+        return bool(self.checks) and all(c.passed for c in self.checks)
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready dict of the report."""
@@ -141,7 +144,7 @@ class ValidationReport:
             "input_shapes": {k: list(v) for k, v in self.input_shapes.items()},
             "notes": list(self.notes),
             "runtime": dict(self.runtime),
-            "checks": [dict(c) for c in self.checks],
+            "checks": [{**c.to_dict(), "text": c.measured()} for c in self.checks],
         }
 
     def format_table(self) -> str:
@@ -164,10 +167,10 @@ class ValidationReport:
         for o in self.outputs:
             if o.note:
                 lines.append(f"note: {o.name}: {o.note}")
-        for c in self.checks:  # how each output was read, as rows of answers
-            ok = "ok" if c["passed"] else "NO"
-            lines.append(f"{ok:>3} {c['output']}: {c['text']}")
-            lines.append(f"      read as {c['reason']}")
+        for c in self.checks:  # how each output was read as rows (its rel L2: the table)
+            if c.kind != "rel-l2":
+                lines.append(f"{'ok' if c.passed else 'NO':>3} {c.output}: {c.measured()}")
+                lines.append(f"      read as {c.reason}")
         how = _HOW.get(self.kind, self.kind)
         if self.kind != "emulated" and self.runtime:
             how = f"{self.runtime.get('label', how)} {self.runtime.get('version', '')}".strip()
@@ -264,7 +267,7 @@ def validate_models(
         notes = (*notes, *said)
     return ValidationReport(
         kind, low_dtype, tol, atol, tuple(comparisons), fallback, shapes, tuple(notes), described,
-        arrays=(reference, result),
+        tuple(closeness_checks([comparisons], tol, atol)), arrays=(reference, result),
     )  # fmt: skip
 
 
@@ -347,7 +350,7 @@ def validate_protos(
             )
             for feeds in samples
         ]
-        checks = _row_checks(reports, kinds, rtol, atol, runtime)
+        checks = _checks(reports, kinds, rtol, atol, runtime)
         worst = max(range(len(reports)), key=lambda k: _badness(reports[k]))
         note = f"validated on the given inputs ({len(samples)} sample(s); sample {worst} shown)"
         notes = (note, *reports[worst].notes)
@@ -371,32 +374,32 @@ def validate_protos(
     # The same first guess as calibration, learning from ONNX Runtime's refusals.
     first, guess_notes = resolve_input_shapes(ref_model, shapes)
     report, _, fit_notes = fit_shapes(first, guessed_dims(ref_model, shapes), attempt)
-    checks = _row_checks([report], kinds, rtol, atol, runtime)
+    checks = _checks([report], kinds, rtol, atol, runtime)
     notes = (*guess_notes, *report.notes, *fit_notes)
     return dataclasses.replace(report, notes=notes, checks=checks)
 
 
-def _row_checks(
+def _checks(
     reports: Sequence[ValidationReport],
     kinds: Mapping[str, OutputKind],
     rtol: float | None,
     atol: float,
     runtime: RuntimeOptions | None,
-) -> tuple[dict[str, object], ...]:
-    """Each output read as rows over every sample (:func:`~mixprec.checks.outputs.row_readings`:
-    argmax rows, decisions, detections, embedding rows, the worst channel), held to the
-    bounds of the dtype the model was lowered to; the whole-tensor rel L2 stays in the
-    report's comparisons."""
+) -> tuple[OutputCheck, ...]:
+    """Each output's rel L2 over every sample, then each output read as rows over every
+    sample (:func:`~mixprec.checks.outputs.row_readings`: argmax rows, decisions,
+    detections, embedding rows, the worst channel), held to the bounds of the dtype the
+    model was lowered to."""
+    closeness = closeness_checks([r.outputs for r in reports], reports[0].rtol, atol)
     pairs = [r.arrays for r in reports if r.arrays is not None]
     if not pairs:
-        return ()
+        return tuple(closeness)
     target = lowered_to(reports[0].low_dtype, runtime)
     budget = row_budget(target, reports[0].rtol if rtol is None else rtol, atol)
     reference = [{k: v for k, v in ref.items() if k in got} for ref, got in pairs]
     outputs = [got for _, got in pairs]
     read = {k: v for k, v in kinds.items() if k in reference[0]}
-    checks = row_readings(reference, outputs, read, budget)
-    return tuple({**c.to_dict(), "text": c.measured()} for c in checks)
+    return (*closeness, *row_readings(reference, outputs, read, budget))
 
 
 def check_arguments(
