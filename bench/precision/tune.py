@@ -30,8 +30,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
 from bench.harness.common import RESULTS_DIR
+from mixprec.passes.emulate import emulate_low_precision
 from mixprec.passes.macs import concrete_shapes, count_macs
-from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import run_model
 from mixprec.tune.metrics import rel_l2

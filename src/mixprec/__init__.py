@@ -36,10 +36,10 @@ from mixprec.core.policy import (
 from mixprec.core.version import __version__ as __version__
 from mixprec.int8.config import QuantizeConfig
 from mixprec.optimize.result import OptimizeResult
+from mixprec.passes.emulate import EmulateLowPrecisionPass, EmulateLowPrecisionResult
 from mixprec.pipeline.convert import ConversionResult
 from mixprec.pipeline.report import NodeReport, Report
 from mixprec.pipeline.stages import STAGES, Pipeline
-from mixprec.runtime.emulate import EmulateLowPrecisionPass, EmulateLowPrecisionResult
 from mixprec.tune.result import TuneResult
 from mixprec.weights.config import WeightsConfig
 

@@ -35,7 +35,7 @@ import pytest
 import mixprec
 from helpers import assert_close, run_ort, sha256_of
 from mixprec.cli.main import main
-from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.passes.emulate import emulate_low_precision
 
 X = np.random.default_rng(7).random((1, 3, 8, 8), dtype=np.float32)
 

@@ -188,7 +188,7 @@ def test_random_dags_convert_to_valid_accurate_models(ops, data, dtype):
     if dtype == "float16":
         got = run_ort(out, feeds)
     else:
-        from mixprec.runtime.emulate import emulate_low_precision
+        from mixprec.passes.emulate import emulate_low_precision
 
         got = run_ort(emulate_low_precision(out), feeds)
     for name, expected in ref.items():

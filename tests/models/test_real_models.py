@@ -23,7 +23,7 @@ import pytest
 
 import mixprec
 from helpers import TOLERANCES, assert_close, run_ort, sha256_of
-from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.passes.emulate import emulate_low_precision
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions
 from mixprec.runtime.engines import ENGINES, engine_for
 

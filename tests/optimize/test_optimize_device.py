@@ -32,9 +32,9 @@ from mixprec.core.errors import MixprecError
 from mixprec.optimize.candidates import Candidate
 from mixprec.optimize.device import device_candidates
 from mixprec.optimize.metadata import stamp
+from mixprec.passes.emulate import emulate_low_precision
 from mixprec.report.optimize_page import candidates_html
 from mixprec.runtime import clock as timing_clock
-from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.engine import REGISTRY, RuntimeOptions
 from mixprec.runtime.engines import (
     ENGINES,

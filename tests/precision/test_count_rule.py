@@ -4,7 +4,7 @@ The model is a TTS duration path (VITS: ``Exp -> Mul -> Ceil -> (ReduceSum, CumS
 the sum a Range's limit): fp16 holds ``exp(2.303) = 10.0015`` as 10, Ceil gives 10 instead
 of 11, and the number of frames changes. Outputs are compared with ONNX Runtime runs of
 the FP32 model; the converted model runs with every low tensor rounded
-(:func:`~mixprec.runtime.emulate.emulate_low_precision`: ONNX Runtime's CPU provider
+(:func:`~mixprec.passes.emulate.emulate_low_precision`: ONNX Runtime's CPU provider
 computes many fp16 ops in float32 and would hide the rounding).
 """
 
@@ -20,8 +20,8 @@ from helpers import assert_close, run_ort
 from mixprec.cli.main import main
 from mixprec.core.registry import register_op
 from mixprec.core.rules import RULES
+from mixprec.passes.emulate import emulate_low_precision
 from mixprec.precision.paint import Precision, painted
-from mixprec.runtime.emulate import emulate_low_precision
 
 T = 16  # phonemes
 #: log-durations fp16 holds exactly whose exp lies just above an integer that fp16

@@ -8,7 +8,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from mixprec.core.metrics import rel_l2_error
-from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.passes.emulate import emulate_low_precision
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import run_model
 from proto_builders import (

@@ -17,7 +17,7 @@ import mixprec
 from helpers import run_ort
 from mixprec.cli.main import main
 from mixprec.core.rules import RULES
-from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.passes.emulate import emulate_low_precision
 from mixprec.tune.metrics import rel_l2
 
 BIG = 2048.0  # fp16 spacing is 2 here, bf16 16: x + BIG - BIG loses x (exact in both)

@@ -26,7 +26,7 @@ import mixprec
 from helpers import run_ort
 from mixprec.checks.outputs import GuardBudget, guard_metric, output_kinds
 from mixprec.cli.main import main
-from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.passes.emulate import emulate_low_precision
 
 
 def _threshold_model() -> onnx.ModelProto:

@@ -15,7 +15,7 @@ from helpers import assert_close, run_ort
 from llm_models import DecoderConfig, decoder_feeds, greedy_decode, tiny_decoder
 from mixprec.cli.main import main
 from mixprec.inputs.feeds import make_inputs, resolve_input_shapes
-from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.passes.emulate import emulate_low_precision
 
 CFG = DecoderConfig()
 #: (batch, sequence, past, left padding of the last row): a decoding step with a cache,

@@ -38,7 +38,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import is_constant_node
 from mixprec.core.ops import FLOAT_TYPES
 from mixprec.inputs.feeds import Feeds, calibration_feeds, feeds_for
-from mixprec.runtime.emulate import element_types
+from mixprec.passes.emulate import element_types
 
 #: Values each tensor gives a histogram per sample (``calibrate(subsample=...)``).
 SUBSAMPLE = Subsample().size

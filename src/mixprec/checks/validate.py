@@ -27,7 +27,7 @@ from mixprec.core.ops import DEFAULT_ATOL, DTYPE_ATTRS, parse_dtype
 from mixprec.core.output_kinds import OutputKind, classify_outputs
 from mixprec.core.registry import node_info
 from mixprec.inputs.feeds import feeds_for, guessed_dims, make_inputs, resolve_input_shapes
-from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.passes.emulate import emulate_low_precision
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
 from mixprec.runtime.engines import check_plan, engine_for, run_model
 from mixprec.runtime.fit import fit_shapes

@@ -29,9 +29,9 @@ from mixprec.core.output_kinds import OutputKind
 from mixprec.inputs.feeds import feeds_for
 from mixprec.int8.config import QuantizeConfig
 from mixprec.io.models import load_input
+from mixprec.passes.emulate import emulate_low_precision
 from mixprec.pipeline.quantize import Reuse, run_quantize
 from mixprec.pipeline.report import Report
-from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
 from mixprec.runtime.engines import check_plan, engine_for
 

@@ -7,7 +7,7 @@ engines through :func:`engine_for` and ask them what they can do.
 
 A bf16 model can only be checked for real where an engine computes bf16: ONNX Runtime's
 CPU provider never does, OpenVINO does on CPUs with AVX-512 BF16 or AMX. Elsewhere the
-model is emulated in FP32 (:mod:`mixprec.runtime.emulate`), and the report says so.
+model is emulated in FP32 (:mod:`mixprec.passes.emulate`), and the report says so.
 
 OpenVINO's precision marks (:mod:`mixprec.runtime.ov_marks`: bf16 by its hint, the nodes
 mixprec keeps FP32 marked) are written through here too (:func:`write_marked_ir`).

@@ -25,7 +25,7 @@ import onnx_ir as ir
 import torch
 
 from mixprec.core.errors import MixprecError
-from mixprec.runtime.emulate import emulate_low_precision
+from mixprec.passes.emulate import emulate_low_precision
 from mixprec.runtime.engine import (
     ORT_PROVIDERS,
     DeviceBuffer,

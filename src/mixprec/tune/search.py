@@ -42,8 +42,8 @@ import onnx_ir as ir
 from mixprec.calibrate.measure import CALIBRATION, MACS, SHAPES, CountMacsPass
 from mixprec.checks.user_metric import Candidate, Labels, call_user_metric, shape_miss
 from mixprec.core.graphs import iter_nodes
+from mixprec.passes.emulate import emulate_low_precision
 from mixprec.pipeline.stages import Stage
-from mixprec.runtime.emulate import emulate_low_precision
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError, Session
 from mixprec.runtime.engines import engine_for
 from mixprec.tune.metrics import Budget, Metric

@@ -16,7 +16,7 @@ The instrumented model carries the FP32 stream of the prepared model and, beside
 Each comparison leaves two scalars, ``sum((approx - exact)^2)`` and ``sum(exact^2)``
 (the latter once per exact tensor), so one run per sample (two samples by default)
 measures every node at once without fetching any activation. Rounding happens in FP32
-arithmetic (as :mod:`mixprec.runtime.emulate` does), so bfloat16 is measured on a CPU without
+arithmetic (as :mod:`mixprec.passes.emulate` does), so bfloat16 is measured on a CPU without
 bf16 kernels.
 """
 

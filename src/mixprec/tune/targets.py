@@ -24,10 +24,10 @@ from mixprec.core.ops import parse_dtype, weight_out_axis
 from mixprec.int8.config import MODES, QuantizeConfig
 from mixprec.int8.params import activation_qparams, quantize_weight
 from mixprec.int8.plan import int8_decision, weight_index
+from mixprec.passes.emulate import EmulateLowPrecisionPass
 from mixprec.pipeline.quantize import QuantizePipeline
 from mixprec.pipeline.stages import Pipeline
 from mixprec.precision.paint import Precision, painted
-from mixprec.runtime.emulate import EmulateLowPrecisionPass
 from mixprec.runtime.engine import Engine
 from mixprec.tune.sensitivity import CastRounder, Rounder
 
