@@ -23,7 +23,7 @@ import onnx.shape_inference
 import pytest
 
 import mixprec
-from helpers import assert_close, make_model, run_ort, sha256_of
+from helpers import assert_close, make_model, run_ort, sha256_of, strict_json
 from mixprec.cli.main import main
 from text_models import filled_model
 
@@ -407,11 +407,6 @@ def test_validate_good_and_broken(
     assert any(
         line.startswith("y ") and line.rstrip().endswith("NO") for line in res.out.splitlines()
     ), res.out
-
-
-def strict_json(text: str) -> object:
-    """``json.loads`` that fails the test on ``Infinity``, ``-Infinity`` or ``NaN``."""
-    return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the JSON: {text}"))
 
 
 def test_validate_json_stays_strict_on_a_non_finite_output(

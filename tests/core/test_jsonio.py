@@ -9,12 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import strict_json
 from mixprec.core.jsonio import json_ready, json_text
-
-
-def strict_loads(text: str) -> object:
-    """``json.loads`` that fails the test on ``Infinity``, ``-Infinity`` or ``NaN``."""
-    return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the JSON: {text}"))
 
 
 def test_non_finite_floats_are_strings_at_any_depth() -> None:
@@ -27,7 +23,7 @@ def test_non_finite_floats_are_strings_at_any_depth() -> None:
         "none": None,
     }
     for indent in (None, 2):
-        assert strict_loads(json_text(value, indent=indent)) == {
+        assert strict_json(json_text(value, indent=indent)) == {
             "worst": "-inf",
             "rows": [1.5, "nan", ["inf", {"deep": ["nan"]}]],
             "shape": [1, 3],
