@@ -7,6 +7,7 @@ Import them from test modules as ``from helpers import assert_close, make_model,
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,11 +16,12 @@ import numpy as np
 import onnx
 import onnx.checker
 import onnx.parser
+import pytest
 
 from mixprec.core.ops import DEFAULT_ATOL
 from mixprec.core.ops import TOLERANCES as OPS_TOLERANCES
 
-__all__ = ["TOLERANCES", "assert_close", "make_model", "run_ort", "sha256_of"]
+__all__ = ["TOLERANCES", "assert_close", "make_model", "run_ort", "sha256_of", "strict_json"]
 
 #: (max relative L2 error, max absolute error accepted where the reference is near zero):
 #: the package's own table for the low dtypes (:data:`mixprec.core.ops.TOLERANCES`, its
@@ -139,3 +141,9 @@ def sha256_of(path: str | os.PathLike[str]) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def strict_json(text: str) -> object:
+    """``json.loads`` as a strict parser reads: ``Infinity``, ``-Infinity`` or ``NaN`` in
+    ``text`` fails the test (what mixprec writes for users is strict JSON)."""
+    return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in the JSON: {text}"))

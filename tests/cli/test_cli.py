@@ -23,8 +23,9 @@ import onnx.shape_inference
 import pytest
 
 import mixprec
-from helpers import assert_close, make_model, run_ort, sha256_of
+from helpers import assert_close, make_model, run_ort, sha256_of, strict_json
 from mixprec.cli.main import main
+from text_models import filled_model
 
 MODES = ["inproc", "subproc"]
 
@@ -406,6 +407,31 @@ def test_validate_good_and_broken(
     assert any(
         line.startswith("y ") and line.rstrip().endswith("NO") for line in res.out.splitlines()
     ), res.out
+
+
+def test_validate_json_stays_strict_on_a_non_finite_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A converted model whose output is inf where FP32's is finite: its rel L2 and its
+    worst channel's rel L2 are inf, written as "inf" (the channel check wrote Infinity,
+    which strict JSON parsers refuse)."""
+    text = """
+        <ir_version: 8, opset_import: ["" : 17]>
+        g (float[8, 2] x) => (float[8, 2] box) <float[2] s> { box = Mul (x, s) }
+    """
+    original, converted = tmp_path / "fp32.onnx", tmp_path / "inf.onnx"
+    onnx.save(filled_model(text, s=np.array([1000.0, 1.0])), original)
+    onnx.save(filled_model(text, s=np.array([np.inf, 1.0])), converted)
+    x = np.random.default_rng(0).uniform(1, 2, (1, 8, 2)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    args = ["validate", original, converted, "--inputs", tmp_path / "x.npz", "--json"]
+    res = cli(args, monkeypatch=monkeypatch)
+    assert res.rc == 1, res.out + res.err
+    report = strict_json(res.out)
+    assert isinstance(report, dict) and report["passed"] is False
+    assert report["outputs"][0]["rel_l2_error"] == "inf", report
+    (check,) = report["checks"]
+    assert check["kind"] == "channels" and check["value"] == "inf", check
 
 
 def test_log_dir(models: Paths, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

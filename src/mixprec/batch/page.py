@@ -46,9 +46,12 @@ document.querySelectorAll('th').forEach((th, i) => th.addEventListener('click', 
 
 
 def error_of(row: dict[str, Any]) -> float | None:
-    """The row's worst relative L2 against FP32 (validation), when it was measured."""
+    """The row's worst relative L2 against FP32 (validation), when it was measured; a
+    row's JSON holds a non-finite one as ``"inf"`` or ``"nan"`` (:mod:`mixprec.core.jsonio`)."""
     validation = row.get("validation") or {}
     value = validation.get("worst_rel_l2")
+    if value in ("inf", "-inf", "nan"):
+        return float(value)
     return float(value) if isinstance(value, int | float) else None
 
 
@@ -124,12 +127,16 @@ def _row_html(row: dict[str, Any], optimized: bool = False) -> str:
 
 
 def _chart(rows: Sequence[dict[str, Any]]) -> str:
-    """Error (log scale) against low-precision MAC share, one dot per measured model."""
+    """Error (log scale) against low-precision MAC share, one dot per model measured with
+    a finite error (an inf one is in the table, not on a log axis)."""
+    measured = [r for r in rows if r.get("low_mac_share") is not None and error_of(r) is not None]
     points = [
-        (float(r["low_mac_share"]), error_of(r), r)
-        for r in rows
-        if r.get("low_mac_share") is not None and error_of(r) is not None
+        (float(r["low_mac_share"]), err, r)
+        for r in measured
+        if (err := error_of(r)) is not None and math.isfinite(err)
     ]
+    if not points and measured:
+        return "<p>No model has a finite error to chart: see the rel L2 column.</p>"
     if not points:
         return "<p>No model was validated: run with --validate for the error chart.</p>"
     logs = [math.log10(max(e, 1e-9)) for _, e, _ in points if e is not None]

@@ -142,6 +142,8 @@ class WorkerProcess:
         self.janitor = Janitor([self._private, self.staging])
         self._private.mkdir(mode=0o700)  # job, result, log
         job_file = self._private / "job.json"
+        # The worker's own input, not a user's: plain json.dumps, whose Infinity json.loads
+        # reads back as a float (an --rtol of inf stays one; json_text would make it "inf").
         job_file.write_text(
             json.dumps(
                 {**job.to_dict(), "staging": str(self.staging), "private": str(self._private)}

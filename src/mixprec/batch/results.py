@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mixprec.batch.jobs import Job
+from mixprec.core.jsonio import json_text
 
 __all__ = [
     "RESULTS",
@@ -33,8 +34,9 @@ WRITTEN = ("ok", "unchecked")
 
 
 def append_row(out_dir: Path, row: dict[str, Any]) -> None:
-    """Append ``row`` as one line, in one write, flushed to disk."""
-    line = json.dumps(row, sort_keys=True, default=str) + "\n"
+    """Append ``row`` as one line of strict JSON (a non-finite figure as ``"inf"`` or
+    ``"nan"``), in one write, flushed to disk."""
+    line = json_text(row, sort_keys=True) + "\n"
     with (out_dir / RESULTS).open("a", encoding="utf-8") as f:
         f.write(line)
         f.flush()

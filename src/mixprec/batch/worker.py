@@ -44,6 +44,7 @@ from mixprec.batch.jobs import external_files
 from mixprec.batch.optimize_job import optimize_row
 from mixprec.core.config import BATCH_PARENT_ENV
 from mixprec.core.errors import MixprecError
+from mixprec.core.jsonio import json_text
 from mixprec.inputs.feeds import iter_calibration_npz
 from mixprec.io.models import load_model
 from mixprec.report.html import write_report_html
@@ -293,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         row["warnings"] = said.lines
     row["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     tmp = Path(result_path + ".tmp")
-    tmp.write_text(json.dumps(row))
+    tmp.write_text(json_text(row))  # the row as results.jsonl and --resume will hold it
     tmp.replace(result_path)
     return 0
 

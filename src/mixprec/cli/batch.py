@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections import Counter
@@ -12,6 +11,7 @@ from typing import Any
 from mixprec.batch.run import ENGINES, batch
 from mixprec.cli.options import add_policy_args, convert_kwargs, dtype_of
 from mixprec.core.errors import MixprecError
+from mixprec.core.jsonio import json_text
 from mixprec.runtime.engine import runtime_names
 
 __all__ = ["add_batch_parser", "cmd_batch"]
@@ -108,7 +108,7 @@ class _Progress:
         if self.bar:
             print("\r\033[K", end="", file=sys.stderr, flush=True)
         if self.as_json:
-            print(json.dumps(row, sort_keys=True, default=str), flush=True)
+            print(json_text(row, sort_keys=True), flush=True)
         elif not self.quiet:
             print(_line(row, done, total), flush=True)
         if self.bar and done < total:
@@ -184,6 +184,6 @@ def cmd_batch(args: argparse.Namespace) -> int:
     )
     if args.json:  # the last JSON line: the batch as a whole
         whole = {k: v for k, v in result.to_dict().items() if k != "rows"}
-        print(json.dumps({"batch": whole}, default=str), flush=True)
+        print(json_text({"batch": whole}), flush=True)
     print(result.summary(), file=sys.stderr if args.json else sys.stdout, flush=True)
     return result.exit_code

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from mixprec.cli.options import (
     progress,
 )
 from mixprec.core.errors import MixprecError
+from mixprec.core.jsonio import json_text
 from mixprec.inputs.samples import NpzSamples
 from mixprec.io.models import check_output_path, load_model
 from mixprec.optimize.candidates import CANDIDATES, RUNTIME_CHOICES
@@ -157,7 +157,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
         write_optimize_html(result, page)
     if args.json:
         written = {"output": str(out), "report": None if page is None else str(page)}
-        print(json.dumps({**result.to_dict(), **written}, indent=2, default=str))
+        print(json_text({**result.to_dict(), **written}, indent=2))
         return 0
     for path in files:
         print(f"wrote {path}")

@@ -19,7 +19,7 @@ from mixprec.checks.outputs import reading_lines
 from mixprec.cli.options import EXIT_VALIDATION_FAILED, runtime_of
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import iter_nodes
-from mixprec.core.metrics import json_ready
+from mixprec.core.jsonio import json_text
 from mixprec.io.models import check_output_path, write_text
 from mixprec.pipeline.report import NodeReport, Report
 from mixprec.report.graph_view import PRECISION_LABELS, build_views, inferred_dtypes, node_precision
@@ -206,7 +206,7 @@ def validate_and_write(args: argparse.Namespace, result: Any, feeds: Any, out: P
         data["reports"] = written
         if kept is not None:
             data["failed_output"] = str(kept)
-        print(json.dumps(json_ready(data), indent=2, default=str))
+        print(json_text(data, indent=2))
     else:
         if not args.quiet:
             print(result.report.format_summary())

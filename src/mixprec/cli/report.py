@@ -4,7 +4,6 @@ plan) without writing a model and draw the page (the page itself: :mod:`mixprec.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Any
 
@@ -19,6 +18,7 @@ from mixprec.cli.options import (
     progress,
 )
 from mixprec.cli.outputs import check_output_args, write_outputs
+from mixprec.core.jsonio import json_text
 from mixprec.io.models import check_output_path
 from mixprec.pipeline.report import Report
 
@@ -68,13 +68,7 @@ def run_report(
         model, report = result.model, result.report
     written = write_outputs(args, model, report, converted=False)
     if args.json:
-        print(
-            json.dumps(
-                {"report": written[0], "written": written, **report.to_dict()},
-                indent=2,
-                default=str,
-            )
-        )
+        print(json_text({"report": written[0], "written": written, **report.to_dict()}, indent=2))
     else:
         if not args.quiet:
             print(report.format_summary())

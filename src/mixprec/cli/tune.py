@@ -8,7 +8,6 @@ With ``--json`` stdout holds one JSON object and nothing else.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -21,6 +20,7 @@ from mixprec.cli.options import (
     progress,
 )
 from mixprec.cli.outputs import checked_output
+from mixprec.core.jsonio import json_text
 from mixprec.inputs.feeds import iter_calibration_npz
 from mixprec.io.models import load_model
 from mixprec.tune.targets import FLOAT_MODES
@@ -123,7 +123,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.json:
         data = result.to_dict()
         data["output"] = str(out) if result.passed else None
-        print(json.dumps(data, indent=2, default=str))
+        print(json_text(data, indent=2))
     else:
         if not args.quiet:
             print(result.format_summary())

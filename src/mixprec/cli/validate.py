@@ -4,7 +4,6 @@ of tolerance; see :func:`mixprec.validate`)."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from mixprec.api.validate import validate
@@ -16,6 +15,7 @@ from mixprec.cli.options import (
     load_feeds,
     runtime_of,
 )
+from mixprec.core.jsonio import json_text
 from mixprec.core.ops import DEFAULT_ATOL
 
 __all__ = ["add_validate_parser", "cmd_validate"]
@@ -66,7 +66,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         threads=args.threads,
     )
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2, default=str))
+        print(json_text(report.to_dict(), indent=2))
     else:
         print(report.format_table())
     return 0 if report.passed else EXIT_VALIDATION_FAILED

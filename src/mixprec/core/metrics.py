@@ -6,10 +6,10 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
+from mixprec.core.jsonio import json_ready
 from mixprec.core.ops import DEFAULT_ATOL, TOLERANCES, is_float_dtype
 from mixprec.core.output_kinds import OutputKind, shape_class_axis
 
@@ -24,7 +24,6 @@ __all__ = [
     "cosine_similarity",
     "decision_agreement",
     "equal_share",
-    "json_ready",
     "max_abs_error",
     "nearest_neighbours",
     "neighbour_agreement",
@@ -40,25 +39,6 @@ DEFAULT_RTOL = TOLERANCES["rel-l2"][1]
 
 #: The floor of a relative error's denominator (a reference of zeros).
 _TINY = float(np.finfo(np.float64).tiny)
-
-
-def _json_float(value: float | None) -> float | str | None:
-    if value is None or math.isfinite(value):
-        return value
-    return str(value)
-
-
-def json_ready(value: Any) -> Any:
-    """``value`` (dicts, lists and tuples of it, nested) with every non-finite float
-    written as the string ``"inf"``, ``"-inf"`` or ``"nan"``: strict JSON has no
-    Infinity or NaN, and a report read by another tool must parse."""
-    if isinstance(value, float):
-        return _json_float(value)
-    if isinstance(value, dict):
-        return {k: json_ready(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_ready(v) for v in value]
-    return value
 
 
 @dataclass(frozen=True)
@@ -91,11 +71,7 @@ class OutputComparison:
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready dict; non-finite floats become the strings ``"inf"``/``"nan"``."""
-        out: dict[str, object] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = _json_float(value) if isinstance(value, float) else value
-        return out
+        return {f.name: json_ready(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
 # --- the output checks: one home for validate, tune, the INT8 guard and batch ----------------

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections import Counter
 from dataclasses import dataclass, field
 
-from mixprec.core.metrics import json_ready
+from mixprec.core.jsonio import json_text
 
 __all__ = ["NodeReport", "Report"]
 
@@ -89,7 +88,7 @@ class Report:
         return data
 
     def to_json(self) -> str:
-        return json.dumps(json_ready(self.to_dict()), indent=2, default=str)
+        return json_text(self.to_dict(), indent=2)
 
     def format_summary(self, *, max_fp32: int = 25) -> str:
         """A readable summary: counts, shares, casts, bytes, and nodes kept in FP32."""

@@ -9,13 +9,13 @@ without it the plot is skipped with a note in ``tune.json`` and the log.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mixprec.core.jsonio import json_text
 from mixprec.report.html import write_report_html
 
 if TYPE_CHECKING:
@@ -102,5 +102,5 @@ def write_tune_log(folder: str | os.PathLike[str], result: TuneResult) -> list[s
     data = result.to_dict()
     data["ranking"] = [s.to_dict() for s in result.ranking]
     data["notes"] = notes
-    (out / JSON_FILE).write_text(json.dumps(data, indent=2, default=str))
+    (out / JSON_FILE).write_text(json_text(data, indent=2))
     return notes
