@@ -430,7 +430,8 @@ def test_validate_json_stays_strict_on_a_non_finite_output(
     report = strict_json(res.out)
     assert isinstance(report, dict) and report["passed"] is False
     assert report["outputs"][0]["rel_l2_error"] == "inf", report
-    (check,) = report["checks"]
+    closeness, check = report["checks"]
+    assert closeness["kind"] == "rel-l2" and closeness["value"] == "inf", closeness
     assert check["kind"] == "channels" and check["value"] == "inf", check
 
 

@@ -130,6 +130,31 @@ def test_all_low_model_meeting_the_budget_takes_one_evaluation():
     assert "meets" in result.message
 
 
+def test_the_verdict_is_an_output_check_of_the_one_schema():
+    """tune's verdict reads as validate's and the guards' do (issue 44): one OutputCheck,
+    the metric as measured on the returned model against the budget, over the samples;
+    a callable metric under its own name."""
+    data = _data()
+    result = mixprec.tune(_cancel_model(), "fp16", data, budget=1e-2)
+    (check,) = result.checks
+    assert (check.kind, check.output, check.rows) == ("rel-l2", "every output", len(data))
+    assert check.passed is result.passed is True and check.limit == 1e-2
+    measured = _measured_rel_l2(_cancel_model(), result.model_proto, data, emulated=True)
+    assert check.value == result.achieved and check.value == pytest.approx(measured, rel=1e-3)
+    assert result.to_dict()["checks"][0]["text"].startswith("rel L2 ")
+
+    calls = []
+
+    def score(candidate: mixprec.checks.user_metric.Candidate) -> float:
+        calls.append(1)
+        return 1.0 if len(calls) == 1 else 0.0  # only the FP32 reference scores 1
+
+    missed = mixprec.tune(_cancel_model(), "fp16", data, metric=score, budget=0.1)
+    (check,) = missed.checks
+    assert (check.kind, check.output, check.passed) == ("metric", "score", False)
+    assert check.value == 0.0 and check.limit == pytest.approx(0.9)
+
+
 # --- budget semantics ----------------------------------------------------------------------
 
 

@@ -82,11 +82,12 @@ _T = TypeVar("_T")
 #: The checks that count rows whose answer holds, whose share gets a confidence bound.
 AGREEMENT_KINDS = frozenset(ROW_BUDGETS)
 #: The checks whose value is an error (lower is better).
-_ERRORS = frozenset({"rel-l2", "channels", "kl", "perplexity-rise"})
+_ERRORS = frozenset({"rel-l2", "max-abs", "channels", "kl", "perplexity-rise"})
 _LABELS = {
     "top1": "top-1",
     "top1-active": "top-1 of rows with a score >= 0.5",
     "rel-l2": "rel L2",
+    "max-abs": "max abs error",  # tune's metric of that name
     "channels": "worst channel's rel L2",
     "cosine": "cosine",
     "row-cosine": "rows at the cosine bound",

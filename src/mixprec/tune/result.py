@@ -6,8 +6,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from mixprec.checks.outputs import OutputCheck
 from mixprec.pipeline.convert import ConversionResult
-from mixprec.tune.metrics import Budget
+from mixprec.tune.metrics import MISS, Budget
 from mixprec.tune.sensitivity import NodeSensitivity
 
 __all__ = ["Step", "TuneResult"]
@@ -49,6 +50,10 @@ class TuneResult(ConversionResult):
             stages (prepare, calibrate, annotate, apply, cleanup, check) within it.
         low_mac_share: the returned model's low-precision (INT8) MAC share, 0..1.
         message: a plain sentence about the outcome.
+        samples: the samples the returned model was measured on.
+        checks: the verdict as the one schema of "is it still the same model?" holds it
+            (:class:`~mixprec.checks.outputs.OutputCheck`, as validate, the guards and
+            optimize do): the metric over every output and sample against the budget.
     """
 
     target: str = ""
@@ -65,6 +70,26 @@ class TuneResult(ConversionResult):
     plain_seconds: float = 0.0
     low_mac_share: float = 0.0
     message: str = ""
+    samples: int = 0
+
+    @property
+    def checks(self) -> tuple[OutputCheck, ...]:
+        """The budget's verdict as one check: a built-in metric over every output (kind
+        ``rel-l2``, ``max-abs``, ``top1`` or ``cosine``), a callable one as ``metric``
+        under its name; none when nothing was measured."""
+        if self.budget is None or self.achieved is None:
+            return ()
+        builtin = self.metric in MISS
+        check = OutputCheck(
+            "every output" if builtin else self.metric,
+            self.metric if builtin else "metric",
+            self.achieved,
+            self.budget.limit,
+            self.passed,
+            reason=f"tune's budget: {self.budget.text}",
+            rows=self.samples,
+        )
+        return (check,)
 
     def to_dict(self) -> dict[str, object]:
         """The ``--json`` object."""
@@ -85,6 +110,7 @@ class TuneResult(ConversionResult):
             "plain_conversion_seconds": round(self.plain_seconds, 3),
             "path": [{**dataclasses.asdict(s), "value": _finite(s.value)} for s in self.path],
             "message": self.message,
+            "checks": [{**c.to_dict(), "text": c.measured()} for c in self.checks],
         }
 
     def format_summary(self) -> str:

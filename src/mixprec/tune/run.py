@@ -276,6 +276,7 @@ def _result(
         evaluations=dict(search.counts),
         path=list(search.path),
         low_mac_share=share,
+        samples=len(search.samples),
     )
     result.message = _message(result, n, best, search)
     report.notes.append(f"tune: {result.message}")
