@@ -27,6 +27,7 @@ from mixprec.int8.plan import AnnotateInt8Pass, int8_decision
 from mixprec.passes.fold import FoldBatchNormPass
 from mixprec.passes.shapes import InferShapesPass
 from mixprec.runtime import clock as timing_clock
+from mixprec.runtime import timing
 from mixprec.runtime.kernels import integer_kernel_share
 
 RNG = np.random.default_rng(0)
@@ -463,7 +464,7 @@ def test_paired_timing_ratios_and_margin(monkeypatch):
             clock[0] += self.cost
 
     sessions = {label: Fake(cost) for label, cost in costs.items()}
-    times = _qspeed.time_paired(sessions, {})
+    times = timing.time_paired(sessions, {})
     assert len(times["fp32"]) >= 15 and {len(t) for t in times.values()} == {len(times["fp32"])}
     decision = _qspeed.decide(times, ["same", "fast"])
     assert decision.ratio == pytest.approx({"fp32": 1.0, "fast": 0.5, "same": 0.98})
@@ -490,16 +491,16 @@ def test_paired_timing_drops_placements_that_cannot_win(monkeypatch):
             runs[self.label] += 1
             clock[0] += costs[self.label]
 
-    times = _qspeed.time_paired({label: Fake(label) for label in costs}, {})
-    assert len(times["slow"]) == _qspeed._PRUNE_AFTER < len(times["fast"]) == len(times["fp32"])
+    times = timing.time_paired({label: Fake(label) for label in costs}, {})
+    assert len(times["slow"]) == timing.PRUNE_AFTER < len(times["fast"]) == len(times["fp32"])
     assert runs["slow"] < runs["fast"] / 2, runs
     decision = _qspeed.decide(times, ["slow", "fast"])
     assert decision.chosen == "fast" and decision.ratio["slow"] == pytest.approx(1.5)
     # every candidate hopeless: timing stops early and the model stays float
     costs["fast"] = 4e-3
     runs.update(fp32=0, fast=0, slow=0)
-    times = _qspeed.time_paired({label: Fake(label) for label in costs}, {})
-    assert len(times["fp32"]) == _qspeed._PRUNE_AFTER
+    times = timing.time_paired({label: Fake(label) for label in costs}, {})
+    assert len(times["fp32"]) == timing.PRUNE_AFTER
     assert _qspeed.decide(times, ["slow", "fast"]).chosen == "fp32"
 
 
@@ -715,14 +716,13 @@ def test_a_placement_is_pruned_only_when_its_interval_is_past_the_bar():
     R-Net: 0.55x in its first 5 rounds against a bar of 0.40x, 0.34x over 60): a median
     pruned it; now the interval of its median must lie past the bar + margin (after 5
     rounds: every round), so it stays; one slower in every round is still pruned."""
-    from mixprec.int8 import speed as _qspeed
 
     fp32 = [1.0] * 5
     warming = {"fp32": fp32, "late": [0.6, 0.55, 0.55, 0.5, 0.22]}
-    assert not _qspeed._hopeless(warming, "late", bar=0.40)
+    assert not timing.hopeless(warming, "late", bar=0.40)
     slow = {"fp32": fp32, "slow": [0.6, 0.55, 0.58, 0.5, 0.46]}
-    assert _qspeed._hopeless(slow, "slow", bar=0.40)
-    assert _qspeed.median_interval([0.6, 0.55, 0.58, 0.5, 0.46]) == (0.46, 0.6)
+    assert timing.hopeless(slow, "slow", bar=0.40)
+    assert timing.median_interval([0.6, 0.55, 0.58, 0.5, 0.46]) == (0.46, 0.6)
 
 
 def test_a_faster_placement_the_rows_cannot_confirm_keeps_what_was_timed(monkeypatch):

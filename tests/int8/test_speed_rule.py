@@ -1,6 +1,6 @@
 """The speed plan's decision rule (:func:`mixprec.int8.speed.decide`) on recorded timings.
 
-Each case is per-round seconds as :func:`~mixprec.int8.speed.time_paired` records them:
+Each case is per-round seconds as :func:`~mixprec.runtime.timing.time_paired` records them:
 ``fp32`` is the user's model, the other labels are placements from most INT8 work to
 least. The rounds below follow the notes printed by real runs (issue 17).
 """
@@ -10,16 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mixprec.int8.speed import (
-    _MIN_ROUNDS,
-    _PRUNE_AFTER,
-    BAND,
-    MARGIN,
-    SURE,
-    decide,
-    time_paired,
-)
+from mixprec.int8.speed import BAND, SURE, decide
 from mixprec.runtime import clock as timing_clock
+from mixprec.runtime.timing import MARGIN, MIN_ROUNDS, PRUNE_AFTER, time_paired
 
 ORDER = ["all", "no depthwise Conv", "only large"]
 
@@ -123,9 +116,9 @@ def test_a_placement_slower_than_a_fuller_faster_one_stops_after_the_first_round
     monkeypatch.setattr(timing_clock, "now", clock)
     sessions = {"fp32": _Fixed(0.002, clock), "no depthwise Conv": _Fixed(0.001, clock)}
     free = time_paired(sessions, {})
-    assert len(free["no depthwise Conv"]) >= _MIN_ROUNDS  # nothing better known: timed in full
+    assert len(free["no depthwise Conv"]) >= MIN_ROUNDS  # nothing better known: timed in full
     beaten = time_paired(sessions, {}, bar=0.3)  # 'all' ran at 0.3x FP32
-    assert len(beaten["no depthwise Conv"]) == _PRUNE_AFTER, beaten
+    assert len(beaten["no depthwise Conv"]) == PRUNE_AFTER, beaten
     close = time_paired(sessions, {}, bar=0.5)  # as fast as 'all': still a candidate
-    assert len(close["no depthwise Conv"]) >= _MIN_ROUNDS
+    assert len(close["no depthwise Conv"]) >= MIN_ROUNDS
     assert decide(beaten, ["no depthwise Conv"]).chosen == "no depthwise Conv"  # faster alone

@@ -6,10 +6,9 @@ the CPU. So, like an autotuner, ``quantize(speed="auto")`` builds a few candidat
 placements, times each against the user's FP32 model and keeps the fastest only when it
 is clearly faster; otherwise the model stays float.
 
-Timing on shared machines is noisy: each placement is timed beside FP32 in its own rounds
-(two sessions alive at a time, so memory does not grow with the number of placements),
-the two taking turns within each round, and each round gives a ratio candidate / FP32
-measured milliseconds apart.
+Each placement is timed beside FP32 in its own rounds (:func:`mixprec.runtime.timing.
+time_paired`; two sessions alive at a time, so memory does not grow with the number of
+placements), each round giving a ratio candidate / FP32 measured milliseconds apart.
 :func:`decide` reads only those paired ratios (a pure function, tested on recorded
 timings): a placement is faster when its median ratio is at most ``1 - MARGIN`` and,
 unless it is :data:`SURE` faster in the median, when at least :data:`MAJORITY` of the
@@ -21,7 +20,6 @@ alike.
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -32,53 +30,26 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.calibrate.measure import node_macs
-from mixprec.runtime import clock
-from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError, Session
-from mixprec.runtime.engines import engine_for
+from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
+from mixprec.runtime.timing import MAJORITY, MARGIN, MIN_ROUNDS, paired_ratios, session, time_paired
 
 __all__ = [
     "BAND",
-    "MAJORITY",
-    "MARGIN",
-    "PRUNE_AFTER",
-    "RUN_SECONDS",
     "STAY_FLOAT",
     "SURE",
-    "WARMUP_ROUNDS",
-    "Z_95",
-    "Z_COMPARE",
     "Placement",
     "SpeedDecision",
     "candidate_placements",
     "choose_placement",
     "decide",
-    "median_interval",
-    "session",
-    "time_paired",
 ]
 
-#: A placement must be at least this much faster than FP32 in the median paired ratio.
-MARGIN = 0.05
-#: ... and faster than FP32 in at least this share of the rounds,
-MAJORITY = 0.6
-#: ... unless its median ratio is at most this (then no noise explains it: a placement
-#: twice as fast in the median is never rejected).
+#: A placement is faster than FP32 as :mod:`mixprec.runtime.timing` judges paired rounds
+#: (MARGIN in the median, MAJORITY of the rounds), unless its median ratio is at most
+#: this (then no noise explains it: a placement twice as fast is never rejected).
 SURE = 0.8
 #: A placement with less INT8 work must beat the fuller one by this much in the median.
 BAND = 0.05
-#: Each timed run repeats the model until it lasts this long (tiny models are all noise).
-_RUN_SECONDS = 0.01
-#: Timing stops after this many seconds once _MIN_ROUNDS are done.
-_BUDGET_SECONDS = 1.0
-_MIN_ROUNDS, _MAX_ROUNDS, _WARMUP = 15, 60, 2
-#: From this many rounds on, a placement that can no longer be chosen stops being timed
-#: (slower than FP32 in the median and faster in at most :data:`_HOPELESS_SHARE` of the
-#: rounds, or MARGIN slower than an earlier placement found faster), so the plan's cost
-#: grows with the model, not with the number of candidates.
-_PRUNE_AFTER, _HOPELESS_SHARE = 5, 0.2
-#: The same, for callers that time with a budget of their own (``mixprec optimize``):
-#: the rounds before pruning, the warm-up rounds, and the least time of one timed run.
-PRUNE_AFTER, WARMUP_ROUNDS, RUN_SECONDS = _PRUNE_AFTER, _WARMUP, _RUN_SECONDS
 
 
 @dataclass(frozen=True)
@@ -107,7 +78,7 @@ def decide(
     Returns ``chosen == "fp32"`` when no placement is clearly faster.
     """
     ms = {label: float(np.median(t)) * 1e3 for label, t in times.items()}
-    ratios = {label: _paired(times, label, pairs) for label in times}
+    ratios = {label: paired_ratios(times, label, pairs) for label in times}
     ratio = {label: float(np.median(r)) for label, r in ratios.items()}
     share = {label: float(np.mean(r < 1.0)) for label, r in ratios.items()}
     faster = [
@@ -129,52 +100,6 @@ def decide(
         why += f"; {best!r} ({ratio[best]:.2f}x) is within {BAND:.0%}: ties go to the "
         why += "placement listed first"
     return SpeedDecision(chosen, ms, ratio, share, len(times["fp32"]), why)
-
-
-def _paired(
-    times: Mapping[str, Sequence[float]],
-    label: str,
-    pairs: Mapping[str, Sequence[float]] | None = None,
-) -> np.ndarray:
-    """Per-round ratios of ``label`` to FP32 (a placement dropped early has the first
-    rounds only): to the FP32 rounds it was timed beside (``pairs``), else ``times["fp32"]``."""
-    own = np.asarray(times[label], dtype=np.float64)
-    reference = (pairs or {}).get(label, times["fp32"])
-    return own / np.asarray(reference[: len(own)], dtype=np.float64)
-
-
-#: z of the 95% interval of a median ratio, and of the narrower one (83.4%) whose overlap
-#: of two independent medians' intervals is about a 5% test of their difference.
-Z_95, Z_COMPARE = 1.96, 1.386
-
-
-def median_interval(values: np.ndarray | Sequence[float], z: float = Z_95) -> tuple[float, float]:
-    """A distribution-free interval of the median of ``values`` (rounds' ratios), 95% at
-    the default ``z``: the order statistics k and n + 1 - k, k at n/2 - z sqrt(n)/2 (the
-    sign test's; the whole range for fewer than 6 values)."""
-    ordered = np.sort(np.asarray(values, dtype=np.float64))
-    n = len(ordered)
-    if n == 0:
-        return math.nan, math.nan
-    if n < 6:
-        return float(ordered[0]), float(ordered[-1])
-    lo = max(math.floor(n / 2 - z * math.sqrt(n) / 2), 0)
-    return float(ordered[lo]), float(ordered[n - 1 - lo])
-
-
-def _hopeless(times: Mapping[str, Sequence[float]], label: str, bar: float | None = None) -> bool:
-    """A placement :func:`decide` can no longer choose: slower than FP32 in the median
-    and faster in at most :data:`_HOPELESS_SHARE` of the rounds so far, or surely
-    :data:`MARGIN` slower than ``bar`` (a placement listed before it, found faster:
-    whenever this one is within :data:`BAND` of the best, so is that one, which comes
-    first): the 95% interval of its median ratio lies at or above ``bar + MARGIN`` (after
-    5 rounds, every round did). A median alone pruned OpenVINO's bf16 R-Net on 5 slow
-    first rounds (0.55x [0.22-0.63] against 0.40x) where 60 rounds measured 0.34x."""
-    ratios = _paired(times, label)
-    median = float(np.median(ratios))
-    if bar is not None and median_interval(ratios)[0] >= bar + MARGIN:
-        return True
-    return median >= 1.0 and float(np.mean(ratios < 1.0)) <= _HOPELESS_SHARE
 
 
 def _depthwise(model: ir.Model) -> list[str]:
@@ -227,77 +152,6 @@ def candidate_placements(model: ir.Model, user_excluded: tuple[str, ...]) -> dic
     return {"all": placements.pop("all"), **every, **placements}
 
 
-def session(proto: onnx.ModelProto, runtime: RuntimeOptions | None = None) -> Session:
-    """A timing session in the deployment's engine (ONNX Runtime by default).
-
-    Several sessions are alive at once: an ONNX Runtime session then keeps no arena (each
-    frees its activations after every run, so timing costs about one inference's memory,
-    not one per session) and no spinning pool threads, which would take the cores from
-    the next session in the round (MTCNN P-Net timed 'all' at 0.14x FP32 in half the
-    rounds and slower in the other half).
-    """
-    options = runtime or RuntimeOptions()
-    return engine_for(options).session(proto, options, timing=True)
-
-
-def _runner(session: Session, feeds: Mapping[str, np.ndarray]) -> Callable[[], object]:
-    """One run of ``session`` on ``feeds`` to time: on a device with its own memory (a GPU
-    provider) the feeds are bound there once (:meth:`Session.bind`), so the copies are not
-    timed; on the CPU (or a session without the binding path), ``run(feeds)`` as always."""
-    if getattr(session, "binds_on_device", False):
-        return session.bind(feeds).run
-    return functools.partial(session.run, feeds)
-
-
-def time_paired(
-    sessions: Mapping[str, Session],
-    feeds: Mapping[str, np.ndarray],
-    bar: float | None = None,
-    *,
-    seconds: float | None = None,
-    dropped: set[str] | None = None,
-    prune: bool = True,
-) -> dict[str, list[float]]:
-    """Seconds per run of each session, round by round (rotating order; ``"fp32"`` is
-    the reference the rounds pair with). After :data:`_PRUNE_AFTER` rounds a placement
-    that can no longer be chosen drops out (its list stops there): slower than FP32, or
-    :data:`MARGIN` slower in the median than ``bar``, the paired ratio of a placement
-    listed before it and already found faster (:func:`decide` would choose that one).
-    When none is left, timing stops.
-
-    ``seconds``: stop once that many seconds passed and :data:`PRUNE_AFTER` rounds are
-    done (default: :data:`_BUDGET_SECONDS` and at least :data:`_MIN_ROUNDS` rounds);
-    ``dropped`` gets the labels that dropped out; ``prune=False``: none drops out (more
-    rounds of placements already found undecided)."""
-    runners = {label: _runner(s, feeds) for label, s in sessions.items()}
-    start = clock.now()
-    runners["fp32"]()
-    repeat = max(1, int(_RUN_SECONDS / max(clock.now() - start, 1e-6)))
-    labels = list(runners)
-    least, limit = (_MIN_ROUNDS, _BUDGET_SECONDS) if seconds is None else (_PRUNE_AFTER, seconds)
-    times: dict[str, list[float]] = {label: [] for label in labels}
-    began = clock.now()
-    rounds = 0
-    while rounds < _MAX_ROUNDS + _WARMUP and len(labels) > 1:
-        order = labels[rounds % len(labels) :] + labels[: rounds % len(labels)]
-        for label in order:
-            start = clock.now()
-            for _ in range(repeat):
-                runners[label]()
-            if rounds >= _WARMUP:
-                times[label].append((clock.now() - start) / repeat)
-        rounds += 1
-        done = rounds - _WARMUP
-        if prune and done >= _PRUNE_AFTER:
-            kept = [x for x in labels if x == "fp32" or not _hopeless(times, x, bar)]
-            if dropped is not None:
-                dropped.update(set(labels) - set(kept))
-            labels = kept
-        if done >= least and clock.now() - began >= limit:
-            break
-    return times
-
-
 def choose_placement(
     fp32: onnx.ModelProto,
     placements: Mapping[str, Placement],
@@ -342,7 +196,7 @@ def choose_placement(
         decision = decide(times, list(placements), pairs)
         decision = replace(decision, rounds=max(len(t) for t in pairs.values()))
         # dropped early: stopped before the minimum number of rounds (hopeless)
-        dropped = {k: len(v) for k, v in pairs.items() if len(v) < _MIN_ROUNDS}
+        dropped = {k: len(v) for k, v in pairs.items() if len(v) < MIN_ROUNDS}
     chosen = placements[decision.chosen] if decision.chosen != "fp32" else STAY_FLOAT
     where = (runtime or RuntimeOptions()).name
     summary = _summary(decision, feeds, where, (dropped, refused))

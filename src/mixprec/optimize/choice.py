@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mixprec.checks.outputs import OutputCheck, least_confirmed, shown
-from mixprec.int8.speed import MAJORITY
 from mixprec.optimize.candidates import BASELINE
 from mixprec.optimize.timing import Timing
+from mixprec.runtime.timing import MAJORITY
 
 __all__ = ["GAIN", "MAJORITY", "Row", "accuracy_text", "choose"]
 

@@ -40,8 +40,6 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.ops import parse_dtype
 from mixprec.core.output_kinds import OutputKind
 from mixprec.inputs.feeds import feeds_for, make_inputs, resolve_input_shapes
-from mixprec.int8.speed import MAJORITY
-from mixprec.int8.speed import session as timing_session
 from mixprec.optimize.candidates import (
     BASELINE,
     Candidate,
@@ -67,6 +65,8 @@ from mixprec.repair.int8_guard import guarded_quantize
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import RUNTIME_KEY, engine_for, runtime_hints
 from mixprec.runtime.ov_marks import fp32_nodes
+from mixprec.runtime.timing import MAJORITY
+from mixprec.runtime.timing import session as timing_session
 
 __all__ = ["optimize_model"]
 

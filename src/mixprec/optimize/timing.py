@@ -2,12 +2,12 @@
 
 Each candidate is timed beside the input in ONNX Runtime (``fp32-ort``), the two taking
 turns within each round, at the calibration sample's shape and with the user's threads
-(:func:`mixprec.int8.speed.time_paired`); each round gives a ratio candidate / FP32
+(:func:`mixprec.runtime.timing.time_paired`); each round gives a ratio candidate / FP32
 measured milliseconds apart, and the median of those is the candidate's latency ratio,
 with its 95% interval (the sign test's order statistics: :func:`median_interval`).
 
 Pruning, so that the time grows with the model rather than with the candidates: after
-:data:`~mixprec.int8.speed.PRUNE_AFTER` (5) rounds a candidate stops being timed once it
+:data:`~mixprec.runtime.timing.PRUNE_AFTER` (5) rounds a candidate stops being timed once it
 is clearly slower than the best so far: the 95% interval of its median ratio lies 5%
 (``MARGIN``) or more above the best ratio of an earlier candidate that would win, or it
 is slower than the input in the median and faster in at most a fifth of the rounds. The
@@ -20,7 +20,7 @@ reaches that ratio) is timed for another share, and its rounds pooled, up to
 it is on, rather than a fixed count that leaves a near tie to chance.
 
 With a time budget each candidate gets an equal share of what is left; a share too small
-for :data:`~mixprec.int8.speed.PRUNE_AFTER` rounds (after the warm-up) leaves the rest
+for :data:`~mixprec.runtime.timing.PRUNE_AFTER` rounds (after the warm-up) leaves the rest
 untimed, and a budget too small to time even one is refused before any work
 (:func:`minimum_seconds`).
 """
@@ -33,7 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mixprec.int8.speed import (
+from mixprec.runtime import clock
+from mixprec.runtime.engine import Session
+from mixprec.runtime.timing import (
     PRUNE_AFTER,
     RUN_SECONDS,
     WARMUP_ROUNDS,
@@ -41,8 +43,6 @@ from mixprec.int8.speed import (
     median_interval,
     time_paired,
 )
-from mixprec.runtime import clock
-from mixprec.runtime.engine import Session
 
 __all__ = ["SHARES", "Timer", "Timing", "median_interval", "minimum_seconds", "undecided"]
 

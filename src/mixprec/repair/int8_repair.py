@@ -26,8 +26,7 @@ from mixprec.checks.samples import Samples
 from mixprec.core.output_kinds import OutputKind
 from mixprec.inputs.feeds import feeds_for
 from mixprec.int8.config import QuantizeConfig
-from mixprec.int8.speed import decide, time_paired
-from mixprec.int8.speed import session as timing_session
+from mixprec.int8.speed import decide
 from mixprec.io.external import clone_model
 from mixprec.pipeline.quantize import Reuse, latency_feeds
 from mixprec.pipeline.report import Report
@@ -41,6 +40,8 @@ from mixprec.repair.int8_runs import (
     quantize_once,
     user_metric,
 )
+from mixprec.runtime.timing import session as timing_session
+from mixprec.runtime.timing import time_paired
 from mixprec.tune.options import tune_from_options
 
 __all__ = ["Job", "repaired"]
