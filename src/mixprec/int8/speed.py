@@ -30,7 +30,10 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.calibrate.measure import node_macs
-from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError
+from mixprec.core.layers import is_layer
+from mixprec.int8.profiled import slower_layers
+from mixprec.runtime.engine import LayerProfile, RuntimeLoadError, RuntimeOptions, RuntimeRunError
+from mixprec.runtime.engines import engine_for
 from mixprec.runtime.timing import MAJORITY, MARGIN, MIN_ROUNDS, paired_ratios, session, time_paired
 
 __all__ = [
@@ -167,6 +170,7 @@ def choose_placement(
     what was measured (``ms``, ``ratio``, ``faster_share``, ``rounds``, ``dropped``: the
     rounds of each placement dropped early, ``chosen``, ``summary``).
     """
+    build, placements, slower = _with_profiled(fp32, placements, build, feeds, runtime)
     reference = session(fp32, runtime)
     times: dict[str, list[float]] = {"fp32": []}
     pairs: dict[str, list[float]] = {}
@@ -211,7 +215,49 @@ def choose_placement(
         "refused": refused,
         "shapes": {k: list(np.shape(v)) for k, v in feeds.items()},
         "summary": summary,
+        "profiled": slower,
     }
+
+
+def _with_profiled(
+    fp32: onnx.ModelProto,
+    placements: Mapping[str, Placement],
+    build: Callable[[Placement], onnx.ModelProto],
+    feeds: Mapping[str, np.ndarray],
+    runtime: RuntimeOptions | None,
+) -> tuple[Callable[[Placement], onnx.ModelProto], dict[str, Placement], dict[str, float]]:
+    """The placements with one more in front where the runtime's profile
+    (:mod:`mixprec.int8.profiled`) found layers of the first (fullest) placement no
+    faster in INT8 than in FP32: that placement with those layers kept float (listed
+    first, it wins a tie: as fast, and more of the model in FP32). Returns the build
+    (the first placement's model built once), the placements and the slower layers with
+    their regions' ratios (empty: no profile, or none slower, or every layer)."""
+    first_label, first = next(iter(placements.items()))
+    built = build(first)
+
+    def cached(placement: Placement) -> onnx.ModelProto:
+        return built if placement == first else build(placement)
+
+    fp32_profile = _profile(fp32, feeds, runtime)
+    int8_profile = _profile(built, feeds, runtime) if fp32_profile is not None else None
+    if fp32_profile is None or int8_profile is None:
+        return cached, dict(placements), {}
+    layers = [n.name or "" for n in ir.from_proto(fp32).graph if is_layer(n)]
+    slower = slower_layers(fp32.graph, layers, fp32_profile, int8_profile)
+    if not slower or len(slower) == len(layers):
+        return cached, dict(placements), {}
+    kept = Placement(first.exclude + tuple(re.escape(n) for n in slower), first.ops)
+    label = f"{first_label} but {len(slower)} layer(s) the profile found no faster in INT8"
+    return cached, {label: kept, **placements}, slower
+
+
+def _profile(
+    model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], runtime: RuntimeOptions | None
+) -> LayerProfile | None:
+    """The engine's per-kernel profile of ``model`` (None: an engine without one)."""
+    options = runtime or RuntimeOptions()
+    profiler = getattr(engine_for(options), "layer_profile", None)  # a registered engine's
+    return profiler(model, feeds, options) if profiler is not None else None
 
 
 def _summary(

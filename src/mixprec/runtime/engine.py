@@ -37,6 +37,7 @@ __all__ = [
     "DeviceBuffer",
     "Engine",
     "HostBound",
+    "LayerProfile",
     "LoadHints",
     "ModelSource",
     "RuntimeLoadError",
@@ -174,6 +175,8 @@ class LoadHints:
             every activation right away).
         arena: Keep activations allocated between runs (off for sessions kept side by side).
         spinning: Let pool threads spin after a run (off for sessions timed side by side).
+        profile_to: A folder the engine writes its per-kernel profile and its optimized
+            graph into (:meth:`Engine.layer_profile`); None: no profile.
     """
 
     external: Mapping[str, np.ndarray] | None = None
@@ -183,6 +186,17 @@ class LoadHints:
     in_order: bool = False
     arena: bool = True
     spinning: bool = True
+    profile_to: str | None = None
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """Each kernel's time as the engine's own profiler records it (:meth:`Engine.
+    layer_profile`): ``graph``, the optimized graph it ran (no weights), and ``seconds``,
+    each of its kernels' median time per run, by node name."""
+
+    graph: onnx.GraphProto
+    seconds: dict[str, float]
 
 
 #: The hints of a session timed beside others (no arena, no spinning threads).
@@ -371,6 +385,14 @@ class Engine(Protocol):
     def kernel_graph(self, model: onnx.ModelProto) -> onnx.ModelProto | None:
         """The graph the engine really runs after its optimizations (which kernels it
         chose), or None where it cannot show it."""
+        ...
+
+    def layer_profile(
+        self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], options: RuntimeOptions
+    ) -> LayerProfile | None:
+        """``model`` run a few times on ``feeds`` with the engine's profiler on: each
+        kernel's time, named as in the optimized graph it returns; None where the engine
+        cannot show one (its kernels are then not attributed to layers)."""
         ...
 
     def session(

@@ -34,6 +34,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.runtime.cpu import CpuFeatures, cpu_features, saturates_u8s8
 from mixprec.runtime.engine import (
     HostBound,
+    LayerProfile,
     LoadHints,
     ModelSource,
     RuntimeLoadError,
@@ -419,6 +420,11 @@ class OpenVinoEngine:
 
     def kernel_graph(self, model: onnx.ModelProto) -> onnx.ModelProto | None:
         return None  # its runtime model is not ONNX
+
+    def layer_profile(
+        self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], options: RuntimeOptions
+    ) -> LayerProfile | None:
+        return None  # its per-layer performance counts are not read yet
 
     def config(self, options: RuntimeOptions, ov_model: Any = None) -> dict[str, str]:
         """The CPU plugin's properties for ``options``: the model's own dtypes (hint f32)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
+import json
 import logging
 import os
 import platform
@@ -40,6 +41,7 @@ from mixprec.runtime.cpu import CpuFeatures, cpu_features, saturates_u8s8
 from mixprec.runtime.engine import (
     ORT_PROVIDERS,
     DeviceBuffer,
+    LayerProfile,
     LoadHints,
     ModelSource,
     RuntimeLoadError,
@@ -72,6 +74,8 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 PROVIDERS = ORT_PROVIDERS
 #: Where a provider's I/O binding puts its buffers.
 _DEVICES = {"cpu": "cpu", "cuda": "cuda", "tensorrt": "cuda"}
+#: Runs of a profiled session (each kernel's time: the median over them).
+_PROFILED_RUNS = 12
 _LEVELS = {
     "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
     "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -194,6 +198,13 @@ def _session_options(threads: int, optimization: str, hints: LoadHints) -> ort.S
         so.enable_cpu_mem_arena = False
     if not hints.spinning:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if hints.profile_to is not None:  # each kernel's time, named as in the graph written
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(hints.profile_to, "profile")
+        so.optimized_model_filepath = os.path.join(hints.profile_to, "optimized.onnx")
+        so.add_session_config_entry(
+            "session.optimized_model_external_initializers_file_name", "optimized.data"
+        )
     if hints.data_folder is not None:
         so.add_session_config_entry(
             "session.model_external_initializers_file_folder_path", hints.data_folder
@@ -519,6 +530,33 @@ class OrtEngine:
             except Exception as e:
                 raise OrtLoadError(f"onnxruntime cannot load the model: {ort_first_line(e)}") from e
             return onnx.load(path, load_external_data=False)
+
+    def layer_profile(
+        self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], options: RuntimeOptions
+    ) -> LayerProfile | None:
+        if options.provider not in (None, "cpu") or model.ByteSize() > INLINE_LIMIT:
+            return None  # a GPU provider's kernels, a large model's skeleton: not read here
+        with tempfile.TemporaryDirectory(prefix="mixprec-profile-") as folder:
+            hints = LoadHints(arena=False, spinning=False, profile_to=folder)
+            try:
+                level, threads = options.optimization, options.threads
+                session = make_session(
+                    model.SerializeToString(), threads, optimization=level, hints=hints
+                )
+                for _ in range(_PROFILED_RUNS):
+                    session.run(None, dict(feeds))
+                events = json.loads(Path(session.end_profiling()).read_text())
+                graph = onnx.load(os.path.join(folder, "optimized.onnx"), load_external_data=False)
+            except Exception as e:  # a profile is a hint: without one, nothing is read from it
+                logger.info("no per-kernel profile: %s", ort_first_line(e))
+                return None
+        times: dict[str, list[float]] = {}
+        for event in events:
+            name = str(event.get("name", ""))
+            if event.get("cat") == "Node" and name.endswith("_kernel_time"):
+                times.setdefault(name.removesuffix("_kernel_time"), []).append(event["dur"])
+        seconds = {k: float(np.median(v)) * 1e-6 for k, v in times.items()}
+        return LayerProfile(graph.graph, seconds)
 
     def session(
         self,
