@@ -13,6 +13,7 @@ import pytest
 
 import mixprec
 from mixprec.cli.main import main
+from mixprec.cli.outputs import _worst
 from text_models import filled_model
 
 RNG = np.random.default_rng(7)
@@ -84,6 +85,8 @@ def test_a_flipped_class_fails_where_the_logits_barely_moved(tmp_path, capsys):
     code = main(["validate", *paths, "--inputs", str(tmp_path / "x.npz"), "--rtol", "0.5"])
     out = capsys.readouterr().out
     assert code == 1 and " NO logits: top-1 0.875 over 8 rows (needs >= 0.99)" in out, out
+    # the one-line reason a convert without --validate warns with reads the same record
+    assert _worst(report) == "output 'logits': top-1 0.875 over 8 rows (needs >= 0.99)"
     assert main(["validate", *paths, "--inputs", str(tmp_path / "x.npz"), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["passed"] is False

@@ -289,10 +289,10 @@ def _worst(validation: Any) -> str:
     """Why validation failed, by its worst output: ``output 'y': rel L2 0.12 > rtol 0.01``."""
     failed = [o for o in validation.outputs if not o.passed]
     if not failed:
-        rows = [c for c in validation.checks if not c["passed"]]
+        rows = [c for c in validation.checks if not c.passed]
         if rows:  # the whole tensors held, but rows of answers changed
             more = f"; {len(rows)} readings failed" if len(rows) > 1 else ""
-            return f"output {rows[0]['output']!r}: {rows[0]['text']}{more}"
+            return f"output {rows[0].output!r}: {rows[0].measured()}{more}"
         return "no output compared"
     worst = max(failed, key=lambda o: o.rel_l2_error)
     reasons = []
