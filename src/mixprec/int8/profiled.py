@@ -24,6 +24,7 @@ from collections.abc import Collection, Iterable
 import onnx
 
 from mixprec.runtime.engine import LayerProfile
+from mixprec.runtime.timing import MARGIN
 
 __all__ = ["slower_layers"]
 
@@ -32,8 +33,9 @@ def slower_layers(
     original: onnx.GraphProto, layers: Collection[str], fp32: LayerProfile, int8: LayerProfile
 ) -> dict[str, float]:
     """The ``layers`` (node names of ``original``) whose region ran no faster in the INT8
-    model's profile than in the FP32 model's, each with that region's ratio INT8 / FP32
-    (regions without FP32 time are left out)."""
+    model's profile than in the FP32 model's, each with that region's ratio INT8 / FP32:
+    at least ``1 + MARGIN`` (a region within the noise of one kernel's median is not
+    read as slower; regions without FP32 time are left out)."""
     anchors = _common(original, fp32.graph, int8.graph) - set(layers)
     fp32_cost = _region_costs(fp32.graph, fp32.seconds, anchors)
     int8_cost = _region_costs(int8.graph, int8.seconds, anchors)
@@ -42,7 +44,7 @@ def slower_layers(
     for name in layers:
         key = region.get(name)
         before, after = fp32_cost.get(key, 0.0), int8_cost.get(key, 0.0)
-        if before > 0 and after >= before:
+        if before > 0 and after >= before * (1.0 + MARGIN):
             found[name] = after / before
     return found
 
