@@ -119,3 +119,16 @@ def test_layers_the_profile_finds_slower_stay_float_in_the_placement_tried_first
     producers = {o: ops[n.name] for n in result.model_proto.graph.node for o in n.output}
     assert producers.get(fed["c1"][1]) != "DequantizeLinear", fed["c1"]  # a float weight
     assert producers.get(fed["c2"][1]) == "DequantizeLinear", fed["c2"]  # INT8 weights
+
+
+def test_openvino_counts_read_as_a_graph_of_its_layers():
+    """OpenVINO's performance counts, named as in its runtime model, come back with that
+    model's layers as a graph (edges between them), so regions read as in ORT's."""
+    pytest.importorskip("openvino")
+    options = RuntimeOptions(name="openvino")
+    profile = engine_for(options).layer_profile(_model(), _samples(1)[0], options)
+    assert profile is not None and profile.seconds
+    names = {n.name for n in profile.graph.node}
+    assert set(profile.seconds) <= names and all(s >= 0 for s in profile.seconds.values())
+    produced = {out for n in profile.graph.node for out in n.output}
+    assert all(i in produced for n in profile.graph.node for i in n.input)  # one graph

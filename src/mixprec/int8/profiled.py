@@ -7,8 +7,8 @@ that one layer loses while its neighbours win. The runtime's profiler can
 graph it really runs. Its kernels are not the model's nodes (a QLinearConv with its
 QuantizeLinear and DequantizeLinear stands where a Conv stood, and an FP32 Conv runs as
 a blocked-layout Conv between two reorders), so times are compared by region: the nodes
-that keep their name and op in the model and in both optimized graphs (a PRelu, a
-Softmax: float in both) are anchors, and every kernel counts towards the first anchor
+that keep their name in the model and in both optimized graphs (a PRelu, a MaxPool, a
+Softmax) are anchors, and every kernel counts towards the first anchor
 downstream of it. A weighted layer's region is the first anchor downstream of it.
 
 On MTCNN O-Net at batch 16 (AMD EPYC, avx512_vnni, 2 threads) the first Conv's region
@@ -50,9 +50,9 @@ def slower_layers(
 
 
 def _common(*graphs: onnx.GraphProto) -> set[str]:
-    """Names of the nodes every graph has, with the same op."""
-    keyed = [{(n.name, n.op_type) for n in g.node if n.name} for g in graphs]
-    return {name for name, _ in set.intersection(*keyed)}
+    """Names of the nodes every graph has (by name alone: OpenVINO calls a MaxPool a
+    Pooling layer, and a PRelu fused with its quantization a Subgraph)."""
+    return set.intersection(*({n.name for n in g.node if n.name} for g in graphs))
 
 
 def _regions(nodes: Iterable[onnx.NodeProto], anchors: set[str]) -> dict[str, str | None]:
