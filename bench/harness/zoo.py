@@ -124,7 +124,8 @@ def _write(args, names: list[str], results: list[dict], resumed: dict) -> None:
         for r in results:
             row = r["rows"].get(f"{name}.onnx", {})
             err = (row.get("validation") or {}).get("worst_rel_l2")
-            err_text = "" if err is None else f", {err:.2g}"
+            shown = err if err is None or isinstance(err, str) else f"{err:.2g}"  # "inf": str
+            err_text = "" if shown is None else f", {shown}"
             cells.append(f"{row.get('seconds', 0):.1f} s {row.get('status', '?')}{err_text}")
             digests.add(_digest(r["out"], row))
         same = "yes" if len(digests) == 1 else "NO"

@@ -132,3 +132,38 @@ def test_openvino_counts_read_as_a_graph_of_its_layers():
     assert set(profile.seconds) <= names and all(s >= 0 for s in profile.seconds.values())
     produced = {out for n in profile.graph.node for out in n.output}
     assert all(i in produced for n in profile.graph.node for i in n.input)  # one graph
+
+
+def test_a_repair_times_the_first_plans_placement_alone_without_a_profile(monkeypatch):
+    """The guard's repaired quantization (a :class:`Reuse` from the first run) times only
+    the placement the first plan chose, here the profiled one, with the repair's own
+    exclusions added to what the profile kept float, and profiles nothing again."""
+    import onnx_ir as ir
+
+    from mixprec.int8.config import QuantizeConfig
+    from mixprec.pipeline.quantize import Reuse, run_quantize
+
+    monkeypatch.setattr(speed, "slower_layers", lambda *a: {"c1": 1.2})
+    timed: list[set[str]] = []
+
+    def even(sessions, _feeds, _bar=None):
+        timed.append(set(sessions) - {"fp32"})
+        return {label: [1e-3 if label == "fp32" else 5e-4] * 20 for label in sessions}
+
+    profiles = []
+    profile = speed._profile
+    monkeypatch.setattr(speed, "_profile", lambda *a: profiles.append(1) or profile(*a))
+    monkeypatch.setattr(speed, "time_paired", even)
+    reuse = Reuse()
+    config = QuantizeConfig(check=False)
+    run_quantize(ir.from_proto(_model()), config, calibration_data=_samples(4), reuse=reuse)
+    assert reuse.placement is not None and reuse.placement.startswith("all but 1 layer(s)")
+    assert reuse.chosen == speed.Placement(("c1",), "chains") and len(profiles) == 2
+    timed.clear()
+    repaired = QuantizeConfig(check=False, exclude_nodes=("c2",))  # the repair's own
+    _, report = run_quantize(
+        ir.from_proto(_model()), repaired, calibration_data=_samples(4), reuse=reuse
+    )
+    assert timed == [{reuse.placement}] and len(profiles) == 2  # no profile again
+    plan = report.quantization["speed"]
+    assert plan["chosen"] == reuse.placement and plan["profiled"] == {}

@@ -223,6 +223,7 @@ def test_cli_convert_report_annotate_and_model_explorer(demo: Path) -> None:
     assert any(d["class"] == "p-cast" for d in parsed.nodes.values()), "no Cast drawn"
     assert 'Validation: <span class="v-passed">passed' in page
     assert "<h3>Each output read as rows</h3>" in page  # the readings beside the rel L2
+    assert "the whole tensor&#x27;s relative L2" not in page  # that is the table's
     assert "<td>class scores: Softmax &#x27;softmax&#x27; (class axis -1, 10 classes)</td>" in page
     model = onnx.load(str(folder / "out16.onnx"))
     props = {n.name: {p.key: p.value for p in n.metadata_props} for n in model.graph.node}

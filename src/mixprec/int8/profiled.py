@@ -64,17 +64,17 @@ def _regions(nodes: Iterable[onnx.NodeProto], anchors: set[str]) -> dict[str, st
         for name in node.input:
             readers[name].append(node)
     found: dict[str, str | None] = {}
-    for node in nodes:
-        frontier, seen, anchor = [node], set(), None
+    for node in (n for n in nodes if n.name):  # an unnamed node is nobody's layer
+        frontier, seen, anchor = [node], set[int](), None
         while frontier and anchor is None:
             following = []
             for current in frontier:
                 if current.name in anchors:
                     anchor = current.name
                     break
-                if current.name in seen:
+                if id(current) in seen:
                     continue
-                seen.add(current.name)
+                seen.add(id(current))
                 following += [r for out in current.output for r in readers.get(out, ())]
             frontier = following
         found[node.name] = anchor

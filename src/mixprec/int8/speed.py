@@ -38,6 +38,7 @@ from mixprec.runtime.timing import MAJORITY, MARGIN, MIN_ROUNDS, paired_ratios, 
 
 __all__ = [
     "BAND",
+    "PROFILED_BYTES",
     "STAY_FLOAT",
     "SURE",
     "Placement",
@@ -127,6 +128,10 @@ class Placement:
     ops: str = "chains"
 
 
+#: The largest model whose layers the speed plan reads from the runtime's profile (it
+#: runs the FP32 and the all-INT8 model in two more sessions, beside the timed ones).
+PROFILED_BYTES = 256 << 20
+
 #: The model stays float (no INT8 placement was clearly faster).
 STAY_FLOAT = Placement((".*",))
 
@@ -161,16 +166,24 @@ def choose_placement(
     build: Callable[[Placement], onnx.ModelProto],
     feeds: Mapping[str, np.ndarray],
     runtime: RuntimeOptions | None = None,
+    profile: bool = True,
 ) -> tuple[Placement, dict[str, object]]:
     """Times the user's ``fp32`` model and each placement built by ``build(placement)``
     on ``feeds`` (``placements`` in :func:`candidate_placements`' order) in the ``runtime`` the
     user deploys on (ONNX Runtime by default).
 
+    ``profile``: first ask the runtime's per-layer profile which layers of the first
+    placement are no faster in INT8, and time a placement keeping them float first
+    (:func:`_with_profiled`).
+
     Returns the placement to use (:data:`STAY_FLOAT` when none is clearly faster) and
     what was measured (``ms``, ``ratio``, ``faster_share``, ``rounds``, ``dropped``: the
-    rounds of each placement dropped early, ``chosen``, ``summary``).
+    rounds of each placement dropped early, ``chosen``, ``summary``, ``profiled``: the
+    layers the profile kept float, with their regions' ratios).
     """
-    build, placements, slower = _with_profiled(fp32, placements, build, feeds, runtime)
+    slower: dict[str, float] = {}
+    if profile:
+        build, placements, slower = _with_profiled(fp32, placements, build, feeds, runtime)
     reference = session(fp32, runtime)
     times: dict[str, list[float]] = {"fp32": []}
     pairs: dict[str, list[float]] = {}
@@ -233,6 +246,8 @@ def _with_profiled(
     (the first placement's model built once), the placements and the slower layers with
     their regions' ratios (empty: no profile, or none slower, or every layer)."""
     first_label, first = next(iter(placements.items()))
+    if fp32.ByteSize() > PROFILED_BYTES:  # two more sessions and copies of a large model
+        return build, dict(placements), {}
     built = build(first)
 
     def cached(placement: Placement) -> onnx.ModelProto:
@@ -242,7 +257,8 @@ def _with_profiled(
     int8_profile = _profile(built, feeds, runtime) if fp32_profile is not None else None
     if fp32_profile is None or int8_profile is None:
         return cached, dict(placements), {}
-    layers = [n.name or "" for n in ir.from_proto(fp32).graph if is_layer(n)]
+    named = {n.name for n in built.graph.node} - {""}  # the prepared graph's: exclusions' own
+    layers = [str(n.name) for n in ir.from_proto(fp32).graph if is_layer(n) and n.name in named]
     slower = slower_layers(fp32.graph, layers, fp32_profile, int8_profile)
     if not slower or len(slower) == len(layers):
         return cached, dict(placements), {}

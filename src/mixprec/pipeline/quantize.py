@@ -213,12 +213,15 @@ class Reuse:
     """What a later quantization of the same input and data (the guard's repaired one:
     more nodes kept float) takes from the first instead of measuring it again: the
     calibrated model (prepared, smoothed, ranges measured) with its stages, and the
-    placement the speed plan chose, the only one timed again. A learned rounding run
-    calibrates anew (its layer inputs are captured while calibrating)."""
+    placement the speed plan chose, the only one timed again: its label, and what it
+    kept float beyond the user's exclusions (``chosen``: the repair adds exclusions of its
+    own). A learned rounding run calibrates anew (its layer inputs are captured while
+    calibrating)."""
 
     calibrated: ir.Model | None = None  # graphs copied, tensors shared (no weight copied)
     stages: dict[str, Stage] = dataclasses.field(default_factory=dict)
     placement: str | None = None
+    chosen: Placement | None = None
 
 
 def run_quantize(
@@ -249,11 +252,15 @@ def run_quantize(
     if config.speed == "auto":
         say("timing candidate INT8 placements")
         t = time.perf_counter()
-        only = reuse.placement if reuse is not None else None
+        only = None
+        if reuse is not None and reuse.placement is not None and reuse.chosen is not None:
+            only = (reuse.placement, reuse.chosen)
         chosen, speed = timed_placement(work, config, original, only=only)
         extra["speed"] = time.perf_counter() - t
         if reuse is not None and reuse.placement is None:
+            user = len(config.exclude_nodes)
             reuse.placement = str(speed["chosen"])
+            reuse.chosen = Placement(chosen.exclude[user:], chosen.ops)
         pipeline.qconfig = dataclasses.replace(
             config, exclude_nodes=chosen.exclude, placement=chosen.ops
         )
@@ -317,12 +324,13 @@ def timed_placement(
     config: QuantizeConfig,
     original: onnx.ModelProto,
     *,
-    only: str | None = None,
+    only: tuple[str, Placement] | None = None,
 ) -> tuple[Placement, dict[str, object]]:
     """The fastest INT8 placement on this CPU (:mod:`mixprec.int8.speed`) against the
     user's ``original`` model, timed at ``config.latency_shapes``, else ``config.shapes``,
-    else the calibration's input shapes; ``only``: time that placement alone (a label an
-    earlier plan chose; "fp32" or an unknown label times them all)."""
+    else the calibration's input shapes; ``only``: time that placement alone, without a
+    profile (the label an earlier plan chose and what it kept float beyond the user's
+    exclusions, which are taken as they are now; "fp32" times them all)."""
     base = ir.to_proto(model)
 
     def build(placement: Placement) -> onnx.ModelProto:
@@ -338,9 +346,12 @@ def timed_placement(
         return ir.to_proto(QuantizePipeline(trial).run(copy, start="annotate", until="apply"))
 
     feeds = latency_feeds(model, config, calibration_of(model).input_shapes)
-    placements = candidate_placements(model, tuple(config.exclude_nodes))
-    if only in placements:
-        placements = {only: placements[only]}
+    user = tuple(config.exclude_nodes)
+    if only is not None and only[0] != "fp32":
+        label, extra = only
+        placement = Placement(user + extra.exclude, extra.ops)
+        return choose_placement(original, {label: placement}, build, feeds, config.runtime, False)
+    placements = candidate_placements(model, user)
     return choose_placement(original, placements, build, feeds, config.runtime)
 
 

@@ -538,6 +538,7 @@ class OrtEngine:
             return None  # a GPU provider's kernels, a large model's skeleton: not read here
         with tempfile.TemporaryDirectory(prefix="mixprec-profile-") as folder:
             hints = LoadHints(arena=False, spinning=False, profile_to=folder)
+            session = None
             try:
                 level, threads = options.optimization, options.threads
                 session = make_session(
@@ -546,8 +547,10 @@ class OrtEngine:
                 for _ in range(_PROFILED_RUNS):
                     session.run(None, dict(feeds))
                 events = json.loads(Path(session.end_profiling()).read_text())
+                session = None  # closed before its folder goes
                 graph = onnx.load(os.path.join(folder, "optimized.onnx"), load_external_data=False)
             except Exception as e:  # a profile is a hint: without one, nothing is read from it
+                session = None  # closed before its folder goes
                 logger.info("no per-kernel profile: %s", ort_first_line(e))
                 return None
         times: dict[str, list[float]] = {}

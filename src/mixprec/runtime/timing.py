@@ -4,9 +4,10 @@ timing`) both call, and the rule that reads its rounds.
 
 Timing on shared machines is noisy: each model is timed beside the reference (``"fp32"``)
 in rounds, the sessions taking turns within each round, and each round gives a ratio
-model / reference measured milliseconds apart. A model is faster when its median ratio
-is at most ``1 - MARGIN`` and it was faster in :data:`MAJORITY` of the rounds; a median's
-interval (:func:`median_interval`) says how sure that is. The clock is
+model / reference measured milliseconds apart. The INT8 speed plan counts a placement
+faster when its median ratio is at most ``1 - MARGIN`` and it was faster in
+:data:`MAJORITY` of the rounds (``optimize`` has its own margin, with the same majority);
+a median's interval (:func:`median_interval`) says how sure a ratio is. The clock is
 :func:`mixprec.runtime.clock.now`, so tests time fake sessions on a virtual clock.
 """
 
