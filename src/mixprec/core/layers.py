@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import onnx
 import onnx_ir as ir
 
 from mixprec.core.constants import const_tensor
 from mixprec.core.ops import is_onnx_domain, weight_out_axis
-from mixprec.core.registry import node_info
+from mixprec.core.registry import node_info, op_info
 
 __all__ = ["BIASED_KINDS", "WeightedLayer", "is_layer", "match_layer", "takes_bias"]
 
@@ -55,10 +56,11 @@ class WeightedLayer:
         return node_info(self.node).int8 == "weighted"
 
 
-def is_layer(node: ir.Node) -> bool:
-    """Whether ``node`` is an op of the default domain the registry calls a layer (its
+def is_layer(node: ir.Node | onnx.NodeProto) -> bool:
+    """Whether ``node`` (an IR node, or a node of a model proto: its op and domain are
+    all this reads) is an op of the default domain the registry calls a layer (its
     weight not looked at)."""
-    return node_info(node).layer is not None and is_onnx_domain(node.domain)
+    return op_info(node.op_type, node.domain).layer is not None and is_onnx_domain(node.domain)
 
 
 def takes_bias(node: ir.Node) -> bool:

@@ -258,7 +258,7 @@ def _with_profiled(
     if fp32_profile is None or int8_profile is None:
         return cached, dict(placements), {}
     named = {n.name for n in built.graph.node} - {""}  # the prepared graph's: exclusions' own
-    layers = [str(n.name) for n in ir.from_proto(fp32).graph if is_layer(n) and n.name in named]
+    layers = [n.name for n in fp32.graph.node if is_layer(n) and n.name in named]
     slower = slower_layers(fp32.graph, layers, fp32_profile, int8_profile)
     if not slower or len(slower) == len(layers):
         return cached, dict(placements), {}

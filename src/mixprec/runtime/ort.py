@@ -547,12 +547,12 @@ class OrtEngine:
                 for _ in range(_PROFILED_RUNS):
                     session.run(None, dict(feeds))
                 events = json.loads(Path(session.end_profiling()).read_text())
-                session = None  # closed before its folder goes
                 graph = onnx.load(os.path.join(folder, "optimized.onnx"), load_external_data=False)
             except Exception as e:  # a profile is a hint: without one, nothing is read from it
-                session = None  # closed before its folder goes
                 logger.info("no per-kernel profile: %s", ort_first_line(e))
                 return None
+            finally:
+                session = None  # closed before its folder goes
         times: dict[str, list[float]] = {}
         for event in events:
             name = str(event.get("name", ""))

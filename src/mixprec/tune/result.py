@@ -4,9 +4,9 @@ path (:class:`Step`), and its ``--json`` and text forms."""
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from mixprec.checks.outputs import OutputCheck
+from mixprec.core.jsonio import json_ready
 from mixprec.pipeline.convert import ConversionResult
 from mixprec.tune.metrics import MISS, Budget
 from mixprec.tune.sensitivity import NodeSensitivity
@@ -98,7 +98,7 @@ class TuneResult(ConversionResult):
             "metric": self.metric,
             "budget": self.budget.limit if self.budget else None,
             "budget_text": self.budget.text if self.budget else None,
-            "achieved": _finite(self.achieved),
+            "achieved": json_ready(self.achieved),
             "passed": self.passed,
             "low_mac_share": round(self.low_mac_share, 6),
             "kept_float": [s.name for s in self.kept_float],
@@ -108,7 +108,7 @@ class TuneResult(ConversionResult):
             "evaluations_by_set": dict(self.evaluations),
             "seconds": round(self.seconds, 3),
             "plain_conversion_seconds": round(self.plain_seconds, 3),
-            "path": [{**dataclasses.asdict(s), "value": _finite(s.value)} for s in self.path],
+            "path": [{**dataclasses.asdict(s), "value": json_ready(s.value)} for s in self.path],
             "message": self.message,
             "checks": [{**c.to_dict(), "text": c.measured()} for c in self.checks],
         }
@@ -136,9 +136,3 @@ class TuneResult(ConversionResult):
         if len(self.kept_float) > 25:
             lines.append(f"  ... {len(self.kept_float) - 25} more (see --json)")
         return "\n".join(lines)
-
-
-def _finite(value: float | None) -> float | str | None:
-    if value is None or math.isfinite(value):
-        return value
-    return str(value)

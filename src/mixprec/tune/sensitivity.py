@@ -35,6 +35,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec.core.graphs import UniqueNames
+from mixprec.core.jsonio import json_ready
 from mixprec.inputs.feeds import feeds_for
 from mixprec.runtime.engine import LoadHints, RuntimeOptions, RuntimeRunError, Session
 from mixprec.runtime.engines import engine_for
@@ -87,14 +88,8 @@ class NodeSensitivity:
         return max(self.local, self.downstream)
 
     def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = (
-                value if not isinstance(value, float) or math.isfinite(value) else str(value)
-            )
-        out["score"] = self.score if math.isfinite(self.score) else str(self.score)
-        return out
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return json_ready({**fields, "score": self.score})
 
 
 class Rounder:
