@@ -17,7 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers import sha256_of
 from mixprec.cli.main import main
-from mixprec.io.input_checks import check_text
+from mixprec.io.proto_checks import check_text
 
 
 def _conv_model() -> onnx.ModelProto:

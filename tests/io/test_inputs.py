@@ -19,8 +19,9 @@ from onnx import TensorProto, helper, numpy_helper
 import mixprec
 from helpers import assert_close, run_ort, sha256_of
 from mixprec.cli.main import main
-from mixprec.io.input_checks import CheckInputPass, check_proto
-from mixprec.io.sanitize import (
+from mixprec.io.proto_checks import check_proto
+from mixprec.passes.input_checks import CheckInputPass
+from mixprec.passes.sanitize import (
     RepairNamesPass,
     SetIrVersionPass,
     SortNodesPass,

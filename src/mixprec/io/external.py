@@ -45,7 +45,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.limits import PROTO_LIMIT
 from mixprec.core.ops import is_onnx_domain, onnx_domain
 from mixprec.io.data_files import DataReader, real_folder
-from mixprec.io.input_checks import check_proto, check_text
+from mixprec.io.proto_checks import check_proto, check_text
 from mixprec.io.protos import FILE_SPAN, IN_MEMORY, iter_model_graphs
 
 __all__ = [

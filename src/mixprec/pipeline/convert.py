@@ -22,10 +22,10 @@ from mixprec.core.ops import LOW_TYPES, is_onnx_domain
 from mixprec.core.policy import normalize_dtype
 from mixprec.core.registry import node_info
 from mixprec.io.models import copy_model_file, save_model
-from mixprec.io.sanitize import SanitizeResult
 from mixprec.passes.cleanup import annotated_values
 from mixprec.passes.fold import FoldBatchNormResult, FoldCastsResult
 from mixprec.passes.opset import UpgradeOpsetResult
+from mixprec.passes.sanitize import SanitizeResult
 from mixprec.passes.shapes import InferShapesResult, ReconcileDeclaredShapesResult
 from mixprec.pipeline.report import NodeReport, Report
 from mixprec.pipeline.stages import Pipeline, Stage

@@ -25,17 +25,17 @@ from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import InternalError, MixprecError
 from mixprec.inputs.feeds import CheckGeneratedSizePass
 from mixprec.io.external import ResolveExternalDataPass
-from mixprec.io.input_checks import CheckAxesPass, CheckInputPass
-from mixprec.io.sanitize import (
+from mixprec.passes.cleanup import CheckModelPass, DropAddedAnnotationsPass, KeepInputSketchPass
+from mixprec.passes.fold import FoldBatchNormPass, FoldCastsPass
+from mixprec.passes.input_checks import CheckAxesPass, CheckInputPass
+from mixprec.passes.opset import UpgradeOpsetPass, ops_needing_upgrade
+from mixprec.passes.sanitize import (
     CheckOptionsPass,
     InlineFunctionsPass,
     RepairNamesPass,
     SetIrVersionPass,
     SortNodesPass,
 )
-from mixprec.passes.cleanup import CheckModelPass, DropAddedAnnotationsPass, KeepInputSketchPass
-from mixprec.passes.fold import FoldBatchNormPass, FoldCastsPass
-from mixprec.passes.opset import UpgradeOpsetPass, ops_needing_upgrade
 from mixprec.passes.shapes import InferShapesPass
 from mixprec.precision.paint import PaintPass
 from mixprec.precision.rewrite import ApplyPrecisionPass, RemoveRedundantCastsPass

@@ -21,7 +21,9 @@ note) or refuse the model with one :class:`MixprecError` naming the node or tens
 * :class:`SortNodesPass`: sorts graphs whose nodes are not in topological order.
 
 Each pass returns a :class:`SanitizeResult` whose ``notes`` say what it repaired.
-:class:`CheckInputPass` and :func:`check_proto` live in :mod:`mixprec.io.input_checks`.
+:class:`CheckInputPass` lives in :mod:`mixprec.passes.input_checks`, and the checks that run
+before ``onnx_ir`` parses a file (:func:`~mixprec.io.proto_checks.check_proto`) in
+:mod:`mixprec.io.proto_checks`.
 """
 
 from __future__ import annotations
@@ -52,8 +54,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Element types stored two per byte.
-PACKED_4BIT = frozenset({"INT4", "UINT4", "FLOAT4E2M1"})
 MIN_OPSET = 7
 
 
