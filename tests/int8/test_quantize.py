@@ -17,6 +17,7 @@ import mixprec
 from helpers import run_ort
 from mixprec.calibrate.observers import HistogramObserver, MinMaxObserver
 from mixprec.cli.main import main
+from mixprec.int8.config import QuantizeConfig
 from mixprec.int8.params import (
     activation_qparams,
     entropy_threshold,
@@ -24,13 +25,18 @@ from mixprec.int8.params import (
     quantize_weight,
 )
 from mixprec.int8.plan import AnnotateInt8Pass, int8_decision
+from mixprec.int8.qdq import QuantizeQDQPass
+from mixprec.int8.spec import REDUCED_RANGE, BackendQuantizer, QuantSpec
 from mixprec.passes.fold import FoldBatchNormPass
 from mixprec.passes.shapes import InferShapesPass
+from mixprec.pipeline.quantize import QuantizePipeline
 from mixprec.runtime import clock as timing_clock
 from mixprec.runtime import timing
 from mixprec.runtime.kernels import integer_kernel_share
 
 RNG = np.random.default_rng(0)
+#: ONNX Runtime's CPU kernels as the default options ask for them.
+ORT_CPU = QuantizeConfig().quantizer()
 
 
 def _cnn(opset: int = 17) -> onnx.ModelProto:
@@ -172,7 +178,7 @@ def test_plan_quantizes_compute_and_what_stays_in_the_integer_domain():
     model = ir.from_proto(_cnn())
     FoldBatchNormPass()(model)  # as the prepare stage does
     InferShapesPass()(model)  # the plan reads value types
-    AnnotateInt8Pass()(model)
+    AnnotateInt8Pass(quantizer=ORT_CPU)(model)
     decisions = {n.name: int8_decision(n) for n in model.graph}
     assert all(decisions[n] is not None and decisions[n].int8 for n in ("conv1", "conv2", "fc"))
     assert decisions["relu1"].role == "absorbed" and decisions["relu1"].int8
@@ -180,12 +186,12 @@ def test_plan_quantizes_compute_and_what_stays_in_the_integer_domain():
     assert "bn1" not in decisions  # folded into conv1
     unfolded = ir.from_proto(_cnn())
     InferShapesPass()(unfolded)
-    AnnotateInt8Pass()(unfolded)
+    AnnotateInt8Pass(quantizer=ORT_CPU)(unfolded)
     bn = next(n for n in unfolded.graph if n.op_type == "BatchNormalization")
     assert not int8_decision(bn).int8 and "no INT8 kernel" in int8_decision(bn).reason
     excluded = ir.from_proto(_cnn())
     InferShapesPass()(excluded)
-    AnnotateInt8Pass(("conv2",))(excluded)
+    AnnotateInt8Pass(("conv2",), quantizer=ORT_CPU)(excluded)
     conv2 = next(n for n in excluded.graph if n.name == "conv2")
     assert not int8_decision(conv2).int8 and "excluded" in int8_decision(conv2).reason
 
@@ -200,10 +206,53 @@ def test_a_matmul_of_two_activations_stays_float():
     """
     model = ir.from_proto(onnx.parser.parse_model(text))
     InferShapesPass()(model)
-    AnnotateInt8Pass()(model)
+    AnnotateInt8Pass(quantizer=ORT_CPU)(model)
     matmul = next(n for n in model.graph if n.op_type == "MatMul")
     assert not int8_decision(matmul).int8
     assert "not a float32 constant" in int8_decision(matmul).reason
+
+
+def _applied(quantizer: BackendQuantizer) -> onnx.ModelProto:
+    """The CNN calibrated by the pipeline, annotated with ``quantizer``, QDQ applied."""
+    model = ir.from_proto(_cnn())
+    QuantizePipeline(QuantizeConfig(speed="off"), calibration_data=_samples(4)).run(
+        model, until="annotate"
+    )
+    AnnotateInt8Pass(quantizer=quantizer)(model)
+    QuantizeQDQPass()(model)
+    return ir.to_proto(model)
+
+
+def test_the_qdq_pass_writes_what_the_backend_quantizers_specs_say():
+    """pt2e's shape: the specs annotate records on each INT8 node decide the zero points'
+    type, per-channel or per-tensor weights and their code range; the QDQ pass has no
+    flag of its own. Checked against the default (uint8, per channel, full range) on
+    the same calibration, and against FP32 in ONNX Runtime."""
+    other = BackendQuantizer(
+        QuantSpec("int8", method="minmax"), QuantSpec("int8", qmax=REDUCED_RANGE)
+    )
+    for quantizer, zero_type, axis, bound in (
+        (ORT_CPU, TensorProto.UINT8, True, ORT_CPU.weight.qmax),
+        (other, TensorProto.INT8, False, REDUCED_RANGE),
+    ):
+        out = _applied(quantizer)
+        inits = {t.name: numpy_helper.to_array(t) for t in out.graph.initializer}
+        types = {t.name: t.data_type for t in out.graph.initializer}
+        activations = [n for n in out.graph.node if n.op_type == "QuantizeLinear"]
+        assert activations and {types[n.input[2]] for n in activations} == {zero_type}
+        weights = [
+            n
+            for n in out.graph.node
+            if n.op_type == "DequantizeLinear" and n.input[0].endswith("_int8")
+        ]
+        assert len(weights) == 3
+        assert all(any(a.name == "axis" for a in n.attribute) == axis for n in weights)
+        assert all(inits[n.input[1]].ndim == int(axis) for n in weights)
+        codes = np.concatenate([inits[n.input[0]].ravel() for n in weights])
+        assert int(np.abs(codes.astype(np.int32)).max()) == bound
+        for feeds in _samples(2, seed=5):
+            ref, got = run_ort(_cnn(), feeds)["logits"], run_ort(out, feeds)["logits"]
+            assert _rel_l2(ref, got) < 0.1, (quantizer, _rel_l2(ref, got))
 
 
 def test_quantized_cnn_runs_in_integer_kernels_and_matches_fp32():

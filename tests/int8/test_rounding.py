@@ -287,15 +287,13 @@ def test_quantized_inputs_pair_the_int8_models_rows_with_the_fp32_ones():
         model, until="annotate"
     )
     before = len(list(model.graph))
-    result = LearnedRoundingPass(
-        calib, per_channel=True, method="minmax", inputs="quantized", backend="numpy"
-    )(model)
+    result = LearnedRoundingPass(calib, inputs="quantized", backend="numpy")(model)
     assert not result.modified and len(list(model.graph)) == before
     assert {"conv1", "conv2"} <= set(result.layers) | set(result.kept_nearest)
     assert not any("pair" in why for why in result.kept_nearest.values())
     assert result.layers and all(a <= b for b, a in result.layers.values())
     with pytest.raises(MixprecError, match="inputs must be one of"):
-        LearnedRoundingPass(calib, per_channel=True, inputs="int8")
+        LearnedRoundingPass(calib, inputs="int8")
 
 
 def test_learned_rounding_without_data_keeps_nearest_and_says_why():

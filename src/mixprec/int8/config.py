@@ -16,6 +16,7 @@ from mixprec.core.policy import default_policy
 from mixprec.core.readings import user_kinds
 from mixprec.int8.params import METHODS
 from mixprec.int8.rounding import ROUNDINGS
+from mixprec.int8.spec import FULL_RANGE, REDUCED_RANGE, BackendQuantizer, QuantSpec
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import engine_for, runtime_options
 
@@ -234,6 +235,18 @@ class QuantizeConfig:
         if self.activations != "auto":
             return False
         return engine_for(RuntimeOptions()).saturates_int8()  # ORT's QDQ kernels
+
+    def quantizer(self) -> BackendQuantizer:
+        """The backend quantizer these options ask for: ONNX Runtime's CPU QDQ kernels,
+        activations in uint8 (int8 with ``activations="s8"``) by :attr:`method`, weights
+        symmetric int8 (per channel with :attr:`per_channel`; 7-bit where the CPU's
+        kernels saturate, :attr:`reduce_range`)."""
+        dtype = "uint8" if self.unsigned else "int8"
+        qmax = REDUCED_RANGE if self.reduce_range else FULL_RANGE
+        return BackendQuantizer(
+            QuantSpec(dtype, method=self.method),
+            QuantSpec("int8", qmax=qmax, per_channel=self.per_channel),
+        )
 
     def base(self) -> ConvertConfig:
         """The shared stages' configuration (prepare, calibrate, check)."""

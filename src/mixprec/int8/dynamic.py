@@ -24,7 +24,7 @@ from mixprec.core.constants import const_tensor
 from mixprec.core.graphs import UniqueNames, add_initializer
 from mixprec.core.ops import trans_b
 from mixprec.int8.params import quantize_weight
-from mixprec.int8.plan import INT8, Int8Decision, dynamic_candidate, int8_decision
+from mixprec.int8.plan import INT8, dynamic_candidate, int8_decision, weight_spec
 
 __all__ = ["QuantizeDynamicPass", "QuantizeDynamicResult"]
 
@@ -40,17 +40,8 @@ class QuantizeDynamicResult(ir.passes.PassResult):
 
 
 class QuantizeDynamicPass(ir.passes.InPlacePass):
-    """Rewrite the MatMul/Gemm nodes annotated INT8 into dynamic INT8 (see module doc).
-
-    Args:
-        per_channel: one weight scale per output column (else one per weight).
-        reduce_range: 7-bit weights (AVX2 kernels without VNNI saturate u8 x s8 pairs).
-    """
-
-    def __init__(self, *, per_channel: bool, reduce_range: bool = False) -> None:
-        super().__init__()
-        self.per_channel = per_channel
-        self.qmax = 63 if reduce_range else 127
+    """Rewrite the MatMul/Gemm nodes annotated INT8 into dynamic INT8 (see module doc),
+    each weight as its node's spec says (per output column or per weight, reduced range)."""
 
     def call(self, model: ir.Model) -> QuantizeDynamicResult:
         result = QuantizeDynamicResult(model, modified=False)
@@ -64,7 +55,7 @@ class QuantizeDynamicPass(ir.passes.InPlacePass):
             if why is None:
                 why = self._rewrite(node, result)
             if why is not None:
-                node.meta[INT8] = Int8Decision(False, decision.role, why)
+                node.meta[INT8] = decision.as_float(why)
                 result.left_float[node.name or node.op_type] = why
         result.modified = result.weights > 0
         return result
@@ -77,7 +68,8 @@ class QuantizeDynamicPass(ir.passes.InPlacePass):
         weight = tensor.numpy()
         if node.op_type == "Gemm" and trans_b(node):
             weight = weight.T
-        quantized = quantize_weight(weight, 1 if self.per_channel else None, qmax=self.qmax)
+        spec = weight_spec(node)
+        quantized = quantize_weight(weight, 1 if spec.per_channel else None, qmax=spec.qmax)
         if isinstance(quantized, str):
             return quantized
         data, params = quantized

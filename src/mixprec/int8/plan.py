@@ -23,18 +23,23 @@ import dataclasses
 import onnx_ir as ir
 
 from mixprec.core.constants import const_tensor
+from mixprec.core.errors import InternalError
 from mixprec.core.graphs import NodeExclusions, iter_nodes
 from mixprec.core.layers import is_layer, match_layer
 from mixprec.core.ops import is_onnx_domain
 from mixprec.core.registry import node_info
+from mixprec.int8.spec import BackendQuantizer, QuantSpec
 
 __all__ = [
     "INT8",
     "KEEP_FLOAT",
     "AnnotateInt8Pass",
     "Int8Decision",
+    "activation_spec",
     "dynamic_candidate",
     "int8_decision",
+    "int8_spec_decision",
+    "weight_spec",
 ]
 
 #: ``node.meta`` key of the INT8 decision.
@@ -46,16 +51,54 @@ KEEP_FLOAT = "mixprec.keep_float"
 
 @dataclasses.dataclass(frozen=True)
 class Int8Decision:
-    """Whether a node runs in INT8, its role, and why."""
+    """Whether a node runs in INT8, its role, and why; an INT8 node also carries how its
+    activations and its weight are quantized (the backend quantizer's specs)."""
 
     int8: bool
     role: str | None
     reason: str
+    activation: QuantSpec | None = None
+    weight: QuantSpec | None = None
+
+    def as_float(self, reason: str) -> Int8Decision:
+        """This node kept float after all, for ``reason``."""
+        return Int8Decision(False, self.role, reason)
 
 
 def int8_decision(node: ir.Node) -> Int8Decision | None:
     found = node.meta.get(INT8)
     return found if isinstance(found, Int8Decision) else None
+
+
+def int8_spec_decision(node: ir.Node) -> Int8Decision:
+    """The decision of a node annotate made INT8, with its specs.
+
+    Raises:
+        InternalError: the node has no such decision (a pass ran out of order).
+    """
+    decision = int8_decision(node)
+    if decision is None or not decision.int8 or decision.activation is None:
+        raise InternalError(f"node {node.name!r} ({node.op_type}) carries no INT8 spec")
+    return decision
+
+
+def activation_spec(node: ir.Node) -> QuantSpec:
+    """How an INT8 node's activations are quantized."""
+    spec = int8_spec_decision(node).activation
+    assert spec is not None
+    return spec
+
+
+def weight_spec(node: ir.Node) -> QuantSpec:
+    """How an INT8 weighted layer's weight is quantized.
+
+    Raises:
+        InternalError: the node is no INT8 weighted layer.
+    """
+    spec = int8_spec_decision(node).weight
+    if spec is None:
+        raise InternalError(f"node {node.name!r} ({node.op_type}) carries no weight spec")
+    return spec
 
 
 def _float(value: ir.Value | None) -> bool:
@@ -77,20 +120,27 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
             constant 2-D weight, activations quantized at run time.
         placement: "chains" (an op without weights runs INT8 when an INT8 node feeds it),
             "every" (whenever it has a float input) or "weighted" (never).
+        quantizer: the backend quantizer whose specs each INT8 node carries
+            (:meth:`mixprec.int8.config.QuantizeConfig.quantizer`).
     """
 
     def __init__(
         self,
         exclude_nodes: tuple[str, ...] = (),
         *,
+        quantizer: BackendQuantizer,
         dynamic: bool = False,
         placement: str = "chains",
     ) -> None:
         super().__init__()
+        self._quantizer = quantizer
         self._exclude = NodeExclusions(exclude_nodes)
         self._dynamic = dynamic
         self._every = placement == "every"
         self._weighted = placement == "weighted"
+
+    def _int8(self, node: ir.Node, role: str | None, reason: str) -> Int8Decision:
+        return Int8Decision(True, role, reason, *self._quantizer.specs(node))
 
     def _excluded(self, node: ir.Node) -> str | None:
         return node.metadata_props.get(KEEP_FLOAT) or self._exclude.reason(node)
@@ -111,7 +161,7 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
         why = dynamic_candidate(node) or self._excluded(node)
         if why is not None:
             return Int8Decision(False, role, why)
-        return Int8Decision(True, role, f"{node.op_type}: dynamic INT8 (DynamicQuantizeMatMul)")
+        return self._int8(node, role, f"{node.op_type}: dynamic INT8 (DynamicQuantizeMatMul)")
 
     def _decide(self, node: ir.Node) -> Int8Decision:
         info = node_info(node)
@@ -132,19 +182,19 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
                 # measured on MiniLM, quantizing it takes the sentence-embedding cosine from
                 # 0.83 to 0.75.
                 return Int8Decision(False, role, "weight is not a float32 constant")
-            return Int8Decision(True, role, f"{node.op_type}: integer kernel")
+            return self._int8(node, role, f"{node.op_type}: integer kernel")
         fed = [
             v
             for v in node.inputs
             if _float(v) and (p := v.producer()) is not None and _is_int8(p)  # type: ignore[union-attr]
         ]
         if self._every and role != "absorbed":
-            return Int8Decision(True, role, f"{role}: INT8 wherever it has a float input")
+            return self._int8(node, role, f"{role}: INT8 wherever it has a float input")
         if self._weighted and role != "absorbed":
             return Int8Decision(False, role, "placement 'weighted': only Conv/MatMul/Gemm")
         if not fed:
             return Int8Decision(False, role, "not fed by an INT8 node: stays float")
-        return Int8Decision(True, role, f"{role}: stays in the integer domain")
+        return self._int8(node, role, f"{role}: stays in the integer domain")
 
 
 def _is_int8(node: ir.Node) -> bool:

@@ -1,7 +1,8 @@
 """INT8 conversion: QuantizeLinear/DequantizeLinear pairs where the plan says INT8.
 
-Mechanism only: :mod:`mixprec.int8.plan` decides, the calibration (``model.meta``) gives the
-ranges, :mod:`mixprec.int8.params` the numbers. The placement follows what ONNX Runtime's
+Mechanism only: :mod:`mixprec.int8.plan` decides (with each INT8 node's quantization
+specs, :mod:`mixprec.int8.spec`), the calibration (``model.meta``) gives the ranges,
+:mod:`mixprec.int8.params` the numbers. The placement follows what ONNX Runtime's
 CPU provider fuses into integer kernels (its QDQ selectors):
 
 - ``DQ(x), DQ(w int8, per channel), DQ(b int32) -> Conv/Gemm -> Q`` becomes QLinearConv /
@@ -32,7 +33,15 @@ from mixprec.core.ops import trans_b, weight_out_axis
 from mixprec.int8.adaround import ROUNDING, LearnedCodes
 from mixprec.int8.bias import output_shift
 from mixprec.int8.params import QParams, activation_qparams, quantize_bias, quantize_weight
-from mixprec.int8.plan import INT8, Int8Decision, int8_decision, weight_index
+from mixprec.int8.plan import (
+    INT8,
+    activation_spec,
+    int8_decision,
+    int8_spec_decision,
+    weight_index,
+    weight_spec,
+)
+from mixprec.int8.spec import QuantSpec
 
 __all__ = ["QuantizeQDQPass", "QuantizeQDQResult"]
 
@@ -69,32 +78,17 @@ def _activation_inputs(node: ir.Node, role: str | None) -> list[int]:
 
 
 class QuantizeQDQPass(ir.passes.InPlacePass):
-    """Insert Q/DQ pairs and INT8 weights for the nodes annotated INT8.
+    """Insert Q/DQ pairs and INT8 weights for the nodes annotated INT8, each value as its
+    node's specs say (range method, uint8 or int8, per channel, reduced range).
 
     Args:
-        method: "minmax", "entropy" or "percentile" (activation ranges).
-        unsigned: uint8 activations (asymmetric) instead of int8 (symmetric).
-        per_channel: per-output-channel weight scales (needs opset >= 13).
-        reduce_range: 7-bit weights (for AVX2 kernels without VNNI).
         bias_correction: fold the mean output shift of weight rounding into the bias of
             Conv/Gemm (:mod:`mixprec.int8.bias`; needs the calibration's channel means).
     """
 
-    def __init__(
-        self,
-        method: str,
-        *,
-        unsigned: bool,
-        per_channel: bool,
-        reduce_range: bool = False,
-        bias_correction: bool = False,
-    ) -> None:
+    def __init__(self, *, bias_correction: bool = False) -> None:
         super().__init__()
         self.bias_correction = bias_correction
-        self.method = method
-        self.unsigned = unsigned
-        self.per_channel = per_channel
-        self.qmax = 63 if reduce_range else 127
 
     def call(self, model: ir.Model) -> QuantizeQDQResult:
         result = QuantizeQDQResult(model, modified=False)
@@ -127,28 +121,29 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
     def _plan_tensors(
         self, nodes: list[ir.Node], result: QuantizeQDQResult
     ) -> dict[ir.Value, QParams]:
-        wanted: list[ir.Value] = []
+        wanted: dict[ir.Value, QuantSpec] = {}  # the first INT8 node's spec, in topological order
         for node in nodes:
             role = node_role(node)
+            spec = activation_spec(node)
             for i in _activation_inputs(node, role):
                 value = node.inputs[i] if i < len(node.inputs) else None
                 if value is not None and value.dtype == ir.DataType.FLOAT and not _is_const(value):
-                    wanted.append(value)
+                    wanted.setdefault(value, spec)
             for value in node.outputs:
                 if value.dtype != ir.DataType.FLOAT or _absorbed_by_next(value):
                     continue
                 if _float_output(node, value):
                     continue
-                wanted.append(value)
+                wanted.setdefault(value, spec)
         qparams: dict[ir.Value, QParams] = {}
-        for value in dict.fromkeys(wanted):  # in first-seen (topological) order
+        for value, spec in wanted.items():
             shared = self._shared_source(value, qparams)
             if shared is not None:
                 qparams[value] = shared
                 continue
             found = self._stats.get(value.name or "")
             params = (
-                activation_qparams(found, self.method, self.unsigned)
+                activation_qparams(found, spec.method, spec.unsigned)
                 if found is not None
                 else "no calibrated range"
             )
@@ -174,7 +169,7 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
         for node in touched:
             decision = int8_decision(node)
             if decision is not None and decision.int8:
-                node.meta[INT8] = Int8Decision(False, decision.role, reason)
+                node.meta[INT8] = decision.as_float(reason)
                 result.left_float[node.name or node.op_type] = reason
 
     # -- rewriting -----------------------------------------------------------------------
@@ -260,10 +255,11 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
         tensor = const_tensor(weight)
         assert tensor is not None
         array = tensor.numpy()
-        axis = weight_out_axis(node, array.ndim) if self.per_channel else None
-        quantized = quantize_weight(array, axis, qmax=self.qmax)
+        spec = weight_spec(node)
+        axis = weight_out_axis(node, array.ndim) if spec.per_channel else None
+        quantized = quantize_weight(array, axis, qmax=spec.qmax)
         if isinstance(quantized, str):
-            node.meta[INT8] = Int8Decision(False, "weighted", quantized)
+            node.meta[INT8] = int8_spec_decision(node).as_float(quantized)
             result.left_float[node.name or node.op_type] = quantized
             return
         data, params = quantized
@@ -370,11 +366,10 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
             if array.size == 0 or not np.all(np.isfinite(array)):
                 continue
             lo, hi = float(array.min()), float(array.max())
-            params = activation_qparams(
-                TensorStats(max(-lo, hi, 0.0), lo, hi), "minmax", self.unsigned
-            )
+            unsigned = activation_spec(node).unsigned
+            params = activation_qparams(TensorStats(max(-lo, hi, 0.0), lo, hi), "minmax", unsigned)
             assert not isinstance(params, str)  # a finite, non-empty range always has some
-            qmin, qmax = (0, 255) if self.unsigned else (-127, 127)
+            qmin, qmax = (0, 255) if unsigned else (-127, 127)
             levels = np.round(array / params.scale) + params.zero_point.astype(np.float32)
             data = np.clip(levels, qmin, qmax).astype(params.dtype)
             base = value.name or f"{node.name}_const{i}"
@@ -393,7 +388,7 @@ def _demote_unfed(graph: ir.Graph, result: QuantizeQDQResult) -> None:
         )
         if not fed:
             reason = "not fed by an INT8 node once its producer stayed float"
-            node.meta[INT8] = Int8Decision(False, decision.role, reason)
+            node.meta[INT8] = decision.as_float(reason)
             result.left_float[node.name or node.op_type] = reason
 
 

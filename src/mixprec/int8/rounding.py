@@ -39,7 +39,7 @@ from mixprec.int8.adaround import (
     learn_rounding,
 )
 from mixprec.int8.params import quantize_weight
-from mixprec.int8.plan import INT8, int8_decision
+from mixprec.int8.plan import INT8, int8_decision, weight_spec
 from mixprec.int8.qdq import QuantizeQDQPass
 
 __all__ = [
@@ -145,10 +145,8 @@ class LearnedRoundingPass(ir.passes.InPlacePass):
     Args:
         samples: calibration feed dicts the layer inputs are captured from (the first
             :data:`SAMPLES` of the calibration data; read once per group of layers).
-        per_channel: per-output-channel weight scales (as the QDQ pass).
-        qmax: the weight code bound (127; 63 with reduced range).
-        method: the activation range method (as the QDQ pass; for ``inputs="quantized"``).
-        unsigned: uint8 activations (the same).
+            Each weight is quantized as its node's spec says (per channel, code bound),
+            as the QDQ pass will.
         inputs: what the fit takes as the INT8 layer's input: "fp32", the FP32 rows
             (the output error of the weights alone), or "quantized", the layer's input in
             a copy of the model quantized with round-to-nearest, captured at the same
@@ -166,10 +164,6 @@ class LearnedRoundingPass(ir.passes.InPlacePass):
         self,
         samples: Sequence[Any],
         *,
-        per_channel: bool,
-        qmax: int = 127,
-        method: str = "mse",
-        unsigned: bool = True,
         inputs: str = "fp32",
         budget: RoundingBudget | None = None,
         backend: str = "auto",
@@ -179,10 +173,6 @@ class LearnedRoundingPass(ir.passes.InPlacePass):
         if inputs not in INPUTS:
             raise MixprecError(f"inputs must be one of {', '.join(INPUTS)}, not {inputs!r}")
         self.samples = list(samples)
-        self.per_channel = per_channel
-        self.qmax = qmax
-        self.method = method
-        self.unsigned = unsigned
         self.inputs = inputs
         self.budget = budget or RoundingBudget()
         self.backend = backend_name(backend)
@@ -225,12 +215,7 @@ class LearnedRoundingPass(ir.passes.InPlacePass):
         for node in copy.graph:
             if node.name in decided:
                 node.meta[INT8] = decided[node.name]
-        QuantizeQDQPass(
-            self.method,
-            unsigned=self.unsigned,
-            per_channel=self.per_channel,
-            reduce_range=self.qmax < 127,
-        )(copy)
+        QuantizeQDQPass()(copy)
         common.RemoveUnusedNodesPass()(copy)  # the FP32 weights the int8 ones replaced
         reads = {n.name: n.inputs[0] for n in copy.graph if n.name and n.inputs}
         paired = []
@@ -254,8 +239,9 @@ class LearnedRoundingPass(ir.passes.InPlacePass):
         if weight is None or grouped is None:
             result.kept_nearest[name] = "weight layout not handled"
             return
-        axis = weight_out_axis(node, weight.ndim) if self.per_channel else None
-        quantized = quantize_weight(weight, axis, qmax=self.qmax)
+        spec = weight_spec(node)
+        axis = weight_out_axis(node, weight.ndim) if spec.per_channel else None
+        quantized = quantize_weight(weight, axis, qmax=spec.qmax)
         matrix, group = grouped
         x = _group_rows(layer, rows[0], group, matrix.shape[2])
         read = _group_rows(layer, rows[1], group, matrix.shape[2]) if rows[1] is not None else x
@@ -268,7 +254,7 @@ class LearnedRoundingPass(ir.passes.InPlacePass):
         data, params = quantized
         scale = params.scale.reshape(group, -1, 1) if params.scale.ndim else params.scale
         fit = learn_rounding(
-            matrix, scale, x, read, qmax=self.qmax, budget=self.budget, backend=self.backend
+            matrix, scale, x, read, qmax=spec.qmax, budget=self.budget, backend=self.backend
         )
         if fit.why or not fit.changed:
             result.kept_nearest[name] = fit.why or "round-to-nearest was already best"

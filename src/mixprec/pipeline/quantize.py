@@ -118,25 +118,19 @@ class QuantizePipeline(Pipeline):
             if q.per_channel and q.mode != "dynamic" and opset < PER_CHANNEL_OPSET:
                 passes.append(upgrade_to(PER_CHANNEL_OPSET))
             annotate = AnnotateInt8Pass(
-                q.exclude_nodes, dynamic=q.mode == "dynamic", placement=q.placement
+                q.exclude_nodes,
+                quantizer=q.quantizer(),
+                dynamic=q.mode == "dynamic",
+                placement=q.placement,
             )
             return Stage(name, *passes, CountMacsPass(), annotate)
         if name == "apply" and q.mode == "dynamic":
-            dynamic_pass = QuantizeDynamicPass(
-                per_channel=q.per_channel, reduce_range=q.reduce_range
-            )
-            return Stage(name, dynamic_pass, common.RemoveUnusedNodesPass())
+            return Stage(name, QuantizeDynamicPass(), common.RemoveUnusedNodesPass())
         if name == "apply":
             return Stage(
                 name,
                 *self._rounding(q),
-                QuantizeQDQPass(
-                    q.method,
-                    unsigned=q.unsigned,
-                    per_channel=q.per_channel,
-                    reduce_range=q.reduce_range,
-                    bias_correction=q.bias_correction,
-                ),
+                QuantizeQDQPass(bias_correction=q.bias_correction),
                 common.RemoveUnusedNodesPass(),
             )
         return super().build(name, model)
@@ -149,14 +143,7 @@ class QuantizePipeline(Pipeline):
         samples = self.rounding_samples
         if samples is None and isinstance(self.calibration_data, Mapping | Sequence):
             samples = head_of(self.calibration_data, ROUNDING_SAMPLES)[0]
-        learned = LearnedRoundingPass(
-            samples or [],
-            per_channel=q.per_channel,
-            qmax=63 if q.reduce_range else 127,
-            method=q.method,
-            unsigned=q.unsigned,
-        )
-        return [learned]
+        return [LearnedRoundingPass(samples or [])]
 
     def _smoothing(
         self, q: QuantizeConfig, model: ir.Model

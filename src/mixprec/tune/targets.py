@@ -24,6 +24,7 @@ from mixprec.core.ops import parse_dtype, weight_out_axis
 from mixprec.int8.config import MODES, QuantizeConfig
 from mixprec.int8.params import activation_qparams, quantize_weight
 from mixprec.int8.plan import int8_decision, weight_index
+from mixprec.int8.spec import BackendQuantizer
 from mixprec.passes.emulate import EmulateLowPrecisionPass
 from mixprec.pipeline.quantize import QuantizePipeline
 from mixprec.pipeline.stages import Pipeline
@@ -134,8 +135,8 @@ class Int8Target:
 
     def rounder(self, model: ir.Model):
         stats = calibration_of(model).stats
-        q = self.qconfig
-        return lambda graph, names: QdqRounder(graph, names, stats, q)
+        quantizer = self.qconfig.quantizer()
+        return lambda graph, names: QdqRounder(graph, names, stats, quantizer)
 
     @staticmethod
     def runnable(model: ir.Model, engine: Engine) -> tuple[onnx.ModelProto, str]:
@@ -147,12 +148,19 @@ class Int8Target:
 
 class QdqRounder(Rounder):
     """INT8 emulation: activations through QuantizeLinear -> DequantizeLinear at their
-    calibrated scale; weights replaced by their (per-channel) fake-quantized values."""
+    calibrated scale; weights replaced by their (per-channel) fake-quantized values, as the
+    backend quantizer's specs say."""
 
-    def __init__(self, graph: ir.Graph, names: UniqueNames, stats: Mapping[str, Any], q: Any):
+    def __init__(
+        self,
+        graph: ir.Graph,
+        names: UniqueNames,
+        stats: Mapping[str, Any],
+        quantizer: BackendQuantizer,
+    ):
         super().__init__(graph, names)
         self.stats = stats
-        self.q = q
+        self.quantizer = quantizer
 
     def _const(self, base: str, array: np.ndarray) -> ir.Value:
         value = ir.Value(name=self.fresh(base), const_value=ir.tensor(array))
@@ -169,8 +177,9 @@ class QdqRounder(Rounder):
             if index is None or weight_of.inputs[index] is not value or tensor is None:
                 return value  # biases and other constants stay float
             w = tensor.numpy().astype(np.float32)
-            axis = weight_out_axis(weight_of, w.ndim) if self.q.per_channel else None
-            found = quantize_weight(w, axis, qmax=63 if self.q.reduce_range else 127)
+            spec = self.quantizer.weight
+            axis = weight_out_axis(weight_of, w.ndim) if spec.per_channel else None
+            found = quantize_weight(w, axis, qmax=spec.qmax)
             if isinstance(found, str):
                 return value
             qw, wparams = found
@@ -183,7 +192,8 @@ class QdqRounder(Rounder):
         stats = self.stats.get(value.name or "")
         if stats is None:
             return value
-        qparams = activation_qparams(stats, self.q.method, self.q.unsigned)
+        spec = self.quantizer.activation
+        qparams = activation_qparams(stats, spec.method, spec.unsigned)
         if isinstance(qparams, str):
             return value
         scale = self._const(f"{base}_scale", np.asarray(qparams.scale, np.float32))
