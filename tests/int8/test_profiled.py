@@ -167,3 +167,31 @@ def test_a_repair_times_the_first_plans_placement_alone_without_a_profile(monkey
     assert timed == [{reuse.placement}] and len(profiles) == 2  # no profile again
     plan = report.quantization["speed"]
     assert plan["chosen"] == reuse.placement and plan["profiled"] == {}
+
+
+@pytest.mark.parametrize(
+    ("profiled", "says"),
+    [
+        ({"profile": None}, "the runtime gave none"),
+        ({"slower": {}}, "it found no layer slower in INT8"),
+        ({"slower": {"c1": 1.3, "c2": 1.2}}, "it found every layer no faster in INT8"),
+    ],
+)
+def test_the_plan_says_why_no_placement_came_from_the_profile(monkeypatch, profiled, says):
+    """When the profile gives no placement to time (no profile from the runtime, no layer
+    slower, every layer slower), the plan's note and ``profile_note`` say which; before,
+    only a log line at INFO said that the runtime gave no profile."""
+    if "profile" in profiled:
+        monkeypatch.setattr(speed, "_profile", lambda *a: None)
+    else:
+        monkeypatch.setattr(speed, "slower_layers", lambda *a: profiled["slower"])
+
+    def even(sessions, _feeds, _bar=None):
+        return {label: [1e-3 if label == "fp32" else 5e-4] * 20 for label in sessions}
+
+    monkeypatch.setattr(speed, "time_paired", even)
+    result = mixprec.quantize(_model(), _samples(4), guard=False)
+    plan = result.report.quantization["speed"]
+    assert plan["profile_note"] == says or plan["profile_note"].startswith(says)
+    assert f"no placement from the per-layer profile: {says}" in plan["summary"]
+    assert not plan["chosen"].startswith("all but"), plan["chosen"]

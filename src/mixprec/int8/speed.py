@@ -179,11 +179,15 @@ def choose_placement(
     Returns the placement to use (:data:`STAY_FLOAT` when none is clearly faster) and
     what was measured (``ms``, ``ratio``, ``faster_share``, ``rounds``, ``dropped``: the
     rounds of each placement dropped early, ``chosen``, ``summary``, ``profiled``: the
-    layers the profile kept float, with their regions' ratios).
+    layers the profile kept float, with their regions' ratios; ``profile_note``: why no
+    such placement was timed, empty when one was or ``profile`` is off).
     """
     slower: dict[str, float] = {}
+    no_profile = ""
     if profile:
-        build, placements, slower = _with_profiled(fp32, placements, build, feeds, runtime)
+        build, placements, slower, no_profile = _with_profiled(
+            fp32, placements, build, feeds, runtime
+        )
     reference = session(fp32, runtime)
     times: dict[str, list[float]] = {"fp32": []}
     pairs: dict[str, list[float]] = {}
@@ -217,6 +221,8 @@ def choose_placement(
     chosen = placements[decision.chosen] if decision.chosen != "fp32" else STAY_FLOAT
     where = (runtime or RuntimeOptions()).name
     summary = _summary(decision, feeds, where, (dropped, refused))
+    if no_profile:
+        summary += f"; no placement from the per-layer profile: {no_profile}"
     return chosen, {
         "ms": decision.ms,
         "ratio": decision.ratio,
@@ -229,6 +235,7 @@ def choose_placement(
         "shapes": {k: list(np.shape(v)) for k, v in feeds.items()},
         "summary": summary,
         "profiled": slower,
+        "profile_note": no_profile,
     }
 
 
@@ -238,16 +245,16 @@ def _with_profiled(
     build: Callable[[Placement], onnx.ModelProto],
     feeds: Mapping[str, np.ndarray],
     runtime: RuntimeOptions | None,
-) -> tuple[Callable[[Placement], onnx.ModelProto], dict[str, Placement], dict[str, float]]:
+) -> tuple[Callable[[Placement], onnx.ModelProto], dict[str, Placement], dict[str, float], str]:
     """The placements with one more in front where the runtime's profile
     (:mod:`mixprec.int8.profiled`) found layers of the first (fullest) placement no
     faster in INT8 than in FP32: that placement with those layers kept float (listed
     first, it wins a tie: as fast, and more of the model in FP32). Returns the build
-    (the first placement's model built once), the placements and the slower layers with
-    their regions' ratios (empty: no profile, or none slower, or every layer)."""
+    (the first placement's model built once), the placements, the slower layers with
+    their regions' ratios, and why none were found (empty when some were)."""
     first_label, first = next(iter(placements.items()))
     if fp32.ByteSize() > PROFILED_BYTES:  # two more sessions and copies of a large model
-        return build, dict(placements), {}
+        return build, dict(placements), {}, f"the model is over {PROFILED_BYTES >> 20} MB"
     built = build(first)
 
     def cached(placement: Placement) -> onnx.ModelProto:
@@ -256,15 +263,17 @@ def _with_profiled(
     fp32_profile = _profile(fp32, feeds, runtime)
     int8_profile = _profile(built, feeds, runtime) if fp32_profile is not None else None
     if fp32_profile is None or int8_profile is None:
-        return cached, dict(placements), {}
+        return cached, dict(placements), {}, "the runtime gave none (its reason is logged)"
     named = {n.name for n in built.graph.node} - {""}  # the prepared graph's: exclusions' own
     layers = [n.name for n in fp32.graph.node if is_layer(n) and n.name in named]
     slower = slower_layers(fp32.graph, layers, fp32_profile, int8_profile)
-    if not slower or len(slower) == len(layers):
-        return cached, dict(placements), {}
+    if not slower:
+        return cached, dict(placements), {}, "it found no layer slower in INT8"
+    if len(slower) == len(layers):
+        return cached, dict(placements), {}, "it found every layer no faster in INT8"
     kept = Placement(first.exclude + tuple(re.escape(n) for n in slower), first.ops)
     label = f"{first_label} but {len(slower)} layer(s) the profile found no faster in INT8"
-    return cached, {label: kept, **placements}, slower
+    return cached, {label: kept, **placements}, slower, ""
 
 
 def _profile(
