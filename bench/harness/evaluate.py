@@ -222,3 +222,13 @@ def add_latency(row: dict[str, Any], base: Baseline, converted: ort.InferenceSes
                                              base.latency_feeds)
     except Exception as exc:
         row["latency_error"] = first_line(exc)
+
+
+def decision_f1(ref: np.ndarray, got: np.ndarray, threshold: float) -> float:
+    """F1 of ``got > threshold`` against ``ref > threshold`` (1.0 where neither says yes):
+    the bench's probe of a detector's or tagger's decisions (mixprec's guard counts the
+    same decisions' agreement per row, :func:`mixprec.core.metrics.decision_agreement`)."""
+    want, have = ref > threshold, got > threshold
+    both = float(np.sum(want & have))
+    total = float(np.sum(want) + np.sum(have))
+    return 1.0 if total == 0 else 2.0 * both / total

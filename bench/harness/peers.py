@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness.common import corpus_dir
+from bench.harness.evaluate import decision_f1
 
 __all__ = ["PEERS", "peer_inputs", "probe"]
 
@@ -130,12 +131,6 @@ def _f1(ref: list[np.ndarray], got: list[np.ndarray]) -> tuple[float, int]:
     return (1.0 if total == 0 else 2 * hits / total), total
 
 
-def _decision_f1(ref: np.ndarray, got: np.ndarray, threshold: float) -> float:
-    want, have = ref > threshold, got > threshold
-    total = int(want.sum() + have.sum())
-    return 1.0 if total == 0 else 2.0 * int((want & have).sum()) / total
-
-
 def probe(name: str, ref: list[dict], got: list[dict]) -> str:
     """The probe's agreement of ``got`` with ``ref`` (FP32's outputs on the eval samples)."""
     if name == "nudenet_yolov8n":
@@ -145,7 +140,7 @@ def probe(name: str, ref: list[dict], got: list[dict]) -> str:
         )
         return f"detections F1 {f1:.3f} ({count} detections)"
     cat = lambda outs, key: np.concatenate([o[key] for o in outs])  # noqa: E731
-    frames = _decision_f1(cat(ref, _NOTE), cat(got, _NOTE), 0.3)
-    onsets = _decision_f1(cat(ref, _ONSET), cat(got, _ONSET), 0.5)
+    frames = decision_f1(cat(ref, _NOTE), cat(got, _NOTE), 0.3)
+    onsets = decision_f1(cat(ref, _ONSET), cat(got, _ONSET), 0.5)
     bins = float(np.mean(cat(ref, _CONTOUR).argmax(-1) == cat(got, _CONTOUR).argmax(-1)))
     return f"note frames F1 {frames:.3f}, onsets F1 {onsets:.3f}, contour bins {bins:.3f}"

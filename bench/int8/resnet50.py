@@ -39,6 +39,7 @@ from bench.harness.common import (
 )
 from bench.harness.evaluate import THREADS, session
 from bench.harness.models import natural_images
+from mixprec.core.metrics import rel_l2_error
 
 SEED = 50
 CALIB_SAMPLES = 16
@@ -187,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     for tool in rows:
         if tool in sessions:
             got = sessions[tool].run(None, {"x": evals[:8]})[0]
-            rows[tool]["rel_l2"] = float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+            rows[tool]["rel_l2"] = rel_l2_error(ref, got)
             rows[tool]["top1"] = float(np.mean(got.argmax(1) == ref.argmax(1)))
     lat = timed(sessions, {"x": evals[:1]}, args.seconds)
     thr = timed(sessions, {"x": evals}, args.seconds)

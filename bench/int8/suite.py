@@ -23,6 +23,7 @@ from bench.harness.evaluate import (
     add_latency,
     check,
     compare,
+    decision_f1,
     first_line,
     labelled_scores,
     run,
@@ -31,6 +32,7 @@ from bench.harness.evaluate import (
 from bench.harness.metrics import ValueInfo, node_macs, runtime_shapes, subgraphs, value_infos
 from bench.harness.models import ModelSpec, int8_calibration
 from bench.int8.quantize_one import TOOLS as TOOLS  # the one list of quantizers, for bench.main
+from mixprec.core.metrics import row_cosines
 
 #: ONNX Runtime CPU kernels that run a Conv/MatMul/Gemm in integers, and in float.
 INTEGER_KERNELS = {
@@ -125,19 +127,10 @@ def integer_kernel_share(path: Path, feeds: Mapping[str, np.ndarray],
 
 
 def min_sample_cosine(ref: np.ndarray, got: np.ndarray) -> float:
-    ref2 = ref.reshape(ref.shape[0], -1).astype(np.float64)
-    got2 = got.reshape(got.shape[0], -1).astype(np.float64)
-    norms = np.linalg.norm(ref2, axis=1) * np.linalg.norm(got2, axis=1)
-    cos = np.sum(ref2 * got2, axis=1) / np.where(norms > 0, norms, 1.0)
-    return float(np.min(cos)) if np.all(np.isfinite(cos)) else float("nan")
-
-
-def decision_f1(ref: np.ndarray, got: np.ndarray, threshold: float) -> float:
-    """F1 of ``got > threshold`` against ``ref > threshold`` (1.0 where neither says yes)."""
-    want, have = ref > threshold, got > threshold
-    both = float(np.sum(want & have))
-    total = float(np.sum(want) + np.sum(have))
-    return 1.0 if total == 0 else 2.0 * both / total
+    """The lowest cosine of a sample (the leading axis, each sample flattened) to FP32's:
+    mixprec's row cosines (-1 for a sample that is not finite)."""
+    n = ref.shape[0]
+    return float(np.min(row_cosines(ref.reshape(n, -1), got.reshape(n, -1))))
 
 
 #: The task metric's budget for mixprec-metric: what report_int8 counts as accurate.

@@ -30,11 +30,11 @@ from typing import Any
 import numpy as np
 import onnx
 
-from bench.harness.evaluate import Baseline, first_line
+from bench.harness.evaluate import Baseline, decision_f1, first_line
 from bench.harness.models import ModelSpec
 from bench.harness.report import num
 from bench.int8.quantize_one import OPTIMIZE
-from bench.int8.suite import decision_f1, quantize, write_calibration
+from bench.int8.suite import quantize, write_calibration
 from bench.precision.bf16 import Runner, error_text, interleaved, ort_runner, ov_runner, score
 
 Row = dict[str, Any]

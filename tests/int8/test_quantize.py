@@ -17,6 +17,7 @@ import mixprec
 from helpers import run_ort
 from mixprec.calibrate.observers import HistogramObserver, MinMaxObserver
 from mixprec.cli.main import main
+from mixprec.core.metrics import rel_l2_error
 from mixprec.int8.config import QuantizeConfig
 from mixprec.int8.params import (
     activation_qparams,
@@ -91,10 +92,6 @@ def _cnn(opset: int = 17) -> onnx.ModelProto:
 def _samples(n: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     return [{"x": rng.uniform(0, 1, (1, 3, 16, 16)).astype(np.float32)} for _ in range(n)]
-
-
-def _rel_l2(ref: np.ndarray, out: np.ndarray) -> float:
-    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
 
 
 def _ops(model: onnx.ModelProto) -> Counter[str]:
@@ -252,7 +249,7 @@ def test_the_qdq_pass_writes_what_the_backend_quantizers_specs_say():
         assert int(np.abs(codes.astype(np.int32)).max()) == bound
         for feeds in _samples(2, seed=5):
             ref, got = run_ort(_cnn(), feeds)["logits"], run_ort(out, feeds)["logits"]
-            assert _rel_l2(ref, got) < 0.1, (quantizer, _rel_l2(ref, got))
+            assert rel_l2_error(ref, got) < 0.1, (quantizer, rel_l2_error(ref, got))
 
 
 def test_quantized_cnn_runs_in_integer_kernels_and_matches_fp32():
@@ -295,7 +292,7 @@ def test_quantized_cnn_runs_in_integer_kernels_and_matches_fp32():
     for feeds in _samples(4, seed=9):
         ref = run_ort(model, feeds)["logits"]
         got = run_ort(out, feeds)["logits"]
-        worst = max(worst, _rel_l2(ref, got))
+        worst = max(worst, rel_l2_error(ref, got))
     # Tolerance from the scales: 8-bit steps through three layers stay within a few %.
     assert worst < 0.05, f"INT8 logits rel L2 {worst:.3g} vs FP32 (tolerance 0.05)"
 
@@ -343,7 +340,7 @@ def test_non_finite_ranges_leave_their_nodes_float_with_a_reason():
     feeds = {"x": rng.uniform(0, 1, (1, 4)).astype(np.float32), "mask": mask}
     got = run_ort(result.model_proto, feeds)["y"]
     assert np.all(np.isfinite(got))
-    assert _rel_l2(run_ort(model, feeds)["y"], got) < 0.05
+    assert rel_l2_error(run_ort(model, feeds)["y"], got) < 0.05
 
 
 def test_speed_auto_times_placements_and_never_picks_one_slower_than_fp32():
@@ -384,7 +381,7 @@ def test_speed_plan_and_guard_run_in_the_runtime_asked_for():
     feeds = _samples(1, seed=5)[0]
     session = engine_for("openvino").session(result.model_proto, RuntimeOptions("openvino"))
     got = session.run(feeds)["logits"]
-    assert _rel_l2(run_ort(model, feeds)["logits"], got) < 0.1
+    assert rel_l2_error(run_ort(model, feeds)["logits"], got) < 0.1
 
 
 def test_without_calibration_data_the_report_warns():
@@ -489,11 +486,11 @@ def test_mtcnn_onet_int8(corpus_dir: Path):
     got, all_int8 = run_ort(proto, feeds), run_ort(unguarded, feeds)
     # the box regression's 4 channels read one by one: all-INT8 moves one of them by
     # more than 10% (the whole tensor's rel L2 hid it), and the guard keeps its layers float
-    worst = max(_rel_l2(ref["dense_5"][:, k], all_int8["dense_5"][:, k]) for k in range(4))
-    assert worst > 0.1 and _rel_l2(ref["dense_5"], all_int8["dense_5"]) < 0.1
+    worst = max(rel_l2_error(ref["dense_5"][:, k], all_int8["dense_5"][:, k]) for k in range(4))
+    assert worst > 0.1 and rel_l2_error(ref["dense_5"], all_int8["dense_5"]) < 0.1
     assert "worst channel's rel L2 <= 0.1 on 'dense_5'" in result.report.guard["summary"]
     for name in ("dense_5", "dense_6"):
-        assert max(_rel_l2(ref[name][:, k], got[name][:, k]) for k in range(4)) < 0.1, name
+        assert max(rel_l2_error(ref[name][:, k], got[name][:, k]) for k in range(4)) < 0.1, name
     assert np.array_equal(ref["softmax_2"].argmax(1), got["softmax_2"].argmax(1))
 
 
@@ -611,7 +608,7 @@ def test_dynamic_mode_quantizes_weights_and_runs_fused_integer_kernels():
         x = np.random.default_rng(batch).standard_normal((batch, 64)).astype(np.float32)
         ref, got = run_ort(model, {"x": x}), run_ort(proto, {"x": x})
         np.testing.assert_array_equal(got["gram"], ref["gram"])
-        assert _rel_l2(ref["y"], got["y"]) < 0.03, _rel_l2(ref["y"], got["y"])
+        assert rel_l2_error(ref["y"], got["y"]) < 0.03, rel_l2_error(ref["y"], got["y"])
     # calibration data is not needed, and when given, only its shapes are used
     assert not any("no calibration data" in n for n in result.report.notes)
     given = mixprec.quantize(model, [{"x": np.ones((3, 64), np.float32)}], mode="dynamic",
@@ -678,7 +675,7 @@ def test_fallback_paints_the_float_nodes_and_keeps_the_integer_kernels(fallback:
     if fallback == "fp16":  # ORT's CPU provider has fp16 kernels, not bf16 ones
         x = _samples(1, seed=9)[0]
         ref, got = run_ort(model, x)["logits"], run_ort(proto, x)["logits"]
-        assert _rel_l2(ref, got) < 0.05, _rel_l2(ref, got)
+        assert rel_l2_error(ref, got) < 0.05, rel_l2_error(ref, got)
 
 
 def test_mode_auto_is_dynamic_for_matmul_models_and_static_for_cnns():
@@ -757,7 +754,7 @@ def test_int8_tuning_of_an_opset_11_cnn_raises_the_opset_for_its_candidates():
     assert {o.domain: o.version for o in proto.opset_import}[""] == 13
     onnx.checker.check_model(proto, full_check=True)
     x = _samples(1, seed=5)[0]
-    assert _rel_l2(run_ort(_cnn(opset=11), x)["logits"], run_ort(proto, x)["logits"]) < 0.2
+    assert rel_l2_error(run_ort(_cnn(opset=11), x)["logits"], run_ort(proto, x)["logits"]) < 0.2
 
 
 def test_a_placement_is_pruned_only_when_its_interval_is_past_the_bar():

@@ -29,6 +29,7 @@ import mixprec
 from guard_models import separable_classifier
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
+from mixprec.core.metrics import rel_l2_error
 from mixprec.optimize.candidates import Candidate
 from mixprec.optimize.device import device_candidates
 from mixprec.optimize.metadata import stamp
@@ -209,10 +210,7 @@ def test_gpu_candidates_are_built_checked_and_timed_on_the_device(
 
 def _max_rel_l2(reference, outputs) -> float:
     """Minus the worst relative L2 error of ``probs``: higher is better."""
-    errors = [
-        np.linalg.norm(o["probs"] - r["probs"]) / np.linalg.norm(r["probs"])
-        for r, o in zip(reference, outputs, strict=True)
-    ]
+    errors = [rel_l2_error(r["probs"], o["probs"]) for r, o in zip(reference, outputs, strict=True)]
     return -float(max(errors))
 
 
