@@ -19,7 +19,7 @@ from guard_models import separable_classifier, separable_samples
 from mixprec.batch.optimize_job import NO_DATA
 from mixprec.batch.results import read_rows
 from mixprec.cli.main import main
-from mixprec.runtime.engines import HINTS_KEY, RUNTIME_KEY
+from mixprec.io.runtime_fields import HINTS_KEY, RUNTIME_KEY
 
 #: slow: each batch starts worker processes that import mixprec
 pytestmark = pytest.mark.slow

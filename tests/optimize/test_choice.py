@@ -15,13 +15,14 @@ import pytest
 from guard_models import separable_classifier
 from mixprec.checks.outputs import OutputCheck
 from mixprec.core.errors import MixprecError
+from mixprec.io.runtime_fields import HINTS_KEY, RUNTIME_KEY
 from mixprec.optimize import timing as timing_module
 from mixprec.optimize.candidates import CANDIDATES, select_candidates
 from mixprec.optimize.choice import Row, accuracy_text, choose
 from mixprec.optimize.metadata import runtime_metadata, stamp
 from mixprec.optimize.timing import Timer, Timing, median_interval, minimum_seconds, undecided
 from mixprec.runtime.engine import RuntimeOptions
-from mixprec.runtime.engines import HINTS_KEY, RUNTIME_KEY, options_from_metadata
+from mixprec.runtime.engines import options_from_metadata
 
 GOOD = (OutputCheck("probs", "top1", 1.0, 0.99, True),)
 BAD = (OutputCheck("probs", "top1", 0.9, 0.99, False),)

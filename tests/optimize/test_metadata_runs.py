@@ -14,9 +14,10 @@ import pytest
 
 import mixprec
 from guard_models import separable_classifier, separable_samples
+from mixprec.io.runtime_fields import RUNTIME_KEY
 from mixprec.optimize.metadata import runtime_fields, stamp
 from mixprec.runtime.engine import RuntimeOptions
-from mixprec.runtime.engines import ENGINES, RUNTIME_KEY, options_of_model, run_model
+from mixprec.runtime.engines import ENGINES, options_of_model, run_model
 
 pytest.importorskip("openvino")
 

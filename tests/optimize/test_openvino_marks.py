@@ -20,19 +20,19 @@ import mixprec
 from helpers import assert_close, run_ort
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import DEFAULT_RTOL
+from mixprec.io.runtime_fields import (
+    FP32_NODES_KEY,
+    HINTS_KEY,
+    RUNTIME_KEY,
+    RUNTIME_MODEL_KEY,
+    fp32_nodes,
+)
 from mixprec.optimize.candidates import select_candidates, skip_reason
 from mixprec.optimize.metadata import runtime_fields, save_marked
 from mixprec.pipeline.marks import bf16_marked
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions
-from mixprec.runtime.engines import ENGINES, HINTS_KEY, RUNTIME_KEY, run_model
-from mixprec.runtime.ov_marks import (
-    FP32_NODES_KEY,
-    RUNTIME_MODEL_KEY,
-    fp32_nodes,
-    marked_names,
-    ops_of_nodes,
-    runtime_layers,
-)
+from mixprec.runtime.engines import ENGINES, run_model
+from mixprec.runtime.ov_marks import marked_names, ops_of_nodes, runtime_layers
 
 ov = pytest.importorskip("openvino")
 

@@ -15,8 +15,9 @@ from onnx import TensorProto, helper, numpy_helper
 import mixprec
 from guard_models import separable_samples
 from mixprec.cli.main import main
+from mixprec.io.runtime_fields import HINTS_KEY, RUNTIME_KEY
 from mixprec.optimize.candidates import CANDIDATES, Candidate
-from mixprec.runtime.engines import ENGINES, HINTS_KEY, RUNTIME_KEY
+from mixprec.runtime.engines import ENGINES
 from mixprec.runtime.timing import PRUNE_AFTER
 
 pytest.importorskip("openvino")

@@ -30,6 +30,7 @@ from guard_models import separable_classifier
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import rel_l2_error
+from mixprec.io.runtime_fields import HINTS_KEY, RUNTIME_KEY
 from mixprec.optimize.candidates import Candidate
 from mixprec.optimize.device import device_candidates
 from mixprec.optimize.metadata import stamp
@@ -37,14 +38,7 @@ from mixprec.passes.emulate import emulate_low_precision
 from mixprec.report.optimize_page import candidates_html
 from mixprec.runtime import clock as timing_clock
 from mixprec.runtime.engine import REGISTRY, RuntimeOptions
-from mixprec.runtime.engines import (
-    ENGINES,
-    HINTS_KEY,
-    RUNTIME_KEY,
-    options_from_metadata,
-    options_of_model,
-    run_model,
-)
+from mixprec.runtime.engines import ENGINES, options_from_metadata, options_of_model, run_model
 
 OrtEngine = type(ENGINES["ort"])
 #: Seconds each run on the fake device takes on the virtual clock, by the model's lowest

@@ -15,15 +15,10 @@ import pytest
 
 import mixprec
 from guard_models import separable_classifier, separable_samples
+from mixprec.io.runtime_fields import HINTS_KEY, RUNTIME_KEY
 from mixprec.optimize.candidates import Candidate
 from mixprec.runtime.engine import RuntimeOptions
-from mixprec.runtime.engines import (
-    ENGINES,
-    HINTS_KEY,
-    RUNTIME_KEY,
-    register_engine,
-    unregister_engine,
-)
+from mixprec.runtime.engines import ENGINES, register_engine, unregister_engine
 
 OrtEngine = type(ENGINES["ort"])
 

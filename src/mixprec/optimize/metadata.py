@@ -24,15 +24,9 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.io.models import check_output_path, save_model
+from mixprec.io.runtime_fields import HINTS_KEY, RUNTIME_FIELDS, RUNTIME_KEY, RUNTIME_MODEL_KEY
 from mixprec.runtime.engine import RuntimeOptions
-from mixprec.runtime.engines import (
-    HINTS_KEY,
-    RUNTIME_FIELDS,
-    RUNTIME_KEY,
-    runtime_hints,
-    write_marked_ir,
-)
-from mixprec.runtime.ov_marks import RUNTIME_MODEL_KEY
+from mixprec.runtime.engines import runtime_hints, write_marked_ir
 
 __all__ = ["runtime_fields", "runtime_metadata", "save_marked", "stamp", "unstamped"]
 

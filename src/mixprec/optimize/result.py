@@ -11,12 +11,12 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.io.models import copy_model_file, save_model
+from mixprec.io.runtime_fields import fp32_nodes
 from mixprec.optimize.candidates import BASELINE
 from mixprec.optimize.choice import Row, accuracy_text
 from mixprec.optimize.metadata import runtime_metadata, save_marked
 from mixprec.optimize.timing import Timing
 from mixprec.runtime.engine import RuntimeOptions
-from mixprec.runtime.ov_marks import fp32_nodes
 
 __all__ = ["OptimizeResult", "TimedAt", "format_row"]
 

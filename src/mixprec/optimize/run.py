@@ -40,6 +40,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.ops import parse_dtype
 from mixprec.core.output_kinds import OutputKind
 from mixprec.inputs.feeds import feeds_for, make_inputs, resolve_input_shapes
+from mixprec.io.runtime_fields import RUNTIME_KEY, fp32_nodes
 from mixprec.optimize.candidates import (
     BASELINE,
     Candidate,
@@ -63,8 +64,7 @@ from mixprec.pipeline.marks import bf16_marked
 from mixprec.pipeline.quantize import resolve_qconfig
 from mixprec.repair.int8_guard import guarded_quantize
 from mixprec.runtime.engine import RuntimeOptions
-from mixprec.runtime.engines import RUNTIME_KEY, engine_for, runtime_hints
-from mixprec.runtime.ov_marks import fp32_nodes
+from mixprec.runtime.engines import engine_for, runtime_hints
 from mixprec.runtime.timing import MAJORITY
 from mixprec.runtime.timing import session as timing_session
 

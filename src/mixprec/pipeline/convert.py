@@ -22,6 +22,7 @@ from mixprec.core.ops import LOW_TYPES, is_onnx_domain
 from mixprec.core.policy import normalize_dtype
 from mixprec.core.registry import node_info
 from mixprec.io.models import copy_model_file, save_model
+from mixprec.io.runtime_fields import RUNTIME_FIELDS
 from mixprec.passes.cleanup import annotated_values
 from mixprec.passes.fold import FoldBatchNormResult, FoldCastsResult
 from mixprec.passes.opset import UpgradeOpsetResult
@@ -31,7 +32,6 @@ from mixprec.pipeline.report import NodeReport, Report
 from mixprec.pipeline.stages import Pipeline, Stage
 from mixprec.precision.paint import painted
 from mixprec.precision.rewrite import ApplyPrecisionResult, RemoveRedundantCastsResult
-from mixprec.runtime.engines import RUNTIME_FIELDS
 
 __all__ = [
     "ConversionResult",

@@ -2,7 +2,7 @@
 
 The stages run through ``annotate`` (the model prepared and painted for bf16, nothing
 rewritten); the FP32 model that comes out carries, in its ``metadata_props``, the names of
-the nodes the painting kept FP32 (:data:`~mixprec.runtime.ov_marks.FP32_NODES_KEY`).
+the nodes the painting kept FP32 (:data:`~mixprec.io.runtime_fields.FP32_NODES_KEY`).
 OpenVINO runs it with ``INFERENCE_PRECISION_HINT=bf16`` and those nodes marked to keep
 their precision (:mod:`mixprec.runtime.ov_marks`): its own lowering, without a Convert at
 every FP32 island, but with mixprec's reasons for where FP32 stays.
@@ -20,10 +20,10 @@ import onnx_ir.passes.common as common
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import is_constant_node
+from mixprec.io.runtime_fields import with_fp32_nodes
 from mixprec.pipeline.convert import CalibrationData, run_convert
 from mixprec.pipeline.report import Report
 from mixprec.precision.paint import Precision, decision_of
-from mixprec.runtime.ov_marks import with_fp32_nodes
 
 __all__ = ["bf16_marked", "kept_fp32"]
 

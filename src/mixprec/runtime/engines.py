@@ -24,6 +24,7 @@ import numpy as np
 import onnx
 
 from mixprec.core.errors import MixprecError
+from mixprec.io.runtime_fields import HINTS_KEY, RUNTIME_KEY
 from mixprec.runtime.cpu import cpu_features
 from mixprec.runtime.engine import (
     REGISTRY,
@@ -35,15 +36,11 @@ from mixprec.runtime.engine import (
 )
 from mixprec.runtime.openvino import OpenVinoEngine, write_marked_ir
 from mixprec.runtime.ort import OrtEngine
-from mixprec.runtime.ov_marks import FP32_NODES_KEY, RUNTIME_MODEL_KEY
 
 __all__ = [
     "ENGINES",
-    "HINTS_KEY",
     "PRECISION_HINT",
     "PROVIDER_HINT",
-    "RUNTIME_FIELDS",
-    "RUNTIME_KEY",
     "CheckPlan",
     "check_plan",
     "engine_for",
@@ -154,15 +151,6 @@ def runtime_options(runtime: RuntimeOptions | str | None, threads: int = 2) -> R
     )
 
 
-#: ``metadata_props`` key naming the engine a model is meant to run in (``mixprec
-#: optimize`` writes it; absent: ONNX Runtime).
-RUNTIME_KEY = "mixprec.runtime"
-#: ``metadata_props`` key holding the engine's properties as a JSON object (``{}``: none).
-HINTS_KEY = "mixprec.runtime_hints"
-#: Every ``metadata_props`` key that says how a model runs (an earlier run's are dropped
-#: together): the engine, its properties, the OpenVINO IR beside the model
-#: (:data:`~mixprec.runtime.ov_marks.RUNTIME_MODEL_KEY`) and the nodes it keeps FP32.
-RUNTIME_FIELDS = (RUNTIME_KEY, HINTS_KEY, RUNTIME_MODEL_KEY, FP32_NODES_KEY)
 #: The property that carries :attr:`RuntimeOptions.precision` (OpenVINO's name for it).
 PRECISION_HINT = "INFERENCE_PRECISION_HINT"
 #: The property that carries :attr:`RuntimeOptions.provider` (where the engine computes:

@@ -31,6 +31,7 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
+from mixprec.io.runtime_fields import fp32_nodes, props_of
 from mixprec.runtime.cpu import CpuFeatures, cpu_features, saturates_u8s8
 from mixprec.runtime.engine import (
     HostBound,
@@ -42,14 +43,7 @@ from mixprec.runtime.engine import (
     RuntimeRunError,
     free_dropped_graphs,
 )
-from mixprec.runtime.ov_marks import (
-    MarkedIr,
-    fp32_nodes,
-    mark_fp32_ops,
-    marked_names,
-    props_of,
-    runtime_model_path,
-)
+from mixprec.runtime.ov_marks import MarkedIr, mark_fp32_ops, marked_names, runtime_model_path
 from mixprec.runtime.source import model_file, probe_model, thread_cap
 
 __all__ = ["KEPT_COMPILED", "MARKS_CONFIG", "MISSING_EXTRA", "OpenVinoEngine", "write_marked_ir"]
@@ -211,7 +205,7 @@ def _write_marked(
 
 def write_marked_ir(model: onnx.ModelProto, xml: str | os.PathLike[str]) -> MarkedIr:
     """Writes the OpenVINO IR ``xml`` (and its ``.bin``) of ``model`` (FP32), with the
-    nodes its :data:`~mixprec.runtime.ov_marks.FP32_NODES_KEY` lists marked to stay FP32
+    nodes its :data:`~mixprec.io.runtime_fields.FP32_NODES_KEY` lists marked to stay FP32
     under OpenVINO's bf16 hint. Atomic (temporary files, renamed); read back and checked.
 
     Example:

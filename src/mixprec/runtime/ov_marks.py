@@ -22,48 +22,38 @@ and the bias's reshape ops; a graph output's op is named after the tensor). The 
 node are found by tensor names, which the ONNX front end keeps: from the ops that produce
 the node's outputs back to the ops that produce any other named tensor (its inputs).
 
-The marked model is carried two ways: in memory as the FP32 ONNX model with
-:data:`FP32_NODES_KEY` (the names of the nodes kept FP32, a JSON list) in its
-``metadata_props``, marked when it is loaded; on disk as that model beside an IR
-(``OUT.xml``/``OUT.bin``) that :data:`RUNTIME_MODEL_KEY` names, which any OpenVINO reads.
+The marked model is carried two ways (the fields: :mod:`mixprec.io.runtime_fields`): in
+memory as the FP32 ONNX model with ``FP32_NODES_KEY`` (the names of the nodes kept FP32, a
+JSON list) in its ``metadata_props``, marked when it is loaded; on disk as that model
+beside an IR (``OUT.xml``/``OUT.bin``) that ``RUNTIME_MODEL_KEY`` names, which any
+OpenVINO reads.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import onnx
 
-from mixprec.core.errors import MixprecError
+from mixprec.io.runtime_fields import RUNTIME_MODEL_KEY, props_of
 from mixprec.runtime.engine import RuntimeLoadError
 
 __all__ = [
-    "FP32_NODES_KEY",
     "MARK_KEYS",
-    "RUNTIME_MODEL_KEY",
     "SET_KEY",
     "MarkedIr",
     "RuntimeLayer",
-    "fp32_nodes",
     "mark_fp32_ops",
     "marked_names",
     "ops_of_nodes",
-    "props_of",
     "resolved_runtime_model",
     "runtime_layers",
     "runtime_model_path",
-    "with_fp32_nodes",
 ]
 
-#: ``metadata_props`` key naming the OpenVINO IR (``OUT.xml``, beside the ONNX file) that
-#: the model runs as in OpenVINO.
-RUNTIME_MODEL_KEY = "mixprec.runtime_model"
-#: ``metadata_props`` key holding the names of the nodes kept FP32 (a JSON list).
-FP32_NODES_KEY = "mixprec.openvino_fp32_nodes"
 #: How the mark is set from Python (OpenVINO's IR serializer writes it as the attribute).
 SET_KEY = "precise_0"
 #: The keys a marked op carries once read from an IR (2026: the first; earlier: the second).
@@ -97,41 +87,6 @@ class RuntimeLayer:
     type: str
     precision: str
     originals: tuple[str, ...]
-
-
-def props_of(model: onnx.ModelProto) -> dict[str, str]:
-    return {p.key: p.value for p in model.metadata_props}
-
-
-def fp32_nodes(model: onnx.ModelProto) -> list[str] | None:
-    """The node names :data:`FP32_NODES_KEY` lists (None: the model carries no marks).
-
-    Raises:
-        MixprecError: the field is not a JSON list of names.
-    """
-    text = props_of(model).get(FP32_NODES_KEY)
-    if text is None:
-        return None
-    try:
-        names = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise MixprecError(f"metadata {FP32_NODES_KEY} is not JSON ({e.msg})") from None
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
-        raise MixprecError(f"metadata {FP32_NODES_KEY} must be a JSON list of node names")
-    return names
-
-
-def with_fp32_nodes(model: onnx.ModelProto, names: Iterable[str]) -> onnx.ModelProto:
-    """A copy of ``model`` whose ``metadata_props`` list ``names`` as the nodes kept FP32
-    (sorted; an earlier list and IR name replaced)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    kept = [(p.key, p.value) for p in out.metadata_props]
-    kept = [(k, v) for k, v in kept if k not in (FP32_NODES_KEY, RUNTIME_MODEL_KEY)]
-    del out.metadata_props[:]
-    for key, value in [*kept, (FP32_NODES_KEY, json.dumps(sorted(set(names))))]:
-        out.metadata_props.add(key=key, value=value)
-    return out
 
 
 def ops_of_nodes(ov_model: Any, graph: onnx.GraphProto) -> dict[str, list[Any]]:
