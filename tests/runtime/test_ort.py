@@ -1,4 +1,5 @@
-"""Tests of mixprec.runtime.ort: ONNX Runtime runs, bfloat16 arrays, IR versions, >2 GB models."""
+"""Tests of mixprec.runtime.ort and ort_sessions: ONNX Runtime runs, bfloat16 arrays, IR
+versions, >2 GB models."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from mixprec.calibrate.runner import collect_absmax
 from mixprec.core.errors import MixprecError
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import run_model
-from mixprec.runtime.ort import make_session, session_for
+from mixprec.runtime.ort_sessions import make_session, session_for
 from proto_builders import (
     BF16,
     F32,
@@ -81,7 +82,7 @@ def test_ort_cpu_lacks_bfloat16_kernels(op: str) -> None:
 def test_large_model_paths_use_external_data(monkeypatch: pytest.MonkeyPatch) -> None:
     """Models over the protobuf limit run through a temporary external-data file."""
     import mixprec.calibrate.probes
-    import mixprec.runtime.ort
+    import mixprec.runtime.ort_sessions
 
     big = np.linspace(-3.0, 2.0, 4096, dtype=np.float32)
     model = _model(
@@ -95,7 +96,7 @@ def test_large_model_paths_use_external_data(monkeypatch: pytest.MonkeyPatch) ->
         [_tensor("w", big)],
     )
     before = model.SerializeToString()
-    monkeypatch.setattr(mixprec.runtime.ort, "INLINE_LIMIT", 1000)
+    monkeypatch.setattr(mixprec.runtime.ort_sessions, "INLINE_LIMIT", 1000)
     monkeypatch.setattr(mixprec.calibrate.probes, "INLINE_LIMIT", 1000)
     x = np.full(4096, 2.0, np.float32)
     out = run_model(model, {"x": x}, BASIC)["y"]

@@ -16,7 +16,7 @@ import mixprec
 from helpers import run_ort
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import rel_l2_error
-from mixprec.runtime import ort as ort_runtime
+from mixprec.runtime import ort_sessions as ort_runtime
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.weights.blocks import BlockSpec, quantize_rtn
 from mixprec.weights.config import WeightsConfig
