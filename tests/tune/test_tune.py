@@ -4,12 +4,14 @@ the CLI. Numbers are checked against ONNX Runtime runs of the FP32 model."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import math
 from collections.abc import Iterator
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -442,3 +444,41 @@ def test_a_candidate_whose_output_length_changes_is_a_measured_miss() -> None:
     assert result.path[0].value == math.inf and not result.path[0].passed, result.path
     assert "duration" in {s.name for s in result.kept_float}, result.kept_float
     assert run_ort(result.model_proto, data[0])["frames"].shape == (9,)
+
+
+def test_int8_sensitivity_reads_weights_as_int8_codes_with_the_same_errors(monkeypatch):
+    """The tuner's INT8 copies read their weights as int8 codes that a DequantizeLinear
+    expands in the run: a quarter of the bytes a float copy of every weight held beside
+    the model (MiniLM's guard repair). The errors measured are those of float copies of
+    the same rounded weights (the path kept for opsets without per-channel
+    DequantizeLinear), up to the kernels' summation order (a constant weight is prepacked:
+    1e-6 relative on MiniLM), and rank the nodes the same."""
+    targets = importlib.import_module("mixprec.tune.targets")
+    sensitivity = importlib.import_module("mixprec.tune.sensitivity")
+    rng = np.random.default_rng(3)
+    data = [{"x": rng.random((1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+    seen: list[ir.Model] = []
+    session = sensitivity._session
+
+    def recording(model, options):
+        seen.append(model)
+        return session(model, options)
+
+    monkeypatch.setattr(sensitivity, "_session", recording)
+    codes = mixprec.tune(_conv_model(), "int8", data, budget=1e-6)
+    weights = [
+        n
+        for n in seen[0].graph
+        if n.op_type == "DequantizeLinear" and n.inputs[0].dtype == ir.DataType.INT8
+    ]
+    assert len(weights) == 2 and all(n.attributes["axis"].as_int() == 0 for n in weights)
+    monkeypatch.setattr(targets, "PER_CHANNEL_OPSET", 99)  # the float copies' path
+    seen.clear()
+    floats = mixprec.tune(_conv_model(), "int8", data, budget=1e-6)
+    assert not any(n.op_type == "DequantizeLinear" and n.inputs[0].dtype == ir.DataType.INT8
+                   for n in seen[0].graph)  # fmt: skip
+    assert [s.name for s in codes.ranking] == [s.name for s in floats.ranking]
+    for a, b in zip(codes.ranking, floats.ranking, strict=True):
+        got, want = (a.local, a.downstream, a.accumulated), (b.local, b.downstream, b.accumulated)
+        assert got == pytest.approx(want, rel=1e-5), (a.name, got, want)
+    assert all(s.local > 0 for s in codes.ranking), codes.ranking

@@ -399,7 +399,8 @@ def _session(model: ir.Model, options: RuntimeOptions) -> Session:
     with tempfile.TemporaryDirectory(prefix="mixprec-sens-") as tmp:
         path = Path(tmp) / "instrumented.onnx"
         ir.save(model, path, external_data="instrumented.onnx.data")
-        return engine_for(options).session(str(path), options, hints=LoadHints(owned=True))
+        hints = LoadHints(owned=True, arena=False)
+        return engine_for(options).session(str(path), options, hints=hints)
 
 
 def _rel(num: float, den: float) -> float:

@@ -21,7 +21,7 @@ from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import UniqueNames, iter_nodes
 from mixprec.core.ops import parse_dtype, weight_out_axis
-from mixprec.int8.config import MODES, QuantizeConfig
+from mixprec.int8.config import MODES, PER_CHANNEL_OPSET, QuantizeConfig
 from mixprec.int8.params import activation_qparams, quantize_weight
 from mixprec.int8.plan import int8_decision, weight_index
 from mixprec.int8.spec import BackendQuantizer
@@ -177,17 +177,21 @@ class QdqRounder(Rounder):
             if index is None or weight_of.inputs[index] is not value or tensor is None:
                 return value  # biases and other constants stay float
             w = tensor.numpy().astype(np.float32)
-            spec = self.quantizer.weight
+            spec = self.quantizer.specs(weight_of)[1] or self.quantizer.weight
             axis = weight_out_axis(weight_of, w.ndim) if spec.per_channel else None
             found = quantize_weight(w, axis, qmax=spec.qmax)
             if isinstance(found, str):
                 return value
             qw, wparams = found
-            factor = (
-                wparams.scale
-                if axis is None
-                else np.expand_dims(wparams.scale, [d for d in range(w.ndim) if d != axis])
-            )
+            if axis is None or self.graph.opset_imports.get("", 0) >= PER_CHANNEL_OPSET:
+                # int8 codes dequantized in the run, the same values: a quarter of the
+                # bytes a float copy of every weight held (MiniLM's guard repair)
+                attrs = {"axis": axis} if axis is not None else {}
+                codes = self._const(f"{base}_int8", qw)
+                scale = self._const(f"{base}_scale", wparams.scale)
+                zero = self._const(f"{base}_zp", wparams.zero_point)
+                return self._append("DequantizeLinear", [codes, scale, zero], base, **attrs)
+            factor = np.expand_dims(wparams.scale, [d for d in range(w.ndim) if d != axis])
             return self._const(base, (qw.astype(np.float32) * factor).astype(np.float32))
         stats = self.stats.get(value.name or "")
         if stats is None:
