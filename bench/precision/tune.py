@@ -30,6 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
 from bench.harness.common import RESULTS_DIR
+from mixprec.core.metrics import worst_rel_l2
 from mixprec.passes.emulate import emulate_low_precision
 from mixprec.passes.macs import concrete_shapes, count_macs
 from mixprec.runtime.engine import RuntimeOptions
@@ -158,11 +159,7 @@ def run_peer(model, samples, budget) -> dict[str, object]:
 
     def validate(res1, res2) -> bool:
         calls.append(1)
-        worst = max(
-            float(np.linalg.norm(np.asarray(b, np.float64) - np.asarray(a, np.float64)))
-            / max(float(np.linalg.norm(np.asarray(a, np.float64))), 1e-30)
-            for a, b in zip(res1, res2, strict=True)
-        )
+        worst = worst_rel_l2(res1, res2)
         return worst <= budget
 
     def alarm(_sig, _frame):

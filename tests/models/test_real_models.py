@@ -23,6 +23,7 @@ import pytest
 
 import mixprec
 from helpers import TOLERANCES, assert_close, run_ort, sha256_of
+from mixprec.core.metrics import rel_l2_error
 from mixprec.passes.emulate import emulate_low_precision
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions
 from mixprec.runtime.engines import ENGINES, engine_for
@@ -255,9 +256,7 @@ def test_real_model(corpus_dir: Path, key: str, dtype: str) -> None:
     outputs = {n: np.stack([o[n] for _, o in runs]) for n in runs[0][1]}
     rel = {}
     for name, ref in reference.items():
-        out = outputs[name]
-        diff = out.astype(np.float64) - ref.astype(np.float64)
-        rel[name] = float(np.linalg.norm(diff) / max(np.linalg.norm(ref.astype(np.float64)), 1e-30))
+        rel[name] = rel_l2_error(ref, outputs[name])
     figures = (
         f"[{key} {dtype}] casts {report.casts_inserted}, low MAC share "
         f"{report.low_mac_share:.3f} (of {report.total_macs / 1e6:.1f} M), low nodes "

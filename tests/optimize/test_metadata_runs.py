@@ -15,7 +15,7 @@ import pytest
 import mixprec
 from guard_models import separable_classifier, separable_samples
 from mixprec.io.runtime_fields import RUNTIME_KEY
-from mixprec.optimize.metadata import runtime_fields, stamp
+from mixprec.optimize.metadata import runtime_fields_of, stamp
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import ENGINES, options_of_model, run_model
 
@@ -86,7 +86,7 @@ def test_an_earlier_stamp_is_not_carried_over(tmp_path) -> None:
     out = tmp_path / "out.onnx"
     result.save(out)
     saved = onnx.load(out)
-    assert runtime_fields(saved) == {}  # it runs in ONNX Runtime, as chosen
+    assert runtime_fields_of(saved) == {}  # it runs in ONNX Runtime, as chosen
     assert options_of_model(out) is None
     assert any(f"{RUNTIME_KEY}='openvino'" in n for n in result.notes)
 
@@ -100,6 +100,6 @@ def test_convert_and_quantize_drop_an_optimized_inputs_runtime_fields(tmp_path: 
     fp16 = mixprec.convert(path, "fp16", calibration_data=samples)
     int8w = mixprec.quantize(path, samples, weights="int8", guard=False)
     for result in (fp16, int8w):
-        assert runtime_fields(result.model_proto) == {}
+        assert runtime_fields_of(result.model_proto) == {}
         assert any("runtime fields" in n and "dropped" in n for n in result.report.notes)
-    assert runtime_fields(onnx.load(str(path)))  # the input is left as it was
+    assert runtime_fields_of(onnx.load(str(path)))  # the input is left as it was

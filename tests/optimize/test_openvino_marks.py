@@ -28,7 +28,7 @@ from mixprec.io.runtime_fields import (
     fp32_nodes,
 )
 from mixprec.optimize.candidates import select_candidates, skip_reason
-from mixprec.optimize.metadata import runtime_fields, save_marked
+from mixprec.optimize.metadata import runtime_fields_of, save_marked
 from mixprec.pipeline.marks import bf16_marked
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions
 from mixprec.runtime.engines import ENGINES, run_model
@@ -143,7 +143,7 @@ def test_marks_land_on_exactly_the_nodes_kept_fp32(tmp_path: Path, case: str) ->
     marked = marked_names(core.read_model(str(xml)))
     assert marked == expected and marked  # every op of a kept node, nothing else
     assert not marked & unmarked and unmarked
-    fields = runtime_fields(onnx.load(tmp_path / "out.onnx"))  # written directly: stamped too
+    fields = runtime_fields_of(onnx.load(tmp_path / "out.onnx"))  # written directly: stamped too
     assert fields[RUNTIME_MODEL_KEY] == "out.xml" and fields[RUNTIME_KEY] == "openvino"
     assert json.loads(fields[HINTS_KEY]) == {"INFERENCE_PRECISION_HINT": "bf16"}
 
@@ -199,7 +199,7 @@ def _optimized_pair(tmp_path: Path, monkeypatch) -> tuple[Path, onnx.ModelProto]
 
 def test_the_pair_runs_as_its_metadata_says(tmp_path: Path, monkeypatch) -> None:
     out, model = _optimized_pair(tmp_path, monkeypatch)
-    fields = runtime_fields(onnx.load(out))
+    fields = runtime_fields_of(onnx.load(out))
     assert fields[RUNTIME_KEY] == "openvino" and fields[RUNTIME_MODEL_KEY] == "out.xml"
     assert json.loads(fields[HINTS_KEY]) == {"INFERENCE_PRECISION_HINT": "bf16"}
     # BatchNormalization's scale 1.1 is not a bf16 number (a rule keeps it FP32, and its

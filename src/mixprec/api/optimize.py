@@ -14,7 +14,7 @@ from mixprec.io.external import input_files
 from mixprec.io.models import ModelLike, load_input
 from mixprec.optimize.candidates import Candidate
 from mixprec.optimize.checked import user_metric
-from mixprec.optimize.metadata import runtime_fields
+from mixprec.optimize.metadata import runtime_fields_of
 from mixprec.optimize.result import OptimizeResult
 from mixprec.optimize.run import optimize_model
 
@@ -118,6 +118,6 @@ def optimize(
         accept_unconfirmed=accept_unconfirmed,
     )
     # byte for byte only where the file is the answer as it is (no earlier runtime fields)
-    as_is = kind == "path" and len(files) == 1 and not runtime_fields(source)
+    as_is = kind == "path" and len(files) == 1 and not runtime_fields_of(source)
     whole = next(iter(files)) if as_is else None
     return dataclasses.replace(result, source_file=whole if result.unchanged else None)

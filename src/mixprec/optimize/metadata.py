@@ -28,7 +28,7 @@ from mixprec.io.runtime_fields import HINTS_KEY, RUNTIME_FIELDS, RUNTIME_KEY, RU
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import runtime_hints, write_marked_ir
 
-__all__ = ["runtime_fields", "runtime_metadata", "save_marked", "stamp", "unstamped"]
+__all__ = ["runtime_fields_of", "runtime_metadata", "save_marked", "stamp", "unstamped"]
 
 
 def runtime_metadata(options: RuntimeOptions) -> dict[str, str]:
@@ -51,7 +51,7 @@ def stamp(model: onnx.ModelProto, options: RuntimeOptions) -> onnx.ModelProto:
     return out
 
 
-def runtime_fields(model: onnx.ModelProto) -> dict[str, str]:
+def runtime_fields_of(model: onnx.ModelProto) -> dict[str, str]:
     """The model's ``mixprec.runtime`` / ``mixprec.runtime_hints`` fields, and the
     OpenVINO IR and FP32 nodes an earlier ``mixprec optimize`` named, ``{}`` for none."""
     return {p.key: p.value for p in model.metadata_props if p.key in RUNTIME_FIELDS}
@@ -60,7 +60,7 @@ def runtime_fields(model: onnx.ModelProto) -> dict[str, str]:
 def unstamped(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` without the runtime fields (the model itself when it has none): what
     runs in ONNX Runtime, as the fields' absence says."""
-    if not runtime_fields(model):
+    if not runtime_fields_of(model):
         return model
     out = onnx.ModelProto()
     out.CopyFrom(model)

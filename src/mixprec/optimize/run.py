@@ -56,7 +56,7 @@ from mixprec.optimize.device import (
     converted,
     device_candidates,
 )
-from mixprec.optimize.metadata import runtime_fields, stamp, unstamped
+from mixprec.optimize.metadata import runtime_fields_of, stamp, unstamped
 from mixprec.optimize.result import OptimizeResult, TimedAt
 from mixprec.optimize.served import written_static
 from mixprec.optimize.timing import Timer, minimum_seconds
@@ -212,7 +212,7 @@ def optimize_model(
     them (``output_kinds`` checked: :func:`~mixprec.core.readings.user_kinds`)."""
     chosen = _checked_arguments(candidates, runtime, threads, time_budget, device)
     say = progress or (lambda _msg: None)
-    earlier = runtime_fields(source)
+    earlier = runtime_fields_of(source)
     source = unstamped(source)  # the input runs in ONNX Runtime: an earlier stamp goes
     model = ir.from_proto(source)
     given = _serving_shapes(model, shapes)
