@@ -252,6 +252,21 @@ def test_the_qdq_pass_writes_what_the_backend_quantizers_specs_say():
             assert rel_l2_error(ref, got) < 0.1, (quantizer, rel_l2_error(ref, got))
 
 
+def test_dynamic_int8_records_the_uint8_activations_its_kernel_computes():
+    """DynamicQuantizeLinear quantizes activations to uint8 at run time: a dynamic
+    decision's activation spec says so, even where static INT8 would use int8 (``s8``);
+    its weight spec is the quantizer's."""
+    model = ir.from_proto(_cnn())
+    config = QuantizeConfig(speed="off", mode="dynamic", activations="s8")
+    QuantizePipeline(config, calibration_data=_samples(2)).run(model, until="annotate")
+    fc = int8_decision(next(n for n in model.graph if n.name == "fc"))
+    assert fc is not None and fc.int8, fc
+    assert fc.activation is not None and fc.activation.dtype == "uint8"
+    assert fc.weight == config.quantizer().weight and fc.weight.dtype == "int8"
+    static = QuantizeConfig(speed="off", activations="s8").quantizer()
+    assert static.activation.dtype == "int8"
+
+
 def test_quantized_cnn_runs_in_integer_kernels_and_matches_fp32():
     model = _cnn()
     # 4 held-out rows cannot confirm top-1 >= 0.99: the INT8 model is taken as it is

@@ -28,7 +28,7 @@ from mixprec.core.graphs import NodeExclusions, iter_nodes
 from mixprec.core.layers import is_layer, match_layer
 from mixprec.core.ops import is_onnx_domain
 from mixprec.core.registry import node_info
-from mixprec.int8.spec import BackendQuantizer, QuantSpec
+from mixprec.int8.spec import DYNAMIC_ACTIVATION, BackendQuantizer, QuantSpec
 
 __all__ = [
     "INT8",
@@ -161,7 +161,9 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
         why = dynamic_candidate(node) or self._excluded(node)
         if why is not None:
             return Int8Decision(False, role, why)
-        return self._int8(node, role, f"{node.op_type}: dynamic INT8 (DynamicQuantizeMatMul)")
+        weight = self._quantizer.specs(node)[1]
+        reason = f"{node.op_type}: dynamic INT8 (DynamicQuantizeMatMul)"
+        return Int8Decision(True, role, reason, DYNAMIC_ACTIVATION, weight)
 
     def _decide(self, node: ir.Node) -> Int8Decision:
         info = node_info(node)

@@ -22,7 +22,7 @@ import onnx_ir as ir
 from mixprec.core.errors import MixprecError
 from mixprec.core.layers import is_layer
 
-__all__ = ["FULL_RANGE", "REDUCED_RANGE", "BackendQuantizer", "QuantSpec"]
+__all__ = ["DYNAMIC_ACTIVATION", "FULL_RANGE", "REDUCED_RANGE", "BackendQuantizer", "QuantSpec"]
 
 #: The largest code magnitude of an int8 weight.
 FULL_RANGE = 127
@@ -39,7 +39,8 @@ class QuantSpec:
 
     Attributes:
         dtype: "uint8" (asymmetric, a zero point) or "int8" (symmetric, zero point 0).
-        qmax: the largest code magnitude (weights: 127, or 63 in reduced range).
+        qmax: a weight's largest code magnitude (127, or 63 in reduced range); an
+            activation's codes span its dtype (0..255, or -127..127 symmetric).
         per_channel: one scale per output channel, on the layer's own channel axis
             (:func:`~mixprec.core.ops.weight_out_axis`); else one per tensor.
         method: how the range is chosen from the calibration ("minmax", "entropy",
@@ -60,6 +61,11 @@ class QuantSpec:
     @property
     def unsigned(self) -> bool:
         return self.dtype == "uint8"
+
+
+#: Dynamic INT8's activations: ONNX Runtime's DynamicQuantizeLinear quantizes them to
+#: uint8 at run time, from each run's own min/max, whatever the static specs say.
+DYNAMIC_ACTIVATION = QuantSpec("uint8")
 
 
 @dataclass(frozen=True)
