@@ -14,8 +14,8 @@ import pytest
 
 import mixprec
 from guard_models import separable_classifier, separable_samples
-from mixprec.io.runtime_fields import RUNTIME_KEY
-from mixprec.optimize.metadata import runtime_fields_of, stamp
+from mixprec.io.runtime_fields import RUNTIME_KEY, runtime_fields_of
+from mixprec.optimize.metadata import stamp
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import ENGINES, options_of_model, run_model
 

@@ -26,9 +26,10 @@ from mixprec.io.runtime_fields import (
     RUNTIME_KEY,
     RUNTIME_MODEL_KEY,
     fp32_nodes,
+    runtime_fields_of,
 )
 from mixprec.optimize.candidates import select_candidates, skip_reason
-from mixprec.optimize.metadata import runtime_fields_of, save_marked
+from mixprec.optimize.metadata import save_marked
 from mixprec.pipeline.marks import bf16_marked
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions
 from mixprec.runtime.engines import ENGINES, run_model

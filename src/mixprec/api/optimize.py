@@ -12,9 +12,9 @@ import onnx_ir as ir
 from mixprec.core.readings import user_kinds
 from mixprec.io.external import input_files
 from mixprec.io.models import ModelLike, load_input
+from mixprec.io.runtime_fields import runtime_fields_of
 from mixprec.optimize.candidates import Candidate
 from mixprec.optimize.checked import user_metric
-from mixprec.optimize.metadata import runtime_fields_of
 from mixprec.optimize.result import OptimizeResult
 from mixprec.optimize.run import optimize_model
 

@@ -21,6 +21,7 @@ __all__ = [
     "RUNTIME_MODEL_KEY",
     "fp32_nodes",
     "props_of",
+    "runtime_fields_of",
     "with_fp32_nodes",
 ]
 
@@ -38,6 +39,12 @@ RUNTIME_FIELDS = (RUNTIME_KEY, HINTS_KEY, RUNTIME_MODEL_KEY, FP32_NODES_KEY)
 
 def props_of(model: onnx.ModelProto) -> dict[str, str]:
     return {p.key: p.value for p in model.metadata_props}
+
+
+def runtime_fields_of(model: onnx.ModelProto) -> dict[str, str]:
+    """The model's fields of :data:`RUNTIME_FIELDS` (an earlier ``mixprec optimize``'s),
+    ``{}`` for none."""
+    return {k: v for k, v in props_of(model).items() if k in RUNTIME_FIELDS}
 
 
 def fp32_nodes(model: onnx.ModelProto) -> list[str] | None:

@@ -24,11 +24,17 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.io.models import check_output_path, save_model
-from mixprec.io.runtime_fields import HINTS_KEY, RUNTIME_FIELDS, RUNTIME_KEY, RUNTIME_MODEL_KEY
+from mixprec.io.runtime_fields import (
+    HINTS_KEY,
+    RUNTIME_FIELDS,
+    RUNTIME_KEY,
+    RUNTIME_MODEL_KEY,
+    runtime_fields_of,
+)
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import runtime_hints, write_marked_ir
 
-__all__ = ["runtime_fields_of", "runtime_metadata", "save_marked", "stamp", "unstamped"]
+__all__ = ["runtime_metadata", "save_marked", "stamp", "unstamped"]
 
 
 def runtime_metadata(options: RuntimeOptions) -> dict[str, str]:
@@ -49,12 +55,6 @@ def stamp(model: onnx.ModelProto, options: RuntimeOptions) -> onnx.ModelProto:
     for key, value in [*kept, *fields.items()]:
         out.metadata_props.add(key=key, value=value)
     return out
-
-
-def runtime_fields_of(model: onnx.ModelProto) -> dict[str, str]:
-    """The model's ``mixprec.runtime`` / ``mixprec.runtime_hints`` fields, and the
-    OpenVINO IR and FP32 nodes an earlier ``mixprec optimize`` named, ``{}`` for none."""
-    return {p.key: p.value for p in model.metadata_props if p.key in RUNTIME_FIELDS}
 
 
 def unstamped(model: onnx.ModelProto) -> onnx.ModelProto:

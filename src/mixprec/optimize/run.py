@@ -40,7 +40,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.ops import parse_dtype
 from mixprec.core.output_kinds import OutputKind
 from mixprec.inputs.feeds import feeds_for, make_inputs, resolve_input_shapes
-from mixprec.io.runtime_fields import RUNTIME_KEY, fp32_nodes
+from mixprec.io.runtime_fields import RUNTIME_KEY, fp32_nodes, runtime_fields_of
 from mixprec.optimize.candidates import (
     BASELINE,
     Candidate,
@@ -56,7 +56,7 @@ from mixprec.optimize.device import (
     converted,
     device_candidates,
 )
-from mixprec.optimize.metadata import runtime_fields_of, stamp, unstamped
+from mixprec.optimize.metadata import stamp, unstamped
 from mixprec.optimize.result import OptimizeResult, TimedAt
 from mixprec.optimize.served import written_static
 from mixprec.optimize.timing import Timer, minimum_seconds

@@ -177,7 +177,8 @@ class QdqRounder(Rounder):
             if index is None or weight_of.inputs[index] is not value or tensor is None:
                 return value  # biases and other constants stay float
             w = tensor.numpy().astype(np.float32)
-            spec = self.quantizer.specs(weight_of)[1] or self.quantizer.weight
+            spec = self.quantizer.specs(weight_of)[1]
+            assert spec is not None  # weight_index found a weighted layer's weight
             axis = weight_out_axis(weight_of, w.ndim) if spec.per_channel else None
             found = quantize_weight(w, axis, qmax=spec.qmax)
             if isinstance(found, str):
