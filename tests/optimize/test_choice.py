@@ -18,7 +18,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.io.runtime_fields import HINTS_KEY, RUNTIME_KEY
 from mixprec.optimize import timing as timing_module
 from mixprec.optimize.candidates import CANDIDATES, select_candidates
-from mixprec.optimize.choice import Row, accuracy_text, choose
+from mixprec.optimize.choice import HeadToHead, Row, accuracy_text, choose, contender
 from mixprec.optimize.metadata import runtime_metadata, stamp
 from mixprec.optimize.timing import Timer, Timing, median_interval, minimum_seconds, undecided
 from mixprec.runtime.engine import RuntimeOptions
@@ -324,3 +324,57 @@ def test_two_medians_tie_only_when_their_83_percent_intervals_overlap() -> None:
     ]
     winner, table = choose(rows)
     assert winner == "bf16-openvino", [(r.name, r.verdict, r.reason) for r in table]
+
+
+def test_a_tie_with_a_faster_later_candidate_is_decided_head_to_head() -> None:
+    """A later candidate faster in the median but tied with the earlier one (each timed
+    beside the input at another time) is timed beside the earlier one: surely 3% faster
+    there, it wins; not, the tie stands and says so with the head-to-head figure."""
+    first = Timing(0.70, 1.0, 0.7, 30, False, 0.64, 0.76, (0.66, 0.74))
+    later = Timing(0.66, 1.0, 0.66, 30, False, 0.61, 0.71, (0.63, 0.69))
+    rows = [
+        _row("fp32-ort", None),
+        Row("fp32-openvino", "openvino", checks=GOOD, timing=first),
+        Row("int8-openvino", "openvino", checks=GOOD, timing=later),
+    ]
+    assert contender(rows) == ("fp32-openvino", "int8-openvino")
+    assert choose(rows)[0] == "fp32-openvino"  # without the head-to-head: a tie
+    sure = HeadToHead("fp32-openvino", "int8-openvino", Timing.of([0.93] * 20, [1.0] * 20, False))
+    winner, table = choose(rows, duel=sure)
+    assert winner == "int8-openvino" and sure.decides
+    assert _verdicts(table)["fp32-openvino"] == (
+        "lost",
+        "slower than int8-openvino head to head (int8-openvino 0.93x [0.93-0.93] of it)",
+    )
+    rounds = [0.95, 0.97, 0.99, 1.0, 1.02, 0.98, 0.96, 1.01, 0.99, 0.97, 0.98, 1.0]
+    even = HeadToHead("fp32-openvino", "int8-openvino", Timing.of(rounds, [1.0] * 12, False))
+    winner, table = choose(rows, duel=even)
+    assert winner == "fp32-openvino" and not even.decides
+    assert _verdicts(table)["int8-openvino"] == (
+        "lost",
+        f"a tie with fp32-openvino head to head ({even.timing.shown} of it): ties go to the "
+        "earlier one",
+    )
+    assert even.text() == (
+        f"head to head: int8-openvino {even.timing.shown} of fp32-openvino: a tie, "
+        "fp32-openvino kept"
+    )
+    # a head-to-head of another pair is not read; nor is one when the fastest wins outright
+    other = HeadToHead("fp32-ort", "int8-openvino", sure.timing)
+    assert choose(rows, duel=other)[0] == "fp32-openvino"
+    apart = [rows[0], rows[1], Row("int8-openvino", "openvino", checks=GOOD,
+             timing=Timing(0.50, 1.0, 0.5, 30, False, 0.48, 0.52, (0.49, 0.51)))]  # fmt: skip
+    assert contender(apart) is None
+
+
+def test_head_to_head_times_the_later_candidate_beside_the_earlier(monkeypatch) -> None:
+    """On the virtual clock: a later session 4% faster than the earlier one, whose ratios
+    to the input were 0.80 and 0.77, measures 0.96x beside it."""
+    clock = [0.0]
+    monkeypatch.setattr(timing_module.clock, "now", lambda: clock[0])
+    timer = Timer(_Paced(clock, each=0.01), {}, budget=None, count=1)
+    timing = timer.head_to_head(_Paced(clock, each=0.008), _Paced(clock, each=0.00768))
+    assert timing is not None and timing.ratio == pytest.approx(0.96)
+    assert timing.faster_share == 1.0 and not timing.pruned and timing.rounds >= 15
+    spent = Timer(_Paced(clock), {}, budget=minimum_seconds(0.01) * 0.5, count=1)
+    assert spent.head_to_head(_Paced(clock), _Paced(clock)) is None

@@ -295,3 +295,33 @@ def test_a_budget_the_input_itself_misses_is_said(model_file: Path, samples) -> 
     assert result.unchanged and result.winner == "fp32-ort"
     assert result.summary.startswith("the input itself misses the budget (score 0.5")
     assert {r.name: r.verdict for r in result.table}["fp32-openvino"] == "inaccurate"
+
+
+def test_a_tie_is_timed_again_head_to_head(model_file: Path, samples, monkeypatch) -> None:
+    """Two candidates made to tie in their ratios to the input (the slow chain's 0.70x
+    beside the same model's 0.66x, made up here) are then timed beside each other for
+    real: the same model, without the slow chain, is surely faster, and wins; the table,
+    the notes and the JSON say so."""
+    from mixprec.optimize.timing import Timer, Timing
+
+    made_up = iter(
+        [
+            Timing(1.0, 0.5, 1.0, 15, False, 0.95, 1.05, (0.97, 1.03)),  # the control
+            Timing(0.70, 1.0, 0.7, 30, False, 0.64, 0.76, (0.66, 0.74)),
+            Timing(0.66, 1.0, 0.66, 30, False, 0.61, 0.71, (0.63, 0.69)),
+        ]
+    )
+    monkeypatch.setattr(Timer, "time", lambda self, session, bar: next(made_up))
+    slow = Candidate("slow-ort", "ort", None, _slow, "the same answers, far more work")
+    same = Candidate("same-ort", "ort", None, lambda m: m, "the input, as a candidate")
+    result = mixprec.optimize(
+        str(model_file), samples, candidates=["fp32-ort", slow, same], accept_unconfirmed=True
+    )
+    duel = result.head_to_head
+    assert duel is not None and (duel.earlier, duel.later) == ("slow-ort", "same-ort")
+    assert duel.timing is not None and duel.timing.high < 0.5, duel.timing.shown
+    assert result.winner == "same-ort", result.format_table()
+    rows = {r.name: r for r in result.table}
+    assert rows["slow-ort"].reason.startswith("slower than same-ort head to head (same-ort 0.")
+    assert duel.text() in result.notes
+    assert json.loads(json.dumps(result.to_dict()))["head_to_head"]["decides"] is True

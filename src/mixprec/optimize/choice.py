@@ -13,6 +13,9 @@
   is :data:`GAIN` faster still and their medians differ (their 83.4% intervals do not
   overlap: :meth:`Timing.overlaps`; else a tie, said so), so that two runs on one
   machine choose alike;
+* a tie between the earlier one and a later, faster one in the median is timed again
+  head to head (:class:`HeadToHead`: the two beside each other, not each beside the
+  input), and the later one wins only when it is surely :data:`GAIN` faster there;
 * when none qualifies, the input is the answer: ``fp32-ort`` wins, and the model is
   written unchanged. Where the caller left ``fp32-ort`` out of the candidates, the
   fastest accurate candidate among theirs wins however it compares with the input.
@@ -32,7 +35,7 @@ from mixprec.optimize.candidates import BASELINE
 from mixprec.optimize.timing import Timing
 from mixprec.runtime.timing import MAJORITY
 
-__all__ = ["GAIN", "MAJORITY", "Row", "accuracy_text", "choose"]
+__all__ = ["GAIN", "MAJORITY", "HeadToHead", "Row", "accuracy_text", "choose", "contender"]
 
 #: A candidate must be this much faster than the input (median paired ratio), and this
 #: much faster than an earlier one, to be chosen over it.
@@ -159,25 +162,98 @@ def _ties(row: Row, best: Row) -> bool:
     return close or row.timing.overlaps(best.timing)
 
 
-def choose(rows: Sequence[Row], baseline: str = BASELINE) -> tuple[str, list[Row]]:
-    """The winner's name and the rows with their verdict and reason (``rows`` in the
-    candidates' order, the row of ``baseline``, the input every other one was timed
-    beside, among them)."""
-    listed_input = any(r.name == baseline and r.listed for r in rows)
+@dataclass(frozen=True)
+class HeadToHead:
+    """The tie's two candidates timed beside each other: ``timing`` is ``later``'s
+    ratio to ``earlier`` (each round pairs them), narrower than the difference of their
+    two ratios to the input, each measured beside it at another time."""
+
+    earlier: str
+    later: str
+    timing: Timing | None  # None: the time budget was spent before it
+
+    @property
+    def decides(self) -> bool:
+        """``later`` is surely :data:`GAIN` faster: its median ratio to ``earlier`` at
+        most ``1 - GAIN``, faster in most rounds, and the 95% interval under 1."""
+        t = self.timing
+        if t is None:
+            return False
+        sure = t.high is not None and t.high < 1.0
+        return t.ratio <= 1.0 - GAIN and t.faster_share >= MAJORITY and sure
+
+    def text(self) -> str:
+        """``head to head: int8-openvino 0.97x [0.93-1.01] of fp32-openvino: a tie``."""
+        if self.timing is None:
+            return f"{self.later} and {self.earlier} not timed head to head: the budget was spent"
+        said = f"{self.later} wins" if self.decides else f"a tie, {self.earlier} kept"
+        return f"head to head: {self.later} {self.timing.shown} of {self.earlier}: {said}"
+
+    def to_dict(self) -> dict[str, object]:
+        t = self.timing
+        return {
+            "earlier": self.earlier,
+            "later": self.later,
+            "ratio": None if t is None else t.ratio,
+            "ratio_interval": None if t is None or t.low is None else [t.low, t.high],
+            "faster_share": None if t is None else t.faster_share,
+            "rounds": None if t is None else t.rounds,
+            "decides": self.decides,
+        }
+
+
+def _standings(rows: Sequence[Row], baseline: str) -> tuple[str, Row | None]:
+    """The earliest candidate that ties with the fastest (the input where none may
+    win), and the fastest one."""
     pool = [r for r in rows if r.eligible()]
-    if listed_input:
+    if any(r.name == baseline and r.listed for r in rows):
         pool = [r for r in pool if _beats_input(r)]
     timed = [r for r in pool if r.ratio is not None]
-    winner = baseline
-    if timed:
-        best = min(timed, key=lambda r: r.ratio or 0.0)
-        winner = next(r.name for r in timed if _ties(r, best))
+    if not timed:
+        return baseline, None
+    best = min(timed, key=lambda r: r.ratio or 0.0)
+    return next(r.name for r in timed if _ties(r, best)), best
+
+
+def contender(rows: Sequence[Row], baseline: str = BASELINE) -> tuple[str, str] | None:
+    """The earlier winner and the later, faster one in the median that tied with it (to
+    be timed head to head); None where the fastest one wins outright."""
+    winner, best = _standings(rows, baseline)
+    if best is None or best.name == winner or winner == baseline:
+        return None
+    return winner, best.name
+
+
+def choose(
+    rows: Sequence[Row], baseline: str = BASELINE, duel: HeadToHead | None = None
+) -> tuple[str, list[Row]]:
+    """The winner's name and the rows with their verdict and reason (``rows`` in the
+    candidates' order, the row of ``baseline``, the input every other one was timed
+    beside, among them); ``duel``: the :func:`contender` pair timed head to head."""
+    listed_input = any(r.name == baseline and r.listed for r in rows)
+    winner = _standings(rows, baseline)[0]
+    if duel is not None and (duel.earlier, duel.later) != contender(rows, baseline):
+        duel = None  # timed for another table
+    if duel is not None and duel.decides:
+        winner = duel.later
     by_name = {r.name: r for r in rows}
     done = []
     for r in rows:
         verdict, reason = _verdict(r, winner, by_name, listed_input, baseline)
+        if duel is not None and verdict == "lost" and r.name in (duel.earlier, duel.later):
+            reason = _duel_reason(r.name, duel)
         done.append(dataclasses.replace(r, verdict=verdict, reason=reason))
     return winner, done
+
+
+def _duel_reason(name: str, duel: HeadToHead) -> str:
+    """Why one of the pair timed head to head lost."""
+    if duel.timing is None:
+        return f"a tie with {duel.earlier}, not timed head to head (the budget was spent)"
+    shown = duel.timing.shown
+    if name == duel.earlier:  # the later one surely faster
+        return f"slower than {duel.later} head to head ({duel.later} {shown} of it)"
+    return f"a tie with {duel.earlier} head to head ({shown} of it): ties go to the earlier one"
 
 
 def _verdict(

@@ -13,7 +13,7 @@ import onnx_ir as ir
 from mixprec.io.models import copy_model_file, save_model
 from mixprec.io.runtime_fields import fp32_nodes
 from mixprec.optimize.candidates import BASELINE
-from mixprec.optimize.choice import Row, accuracy_text
+from mixprec.optimize.choice import HeadToHead, Row, accuracy_text
 from mixprec.optimize.metadata import runtime_metadata, save_marked
 from mixprec.optimize.timing import Timing
 from mixprec.runtime.engine import RuntimeOptions
@@ -63,6 +63,8 @@ class OptimizeResult:
         control: A second session of the input timed beside it like any candidate: this
             run's noise floor (its interval should hold 1); None where nothing was timed.
         timed_at: The shapes and threads the ratios were measured at (they hold there).
+        head_to_head: The tie timed again with its two candidates beside each other
+            (None: no tie between a later, faster one and the earlier winner).
 
     Example:
         >>> result = mixprec.optimize("m.onnx", samples)  # doctest: +SKIP
@@ -79,6 +81,7 @@ class OptimizeResult:
     notes: list[str] = field(default_factory=list)
     control: Timing | None = None
     timed_at: TimedAt | None = None
+    head_to_head: HeadToHead | None = None
 
     def save(self, path: str | os.PathLike[str], *, external_data: bool = False) -> list[Path]:
         """Write the winner atomically (a temporary file, then a rename); the input
@@ -128,6 +131,7 @@ class OptimizeResult:
             "notes": list(self.notes),
             "control": None if self.control is None else dataclasses.asdict(self.control),
             "timed_at": None if self.timed_at is None else self.timed_at.to_dict(),
+            "head_to_head": None if self.head_to_head is None else self.head_to_head.to_dict(),
         }
 
 

@@ -13,7 +13,9 @@
    and, when accurate, timed beside the input (:mod:`mixprec.optimize.timing`, pruned
    once clearly slower than the best so far). One candidate's model is alive at a time
    besides the input and the accurate ones timed so far.
-3. :func:`~mixprec.optimize.choice.choose` picks the winner from the table.
+3. :func:`~mixprec.optimize.choice.choose` picks the winner from the table; where a
+   later candidate, faster in the median, tied with the earlier one, the two are first
+   timed beside each other (:meth:`~mixprec.optimize.timing.Timer.head_to_head`).
 
 With ``device="cuda"``/``"tensorrt"`` the candidates and the baseline they are timed
 beside are those of :mod:`mixprec.optimize.device` (the input, fp16 and bf16 on that
@@ -48,7 +50,7 @@ from mixprec.optimize.candidates import (
     skip_reason,
 )
 from mixprec.optimize.checked import GENERATED, HeldOut, held_out, tolerance
-from mixprec.optimize.choice import GAIN, Row, accuracy_text, choose
+from mixprec.optimize.choice import GAIN, HeadToHead, Row, accuracy_text, choose, contender
 from mixprec.optimize.device import (
     LOW_BUILDS,
     baseline_of,
@@ -239,8 +241,11 @@ def optimize_model(
     _check_budget(time_budget, timer.run_seconds)
     control = timer.time(timing_session(source, base.options(threads)), None) if timed else None
     rows, models = _tried(job, (held, wide or held), _baseline_first(chosen, device), timer)
-    winner, table = choose(rows, base.name)
+    duel = _head_to_head(rows, models, chosen, timer, job, base.name)
+    winner, table = choose(rows, base.name, duel)
     notes = [_where(held, feeds, threads, base)]
+    if duel is not None:
+        notes.append(duel.text())
     if wide is not None:
         notes.append(
             f"the input in each runtime (it fits nothing to the data) checked on "
@@ -270,7 +275,7 @@ def optimize_model(
         summary += static
     return OptimizeResult(
         model if unchanged else stamp(model, options), options, winner, table, summary,
-        unchanged, notes=notes, control=control, timed_at=at,
+        unchanged, notes=notes, control=control, timed_at=at, head_to_head=duel,
     )  # fmt: skip
 
 
@@ -303,6 +308,33 @@ def _tried(
         if t is not None and t.ratio <= 1.0 - GAIN and t.faster_share >= MAJORITY:
             bar = t.ratio if bar is None else min(bar, t.ratio)
     return rows, models
+
+
+def _head_to_head(
+    rows: Sequence[Row],
+    models: Mapping[str, onnx.ModelProto],
+    chosen: Sequence[Candidate],
+    timer: Timer,
+    job: _Job,
+    base: str,
+) -> HeadToHead | None:
+    """Where a later candidate, faster in the median, tied with the earlier one that
+    would win (:func:`~mixprec.optimize.choice.contender`): the two timed beside each
+    other; None where there is no such tie."""
+    pair = contender(rows, base)
+    if pair is None or not all(name in models for name in pair):
+        return None
+    earlier, later = (next(c for c in chosen if c.name == name) for name in pair)
+    job.say(f"{later.name}: tied with {earlier.name}, timing the two head to head")
+    try:
+        timing = timer.head_to_head(
+            timing_session(models[earlier.name], earlier.options(job.threads)),
+            timing_session(models[later.name], later.options(job.threads)),
+        )
+    except MixprecError as e:  # the sessions ran before: a failure here is a real one
+        job.say(f"head to head not timed: {e}")
+        return None
+    return HeadToHead(earlier.name, later.name, timing)
 
 
 def _serving_shapes(

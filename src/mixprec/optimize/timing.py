@@ -167,27 +167,39 @@ class Timer:
     def time(self, session: Session, bar: float | None) -> Timing | None:
         """Times ``session`` beside the input; ``bar``: the best ratio so far of a
         candidate that would win (pruning's mark). None when the budget is spent."""
+        return self._paired(self.reference, session, bar, prune=True)
+
+    def head_to_head(self, earlier: Session, later: Session) -> Timing | None:
+        """Times ``later`` beside ``earlier`` (its ratio to it, not to the input), two
+        candidates whose ratios to the input tied: each round pairs them directly, so
+        the noise of two separate timings beside the input does not add up. Never
+        pruned; more shares while the interval reaches 1. None when the budget is spent."""
+        return self._paired(earlier, later, None, prune=False)
+
+    def _paired(
+        self, reference: Session, session: Session, bar: float | None, prune: bool
+    ) -> Timing | None:
         seconds = self.share()
         self.count = max(self.count - 1, 1)
         if seconds == 0.0:
             return None
         own: list[float] = []
-        reference: list[float] = []
+        beside: list[float] = []
         for share in range(SHARES):
             dropped: set[str] = set()
             start = clock.now()
             times = time_paired(
-                {"fp32": self.reference, "candidate": session},
+                {"fp32": reference, "candidate": session},
                 self.feeds,
                 bar,
                 seconds=seconds,
                 dropped=dropped,
-                prune=share == 0,  # more rounds of an undecided one: all of them count
+                prune=prune and share == 0,  # more rounds of an undecided one: all count
             )
             self.left -= clock.now() - start
             own += times["candidate"]
-            reference += times["fp32"][: len(times["candidate"])]  # the rounds it was in
-            timing = Timing.of(own, reference, "candidate" in dropped)
+            beside += times["fp32"][: len(times["candidate"])]  # the rounds it was in
+            timing = Timing.of(own, beside, "candidate" in dropped)
             if not undecided(timing, bar) or not self._spare(seconds):
                 break
         return timing
