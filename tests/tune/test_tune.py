@@ -482,3 +482,41 @@ def test_int8_sensitivity_reads_weights_as_int8_codes_with_the_same_errors(monke
         got, want = (a.local, a.downstream, a.accumulated), (b.local, b.downstream, b.accumulated)
         assert got == pytest.approx(want, rel=1e-5), (a.name, got, want)
     assert all(s.local > 0 for s in codes.ranking), codes.ranking
+
+
+def test_int8_sensitivity_emulates_the_specs_each_node_carries():
+    """The tuner's fake quantization follows the specs annotate recorded on each INT8
+    node (int8 zero points, per-tensor weights with codes bounded at 63 here), not the
+    default quantizer it was built with: a quantizer whose specs differ from node to node
+    is emulated as it will be written."""
+    from mixprec.calibrate.measure import calibration_of
+    from mixprec.int8.config import QuantizeConfig
+    from mixprec.int8.plan import AnnotateInt8Pass
+    from mixprec.int8.spec import REDUCED_RANGE, BackendQuantizer, QuantSpec
+    from mixprec.pipeline.quantize import QuantizePipeline
+
+    targets = importlib.import_module("mixprec.tune.targets")
+    sensitivity = importlib.import_module("mixprec.tune.sensitivity")
+    rng = np.random.default_rng(3)
+    data = [{"x": rng.random((1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+    model = ir.from_proto(_conv_model())
+    config = QuantizeConfig(speed="off")
+    QuantizePipeline(config, calibration_data=data).run(model, until="annotate")
+    other = BackendQuantizer(QuantSpec("int8"), QuantSpec("int8", qmax=REDUCED_RANGE))
+    AnnotateInt8Pass(quantizer=other)(model)
+    stats = calibration_of(model).stats
+
+    def make(graph, names):
+        return targets.QdqRounder(graph, names, stats, config.quantizer())
+
+    copy, _, measured = sensitivity.instrument(model, ["conv1", "conv2"], make)
+    assert measured == {"conv1", "conv2"}
+    nodes = list(copy.graph)
+    weights = [
+        n for n in nodes if n.op_type == "DequantizeLinear" and n.inputs[0].dtype == ir.DataType.INT8
+    ]
+    assert len(weights) == 2 and all("axis" not in n.attributes for n in weights)
+    codes = np.concatenate([n.inputs[0].const_value.numpy().ravel() for n in weights])
+    assert int(np.abs(codes.astype(np.int32)).max()) == REDUCED_RANGE
+    zeros = {n.inputs[2].dtype for n in nodes if n.op_type == "QuantizeLinear"}
+    assert zeros == {ir.DataType.INT8}, zeros

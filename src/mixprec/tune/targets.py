@@ -24,7 +24,7 @@ from mixprec.core.ops import parse_dtype, weight_out_axis
 from mixprec.int8.config import MODES, PER_CHANNEL_OPSET, QuantizeConfig
 from mixprec.int8.params import activation_qparams, quantize_weight
 from mixprec.int8.plan import int8_decision, weight_index
-from mixprec.int8.spec import BackendQuantizer
+from mixprec.int8.spec import BackendQuantizer, QuantSpec
 from mixprec.passes.emulate import EmulateLowPrecisionPass
 from mixprec.pipeline.quantize import QuantizePipeline
 from mixprec.pipeline.stages import Pipeline
@@ -146,10 +146,16 @@ class Int8Target:
         return ir.to_proto(model), "all"
 
 
+def _is_int8(node: ir.Node) -> bool:
+    decision = int8_decision(node)
+    return decision is not None and decision.int8
+
+
 class QdqRounder(Rounder):
     """INT8 emulation: activations through QuantizeLinear -> DequantizeLinear at their
     calibrated scale; weights replaced by their (per-channel) fake-quantized values, as the
-    backend quantizer's specs say."""
+    specs annotate recorded on each INT8 node say (an activation: those of an INT8 node
+    that reads or writes it; the backend quantizer's where no INT8 node does)."""
 
     def __init__(
         self,
@@ -169,6 +175,13 @@ class QdqRounder(Rounder):
         self.graph.register_initializer(value)
         return value
 
+    def _specs(self, node: ir.Node) -> tuple[QuantSpec, QuantSpec | None]:
+        """The specs annotate recorded on ``node``; the quantizer's where it recorded none."""
+        decision = int8_decision(node)
+        if decision is not None and decision.int8 and decision.activation is not None:
+            return decision.activation, decision.weight
+        return self.quantizer.specs(node)
+
     def _round(self, value: ir.Value, weight_of: ir.Node | None) -> ir.Value:
         base = f"{value.name}__tune_q"
         if weight_of is not None:
@@ -177,7 +190,7 @@ class QdqRounder(Rounder):
             if index is None or weight_of.inputs[index] is not value or tensor is None:
                 return value  # biases and other constants stay float
             w = tensor.numpy().astype(np.float32)
-            spec = self.quantizer.specs(weight_of)[1]
+            spec = self._specs(weight_of)[1]
             assert spec is not None  # weight_index found a weighted layer's weight
             axis = weight_out_axis(weight_of, w.ndim) if spec.per_channel else None
             found = quantize_weight(w, axis, qmax=spec.qmax)
@@ -197,7 +210,9 @@ class QdqRounder(Rounder):
         stats = self.stats.get(value.name or "")
         if stats is None:
             return value
-        spec = self.quantizer.activation
+        nodes = [u.node for u in value.uses()] + [value.producer()]
+        owner = next((n for n in nodes if n is not None and _is_int8(n)), None)
+        spec = self.quantizer.activation if owner is None else self._specs(owner)[0]
         qparams = activation_qparams(stats, spec.method, spec.unsigned)
         if isinstance(qparams, str):
             return value
