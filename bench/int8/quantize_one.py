@@ -196,6 +196,8 @@ def _optimize(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
         argv += ["--shape", shape]
     if args.accept_unconfirmed:
         argv.append("--accept-unconfirmed")
+    if args.eval_data:
+        argv += ["--eval-data", args.eval_data]
     return run_mixprec_cli(argv, "mixprec optimize")
 
 
@@ -226,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="mixprec-optimize: the serving shape of an input (repeatable)")
     parser.add_argument("--accept-unconfirmed", action="store_true",
                         help="mixprec-optimize: take passes too few held-out rows confirm")
+    parser.add_argument("--eval-data", help="mixprec-optimize: held-out samples (a folder)")
     args = parser.parse_args(argv)
 
     result: dict[str, Any] = {"tool": args.tool, "model": args.model, "out": args.out}

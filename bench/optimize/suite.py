@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 
 from bench.harness.evaluate import Baseline, decision_f1, first_line
-from bench.harness.models import ModelSpec
+from bench.harness.models import ModelSpec, held_out_samples
 from bench.harness.report import num
 from bench.int8.quantize_one import OPTIMIZE
 from bench.int8.suite import quantize, write_calibration
@@ -154,11 +154,14 @@ def serving_shapes(base: Baseline) -> list[str]:
 
 
 def run_optimize(spec: ModelSpec, base: Baseline, work: Path, calib_dir: Path,
-                 timeout: float, accept: bool = False) -> tuple[Row, Path | None]:
+                 timeout: float, accept: bool = False,
+                 held_dir: Path | None = None) -> tuple[Row, Path | None]:
     """`mixprec optimize` in its own measured subprocess, told the bench shape (``accept``:
-    with --accept-unconfirmed); the run's row and its output."""
+    with --accept-unconfirmed; ``held_dir``: held-out samples as --eval-data); the run's
+    row and its output."""
     extra = [a for shape in serving_shapes(base) for a in ("--shape", shape)]
     extra += ["--accept-unconfirmed"] if accept else []
+    extra += ["--eval-data", str(held_dir)] if held_dir is not None else []
     run, out = quantize(spec, OPTIMIZE, work, calib_dir, timeout, extra)
     report = run.get("report") or {}
     report.pop("nodes", None)  # run_mixprec_cli's per-node count: optimize has none
@@ -176,14 +179,33 @@ def _u8s8(spec: ModelSpec, work: Path, calib_dir: Path, timeout: float) -> tuple
     return keep, out if row.get("status") == "ok" and out.is_file() else None
 
 
+def write_held_out(spec: ModelSpec, folder: Path) -> int | None:
+    """Writes the model's held-out samples (models.held_out_samples) to ``folder``, one .npz
+    each; None where the bench has none for it."""
+    samples = held_out_samples(spec)
+    if samples is None:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob("*.npz"):
+        old.unlink()
+    for i, feeds in enumerate(samples):
+        np.savez(folder / f"sample_{i:02d}.npz", **feeds)
+    return len(samples)
+
+
 def run_model(spec: ModelSpec, base: Baseline, work: Path, timeout: float,
-              measure_latency: bool = True, accept: bool = False) -> Row:
-    """One model: optimize's run (``accept``: --accept-unconfirmed), every recipe's row and
-    optimize's output's row."""
+              measure_latency: bool = True, accept: bool = False, held: bool = False) -> Row:
+    """One model: optimize's run (``accept``: --accept-unconfirmed; ``held``: with the
+    model's held-out samples as --eval-data, where the bench has some), every recipe's row
+    and optimize's output's row."""
     t0 = time.perf_counter()
     calib_dir = work / "inputs" / f"{spec.name}_int8_calib"
     write_calibration(spec, calib_dir)
-    run, chosen = run_optimize(spec, base, work, calib_dir, timeout, accept)
+    held_dir = work / "inputs" / f"{spec.name}_held"
+    count = write_held_out(spec, held_dir) if held else None
+    run, chosen = run_optimize(spec, base, work, calib_dir, timeout, accept,
+                               held_dir if count else None)
+    run["held_out_samples"] = count
     quantized, u8s8 = _u8s8(spec, work, calib_dir, timeout)
     paths = {"fp32": base.path, "u8s8": u8s8}
     rows: dict[str, Row] = {}
@@ -451,6 +473,17 @@ def part(results: list[Row]) -> Row:
             "models": results, "goals": goals([r["summary"] for r in results])}
 
 
+def held_note(results: Sequence[Row]) -> str:
+    """Where optimize was given held-out samples (--held-out): how many, per model."""
+    counts = {r["model"]: r["optimize"].get("held_out_samples") for r in results}
+    if not any(counts.values()):
+        return ""
+    each = ", ".join(f"{m} {n}" if n else f"{m} none (its calibration samples are split)"
+                     for m, n in counts.items())
+    return (f"optimize was given held-out samples as --eval-data (a \"held\" split, apart from "
+            f"calibration and evaluation; models.held_out_samples): {each}.")
+
+
 def render(found: Row) -> str:
     results = found["models"]
     summaries = [r["summary"] for r in results]
@@ -458,6 +491,7 @@ def render(found: Row) -> str:
     return "\n".join([
         "## mixprec optimize against the obvious recipes", "",
         f"CPU: {found['cpu']}; flags: {flags}. {found['bf16_note']}", "", COLUMNS, "",
+        held_note(results), "",
         summary_table(summaries), "", "### Issue 36's goals", "", goals_markdown(goals(summaries)),
         "", "### Every recipe", "", recipe_table(results), "",
         "### optimize's own table (its --json)", "", candidates_table(results), ""])
