@@ -513,7 +513,9 @@ def test_int8_sensitivity_emulates_the_specs_each_node_carries():
     assert measured == {"conv1", "conv2"}
     nodes = list(copy.graph)
     weights = [
-        n for n in nodes if n.op_type == "DequantizeLinear" and n.inputs[0].dtype == ir.DataType.INT8
+        n
+        for n in nodes
+        if n.op_type == "DequantizeLinear" and n.inputs[0].dtype == ir.DataType.INT8
     ]
     assert len(weights) == 2 and all("axis" not in n.attributes for n in weights)
     codes = np.concatenate([n.inputs[0].const_value.numpy().ravel() for n in weights])
