@@ -329,6 +329,22 @@ def _minilm_samples(count: int) -> list[Feeds]:
     return samples
 
 
+def _drawn(name: str, split: str, count: int) -> list[Feeds] | None:
+    """``count`` samples of ``split`` for the models whose generators draw as many as asked
+    (PP-OCR pages and lines, MTCNN pictures), at the batch each is measured with; None for
+    the others."""
+    if name in ("ppocr_rec", "ppocr_cls"):
+        kind, batch = {"ppocr_rec": ("rec", 1), "ppocr_cls": ("cls", 8)}[name]
+        return _chunks({"x": _ocr_lines(kind, split, batch * count)}, batch, count)
+    if name == "ppocr_det":
+        return _chunks({"x": det_pages(split, count)}, 1, count)
+    if name in MTCNN_INPUTS:
+        input_name, batch, w, h, faces = MTCNN_INPUTS[name]
+        rng = np.random.default_rng(_seed(f"mtcnn{w}x{h}", split))
+        return _chunks({input_name: mtcnn_images(rng, batch * count, h, w, faces)}, batch, count)
+    return None
+
+
 def int8_calibration(spec: ModelSpec, count: int = INT8_SAMPLES) -> list[Feeds]:
     """``count`` calibration samples for the INT8 rows, each a feed dict (one .npz file).
 
@@ -341,15 +357,9 @@ def int8_calibration(spec: ModelSpec, count: int = INT8_SAMPLES) -> list[Feeds]:
     (4 per sample).
     """
     name = spec.name
-    if name in ("ppocr_rec", "ppocr_cls"):
-        kind, batch = {"ppocr_rec": ("rec", 1), "ppocr_cls": ("cls", 8)}[name]
-        return _chunks({"x": _ocr_lines(kind, "calib", batch * count)}, batch, count)
-    if name == "ppocr_det":
-        return _chunks({"x": det_pages("calib", count)}, 1, count)
-    if name in MTCNN_INPUTS:
-        input_name, batch, w, h, faces = MTCNN_INPUTS[name]
-        rng = np.random.default_rng(_seed(f"mtcnn{w}x{h}", "calib"))
-        return _chunks({input_name: mtcnn_images(rng, batch * count, h, w, faces)}, batch, count)
+    drawn = _drawn(name, "calib", count)
+    if drawn is not None:
+        return drawn
     if name == "silero_vad":
         return [silero_inputs(f"calib{i}") for i in range(count)]
     if name == "minilm":
@@ -379,16 +389,6 @@ def held_out_samples(spec: ModelSpec, count: int = HELD_OUT_SAMPLES) -> list[Fee
     the pictures and the VAD chunks), never the calibration or eval samples themselves.
     None where the bench has no more data of the model's kind (MiniLM's 16 calibration
     sentences and MNIST's 64 calibration digits are all it holds apart from eval)."""
-    name = spec.name
-    if name in ("ppocr_rec", "ppocr_cls"):
-        kind, batch = {"ppocr_rec": ("rec", 1), "ppocr_cls": ("cls", 8)}[name]
-        return _chunks({"x": _ocr_lines(kind, "held", batch * count)}, batch, count)
-    if name == "ppocr_det":
-        return _chunks({"x": det_pages("held", count)}, 1, count)
-    if name in MTCNN_INPUTS:
-        input_name, batch, w, h, faces = MTCNN_INPUTS[name]
-        rng = np.random.default_rng(_seed(f"mtcnn{w}x{h}", "held"))
-        return _chunks({input_name: mtcnn_images(rng, batch * count, h, w, faces)}, batch, count)
-    if name == "silero_vad":
+    if spec.name == "silero_vad":
         return [silero_inputs("silero/held", i) for i in range(count)]
-    return None
+    return _drawn(spec.name, "held", count)

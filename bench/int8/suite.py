@@ -30,7 +30,7 @@ from bench.harness.evaluate import (
     session,
 )
 from bench.harness.metrics import ValueInfo, node_macs, runtime_shapes, subgraphs, value_infos
-from bench.harness.models import ModelSpec, int8_calibration
+from bench.harness.models import Feeds, ModelSpec, int8_calibration
 from bench.int8.quantize_one import TOOLS as TOOLS  # the one list of quantizers, for bench.main
 from mixprec.core.metrics import row_cosines
 
@@ -57,15 +57,19 @@ FLOAT_KERNELS = {
 }
 
 
-def write_calibration(spec: ModelSpec, folder: Path) -> int:
-    """Writes the model's INT8 calibration samples to ``folder``, one .npz each."""
+def write_samples(samples: Sequence[Feeds], folder: Path) -> int:
+    """Writes ``samples`` to ``folder`` (emptied of earlier .npz files), one .npz each."""
     folder.mkdir(parents=True, exist_ok=True)
     for old in folder.glob("*.npz"):
         old.unlink()
-    samples = int8_calibration(spec)
     for i, feeds in enumerate(samples):
         np.savez(folder / f"sample_{i:02d}.npz", **feeds)
     return len(samples)
+
+
+def write_calibration(spec: ModelSpec, folder: Path) -> int:
+    """Writes the model's INT8 calibration samples to ``folder``, one .npz each."""
+    return write_samples(int8_calibration(spec), folder)
 
 
 def _kernel_macs(node: onnx.NodeProto, infos: Mapping[str, ValueInfo]) -> int | None:

@@ -34,7 +34,7 @@ from bench.harness.evaluate import Baseline, decision_f1, first_line
 from bench.harness.models import ModelSpec, held_out_samples
 from bench.harness.report import num
 from bench.int8.quantize_one import OPTIMIZE
-from bench.int8.suite import quantize, write_calibration
+from bench.int8.suite import quantize, write_calibration, write_samples
 from bench.precision.bf16 import Runner, error_text, interleaved, ort_runner, ov_runner, score
 
 Row = dict[str, Any]
@@ -183,14 +183,7 @@ def write_held_out(spec: ModelSpec, folder: Path) -> int | None:
     """Writes the model's held-out samples (models.held_out_samples) to ``folder``, one .npz
     each; None where the bench has none for it."""
     samples = held_out_samples(spec)
-    if samples is None:
-        return None
-    folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("*.npz"):
-        old.unlink()
-    for i, feeds in enumerate(samples):
-        np.savez(folder / f"sample_{i:02d}.npz", **feeds)
-    return len(samples)
+    return None if samples is None else write_samples(samples, folder)
 
 
 def run_model(spec: ModelSpec, base: Baseline, work: Path, timeout: float,

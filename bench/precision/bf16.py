@@ -317,6 +317,7 @@ def _marked(spec: ModelSpec, base: Baseline, work: Path | None) -> tuple[Row, Pa
     the calibration feeds, written by ``save_marked``): the IR's path, and how it went."""
     import onnx
 
+    from mixprec.io.runtime_fields import fp32_nodes
     from mixprec.optimize.metadata import save_marked
     from mixprec.pipeline.marks import bf16_marked
 
@@ -328,9 +329,8 @@ def _marked(spec: ModelSpec, base: Baseline, work: Path | None) -> tuple[Row, Pa
         xml = save_marked(proto, work / f"{spec.name}__mixprec-marks__bf16.onnx")
     except Exception as exc:  # a model the marks cannot be written for is a result
         return {"status": "error", "error": error_text(exc)}, None
-    kept = sum(1 for n in report.nodes if n.precision == "fp32")
     return {"status": "ok", "convert_s": time.perf_counter() - t0,
-            "kept_fp32": kept, "nodes": len(report.nodes)}, xml
+            "kept_fp32": len(fp32_nodes(proto) or []), "nodes": len(report.nodes)}, xml
 
 
 class _AsSession:
