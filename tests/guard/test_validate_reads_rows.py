@@ -50,7 +50,7 @@ def test_a_small_channel_beside_a_large_one_is_read_on_its_own():
     assert check.kind == "channels" and check.value == pytest.approx(0.2, rel=1e-5)
     assert not check.passed and not report.passed
     table = report.format_table()
-    assert " NO box: worst channel's rel L2 0.2 over 1 sample(s) (needs <= 0.01)" in table, table
+    assert " NO box: worst channel's rel L2 0.2 over 8 rows (needs <= 0.01)" in table, table
     assert "rel L2 of each of its 2 channels on axis 1" in table and "FAILED" in table
     same = mixprec.validate(original, original, inputs=feeds, rtol=1e-2)
     assert same.passed and [c.value for c in same.checks] == [0.0, 0.0], same.format_table()

@@ -320,7 +320,7 @@ def test_the_eager_check_reads_each_output_as_rows() -> None:
     box = by_output[("box", "channels")]
     assert box.value == pytest.approx(0.2, rel=1e-3) and not box.passed
     assert by_output[("same", "channels")].passed and not check.passed
-    assert "box: worst channel's rel L2 0.2 over 2 sample(s) (needs <= 0.01) FAIL" in (
+    assert "box: worst channel's rel L2 0.2 over 16 rows (needs <= 0.01) FAIL" in (
         check.format_table()
     )
     kinds = [(c["output"], c["kind"], c["passed"]) for c in check.to_dict()["checks"]]

@@ -15,8 +15,10 @@ and holds each output to the check its kind calls for
   ``cosine`` (default 0.99: on MiniLM's sentence embeddings dynamic all-INT8 scores 0.994
   with the nearest neighbour of 32 held-out sentences unchanged for every one, while the
   static all-INT8 variants score 0.82-0.86 and change 3-12% of them);
-* other float outputs: relative L2 on the worst held-out sample (as :func:`validate`
-  reports), at most ``rel_l2`` (default 0.1);
+* other float outputs: the relative L2 of each channel along the short feature axis
+  (:mod:`mixprec.core.readings`), each over every held-out row, the worst channel at most
+  ``rel_l2`` (default 0.1); one without such an axis (a scalar, a vector): the relative
+  L2 of the worst held-out sample (as :func:`validate` reports);
 * integer outputs (an ArgMax, a length): the share of equal elements, at least
   ``1 - drop`` (default 0.99).
 
@@ -44,6 +46,7 @@ from mixprec.core.metrics import (
     OutputComparison,
     active_top1,
     channel_rel_l2,
+    channel_rows,
     decision_agreement,
     equal_share,
     neighbour_agreement,
@@ -250,9 +253,8 @@ class OutputCheck:
     def measured(self) -> str:
         """``top-1 0.98 over 412 rows (needs >= 0.99)``: what was measured, on what."""
         got = shown(self.value, self.limit) if math.isfinite(self.value) else "a miss"
-        unit = (
-            ("row" if self.rows == 1 else "rows") if self.kind in AGREEMENT_KINDS else "sample(s)"
-        )
+        by_row = self.kind in AGREEMENT_KINDS or self.kind == "channels"
+        unit = ("row" if self.rows == 1 else "rows") if by_row else "sample(s)"
         unit = "tokens" if self.kind in _NEXT_TOKEN else unit
         need = f"needs {self.side} {self.limit:g}"
         return f"{_LABELS[self.kind]} {got} over {self.rows:,} {unit} ({need})"
@@ -432,9 +434,12 @@ def _measure(
         return float(np.mean(cosines >= budget.cosine)), rows
     if kind == "neighbours":
         return _neighbours(pairs, axis)
-    if kind == "channels":  # the worst channel of the worst sample
-        worst = (float(np.max(channel_rel_l2(r, g, axis, budget.atol))) for r, g in pairs)
-        return max(worst, default=0.0), len(pairs)
+    if kind == "channels":  # each channel over every held-out row, the worst channel
+        if not pairs:
+            return 0.0, 0
+        ref_rows, got_rows = (channel_rows([p[i] for p in pairs], axis) for i in (0, 1))
+        worst = float(np.max(channel_rel_l2(ref_rows, got_rows, 0, budget.atol)))
+        return worst, ref_rows.shape[1]
     return worst_rel_l2(ref, got), len(pairs)  # the worst sample, as validate reports
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +20,7 @@ __all__ = [
     "OutputComparison",
     "active_top1",
     "channel_rel_l2",
+    "channel_rows",
     "compare_outputs",
     "cosine_similarity",
     "decision_agreement",
@@ -191,6 +192,18 @@ def channel_rel_l2(ref: np.ndarray, out: np.ndarray, axis: int, atol: float = 0.
     pairs = zip(a, b, strict=True)
     return np.array(
         [0.0 if atol > 0 and max_abs_error(x, y) <= atol else rel_l2_error(x, y) for x, y in pairs]
+    )
+
+
+def channel_rows(arrays: Sequence[np.ndarray], axis: int) -> np.ndarray:
+    """The samples of one output as ``[C, rows]``: each channel along ``axis`` with every
+    sample's values of it side by side, so that :func:`channel_rel_l2` measures a channel
+    over every held-out row. Per sample, the worst channel of the worst sample grew with
+    the number of samples: MTCNN O-Net's 4 box offsets at INT8, 48 samples of 8 crops,
+    read 0.38 in their worst sample and 0.082 over the 384 rows (2026-12-03)."""
+    return np.concatenate(
+        [np.moveaxis(np.asarray(a), axis, 0).reshape(np.shape(a)[axis], -1) for a in arrays],
+        axis=1,
     )
 
 

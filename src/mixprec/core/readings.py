@@ -129,7 +129,10 @@ def _by_values(kind: OutputKind, samples: Sequence[np.ndarray]) -> list[OutputKi
     if short is None:  # a scalar or a vector: one relative L2 is all there is to read
         return [OutputKind("rel-l2", -1, f"{kind.reason}: rel L2")]
     head = "a regression head" if regression else "other float output"
-    why = f"{head}: rel L2 of each of its {shape[short]} channels on axis {short}, the worst"
+    why = (
+        f"{head}: rel L2 of each of its {shape[short]} channels on axis {short} over "
+        "every row, the worst"
+    )
     return [OutputKind("channels", short, why)]
 
 
