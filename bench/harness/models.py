@@ -307,17 +307,23 @@ def _minilm_samples(count: int) -> list[Feeds]:
     single unpadded sentences, INT8 never saw a [PAD] position: on the padded eval batch
     last_hidden_state's real tokens stayed at rel L2 0.08 and its padded ones reached 0.54
     (2026-11-28)."""
-    from tokenizers import Tokenizer
-
     from bench.harness.sentences import CALIBRATION_SENTENCES, MORE_CALIBRATION_SENTENCES
+
+    sentences = CALIBRATION_SENTENCES + MORE_CALIBRATION_SENTENCES
+    rng = np.random.default_rng(_seed("minilm", "calib"))
+    draws = [[sentences[i] for i in rng.choice(len(sentences), 8, replace=False)]
+             for _ in range(count)]
+    return _minilm_batches(draws)
+
+
+def _minilm_batches(batches: list[list[str]]) -> list[Feeds]:
+    """Each batch of sentences tokenised by MiniLM's tokenizer, padded to its longest."""
+    from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(minilm_dir() / "tokenizer.json"))
     tokenizer.no_truncation()
-    sentences = CALIBRATION_SENTENCES + MORE_CALIBRATION_SENTENCES
-    rng = np.random.default_rng(_seed("minilm", "calib"))
     samples = []
-    for _ in range(count):
-        batch = [sentences[i] for i in rng.choice(len(sentences), 8, replace=False)]
+    for batch in batches:
         tokenizer.no_padding()
         longest = max(len(e.ids) for e in tokenizer.encode_batch(batch))
         tokenizer.enable_padding(pad_id=0, pad_token="[PAD]", length=longest)
@@ -327,6 +333,36 @@ def _minilm_samples(count: int) -> list[Feeds]:
             "attention_mask": np.array([e.attention_mask for e in encoded], dtype=np.int64),
             "token_type_ids": np.array([e.type_ids for e in encoded], dtype=np.int64)})
     return samples
+
+
+def _minilm_held(count: int) -> list[Feeds]:
+    """``count`` batches of 8 distinct sentences of the Lee background news corpus
+    (gensim's lee_background.cor; 6-40 words each), none of the bench's own sentences:
+    MiniLM's held rows, one embedding a sentence."""
+    import re
+
+    from bench.harness.ocr_text import CALIBRATION_FILES, read_documents
+
+    found = {" ".join(part.split()) for doc in read_documents(CALIBRATION_FILES)
+             for part in re.split(r"(?<=[.!?])\s+", doc)}
+    sentences = sorted(s for s in found if 6 <= len(s.split()) <= 40)
+    rng = np.random.default_rng(_seed("minilm", "held"))
+    chosen = rng.choice(len(sentences), 8 * count, replace=False)
+    return _minilm_batches([[sentences[i] for i in chosen[k:k + 8]]
+                            for k in range(0, len(chosen), 8)])
+
+
+def _mnist_held(count: int) -> list[Feeds]:
+    """``count`` batches of 8 digits of the CNN's training split past the 64 calibration
+    ones (bench/exporters/mnist.py's split, rebuilt from the same seed): digits the CNN was
+    fit on, so FP32 answers them with wide margins and agreement with it is easier than on
+    new digits; the test digits stay the eval probe's."""
+    from bench.exporters.mnist import SEED, load_digits, stratified_split
+
+    images, labels = load_digits(corpus_dir() / "mnist_5k.csv.gz")
+    train_idx, _ = stratified_split(labels, np.random.default_rng(SEED))
+    picked = images[train_idx[64:64 + 8 * count]]
+    return _chunks({"image": picked}, 8, count)
 
 
 def _drawn(name: str, split: str, count: int) -> list[Feeds] | None:
@@ -381,14 +417,24 @@ def model_by_name(name: str) -> ModelSpec:
 #: Held-out samples handed to `mixprec optimize --eval-data` by the optimize part's
 #: --held-out runs: a user's validation set, apart from calibration and evaluation.
 HELD_OUT_SAMPLES = 48
+#: Rows the held split gives models of a few answers a sample (MTCNN's crops).
+HELD_ROWS = 1024
 
 
 def held_out_samples(spec: ModelSpec, count: int = HELD_OUT_SAMPLES) -> list[Feeds] | None:
     """``count`` samples of a "held" split, at the batch each model is measured with: drawn
     as the calibration samples are (the calibration documents for PP-OCR, other seeds for
     the pictures and the VAD chunks), never the calibration or eval samples themselves.
-    None where the bench has no more data of the model's kind (MiniLM's 16 calibration
-    sentences and MNIST's 64 calibration digits are all it holds apart from eval)."""
+    MiniLM's are batches of 8 news sentences (:func:`_minilm_held`), MNIST's batches of 8
+    training digits (:func:`_mnist_held`). The MTCNN crops (R-Net, O-Net: 8 a sample, two
+    answers a picture) get :data:`HELD_ROWS` rows: 384 cannot confirm a 0.99 agreement
+    that misses one face in 300."""
     if spec.name == "silero_vad":
         return [silero_inputs("silero/held", i) for i in range(count)]
+    if spec.name == "minilm":
+        return _minilm_held(count)
+    if spec.name == "mnist_cnn":
+        return _mnist_held(count)
+    if spec.name in ("mtcnn_rnet", "mtcnn_onet"):
+        count = max(count, HELD_ROWS // MTCNN_INPUTS[spec.name][1])
     return _drawn(spec.name, "held", count)
