@@ -434,3 +434,70 @@ def test_plentiful_one_row_samples_hold_out_enough_rows_to_confirm():
     graph = ir.from_proto(model)
     assert held_out_cap(graph, separable_samples(1, rows=16)[0]) == MAX_HELD_OUT
     assert held_out_cap(graph, separable_samples(1, rows=1)[0]) == ROWS_TO_CONFIRM
+
+
+def _small_head_model() -> onnx.ModelProto:
+    """A large Conv (99% of the MACs) and a 1x1 head Conv under 1% of them whose weights
+    are 0.01 beside one 100 on a channel the large Conv leaves at zero: per-channel INT8
+    rounds every 0.01 to 0, so the head's INT8 output is all zero."""
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((64, 16, 3, 3)).astype(np.float32)
+    w1[0] = 0.0  # channel 0 stays 0 after the Relu
+    head = np.full((1, 64, 1, 1), 0.01, np.float32)
+    head[0, 0] = 100.0
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(head, "w2")]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["y1"], name="big", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["y1"], ["z1"], name="relu"),
+        helper.make_node("Conv", ["z1", "w2"], ["out"], name="head"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "small_head",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32, 32])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 1, 32, 32])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_miss_tries_the_other_placements_the_plan_found_faster_before_a_search(monkeypatch):
+    """The plan (its timings replaced: every placement twice as fast as FP32) chooses
+    'all', whose INT8 head loses the output; the Conv/MatMul/Gemm >= 1% placement, also
+    found faster, keeps the head float and passes on every held-out sample, so it is
+    the result, and no tuner search runs (before: the search, with its repaired
+    quantizations, always did)."""
+    import mixprec.int8.speed as speed
+    import mixprec.repair.int8_repair as int8_repair
+
+    def fast(sessions, _feeds, _bar=None, **_kw):
+        ratios = {"fp32": 1.0, "all": 0.5}
+        return {k: [1e-3 * ratios.get(k, 0.52)] * 20 for k in sessions}
+
+    monkeypatch.setattr(speed, "time_paired", fast)
+    monkeypatch.setattr(speed, "_profile", lambda *a: None)
+
+    def no_search(*_a, **_kw):
+        raise AssertionError("the tuner searched")
+
+    monkeypatch.setattr(int8_repair, "tune_from_options", no_search)
+    rng = np.random.default_rng(3)
+    samples = [{"x": rng.uniform(0, 1, (1, 16, 32, 32)).astype(np.float32)} for _ in range(8)]
+    model = _small_head_model()
+    result = mixprec.quantize(model, samples)
+    report, quantized = result.report, result.model_proto
+    guard = report.guard
+    assert guard["placement_taken"] == "only Conv/MatMul/Gemm with >= 1% of the MACs"
+    tried = guard["placement_fallback"]
+    assert [t["placement"] for t in tried][-1] == guard["placement_taken"]
+    precision = {n.name: n.precision for n in report.nodes}
+    assert precision["big"] == "int8" and precision["head"] == "fp32"
+    assert guard["passed"] and guard["placement_first"] == "all"
+    assert "first placement ('all') missed" in guard["summary"], guard["summary"]
+    (first,) = guard["first_checks"]
+    assert not first["passed"]
+    for sample in samples[:2]:
+        want, got = run_ort(model, sample)["out"], run_ort(quantized, sample)["out"]
+        assert rel_l2_error(want, got) < 0.1

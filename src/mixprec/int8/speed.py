@@ -37,6 +37,7 @@ from mixprec.runtime.engines import engine_for
 from mixprec.runtime.timing import MAJORITY, MARGIN, MIN_ROUNDS, paired_ratios, session, time_paired
 
 __all__ = [
+    "ALTERNATES",
     "BAND",
     "PROFILED_BYTES",
     "STAY_FLOAT",
@@ -66,6 +67,8 @@ class SpeedDecision:
     faster_share: dict[str, float]
     rounds: int
     why: str
+    #: The placements found clearly faster than FP32, best first (the chosen one leads).
+    faster: tuple[str, ...] = ()
 
 
 def decide(
@@ -103,7 +106,8 @@ def decide(
     if chosen != best:
         why += f"; {best!r} ({ratio[best]:.2f}x) is within {BAND:.0%}: ties go to the "
         why += "placement listed first"
-    return SpeedDecision(chosen, ms, ratio, share, len(times["fp32"]), why)
+    ranked = (chosen, *sorted((f for f in faster if f != chosen), key=lambda f: ratio[f]))
+    return SpeedDecision(chosen, ms, ratio, share, len(times["fp32"]), why, ranked)
 
 
 def _depthwise(model: ir.Model) -> list[str]:
@@ -127,6 +131,10 @@ class Placement:
     exclude: tuple[str, ...]
     ops: str = "chains"
 
+
+#: The key of the speed plan's measurements that holds the other placements it found
+#: faster, as (label, Placement) pairs: not data for the report.
+ALTERNATES = "alternates"
 
 #: The largest model whose layers the speed plan reads from the runtime's profile (it
 #: runs the FP32 and the all-INT8 model in two more sessions, beside the timed ones).
@@ -236,6 +244,10 @@ def choose_placement(
         "summary": summary,
         "profiled": slower,
         "profile_note": no_profile,
+        "faster": list(decision.faster),
+        # the other placements found faster, best first, for the guard to fall back on
+        # (run_quantize keeps them out of the report)
+        ALTERNATES: [(k, placements[k]) for k in decision.faster if k != decision.chosen],
     }
 
 

@@ -40,7 +40,12 @@ from mixprec.int8.smooth import (
     head_of,
     smoothable_share,
 )
-from mixprec.int8.speed import Placement, candidate_placements, choose_placement
+from mixprec.int8.speed import (
+    ALTERNATES,
+    Placement,
+    candidate_placements,
+    choose_placement,
+)
 from mixprec.io.external import clone_model
 from mixprec.passes.opset import upgrade_to
 from mixprec.pipeline.convert import (
@@ -209,6 +214,8 @@ class Reuse:
     stages: dict[str, Stage] = dataclasses.field(default_factory=dict)
     placement: str | None = None
     chosen: Placement | None = None
+    #: The other placements the plan found faster, best first (the guard's fallback).
+    alternates: list[tuple[str, Placement]] = dataclasses.field(default_factory=list)
 
 
 def run_quantize(
@@ -243,11 +250,16 @@ def run_quantize(
         if reuse is not None and reuse.placement is not None and reuse.chosen is not None:
             only = (reuse.placement, reuse.chosen)
         chosen, speed = timed_placement(work, config, original, only=only)
+        alternates = speed.pop(ALTERNATES, [])
         extra["speed"] = time.perf_counter() - t
         if reuse is not None and reuse.placement is None:
             user = len(config.exclude_nodes)
             reuse.placement = str(speed["chosen"])
             reuse.chosen = Placement(chosen.exclude[user:], chosen.ops)
+            reuse.alternates = [
+                (label, Placement(p.exclude[user:], p.ops))
+                for label, p in alternates  # type: ignore[attr-defined]
+            ]
         pipeline.qconfig = dataclasses.replace(
             config, exclude_nodes=chosen.exclude, placement=chosen.ops
         )

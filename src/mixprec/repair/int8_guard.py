@@ -51,7 +51,7 @@ from mixprec.int8.config import QuantizeConfig
 from mixprec.pipeline.convert import CalibrationData
 from mixprec.pipeline.quantize import Reuse
 from mixprec.pipeline.report import Report
-from mixprec.repair.int8_repair import Job, repaired
+from mixprec.repair.int8_repair import Job, other_placement, repaired
 from mixprec.repair.int8_runs import (
     Say,
     checked,
@@ -111,8 +111,16 @@ def guarded_quantize(
         return work, _finish(report, guard, first, (), first)
     spent["first quantize"] = sum(report.timings.values())
     clock = time.perf_counter()
-    say(f"INT8 misses the budget ({_worst(first).text()}): searching for nodes to keep float")
     job = Job(source, config, calib, held, (kinds, budget), reuse, progress)
+    if reuse.alternates:
+        say(f"INT8 misses the budget ({_worst(first).text()}): trying the other placements")
+        other = other_placement(job, guard)
+        if other is not None:
+            work, report, final = other
+            spent["repair"] = time.perf_counter() - clock - sum(report.timings.values())
+            report.timings = {**report.timings, **spent}
+            return work, _finish(report, guard, final, (), first)
+    say(f"INT8 misses the budget ({_worst(first).text()}): searching for nodes to keep float")
     work, report, final, names = repaired(job, guard)
     work, report = _unless_unconfirmed((source, config, calib), work, report, final, guard)
     # where the time went (the report's stages are the last quantization's)
@@ -209,6 +217,14 @@ def _finish(
         summary = (
             f"{head}; {len(kept)} kept float to meet {was.needs()} "
             f"(was {shown(was.value, was.limit)}, now {_value_of(checks, was.output):.3g})"
+        )
+    elif "placement_taken" in guard and int8:
+        was = _worst(first)
+        summary = (
+            f"{head}; the speed plan's first placement ({guard['placement_first']!r}) missed "
+            f"{was.needs()} with "
+            f"{shown(was.value, was.limit)}; {guard['placement_taken']!r}, also faster, "
+            f"passed: {worst.text()}"
         )
     else:
         summary = f"{head}; accuracy guard passed: {worst.text()}"
