@@ -11,7 +11,10 @@
    elsewhere, each with the reason for its kind; or the user's metric, given the
    samples' labels) against the user's FP32 model run in the deployment's runtime too
    (its drift from ONNX Runtime's CPU provider reported where that runtime is another).
-3. On a miss, the tuner's search (:func:`mixprec.tune`, target int8, the guard's checks
+3. On a miss, first the other placements the speed plan found clearly faster, best
+   first (:func:`~mixprec.repair.int8_repair.other_placement`): the first that passes
+   on every held-out sample with rows that confirm it is the result. Otherwise the
+   tuner's search (:func:`mixprec.tune`, target int8, the guard's checks
    as its metric, in the deployment's runtime with its graph optimizations) runs on the
    first half of the held-out samples and names the
    Conv/MatMul/Gemm nodes to keep float; quantize again without them (speed plan
