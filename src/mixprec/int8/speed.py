@@ -37,7 +37,6 @@ from mixprec.runtime.engines import engine_for
 from mixprec.runtime.timing import MAJORITY, MARGIN, MIN_ROUNDS, paired_ratios, session, time_paired
 
 __all__ = [
-    "ALTERNATES",
     "BAND",
     "PROFILED_BYTES",
     "STAY_FLOAT",
@@ -132,10 +131,6 @@ class Placement:
     ops: str = "chains"
 
 
-#: The key of the speed plan's measurements that holds the other placements it found
-#: faster, as (label, Placement) pairs: not data for the report.
-ALTERNATES = "alternates"
-
 #: The largest model whose layers the speed plan reads from the runtime's profile (it
 #: runs the FP32 and the all-INT8 model in two more sessions, beside the timed ones).
 PROFILED_BYTES = 256 << 20
@@ -175,7 +170,7 @@ def choose_placement(
     feeds: Mapping[str, np.ndarray],
     runtime: RuntimeOptions | None = None,
     profile: bool = True,
-) -> tuple[Placement, dict[str, object]]:
+) -> tuple[Placement, dict[str, object], list[tuple[str, Placement]]]:
     """Times the user's ``fp32`` model and each placement built by ``build(placement)``
     on ``feeds`` (``placements`` in :func:`candidate_placements`' order) in the ``runtime`` the
     user deploys on (ONNX Runtime by default).
@@ -188,7 +183,9 @@ def choose_placement(
     what was measured (``ms``, ``ratio``, ``faster_share``, ``rounds``, ``dropped``: the
     rounds of each placement dropped early, ``chosen``, ``summary``, ``profiled``: the
     layers the profile kept float, with their regions' ratios; ``profile_note``: why no
-    such placement was timed, empty when one was or ``profile`` is off).
+    such placement was timed, empty when one was or ``profile`` is off; ``faster``: the
+    placements found clearly faster, best first), and the other placements found faster,
+    best first, by label (the guard's fallback when the chosen one misses).
     """
     slower: dict[str, float] = {}
     no_profile = ""
@@ -231,7 +228,7 @@ def choose_placement(
     summary = _summary(decision, feeds, where, (dropped, refused))
     if no_profile:
         summary += f"; no placement from the per-layer profile: {no_profile}"
-    return chosen, {
+    measured: dict[str, object] = {
         "ms": decision.ms,
         "ratio": decision.ratio,
         "faster_share": decision.faster_share,
@@ -245,10 +242,8 @@ def choose_placement(
         "profiled": slower,
         "profile_note": no_profile,
         "faster": list(decision.faster),
-        # the other placements found faster, best first, for the guard to fall back on
-        # (run_quantize keeps them out of the report)
-        ALTERNATES: [(k, placements[k]) for k in decision.faster if k != decision.chosen],
     }
+    return chosen, measured, [(k, placements[k]) for k in decision.faster if k != decision.chosen]
 
 
 def _with_profiled(

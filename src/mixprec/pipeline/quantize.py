@@ -40,12 +40,7 @@ from mixprec.int8.smooth import (
     head_of,
     smoothable_share,
 )
-from mixprec.int8.speed import (
-    ALTERNATES,
-    Placement,
-    candidate_placements,
-    choose_placement,
-)
+from mixprec.int8.speed import Placement, candidate_placements, choose_placement
 from mixprec.io.external import clone_model
 from mixprec.passes.opset import upgrade_to
 from mixprec.pipeline.convert import (
@@ -249,16 +244,14 @@ def run_quantize(
         only = None
         if reuse is not None and reuse.placement is not None and reuse.chosen is not None:
             only = (reuse.placement, reuse.chosen)
-        chosen, speed = timed_placement(work, config, original, only=only)
-        alternates = speed.pop(ALTERNATES, [])
+        chosen, speed, alternates = timed_placement(work, config, original, only=only)
         extra["speed"] = time.perf_counter() - t
         if reuse is not None and reuse.placement is None:
             user = len(config.exclude_nodes)
             reuse.placement = str(speed["chosen"])
             reuse.chosen = Placement(chosen.exclude[user:], chosen.ops)
             reuse.alternates = [
-                (label, Placement(p.exclude[user:], p.ops))
-                for label, p in alternates  # type: ignore[attr-defined]
+                (label, Placement(p.exclude[user:], p.ops)) for label, p in alternates
             ]
         pipeline.qconfig = dataclasses.replace(
             config, exclude_nodes=chosen.exclude, placement=chosen.ops
@@ -324,12 +317,14 @@ def timed_placement(
     original: onnx.ModelProto,
     *,
     only: tuple[str, Placement] | None = None,
-) -> tuple[Placement, dict[str, object]]:
+) -> tuple[Placement, dict[str, object], list[tuple[str, Placement]]]:
     """The fastest INT8 placement on this CPU (:mod:`mixprec.int8.speed`) against the
     user's ``original`` model, timed at ``config.latency_shapes``, else ``config.shapes``,
     else the calibration's input shapes; ``only``: time that placement alone, without a
     profile (the label an earlier plan chose and what it kept float beyond the user's
-    exclusions, which are taken as they are now; "fp32" times them all)."""
+    exclusions, which are taken as they are now; "fp32" times them all). Returns
+    :func:`~mixprec.int8.speed.choose_placement`'s placement, measurements and the other
+    placements found faster."""
     base = ir.to_proto(model)
 
     def build(placement: Placement) -> onnx.ModelProto:
