@@ -141,3 +141,24 @@ def test_sessions_from_bytes_keep_no_copy_of_the_serialized_model() -> None:
     with session_for(model, 1) as held:
         assert held._model_bytes is None
         np.testing.assert_array_equal(held.run(None, {"a": one, "b": one})[0], 2 * one)
+
+
+def test_a_timed_session_runs_as_onnx_runtime_serves_it() -> None:
+    """optimize and the INT8 speed plan time ONNX Runtime beside other sessions. With its
+    pool threads never spinning (and no arena) ORT ran PP-OCR cls 1.4-1.9x slower than its
+    defaults, so OpenVINO looked faster than it is where the model is served. A timed
+    session keeps ORT's arena and spinning threads within a run; the threads stop spinning
+    when the run ends (they would take the cores from the next session in the round)."""
+    from mixprec.runtime import timing
+
+    model = _model(
+        [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", F32, [1, 4])], [_vi("y", F32, [1, 4])]
+    )
+    options = timing.session(model).session.get_session_options()  # type: ignore[attr-defined]
+    assert options.enable_cpu_mem_arena, "a timed session frees its arena after each run"
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+    with pytest.raises(Exception, match="allow_spinning"):  # not set: ORT's default, spinning
+        options.get_session_config_entry("session.intra_op.allow_spinning")
+    served = make_session(model.SerializeToString(), 2).get_session_options()
+    with pytest.raises(Exception, match="force_spinning_stop"):  # served: ORT's defaults
+        served.get_session_config_entry("session.force_spinning_stop")

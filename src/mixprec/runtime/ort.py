@@ -24,6 +24,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.limits import INLINE_LIMIT
 from mixprec.runtime.cpu import CpuFeatures, cpu_features, saturates_u8s8
 from mixprec.runtime.engine import (
+    TIMING_HINTS,
     LayerProfile,
     LoadHints,
     ModelSource,
@@ -175,7 +176,7 @@ class OrtEngine:
         if options.provider not in (None, "cpu") or model.ByteSize() > INLINE_LIMIT:
             return None  # a GPU provider's kernels, a large model's skeleton: not read here
         with tempfile.TemporaryDirectory(prefix="mixprec-profile-") as folder:
-            hints = LoadHints(arena=False, spinning=False, profile_to=folder)
+            hints = dataclasses.replace(TIMING_HINTS, profile_to=folder)
             session = None
             try:
                 level, threads = options.optimization, options.threads
@@ -208,8 +209,8 @@ class OrtEngine:
         hints: LoadHints | None = None,
     ) -> OrtSession:
         hints = hints or LoadHints()
-        if timing:  # timed sessions: no arena between runs, no spinning threads
-            hints = dataclasses.replace(hints, arena=False, spinning=False)
+        if timing:  # timed beside others: threads spin within a run, not after it
+            hints = dataclasses.replace(hints, stop_spinning=True)
         provider = options.provider or "cpu"
         missing = self.missing(options)
         if missing is not None:

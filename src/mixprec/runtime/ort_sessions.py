@@ -122,8 +122,9 @@ def make_session(
     copy of a large model's weights. ``data_folder`` is where ORT resolves the
     external-data references of a model given as bytes (it maps those files itself).
     Without the ``arena`` a session frees its activations after each run (for sessions
-    kept side by side); without ``spinning`` its pool threads sleep after a run instead
-    of taking the cores from the next session timed beside it.
+    kept side by side); without ``spinning`` its pool threads sleep whenever they wait;
+    with ``stop_spinning`` they spin within a run, as served, and stop when it ends,
+    instead of taking the cores from the next session timed beside it.
 
     When ORT rejects only the model's IR version (models written by a newer onnx than
     this ORT knows), the session is retried with the IR version ORT names; that rewrites
@@ -188,6 +189,8 @@ def _session_options(threads: int, optimization: str, hints: LoadHints) -> ort.S
         so.enable_cpu_mem_arena = False
     if not hints.spinning:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    elif hints.stop_spinning:
+        so.add_session_config_entry("session.force_spinning_stop", "1")
     if hints.profile_to is not None:  # each kernel's time, named as in the graph written
         so.enable_profiling = True
         so.profile_file_prefix = os.path.join(hints.profile_to, "profile")

@@ -105,11 +105,12 @@ def hopeless(times: Mapping[str, Sequence[float]], label: str, bar: float | None
 def session(proto: onnx.ModelProto, runtime: RuntimeOptions | None = None) -> Session:
     """A timing session in the deployment's engine (ONNX Runtime by default).
 
-    Several sessions are alive at once: an ONNX Runtime session then keeps no arena (each
-    frees its activations after every run, so timing costs about one inference's memory,
-    not one per session) and no spinning pool threads, which would take the cores from
-    the next session in the round (MTCNN P-Net timed 'all' at 0.14x FP32 in half the
-    rounds and slower in the other half).
+    Several sessions are alive at once, taking turns: an ONNX Runtime session's pool
+    threads then spin within a run, as served, and stop when it ends
+    (:data:`~mixprec.runtime.engine.TIMING_HINTS`); threads still spinning would take
+    the cores from the next session in the round (MTCNN P-Net timed 'all' at 0.14x FP32
+    in half the rounds and slower in the other half), and threads that never spin run
+    ONNX Runtime 1.4-1.9x slower than its defaults on small models.
     """
     options = runtime or RuntimeOptions()
     return engine_for(options).session(proto, options, timing=True)
