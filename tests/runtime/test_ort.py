@@ -13,6 +13,7 @@ from onnx import helper
 
 from mixprec.calibrate.runner import collect_absmax
 from mixprec.core.errors import MixprecError
+from mixprec.runtime import timing
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import run_model
 from mixprec.runtime.ort_sessions import make_session, session_for
@@ -149,8 +150,6 @@ def test_a_timed_session_runs_as_onnx_runtime_serves_it() -> None:
     defaults, so OpenVINO looked faster than it is where the model is served. A timed
     session keeps ORT's arena and spinning threads within a run; the threads stop spinning
     when the run ends (they would take the cores from the next session in the round)."""
-    from mixprec.runtime import timing
-
     model = _model(
         [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", F32, [1, 4])], [_vi("y", F32, [1, 4])]
     )

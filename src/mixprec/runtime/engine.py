@@ -206,7 +206,7 @@ class LayerProfile:
 
 #: The hints of a session timed beside others: as served (arena, spinning threads within
 #: a run), but its threads stop spinning when a run ends. With spinning off, ONNX Runtime
-#: ran PP-OCR cls 1.4-1.9x and MNIST 1.4-1.5x slower than its defaults on an EPYC with 2
+#: ran PP-OCR cls 1.4-1.9x and MNIST 1.4-1.6x slower than its defaults on an EPYC with 2
 #: cores, and every other runtime looked faster than it is where the model is served.
 TIMING_HINTS = LoadHints(stop_spinning=True)
 
