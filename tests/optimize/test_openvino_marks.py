@@ -115,6 +115,20 @@ def _samples(model: onnx.ModelProto, n: int = 4) -> list[dict[str, np.ndarray]]:
     return [{"x": rng.standard_normal(dims).astype(np.float32)} for _ in range(n)]
 
 
+def _decisive_samples(model: onnx.ModelProto, n: int) -> list[dict[str, np.ndarray]]:
+    """``n`` samples whose FP32 class is clear (the top two probabilities 0.02 apart, 35x
+    the largest bf16 error seen on this model): the pair's plumbing is the point here, and
+    a random model's near-tie flips under bf16 on one CPU and not on another."""
+    pool = _samples(model, 8 * n)
+    kept = []
+    for feeds in pool:
+        top2 = np.sort(run_ort(model, feeds)["y"].ravel())[-2:]
+        if top2[1] - top2[0] >= 0.02:
+            kept.append(feeds)
+    assert len(kept) >= n, f"{len(kept)} of {len(pool)} samples decide their class"
+    return kept[:n]
+
+
 CASES = {
     "conv_bn": (conv_bn_model, {"exclude_nodes": ["hsig"]}),
     "constant_weights": (constant_weights_model, {"exclude_nodes": ["mm_keep"]}),
@@ -186,7 +200,7 @@ def _optimized_pair(tmp_path: Path, monkeypatch) -> tuple[Path, onnx.ModelProto]
     # 8 samples: too few rows to confirm a bf16 pass; the pair is the point here
     result = mixprec.optimize(
         str(original),
-        _samples(model, 8),
+        _decisive_samples(model, 8),
         candidates=["bf16-lists-openvino"],
         time_budget=4,
         accept_unconfirmed=True,
@@ -218,10 +232,11 @@ def test_the_pair_runs_as_its_metadata_says(tmp_path: Path, monkeypatch) -> None
     written = marked_names(ov.Core().read_model(str(tmp_path / "out.xml")))
     assert marked_names(session.model) == written and "y" in written  # read from the IR
     tolerance = "bf16" if engine.computes_bf16() else "fp32"
-    for feeds in _samples(model, 2):
+    samples = _decisive_samples(model, 2)
+    for feeds in samples:
         ref = run_ort(model, feeds)["y"]
         assert_close(ref, run_model(out, feeds)["y"], tolerance, name="y")
-    report = mixprec.validate(str(tmp_path / "m.onnx"), str(out), inputs=_samples(model, 2))
+    report = mixprec.validate(str(tmp_path / "m.onnx"), str(out), inputs=samples)
     assert report.passed and report.kind == "openvino", report.format_table()
     # held to bf16's tolerance: its hint lowers FP32 layers (FP32's failed on a bf16 CPU)
     assert report.rtol == DEFAULT_RTOL["bfloat16"], report.rtol
