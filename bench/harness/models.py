@@ -421,6 +421,15 @@ HELD_OUT_SAMPLES = 48
 HELD_ROWS = 4096
 
 
+def eval_crops(spec: ModelSpec) -> list[Feeds] | None:
+    """:data:`HELD_ROWS` crops of the eval split (R-Net, O-Net: batches of 8, the eval
+    feeds' first batch among them), for judging a recipe's answers on more than the 8 eval
+    crops (:func:`bench.optimize.suite.judge`); None for the other models."""
+    if spec.name not in ("mtcnn_rnet", "mtcnn_onet"):
+        return None
+    return _drawn(spec.name, "eval", HELD_ROWS // MTCNN_INPUTS[spec.name][1])
+
+
 def held_out_samples(spec: ModelSpec, count: int = HELD_OUT_SAMPLES) -> list[Feeds] | None:
     """``count`` samples of a "held" split, at the batch each model is measured with: drawn
     as the calibration samples are (the calibration documents for PP-OCR, other seeds for
