@@ -94,7 +94,7 @@ def chosen_runtime(path: Path) -> tuple[str, str | None]:
 def _crop_reference(spec: ModelSpec, path: Path) -> tuple[list[Feeds], dict[str, np.ndarray]]:
     """The eval crops (models.eval_crops) and FP32's outputs on them in ORT, rows stacked."""
     crops = eval_crops(spec) or []
-    return crops, _stacked(ort_runner(path), crops)
+    return crops, _stacked(ort_runner(path), crops) if crops else {}
 
 
 def _stacked(runner: Runner, feeds: Sequence[Feeds]) -> dict[str, np.ndarray]:
