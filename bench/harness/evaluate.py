@@ -17,6 +17,8 @@ import onnxruntime as ort
 from bench.harness.metrics import ModelStats, Shape, model_stats
 from bench.harness.models import Feeds, ModelSpec
 from mixprec.core.metrics import rel_l2_error
+from mixprec.runtime.engine import TIMING_HINTS
+from mixprec.runtime.ort_sessions import make_session
 
 THREADS = 2
 MIN_LATENCY_PAIRS = 20
@@ -26,20 +28,13 @@ MIN_SAMPLE_SECONDS = 0.005  # tiny models: one timing sample repeats the run thi
 
 
 def session(model: str | bytes, optimize: bool = True) -> ort.InferenceSession:
-    """CPU session, 2 threads; ``optimize=False`` for emulation graphs, whose Cast round
-    trips ORT's graph optimizers could fuse away or mis-fuse."""
-    options = ort.SessionOptions()
-    if not optimize:
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.intra_op_num_threads = THREADS
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.log_severity_level = 3
-    # Sessions are timed alternately on 2 cores: pool threads spin within a run, as ORT
-    # serves a model (spinning off ran PP-OCR cls 1.4-1.9x slower than ORT's defaults),
-    # and stop when it ends, so that they do not take the cores from the next session.
-    options.add_session_config_entry("session.force_spinning_stop", "1")
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    """CPU session, 2 threads, opened as mixprec opens the sessions it times
+    (:data:`mixprec.runtime.engine.TIMING_HINTS`: pool threads spin within a run, as ORT
+    serves a model, and stop when it ends, leaving the cores to the next session timed
+    beside it); ``optimize=False`` for emulation graphs, whose Cast round trips ORT's
+    graph optimizers could fuse away or mis-fuse."""
+    level = "all" if optimize else "off"
+    return make_session(model, THREADS, optimization=level, hints=TIMING_HINTS)
 
 
 def first_line(exc: BaseException, limit: int = 300) -> str:

@@ -243,6 +243,7 @@ def run_model(spec: ModelSpec, base: Baseline, work: Path, timeout: float,
         if (runner := measure(base, rows[name], paths[which])) is not None:
             runners[name] = runner
     rows[CHOSEN] = _chosen_row(spec, base, chosen, run, runners)
+    rows[CHOSEN]["same_as"] = same_deployment(rows[CHOSEN], chosen, paths)
     if measure_latency and REFERENCE in runners:
         add_latency(rows, runners, base)
     result = {"model": spec.name, "optimize": run, "rows": list(rows.values())}
@@ -267,6 +268,38 @@ def _chosen_row(spec: ModelSpec, base: Baseline, chosen: Path | None, run: Row,
     if (runner := measure(base, row, chosen)) is not None:
         runners[CHOSEN] = runner
     return row
+
+
+def _graph_bytes(path: Path) -> bytes:
+    """The model as a runtime compiled at the bench shape sees it: through onnx_ir (one
+    spelling of empty fields), initializers by name, no metadata, no value_info, no input
+    or output shapes (a model written with the static shape it was timed at is the same
+    deployment as the dynamic one the bench compiles at that shape)."""
+    import onnx_ir as ir
+
+    proto = ir.serde.serialize_model(ir.serde.deserialize_model(onnx.load(str(path))))
+    del proto.metadata_props[:], proto.graph.value_info[:]
+    for value in (*proto.graph.input, *proto.graph.output):
+        value.type.tensor_type.ClearField("shape")
+    ordered = sorted(proto.graph.initializer, key=lambda t: t.name)
+    del proto.graph.initializer[:]
+    proto.graph.initializer.extend(ordered)
+    return proto.SerializeToString()
+
+
+def same_deployment(row: Row, chosen: Path | None, paths: Mapping[str, Path | None]) -> str | None:
+    """The recipe that is optimize's output itself (same runtime, hint and graph; the FP32
+    model in a runtime, or OpenVINO's bf16 hint on it), or None: two sessions of one
+    deployment then time apart only by this machine's noise."""
+    if chosen is None or row.get("status") != "ok":
+        return None
+    for name, (runtime, hint, which) in RECIPES.items():
+        path = paths.get(which)
+        if (runtime, hint or None) != (row["runtime"], row["precision_hint"] or None):
+            continue
+        if path is not None and _graph_bytes(path) == _graph_bytes(chosen):
+            return name
+    return None
 
 
 def add_latency(rows: dict[str, Row], runners: Mapping[str, Runner], base: Baseline) -> None:
@@ -301,6 +334,10 @@ def summarize(result: Row) -> Row:
     chosen = next((r for r in result["rows"] if r["variant"] == CHOSEN), None)
     best = best_recipe(result["rows"])
     ratio, best_ratio = _ratio(chosen), _ratio(best)
+    same = None if chosen is None else chosen.get("same_as")
+    # optimize's output is that recipe: the recipe's own timing is its speed, and the two
+    # sessions' difference is this run's noise between identical deployments
+    deployed = next((_ratio(r) for r in result["rows"] if r["variant"] == same), None) or ratio
     run = result["optimize"]
     return {"model": result["model"], "winner": run.get("winner"),
             "runtime": None if chosen is None else chosen.get("runtime"),
@@ -308,7 +345,9 @@ def summarize(result: Row) -> Row:
             "ratio": ratio, "accurate": None if chosen is None else chosen.get("accurate"),
             "accuracy": _accuracy_text(chosen), "best_recipe": None if best is None
             else best["variant"], "best_ratio": best_ratio,
-            "versus_best": None if ratio is None or not best_ratio else ratio / best_ratio,
+            "same_as": same, "same_noise": None if same is None or not ratio or not deployed
+            else ratio / deployed,
+            "versus_best": None if deployed is None or not best_ratio else deployed / best_ratio,
             "wall_s": run.get("wall_s"), "peak_rss_mb": run.get("peak_rss_mb"),
             "u8s8_peak_rss_mb": u8s8_rss(result["rows"]),
             "status": run.get("status"), "error": run.get("error")}
@@ -409,10 +448,20 @@ def summary_table(summaries: Sequence[Row]) -> str:
         lines.append(
             f"| {s['model']} | {winner} | {runtime} | {num(s.get('ratio'), '.2f')} "
             f"| {verdict} | {s['accuracy']} | {s.get('best_recipe') or '–'} "
-            f"| {num(s.get('best_ratio'), '.2f')} | {num(s.get('versus_best'), '.2f')} "
+            f"| {num(s.get('best_ratio'), '.2f')} | {_versus_text(s)} "
             f"| {num(s.get('wall_s'), '.0f')} | {num(s.get('peak_rss_mb'), '.0f')} "
             f"| {num(s.get('u8s8_peak_rss_mb'), '.0f')} |")
     return "\n".join(lines)
+
+
+def _versus_text(summary: Row) -> str:
+    """chosen / best; where optimize's output is a recipe itself, that recipe's ratio to the
+    best, and how far its own session timed from the recipe's."""
+    text = num(summary.get("versus_best"), ".2f")
+    if summary.get("same_as"):
+        text += (f" (= {summary['same_as']}; its own session "
+                 f"{num(summary.get('same_noise'), '.2f')}x)")
+    return text
 
 
 def recipe_table(results: Sequence[Row]) -> str:
@@ -470,7 +519,11 @@ COLUMNS = (
     f"{MIN_AGREEMENT} and every other output's rel L2 to FP32 <= {MAX_REL_L2} (MTCNN's box "
     f"and landmark regressions, Silero's state); R-Net and O-Net are read over {HELD_ROWS} "
     "eval crops (top-1 and the regressions' rel L2), not the 8 latency crops. best accurate "
-    "recipe = the fastest accurate one. wall s / peak RSS = the `mixprec optimize` process "
+    "recipe = the fastest accurate one. chosen / best: where optimize's output is a recipe "
+    "itself (the same graph in the same runtime with the same hint: FP32 in a runtime, or "
+    "OpenVINO's bf16 hint on it), that recipe's ratio to the best, with its own session's "
+    "ratio to the recipe's in brackets (two sessions of one deployment: this run's noise). "
+    "wall s / peak RSS = the `mixprec optimize` process "
     "(interpreter start and imports included).")
 
 

@@ -3,6 +3,13 @@ per-model rows: accuracy, the best accurate recipe, the median gain and the wall
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+from onnx import TensorProto, helper, numpy_helper
+
 from bench.optimize import suite as optimize
 
 
@@ -95,3 +102,51 @@ def test_the_peak_rss_goal_compares_with_quantize_static_on_the_same_model() -> 
     u8s8 = {"variant": "ort-u8s8", "quantization": {"status": "ok", "peak_rss_mb": 839.0}}
     assert optimize.u8s8_rss([{"variant": "ort-fp32"}, u8s8]) == 839.0
     assert optimize.u8s8_rss([{**u8s8, "quantization": {"status": "error"}}]) is None
+
+
+def _tiny(weight: float) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "tiny",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(np.full((4, 4), weight, np.float32), "w")],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_output_that_is_a_recipe_is_named_and_judged_by_that_recipe(tmp_path: Path) -> None:
+    """optimize's bf16-openvino output (the FP32 graph through onnx_ir, its runtime fields,
+    the static shape it was timed at) is the ov-bf16 recipe itself: the 5% goal reads the
+    recipe's timing, and the two sessions' difference is shown as noise."""
+    fp32 = tmp_path / "fp32.onnx"
+    onnx.save(_tiny(0.5), fp32)
+    written = ir.serde.deserialize_model(_tiny(0.5))
+    written.graph.inputs[0].shape = ir.Shape([8, 4])
+    written.metadata_props["mixprec.runtime"] = "openvino"
+    chosen = tmp_path / "chosen.onnx"
+    ir.save(written, chosen)
+    row = {"status": "ok", "runtime": "openvino", "precision_hint": "bf16"}
+    paths = {"fp32": fp32, "u8s8": None}
+    assert optimize.same_deployment(row, chosen, paths) == "ov-bf16"
+    assert optimize.same_deployment({**row, "precision_hint": "f32"}, chosen, paths) == "ov-fp32"
+    other = tmp_path / "other.onnx"
+    onnx.save(_tiny(0.25), other)  # another weight: another deployment
+    assert optimize.same_deployment(row, other, paths) is None
+
+    rows = [
+        {"variant": "ort-fp32", "accurate": True, "latency": {"ratio": 1.0}},
+        {"variant": "ov-bf16", "accurate": True, "latency": {"ratio": 0.50}},
+        {
+            "variant": "optimize",
+            "accurate": True,
+            "latency": {"ratio": 0.535},
+            "same_as": "ov-bf16",
+        },
+    ]
+    summary = optimize.summarize({"model": "m", "rows": rows, "optimize": {"status": "ok"}})
+    assert summary["versus_best"] == 1.0 and summary["same_noise"] == 0.535 / 0.50
+    assert "(= ov-bf16; its own session 1.07x)" in optimize.summary_table([summary])
+    rows[2]["same_as"] = None  # a deployment of its own is judged by its own session
+    summary = optimize.summarize({"model": "m", "rows": rows, "optimize": {"status": "ok"}})
+    assert summary["versus_best"] == 0.535 / 0.50
