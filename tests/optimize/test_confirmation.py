@@ -117,7 +117,7 @@ def test_optimize_without_data_tries_what_needs_none(model_file: Path, tmp_path,
     model is written."""
     result = mixprec.optimize(str(model_file))
     rows = {r.name: r for r in result.table}
-    for name in ("int8-ort", "int8-openvino"):
+    for name in ("int8-ort", "int8-openvino", "int8-bf16-openvino"):
         if name in rows:
             assert rows[name].verdict == "skipped" and "INT8 needs representative data" in (
                 rows[name].note

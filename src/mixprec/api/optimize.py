@@ -42,7 +42,9 @@ def optimize(
     """The fastest model that keeps its answers, on this machine, in the runtime it will
     run in: each candidate (``fp32-ort``: the input in ONNX Runtime; ``fp32-openvino``;
     ``bf16-openvino``, where this CPU computes bf16; ``int8-ort`` and ``int8-openvino``:
-    :func:`mixprec.quantize` with its accuracy guard, in that runtime) is checked on
+    :func:`mixprec.quantize` with its accuracy guard, in that runtime;
+    ``int8-bf16-openvino``: the same in OpenVINO, its float layers under the bf16 hint,
+    where this CPU computes bf16) is checked on
     held-out samples against the input in ONNX Runtime and, when accurate, timed beside
     it; the fastest accurate one wins when it is 3% faster (ties go to the simpler one).
 
