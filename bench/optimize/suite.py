@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
 from bench.harness.evaluate import Baseline, decision_f1, first_line
 from bench.harness.models import HELD_ROWS, Feeds, ModelSpec, eval_crops, held_out_samples
@@ -275,8 +276,6 @@ def _graph_bytes(path: Path) -> bytes:
     spelling of empty fields), initializers by name, no metadata, no value_info, no input
     or output shapes (a model written with the static shape it was timed at is the same
     deployment as the dynamic one the bench compiles at that shape)."""
-    import onnx_ir as ir
-
     proto = ir.serde.serialize_model(ir.serde.deserialize_model(onnx.load(str(path))))
     del proto.metadata_props[:], proto.graph.value_info[:]
     for value in (*proto.graph.input, *proto.graph.output):

@@ -40,13 +40,10 @@ def optimize(
     accept_unconfirmed: bool = False,
 ) -> OptimizeResult:
     """The fastest model that keeps its answers, on this machine, in the runtime it will
-    run in: each candidate (``fp32-ort``: the input in ONNX Runtime; ``fp32-openvino``;
-    ``bf16-openvino``, where this CPU computes bf16; ``int8-ort`` and ``int8-openvino``:
-    :func:`mixprec.quantize` with its accuracy guard, in that runtime;
-    ``int8-bf16-openvino``: the same in OpenVINO, its float layers under the bf16 hint,
-    where this CPU computes bf16) is checked on
-    held-out samples against the input in ONNX Runtime and, when accurate, timed beside
-    it; the fastest accurate one wins when it is 3% faster (ties go to the simpler one).
+    run in: each candidate (the input in ONNX Runtime and OpenVINO, bf16 in OpenVINO where
+    this CPU computes it, :func:`mixprec.quantize` guarded in each runtime: the guide's
+    table) is checked on held-out samples against the input in ONNX Runtime and, when
+    accurate, timed beside it; the fastest accurate one wins (ties go to the simpler one).
 
     Args:
         model: a path, an ``onnx.ModelProto`` or an ``onnx_ir.Model``; never mutated.
