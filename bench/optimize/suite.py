@@ -38,7 +38,7 @@ from bench.harness.report import num
 from bench.int8.quantize_one import OPTIMIZE
 from bench.int8.suite import quantize, write_calibration, write_samples
 from bench.precision.bf16 import Runner, error_text, interleaved, ort_runner, ov_runner, score
-from mixprec.core.metrics import rel_l2_error
+from mixprec.core.metrics import rel_l2_error, top1_agreement
 
 Row = dict[str, Any]
 
@@ -112,7 +112,7 @@ def _crop_probe(base: Baseline, runner: Runner) -> Row | None:
         return None
     got = _stacked(runner, crops)
     classes = base.spec.class_outputs
-    top1 = min(float(np.mean(ref[n].argmax(-1) == got[n].argmax(-1))) for n in classes)
+    top1 = min(top1_agreement(ref[n], got[n]) for n in classes)
     others = [rel_l2_error(ref[n], got[n]) for n in ref if n not in classes]
     return {"rows": len(ref[classes[0]]), "top1_agreement": top1,
             "regression_rel_l2": max(others) if others else None}
@@ -292,13 +292,11 @@ def same_deployment(row: Row, chosen: Path | None, paths: Mapping[str, Path | No
     deployment then time apart only by this machine's noise."""
     if chosen is None or row.get("status") != "ok":
         return None
-    for name, (runtime, hint, which) in RECIPES.items():
-        path = paths.get(which)
-        if (runtime, hint or None) != (row["runtime"], row["precision_hint"] or None):
-            continue
-        if path is not None and _graph_bytes(path) == _graph_bytes(chosen):
-            return name
-    return None
+    served = (row["runtime"], row["precision_hint"] or None)
+    alike = [(name, paths.get(which)) for name, (runtime, hint, which) in RECIPES.items()
+             if (runtime, hint or None) == served and paths.get(which) is not None]
+    written = _graph_bytes(chosen) if alike else None
+    return next((name for name, path in alike if path and _graph_bytes(path) == written), None)
 
 
 def add_latency(rows: dict[str, Row], runners: Mapping[str, Runner], base: Baseline) -> None:
