@@ -209,6 +209,32 @@ def test_a_matmul_of_two_activations_stays_float():
     assert "not a float32 constant" in int8_decision(matmul).reason
 
 
+def test_constants_and_pass_throughs_to_an_output_stay_float_in_every_placement():
+    """Silero VAD slices and concatenates its LSTM's weights at run time, and hands its
+    state to the output through Identities. The "every" placement put Q/DQ on both (the
+    weights rounded as activations; a Q/DQ chain into the output that OpenVINO 2026.4
+    crashed compiling). Before: both Concat and Identity INT8."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[1,8] x) => (float[1,8] y, float[1,8] z) {
+        a = Constant <value = float[1,4] {1,2,3,4}> ()
+        b = Constant <value = float[1,4] {5,6,7,8}> ()
+        w = Concat <axis = 1> (a, b)
+        s = Add(x, w)
+        r = Relu(s)
+        y = Identity(r)
+        z = Mul(r, r)
+    }
+    """
+    model = ir.from_proto(onnx.parser.parse_model(text))
+    InferShapesPass()(model)
+    AnnotateInt8Pass(quantizer=ORT_CPU, placement="every")(model)
+    decided = {n.op_type: int8_decision(n) for n in model.graph}
+    assert not decided["Concat"].int8 and "constants alone" in decided["Concat"].reason
+    assert not decided["Identity"].int8 and "graph outputs" in decided["Identity"].reason
+    assert decided["Add"].int8 and decided["Mul"].int8  # what reads an activation still is
+
+
 def _applied(quantizer: BackendQuantizer) -> onnx.ModelProto:
     """The CNN calibrated by the pipeline, annotated with ``quantizer``, QDQ applied."""
     model = ir.from_proto(_cnn())

@@ -15,7 +15,9 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from mixprec.optimize.served import symbolic_dims, written_static
+import mixprec
+from branch_models import rate_feeds, rate_model
+from mixprec.optimize.served import agreed_shapes, folded_ifs, symbolic_dims, written_static
 
 ov = pytest.importorskip("openvino")
 TIMED = {"image": [1, 3, 12, 20]}
@@ -93,3 +95,34 @@ def test_a_model_with_fixed_dims_is_left_as_it_is() -> None:
     fixed, _ = written_static(model, TIMED, [_feed(TIMED["image"])], named=False)
     again, clause = written_static(fixed, TIMED, [_feed([1, 3, 12, 32])], named=False)
     assert again is fixed and clause == ""
+
+
+def test_a_model_openvino_cannot_read_is_folded_for_it_and_timed_there() -> None:
+    """Silero VAD's Ifs on shapes: every OpenVINO candidate failed ("Conversion is failed
+    for: Conv-16"). optimize now folds them at the one shape all samples share, and the
+    OpenVINO candidates run, are checked and timed."""
+    result = mixprec.optimize(
+        rate_model(), rate_feeds(12), candidates=["fp32-ort", "fp32-openvino"], time_budget=20
+    )
+    row = next(r for r in result.table if r.name == "fp32-openvino")
+    assert row.status not in ("failed", "skipped"), row.note
+    assert row.timing is not None and row.accurate
+    assert any("5 If(s) folded at audio [1, 2, 16]" in note for note in result.notes)
+    if result.winner == "fp32-openvino":  # the last line says what the file holds
+        assert "If(s) folded" in result.summary
+        assert not any(n.op_type == "If" for n in result.model_proto.graph.node)
+
+
+def test_the_folded_file_compiles_plainly_and_other_shapes_keep_the_ifs(tmp_path: Path) -> None:
+    model, data = rate_model(), rate_feeds(4)
+    shapes = agreed_shapes(data[0], data)
+    assert shapes == {"audio": [1, 2, 16], "rate": []}
+    folded, line = folded_ifs(model, shapes)
+    assert folded is not None and "5 If(s) folded" in line
+    compiled = _plain_compile(folded, tmp_path / "folded.onnx")
+    want = ort.InferenceSession(model.SerializeToString()).run(None, data[0])[0]
+    got = compiled.create_infer_request().infer({"audio": data[0]["audio"]})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    longer = {**data[1], "audio": np.zeros((1, 2, 24), np.float32)}
+    assert agreed_shapes(data[0], [*data, longer]) == {}  # one shape for all, or no fold
+    assert folded_ifs(model, {}) == (None, "")

@@ -189,3 +189,21 @@ def test_the_session_keeps_a_few_compiled_models():
     feeds = _rows(1, 1)  # dropped: compiled again
     assert_close(run_ort(model, feeds)["y"], session.run(feeds)["y"], "fp32")
     assert [shapes["x"][0] for shapes in session.compiled_shapes] == [13, 21, 2, 1]
+
+
+def test_a_scalar_input_runs_as_a_scalar():
+    """Silero VAD's sample rate is a 0-d int64 input. Before, the session handed it to
+    OpenVINO through ``np.ascontiguousarray``, which makes a 0-d array 1-d: "the model
+    input (shape=[]) and the tensor (shape=(1)) are incompatible"."""
+    text = """
+    <ir_version: 8, opset_import: ["" : 17]>
+    g (float[2,3] x, int64 rate) => (float[2,3] y) {
+        r = Cast <to = 1> (rate)
+        y = Mul(x, r)
+    }
+    """
+    model = onnx.parser.parse_model(text)
+    options = RuntimeOptions("openvino", precision="f32")
+    session = engine_for(options).session(model, options)
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "rate": np.array(3, np.int64)}
+    assert_close(run_ort(model, feeds)["y"], session.run(feeds)["y"], "fp32")

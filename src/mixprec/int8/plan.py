@@ -138,6 +138,7 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
         self._dynamic = dynamic
         self._every = placement == "every"
         self._weighted = placement == "weighted"
+        self._constant: set[ir.Value] = set()
 
     def _int8(self, node: ir.Node, role: str | None, reason: str) -> Int8Decision:
         return Int8Decision(True, role, reason, *self._quantizer.specs(node))
@@ -152,6 +153,7 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
         for node in iter_nodes(model.graph):
             if node not in main:
                 node.meta[INT8] = Int8Decision(False, None, "inside a subgraph")
+        self._constant = _constant_values(model.graph)
         for node in model.graph:  # topological order: producers are decided first
             node.meta[INT8] = self._decide_dynamic(node) if self._dynamic else self._decide(node)
         return ir.passes.PassResult(model, modified=False)
@@ -176,6 +178,10 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
             return Int8Decision(False, role, excluded)
         if not any(_float(v) for v in node.inputs):
             return Int8Decision(False, role, "no float input")
+        if all(v is None or v in self._constant for v in node.inputs):
+            # Silero VAD slices and concatenates its LSTM's weights at run time: Q/DQ there
+            # quantized weights twice over, and OpenVINO 2026.4 crashed compiling it
+            return Int8Decision(False, role, "computed from constants alone: no activation")
         if role == "weighted":
             if not _float(node.inputs[0]):
                 return Int8Decision(False, role, "input is not float32")
@@ -185,6 +191,10 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
                 # 0.83 to 0.75.
                 return Int8Decision(False, role, "weight is not a float32 constant")
             return self._int8(node, role, f"{node.op_type}: integer kernel")
+        if role == "shared" and all(v.is_graph_output() and not v.uses() for v in node.outputs):
+            # Q/DQ before an output only rounds it (and OpenVINO 2026.4 crashed compiling
+            # one before Silero VAD's state output, fed through an Identity)
+            return Int8Decision(False, role, "feeds only graph outputs: nothing runs after it")
         fed = [
             v
             for v in node.inputs
@@ -197,6 +207,19 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
         if not fed:
             return Int8Decision(False, role, "not fed by an INT8 node: stays float")
         return self._int8(node, role, f"{role}: stays in the integer domain")
+
+
+def _constant_values(graph: ir.Graph) -> set[ir.Value]:
+    """The values of ``graph`` computed from constants alone (initializers that are not
+    graph inputs, Constant nodes, and what only they feed)."""
+    inputs = set(graph.inputs)
+    found = {v for v in graph.initializers.values() if v not in inputs}
+    for node in graph:  # topological order
+        if (node.inputs or node.op_type == "Constant") and all(
+            v is None or v in found for v in node.inputs
+        ):
+            found.update(node.outputs)
+    return found
 
 
 def _is_int8(node: ir.Node) -> bool:

@@ -60,7 +60,7 @@ from mixprec.optimize.device import (
 )
 from mixprec.optimize.metadata import stamp, unstamped
 from mixprec.optimize.result import OptimizeResult, TimedAt
-from mixprec.optimize.served import written_static
+from mixprec.optimize.served import agreed_shapes, folded_ifs, written_static
 from mixprec.optimize.timing import Timer, minimum_seconds
 from mixprec.pipeline.marks import bf16_marked
 from mixprec.pipeline.quantize import resolve_qconfig
@@ -100,20 +100,26 @@ class _Job:
     #: No data was given: the samples are generated, INT8 is not tried, and every
     #: candidate is held to convert's tolerance for its precision.
     generated: bool = False
+    #: What OpenVINO's candidates start from where it differs from ``source``: its Ifs
+    #: folded at the one shape every sample has (:func:`folded_ifs`).
+    ov_source: onnx.ModelProto | None = None
 
 
 def _built(job: _Job, candidate: Candidate) -> tuple[onnx.ModelProto | None, str]:
     """The candidate's model and a note on how it was built (None: nothing to try, and
     the note says why)."""
+    source = job.source
+    if candidate.runtime == "openvino" and job.ov_source is not None:
+        source = job.ov_source
     if candidate.build == "input":
-        return job.source, ""
+        return source, ""
     if callable(candidate.build):
-        return candidate.build(job.source), ""
+        return candidate.build(source), ""
     if isinstance(candidate.build, str) and candidate.build in LOW_BUILDS:
-        built = converted(job.source, candidate.build, job.calibration)
+        built = converted(source, candidate.build, job.calibration)
         return built, f"mixprec.convert to {parse_dtype(candidate.build)}, its default lists"
     if candidate.build == "bf16-marks":
-        proto, report = bf16_marked(job.source, job.calibration)
+        proto, report = bf16_marked(source, job.calibration)
         kept = len(fp32_nodes(proto) or [])
         return proto, f"{kept} of {len(report.nodes)} nodes marked to stay FP32"
     if candidate.build != "int8":
@@ -129,7 +135,7 @@ def _built(job: _Job, candidate: Candidate) -> tuple[onnx.ModelProto | None, str
     if job.kinds:  # the guard inside reads the outputs as the candidates are checked
         fields["output_kinds"] = job.kinds
     config = resolve_qconfig(None, fields)
-    work, report = guarded_quantize(job.source, config, job.calibration, job.eval_data, job.say)
+    work, report = guarded_quantize(source, config, job.calibration, job.eval_data, job.say)
     summary = str((report.guard or {}).get("summary", ""))
     if not report.unchanged:
         return ir.to_proto(work), summary
@@ -235,6 +241,9 @@ def optimize_model(
         generated=generated,
     )  # fmt: skip
     feeds = _timing_feeds(model, calibration.first(), given)
+    static = agreed_shapes(feeds, [*calibration, *(evals or [])])
+    ov_source, folded = folded_ifs(source, static)
+    job = dataclasses.replace(job, ov_source=ov_source)
     base = device_candidates(device)[0]
     timed = [c for c in chosen if c.name != base.name and skip_reason(c) is None]
     timer = Timer(timing_session(source, base.options(threads)), feeds, time_budget, len(timed) + 1)
@@ -270,9 +279,11 @@ def optimize_model(
     at = TimedAt({k: [int(d) for d in np.shape(v)] for k, v in feeds.items()}, threads)
     unchanged = winner == BASELINE  # the input in ONNX Runtime's CPU provider: no fields
     model = source if winner in (BASELINE, base.name) else models[winner]
+    if folded:
+        notes.append(folded)
     if not unchanged and options.name == "openvino":  # where a plain compile gets the ratio
-        model, static = written_static(model, at.shapes, held.feeds, bool(given))
-        summary += static
+        model, fixed = written_static(model, at.shapes, held.feeds, bool(given))
+        summary += f"; {folded}" if folded else fixed
     return OptimizeResult(
         model if unchanged else stamp(model, options), options, winner, table, summary,
         unchanged, notes=notes, control=control, timed_at=at, head_to_head=duel,

@@ -13,13 +13,16 @@ and the last line says which dims were fixed, or why they were not.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 
-__all__ = ["symbolic_dims", "written_static"]
+from mixprec.passes.branches import FoldStaticIfsPass
+
+__all__ = ["agreed_shapes", "folded_ifs", "symbolic_dims", "written_static"]
 
 
 def symbolic_dims(model: onnx.ModelProto, names: Sequence[str]) -> dict[str, list[int]]:
@@ -70,4 +73,40 @@ def written_static(
     return out, (
         f"; input dims written static at {at}, the shape it was timed at (OpenVINO "
         "compiles dims left dynamic into slower generic kernels; --shape names another)"
+    )
+
+
+def agreed_shapes(
+    timed: Mapping[str, np.ndarray], samples: Iterable[Mapping[str, Any]]
+) -> dict[str, list[int]]:
+    """The shapes of ``timed`` (the feeds candidates are timed on) where every sample has
+    them, else none: a model fixed at one shape must still run every sample it is
+    checked on."""
+    shapes = {k: [int(d) for d in np.shape(v)] for k, v in timed.items()}
+    for sample in samples:
+        if any(k in sample and list(np.shape(sample[k])) != v for k, v in shapes.items()):
+            return {}
+    return shapes
+
+
+def folded_ifs(
+    model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]]
+) -> tuple[onnx.ModelProto | None, str]:
+    """The model with its input dims static at ``shapes`` and the Ifs those shapes decide
+    folded (:class:`~mixprec.passes.branches.FoldStaticIfsPass`), as OpenVINO's ONNX reader
+    needs them, and a line saying so; ``(None, "")`` where no If folds."""
+    if not shapes or not any(n.op_type == "If" for n in model.graph.node):
+        return None, ""
+    work = ir.from_proto(model)
+    for value in work.graph.inputs:
+        if value.name is not None and value.name in shapes and value.shape is not None:
+            value.shape = ir.Shape(list(shapes[value.name]))
+    result = FoldStaticIfsPass().call(work)
+    if not result.modified:
+        return None, ""
+    at = ", ".join(f"{k} {list(v)}" for k, v in shapes.items())
+    return ir.to_proto(work), (
+        f"OpenVINO's candidates run the input with {len(result.folded)} If(s) folded at "
+        f"{at}, its dims written static there (OpenVINO converts no If whose branches "
+        "differ in rank; exact at this shape)"
     )

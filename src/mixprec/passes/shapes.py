@@ -150,12 +150,13 @@ class InferShapesResult(ir.passes.PassResult):
     fixes: list[ShapeFix] = dataclasses.field(default_factory=list)
 
 
-def _infer(model: ir.Model) -> ir.Model | str:
-    """The model with shapes inferred (strict, data propagation), or the error's line."""
+def _infer(model: ir.Model, strict: bool = True) -> ir.Model | str:
+    """The model with shapes inferred (data propagation; ``strict``: all or nothing), or
+    the error's line."""
     proto, _ = weightless_proto(model, with_arrays=False)
     try:
         return ir.from_proto(
-            onnx.shape_inference.infer_shapes(proto, strict_mode=True, data_prop=True)
+            onnx.shape_inference.infer_shapes(proto, strict_mode=strict, data_prop=True)
         )
     except Exception as exc:
         return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
@@ -171,14 +172,17 @@ class InferShapesPass(ir.passes.InPlacePass):
     producer does not imply (Shape: int64, type-preserving ops: their input's). Unlike
     ``onnx_ir``'s own pass it runs on a weightless copy (no weight serialization) and
     reports a failure in its result instead of logging a traceback; the model is then left
-    as it was. ``modified`` is True when a
-    declaration, type or shape changed.
+    as it was. ``strict=False`` merges what inference finds past the nodes it cannot
+    infer. ``modified`` is True when a declaration, type or shape changed.
     """
 
-    def __init__(self, *, reconcile: bool = True, only_untyped: bool = False) -> None:
+    def __init__(
+        self, *, reconcile: bool = True, only_untyped: bool = False, strict: bool = True
+    ) -> None:
         super().__init__()
         self.reconcile = reconcile
         self.only_untyped = only_untyped
+        self.strict = strict
 
     def call(self, model: ir.Model) -> InferShapesResult:
         result = InferShapesResult(model, modified=False)
@@ -186,13 +190,13 @@ class InferShapesPass(ir.passes.InPlacePass):
             v.dtype is not None for g in model.graphs() for n in g for v in n.outputs if v.name
         ):
             return result  # every value typed already: nothing a paint step would miss
-        inferred = _infer(model)
+        inferred = _infer(model, self.strict)
         if isinstance(inferred, str) and self.reconcile:
             fixed = ReconcileDeclaredShapesPass().call(model)
             if fixed.modified:
                 result.fixes = fixed.fixes
                 result.modified = True
-                inferred = _infer(model)
+                inferred = _infer(model, self.strict)
         if isinstance(inferred, str):
             result.failure = inferred
             return result

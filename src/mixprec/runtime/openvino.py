@@ -323,7 +323,7 @@ class _OvSession:
 
     def _tensor(self, name: str, array: np.ndarray) -> Any:
         ov = _openvino()
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")  # ascontiguousarray would make a 0-d input 1-d
         if array.dtype == _BF16:
             return ov.Tensor(array.view(np.uint16), list(array.shape), ov.Type.bf16)
         return ov.Tensor(array)
