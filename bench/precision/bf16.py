@@ -188,7 +188,8 @@ def ov_runner(path: Path, hint: str) -> Runner:
 
     def bind(feeds: Feeds) -> Callable[[], object]:
         _, request = get(feeds)
-        fixed = {k: np.ascontiguousarray(v) for k, v in feeds.items() if k in wanted}
+        # np.asarray keeps a 0-d input 0-d (ascontiguousarray made Silero's sr 1-d)
+        fixed = {k: np.asarray(v, order="C") for k, v in feeds.items() if k in wanted}
         return lambda: request.infer(fixed, share_inputs=True)
 
     return Runner(infer, bind, info)
