@@ -23,12 +23,15 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import IdentityEliminationPass, RemoveUnusedNodesPass
 
+from mixprec.io.protos import weightless_proto
 from mixprec.passes.shapes import InferShapesPass
 
 __all__ = ["FoldStaticIfsPass", "FoldStaticIfsResult"]
 
 #: Rounds of fold-then-infer (a fold can decide an If nested under it).
 _ROUNDS = 8
+#: The most Ifs looked at for a branch that cannot run (two shape inferences each).
+_DEAD_TRIES = 16
 #: Largest tensor a condition is computed from (shape arithmetic, not model data).
 _SMALL = 64
 
@@ -258,7 +261,7 @@ def _unshaped(model: ir.Model) -> None:
 def _runs_with(model: ir.Model, index: int, branch: str) -> str | None:
     """None where the model, its ``index``-th If replaced by ``branch``, passes strict
     shape inference; else the first line of the error."""
-    twin = ir.from_proto(ir.to_proto(model))
+    twin = ir.from_proto(weightless_proto(model, with_arrays=False)[0])  # shapes, no weights
     _inline(_ifs(twin)[index], branch)
     return InferShapesPass(reconcile=False).call(twin).failure
 
@@ -271,7 +274,7 @@ def _dead(model: ir.Model) -> list[str]:
     """Folds the first If (inner ones first) one of whose branches cannot run at the
     model's shapes where the other can; its line, or none."""
     ifs = _ifs(model)
-    for index in reversed(range(len(ifs))):
+    for index in list(reversed(range(len(ifs))))[:_DEAD_TRIES]:
         fails = {b: _runs_with(model, index, b) for b in ("then_branch", "else_branch")}
         alive = [b for b, why in fails.items() if why is None]
         if len(alive) != 1:
