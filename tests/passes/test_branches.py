@@ -31,7 +31,8 @@ def _folded(
         if value.name in shapes:
             value.shape = ir.Shape(shapes[value.name])
     result = FoldStaticIfsPass()(work)
-    return ir.to_proto(work), result.folded if result.modified else []
+    assert result.modified or not result.folded  # a fold is a modification
+    return ir.to_proto(work), result.folded
 
 
 def _run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> np.ndarray:

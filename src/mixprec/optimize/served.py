@@ -102,7 +102,7 @@ def folded_ifs(
         if value.name is not None and value.name in shapes and value.shape is not None:
             value.shape = ir.Shape(list(shapes[value.name]))
     result = FoldStaticIfsPass().call(work)
-    if not result.modified:
+    if not result.folded:
         return None, ""
     at = ", ".join(f"{k} {list(v)}" for k, v in shapes.items())
     return ir.to_proto(work), (

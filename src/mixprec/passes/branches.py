@@ -29,7 +29,7 @@ from mixprec.passes.shapes import InferShapesPass
 __all__ = ["FoldStaticIfsPass", "FoldStaticIfsResult"]
 
 #: Rounds of fold-then-infer (a fold can decide an If nested under it).
-_ROUNDS = 8
+_ROUNDS = 16
 #: The most Ifs looked at for a branch that cannot run (two shape inferences each).
 _DEAD_TRIES = 16
 #: Largest tensor a condition is computed from (shape arithmetic, not model data).
@@ -246,16 +246,21 @@ def _computed(model: ir.Model) -> bool:
     return changed
 
 
-def _unshaped(model: ir.Model) -> None:
-    """Forgets every shape but the graph inputs' (exporters declare shapes of values inside
-    branches that hold for one branch only); shape inference then derives them again."""
+def _unshaped(model: ir.Model) -> bool:
+    """Forgets every shape but the graph inputs' and outputs' (exporters declare shapes of
+    values inside branches that hold for one branch only); shape inference then derives
+    them again. True if some shape was forgotten."""
+    kept = set(model.graph.inputs) | set(model.graph.outputs)
+    forgotten = False
     for graph in model.graphs():
-        for node in graph:
-            for out in node.outputs:
-                out.shape = None
+        values = [v for node in graph for v in node.outputs]
         if graph is not model.graph:
-            for out in graph.outputs:
-                out.shape = None
+            values += list(graph.outputs)
+        for value in values:
+            if value.shape is not None and value not in kept:
+                value.shape = None
+                forgotten = True
+    return forgotten
 
 
 def _runs_with(model: ir.Model, index: int, branch: str) -> str | None:
@@ -293,16 +298,19 @@ class FoldStaticIfsPass(ir.passes.InPlacePass):
     """Replaces each If that the model's static input shapes decide by its branch, and
     each If with a branch that cannot run at those shapes by the other one (the module's
     docstring says when that is exact). A model whose input dims are not all static, or
-    that has no If, is left as it is. ``modified``: some If was folded."""
+    that has no If, is left as it is. ``modified``: some If was folded, or some shape
+    declaration or small computed value was rewritten on the way (``folded`` is empty
+    then: the model computes the same, in the same Ifs)."""
 
     def call(self, model: ir.Model) -> FoldStaticIfsResult:
         result = FoldStaticIfsResult(model, modified=False)
         if not _ifs(model) or any(_static_dims(v) is None for v in model.graph.inputs):
             return result
-        _unshaped(model)
+        changed = _unshaped(model)
         for _ in range(_ROUNDS):
-            InferShapesPass(reconcile=False, strict=False)(model)
+            changed |= InferShapesPass(reconcile=False, strict=False)(model).modified
             if _computed(model):
+                changed = True
                 continue
             step = _decided(model) or _dead(model)
             if not step:
@@ -312,5 +320,5 @@ class FoldStaticIfsPass(ir.passes.InPlacePass):
             IdentityEliminationPass()(model)
             RemoveUnusedNodesPass()(model)
             InferShapesPass(reconcile=False)(model)
-        result.modified = bool(result.folded)
+        result.modified = changed or bool(result.folded)
         return result
