@@ -153,14 +153,14 @@ def runtime_precision(compiled: Any) -> dict[str, Any]:
             "mac_layers": macs, "bf16_mac_layers": bf16_macs, "layers_by_precision": layers}
 
 
-def ov_runner(path: Path, hint: str) -> Runner:
+def ov_runner(path: Path, hint: str, extra: Mapping[str, str] | None = None) -> Runner:
     """OpenVINO compiles the model for the input shapes it runs with (``reshape``, as its
     docs advise for the CPU plugin), once per set of shapes; every OpenVINO variant alike.
     With dynamic shapes it fuses less: mixprec's bf16 PP-OCR cls then ran 2x slower and
     less accurately than with the shapes fixed (mixprec's own runtime seam fixes them too).
     """
     model = _core().read_model(str(path))
-    config = {**OV_CONFIG, "INFERENCE_PRECISION_HINT": hint}
+    config = {**OV_CONFIG, "INFERENCE_PRECISION_HINT": hint, **(extra or {})}
     wanted = {name for port in model.inputs for name in port.get_names()}
     compiled_for: dict[tuple[Any, ...], tuple[Any, Any]] = {}
     info: dict[str, Any] = {}  # the first compiled model's precisions (filled on compile)

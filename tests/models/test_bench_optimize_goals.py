@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnx_ir as ir
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from bench.optimize import suite as optimize
@@ -150,3 +151,26 @@ def test_an_output_that_is_a_recipe_is_named_and_judged_by_that_recipe(tmp_path:
     rows[2]["same_as"] = None  # a deployment of its own is judged by its own session
     summary = optimize.summarize({"model": "m", "rows": rows, "optimize": {"status": "ok"}})
     assert summary["versus_best"] == 0.535 / 0.50
+
+
+def test_a_marked_pair_is_timed_as_the_guide_serves_it(tmp_path: Path) -> None:
+    """A bf16-lists-openvino output is an ONNX file and the marked IR its metadata names;
+    the optimize guide compiles the IR with Snippets off. Before, the bench compiled the
+    ONNX file (no marks: OpenVINO's blanket bf16 under another name) and judged the goal
+    by that, and called it the ov-bf16 recipe where the graphs matched."""
+    pytest.importorskip("openvino")
+    from mixprec.optimize.metadata import save_marked
+    from mixprec.pipeline.marks import bf16_marked
+
+    rng = np.random.default_rng(0)
+    samples = [{"x": rng.normal(size=(8, 4)).astype(np.float32)} for _ in range(4)]
+    proto, _ = bf16_marked(_tiny(0.5), samples, exclude_nodes=["mm"])
+    out = tmp_path / "out.onnx"
+    xml = save_marked(proto, out)
+    served, extra = optimize.served_file(out)
+    assert served == xml and extra == {"SNIPPETS_MODE": "DISABLE"}
+    plain = tmp_path / "plain.onnx"
+    onnx.save(_tiny(0.5), plain)
+    assert optimize.served_file(plain) == (plain, {})
+    row = {"status": "ok", "runtime": "openvino", "precision_hint": "bf16", "served": "x"}
+    assert optimize.same_deployment(row, out, {"fp32": plain, "u8s8": None}) is None
