@@ -17,6 +17,7 @@ import onnx_ir as ir
 from mixprec.inputs.feeds import Feeds
 from mixprec.pipeline.streamed import Source
 from mixprec.pipeline.weight_only import GuardContext, WeightsReport, let_go
+from mixprec.tune.bracket import halving, narrow
 from mixprec.weights.config import LayerChoice, WeightsConfig
 from mixprec.weights.mixed_bits import LayerScore, SizeBudget, rank_layers, recorded_scores
 
@@ -247,14 +248,12 @@ class Repair:
         missed: str,
     ) -> None:
         lo, hi, to = span
-        for _ in range(BISECT_ROUNDS):
-            mid = (lo + hi) // 2
-            if mid <= lo or mid >= hi:
-                return
-            if self._try(ranked, now, (mid, to), what, missed):
-                hi = mid
-            else:
-                lo = mid
+        rounds = iter(range(BISECT_ROUNDS))
+
+        def step(lo: int, hi: int) -> int | None:
+            return halving(lo, hi) if next(rounds, None) is not None else None
+
+        narrow(lambda k: self._try(ranked, now, (k, to), what, missed), lo, hi, step)
 
     def _try(
         self,

@@ -46,6 +46,7 @@ from mixprec.passes.emulate import emulate_low_precision
 from mixprec.pipeline.stages import Stage
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError, Session
 from mixprec.runtime.engines import engine_for
+from mixprec.tune.bracket import halving, narrow
 from mixprec.tune.metrics import Budget, Metric
 from mixprec.tune.result import Step
 from mixprec.tune.sensitivity import NodeSensitivity
@@ -244,6 +245,11 @@ class Search:
         )
         return value, each
 
+    def passes(self, k: int | Sequence[str], subset: Sequence[int] | None) -> bool:
+        """Whether candidate ``k`` meets the budget on ``subset`` (:meth:`score`)."""
+        self.score(k, subset)
+        return self.path[-1].passed
+
     def _evaluate(
         self, proto: onnx.ModelProto, session: Session, idx: list[int], *, full: bool
     ) -> tuple[float, list[float], str]:
@@ -318,14 +324,12 @@ class Search:
             if found is not None:
                 return self._give_back(found, worst)
             lo = next((k for k, s in self.full.items() if k > 0 and not s.passed), 0)
-        hi = n
-        while self.open_bracket(lo, hi):
-            mid = (lo + hi) // 2
-            self.score(mid, None)
-            if self.full[mid].passed:
-                hi = mid
-            else:
-                lo = mid
+        _, hi = narrow(
+            lambda k: self.passes(k, None),
+            lo,
+            n,
+            lambda lo, hi: halving(lo, hi) if self.open_bracket(lo, hi) else None,
+        )
         if hi not in self.full and not self.exhausted():
             self.score(hi, None)
         if not self.passing:
@@ -336,14 +340,12 @@ class Search:
     def _bisect_subset(self, worst: list[int]) -> tuple[str, ...] | None:
         """Bisect on the worst samples, confirm on all: the prefix if confirmed."""
         n = len(self.order)
-        lo, hi = 0, n
         cap = math.ceil(math.log2(n)) if n > 1 else 1
-        while self.counts["subset"] < cap and (mid := self.next_subset_step(lo, hi)):
-            self.score(mid, worst)
-            if self.path[-1].passed:
-                hi = mid
-            else:
-                lo = mid
+
+        def step(lo: int, hi: int) -> int | None:
+            return self.next_subset_step(lo, hi) if self.counts["subset"] < cap else None
+
+        _, hi = narrow(lambda k: self.passes(k, worst), 0, n, step)
         if hi < n and not self.exhausted():
             self.score(hi, None)
             if self.full[hi].passed:
@@ -370,17 +372,14 @@ class Search:
             if worst is None and self.counts["full"] >= bound:
                 break
             trial = [m for m in kept if m != name]
-            self.score(trial, worst)
-            if self.path[-1].passed:
+            if self.passes(trial, worst):
                 kept, changed = trial, True
         if not changed:
             return moved
         if worst is None:
             return tuple(kept)  # scored on every sample already
-        if self.counts["full"] < bound and not self.exhausted():
-            self.score(kept, None)
-            if self.path[-1].passed:
-                return tuple(kept)
+        if self.counts["full"] < bound and not self.exhausted() and self.passes(kept, None):
+            return tuple(kept)
         return moved
 
     def _worst(self, each: list[float], size: int) -> list[int]:
