@@ -141,10 +141,19 @@ def _built(job: _Job, candidate: Candidate) -> tuple[onnx.ModelProto | None, str
         return ir.to_proto(work), summary
     speed = (report.quantization or {}).get("speed") or {}
     if isinstance(speed, dict) and speed.get("chosen") == "fp32":
-        why = f"the speed plan found no INT8 placement faster than FP32 in {options.name}"
+        why = no_faster_placement(options)
     else:
         why = summary or "the accuracy guard kept every node float"
     return None, f"no node runs in INT8: {why}"
+
+
+def no_faster_placement(options: RuntimeOptions) -> str:
+    """Why the speed plan left every node float, naming what it timed against: the input
+    in the runtime, under the candidate's precision hint where it has one."""
+    against = "FP32"
+    if options.precision not in (None, "f32"):
+        against = f"the input under the {options.precision} hint"
+    return f"the speed plan found no INT8 placement faster than {against} in {options.name}"
 
 
 def _row(
