@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
+from branch_models import rate_feeds, rate_model
 from helpers import run_ort
 from mixprec.calibrate.observers import HistogramObserver, MinMaxObserver
 from mixprec.cli.main import main
@@ -25,7 +26,7 @@ from mixprec.int8.params import (
     mse_threshold,
     quantize_weight,
 )
-from mixprec.int8.plan import AnnotateInt8Pass, int8_decision
+from mixprec.int8.plan import IN_SUBGRAPH, AnnotateInt8Pass, int8_decision
 from mixprec.int8.qdq import QuantizeQDQPass
 from mixprec.int8.spec import REDUCED_RANGE, BackendQuantizer, QuantSpec
 from mixprec.passes.fold import FoldBatchNormPass
@@ -828,3 +829,20 @@ def test_a_faster_placement_the_rows_cannot_confirm_keeps_what_was_timed(monkeyp
     speed = result.report.quantization["speed"]
     assert speed["chosen"] != "fp32" and speed["ratio"][speed["chosen"]] == pytest.approx(0.5)
     assert result.report.unchanged and "cannot confirm" in " ".join(result.report.notes)
+
+
+def test_layers_in_if_branches_are_rows_that_say_why_they_stay_float() -> None:
+    """Silero VAD keeps its 12 Convs inside If branches. The report listed only the main
+    graph's nodes, so its last line read "INT8 on 0/0 Conv/MatMul/Gemm" (2026-12-03): the
+    layers were left float without a row or a reason. Now each is a row (weighted, fp32,
+    the reason), the count includes them, and the model is written unchanged."""
+    source = rate_model()
+    result = mixprec.quantize(source, rate_feeds(16), speed="off", accept_unconfirmed=True)
+    weighted = [n for n in result.report.nodes if n.op_class == "weighted"]
+    assert sorted(n.op_type for n in weighted) == ["Conv", "Conv", "MatMul", "MatMul"]
+    assert all(n.precision == "fp32" and n.reason == IN_SUBGRAPH for n in weighted)
+    summary = str(result.report.guard["summary"])
+    assert summary.startswith("INT8 on 0/4 Conv/MatMul/Gemm (4 in If/Loop/Scan bodies")
+    assert result.report.unchanged
+    written = ir.to_proto(result.model)
+    assert [n.op_type for n in written.graph.node] == [n.op_type for n in source.graph.node]

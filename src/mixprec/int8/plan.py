@@ -32,6 +32,7 @@ from mixprec.int8.spec import DYNAMIC_ACTIVATION, BackendQuantizer, QuantSpec
 
 __all__ = [
     "INT8",
+    "IN_SUBGRAPH",
     "KEEP_FLOAT",
     "AnnotateInt8Pass",
     "Int8Decision",
@@ -47,6 +48,9 @@ INT8 = "mixprec.int8"
 #: ``node.metadata_props`` key of a node that stays float whatever the plan (the value
 #: says why); kept in the saved model, where it tells the reader what the node is for.
 KEEP_FLOAT = "mixprec.keep_float"
+#: Why a node inside an If/Loop/Scan body stays float: calibration reads the main graph's
+#: values only (a branch's are not outputs ONNX Runtime can return).
+IN_SUBGRAPH = "inside a subgraph (If/Loop/Scan body): its activations cannot be calibrated"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +156,7 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
         main = set(model.graph)
         for node in iter_nodes(model.graph):
             if node not in main:
-                node.meta[INT8] = Int8Decision(False, None, "inside a subgraph")
+                node.meta[INT8] = Int8Decision(False, node_info(node).int8, IN_SUBGRAPH)
         self._constant = _constant_values(model.graph)
         for node in model.graph:  # topological order: producers are decided first
             node.meta[INT8] = self._decide_dynamic(node) if self._dynamic else self._decide(node)

@@ -23,6 +23,7 @@ import onnx_ir.passes.common as common
 
 from mixprec.calibrate.measure import MACS, CalibratePass, CountMacsPass, calibration_of, node_macs
 from mixprec.core.errors import MixprecError
+from mixprec.core.graphs import iter_nodes
 from mixprec.core.layers import is_layer
 from mixprec.core.ops import QDQ_OPS
 from mixprec.inputs.feeds import feeds_for, make_inputs
@@ -416,7 +417,8 @@ def plan_model(
 
 
 def int8_node_reports(model: ir.Model) -> list[NodeReport]:
-    """The report rows of the INT8 decisions recorded on the main graph's nodes."""
+    """The report rows of the INT8 decisions recorded on the nodes, subgraphs included
+    (a layer in an If branch is a row that says why it stays float)."""
     return [
         NodeReport(
             name=node.name or "",
@@ -427,7 +429,7 @@ def int8_node_reports(model: ir.Model) -> list[NodeReport]:
             reason=d.reason,
             macs=int(node.meta.get(MACS, 0)),
         )
-        for node in model.graph
+        for node in iter_nodes(model.graph)
         if (d := int8_decision(node)) is not None and node.op_type not in QDQ_OPS
     ]
 

@@ -51,6 +51,7 @@ from mixprec.checks.outputs import (
 from mixprec.checks.samples import Samples, split_for_guard
 from mixprec.core.readings import with_user_kinds
 from mixprec.int8.config import QuantizeConfig
+from mixprec.int8.plan import IN_SUBGRAPH
 from mixprec.pipeline.convert import CalibrationData
 from mixprec.pipeline.quantize import Reuse
 from mixprec.pipeline.report import Report
@@ -193,6 +194,8 @@ def _finish(
     weighted = [n for n in report.nodes if n.op_class == "weighted"]
     int8 = sum(1 for n in weighted if n.precision == "int8")
     head = f"INT8 on {int8}/{len(weighted)} Conv/MatMul/Gemm"
+    if nested := sum(1 for n in weighted if n.reason == IN_SUBGRAPH):
+        head += f" ({nested} in If/Loop/Scan bodies stay float: not calibrated there)"
     worst = _worst(checks)
     if not passed:
         summary = f"{head}; accuracy guard FAILED: {worst.text()}"
