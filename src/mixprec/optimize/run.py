@@ -58,6 +58,7 @@ from mixprec.optimize.device import (
     converted,
     device_candidates,
 )
+from mixprec.optimize.kept import KeptModels
 from mixprec.optimize.metadata import stamp, unstamped
 from mixprec.optimize.result import OptimizeResult, TimedAt
 from mixprec.optimize.served import agreed_shapes, folded_ifs, written_static
@@ -288,6 +289,7 @@ def optimize_model(
     at = TimedAt({k: [int(d) for d in np.shape(v)] for k, v in feeds.items()}, threads)
     unchanged = winner == BASELINE  # the input in ONNX Runtime's CPU provider: no fields
     model = source if winner in (BASELINE, base.name) else models[winner]
+    models.close()
     if folded:
         notes.append(folded)
     if not unchanged and options.name == "openvino":  # where a plain compile gets the ratio
@@ -310,13 +312,13 @@ def _tried(
     checked: tuple[HeldOut, HeldOut],
     candidates: Sequence[tuple[Candidate, bool]],
     timer: Timer,
-) -> tuple[list[Row], dict[str, onnx.ModelProto]]:
+) -> tuple[list[Row], KeptModels]:
     """Every candidate's row, in order, and the models of the listed ones that may win;
     each timed one that would win sets the bar later ones are pruned against.
     ``checked``: the held-out samples, and those a candidate that fits nothing to the
     data (``build`` "input") is checked on (:func:`held_out`)."""
     rows: list[Row] = []
-    models: dict[str, onnx.ModelProto] = {}
+    models = KeptModels(job.source)
     bar: float | None = None
     for candidate, listed in candidates:
         held = checked[1] if candidate.build == "input" else checked[0]
@@ -324,7 +326,8 @@ def _tried(
         rows.append(dataclasses.replace(row, listed=listed))
         t = row.timing
         if proto is not None and listed:
-            models[row.name] = proto
+            models.keep(row.name, proto)
+        del proto  # a kept model waits on disk while the next candidate is built
         if t is not None and t.ratio <= 1.0 - GAIN and t.faster_share >= MAJORITY:
             bar = t.ratio if bar is None else min(bar, t.ratio)
     return rows, models

@@ -91,8 +91,9 @@ class Search:
         runtime: RuntimeOptions | None = None,
     ) -> None:
         self.target = target
-        # Bytes, parsed afresh per candidate: the apply stage may take over weight buffers.
-        self.base_bytes = ir.to_proto(base).SerializeToString()
+        # Serialized afresh per candidate (the apply stage may take over weight buffers),
+        # not kept as bytes beside it: MiniLM's 90 MB once more at the search's peak.
+        self.base = base
         self.base_meta = {k: base.meta[k] for k in (CALIBRATION, SHAPES) if k in base.meta}
         self.macs = {n.name or "": int(n.meta.get(MACS, 0)) for n in iter_nodes(base.graph)}
         self.order = list(candidates)  # ranked once measured
@@ -180,7 +181,7 @@ class Search:
         """Candidate ``k``: the first ``k`` ranked nodes (or the nodes named) moved to
         float. Annotate re-runs without counting MACs again (they and the shapes are the
         base model's)."""
-        model = ir.from_proto(onnx.ModelProto.FromString(self.base_bytes))
+        model = ir.from_proto(ir.to_proto(self.base))
         model.meta.update(self.base_meta)
         for node in iter_nodes(model.graph):
             node.meta[MACS] = self.macs.get(node.name or "", 0)
