@@ -77,6 +77,15 @@ def _commands(name: str) -> dict[str, Callable[[], Any]]:
     return commands
 
 
+def machine() -> dict[str, Any]:
+    """The CPU kind and versions a golden file holds for."""
+    return {
+        "cpu": cpu_summary(),
+        "flags": [f for f in KIND_FLAGS if f in cpu_features().flags],
+        "versions": {m.__name__: m.__version__ for m in (mixprec, onnx, onnxruntime)},
+    }
+
+
 def golden(names: list[str]) -> dict[str, Any]:
     """Every command's record on the models ``names``."""
     results: dict[str, Any] = {}
@@ -84,12 +93,7 @@ def golden(names: list[str]) -> dict[str, Any]:
         for command, run in _commands(name).items():
             print(f"golden: {name}: {command}", flush=True)
             results[f"{name} / {command}"] = _record(run())
-    return {
-        "cpu": cpu_summary(),
-        "flags": [f for f in KIND_FLAGS if f in cpu_features().flags],
-        "versions": {m.__name__: m.__version__ for m in (mixprec, onnx, onnxruntime)},
-        "results": results,
-    }
+    return {**machine(), "results": results}
 
 
 def differences(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
@@ -115,18 +119,19 @@ def main(argv: list[str]) -> int:
         return 2
     mode, file = argv[0], Path(argv[1])
     names = argv[2:] or [spec.name for spec in MODELS]
+    if mode == "check":  # before any command runs: another kind's file cannot be compared
+        before, here = json.loads(file.read_text()), machine()
+        if (before["flags"], before["versions"]) != (here["flags"], here["versions"]):
+            print(
+                f"golden: {file} was made on another CPU kind or versions ({before['cpu']}, "
+                f"{before['versions']}): record one here first"
+            )
+            return 2
     found = golden(names)
     if mode == "record":
         file.write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
         print(f"golden: wrote {len(found['results'])} results to {file}")
         return 0
-    before = json.loads(file.read_text())
-    if (before["flags"], before["versions"]) != (found["flags"], found["versions"]):
-        print(
-            f"golden: {file} was made on another CPU kind or versions ({before['cpu']}, "
-            f"{before['versions']}): record one here first"
-        )
-        return 2
     lines = differences(before, found)
     print("\n".join(lines) or f"golden: the same {len(found['results'])} results as {file}")
     return 1 if lines else 0
