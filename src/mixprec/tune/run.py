@@ -23,7 +23,6 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
-from mixprec.calibrate.measure import CALIBRATION
 from mixprec.checks.user_metric import Candidate, Labels
 from mixprec.core.errors import MixprecError
 from mixprec.core.output_kinds import classify_outputs
@@ -162,9 +161,10 @@ def _search(
     metric = resolve_metric(request.metric, request.metric_budget, classify_outputs(calibrated))
     fp32 = ir.to_proto(calibrated)
     reference, reference_score = _reference(fp32, samples, metric, _reference_runtime(request))
-    base = ir.from_proto(fp32)
-    base.meta[CALIBRATION] = calibrated.meta[CALIBRATION]
-    base = target.pipeline((), check=False).run(base, start="annotate", until="annotate")
+    # annotated in place (tune_model's ``work`` is a private copy): not a protobuf copy
+    # of the weights kept beside it through the search (MiniLM: 90 MB at its peak)
+    del fp32
+    base = target.pipeline((), check=False).run(calibrated, start="annotate", until="annotate")
     candidates = target.candidates(base)
 
     def measure() -> list[NodeSensitivity]:
