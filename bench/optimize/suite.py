@@ -39,6 +39,10 @@ from bench.int8.quantize_one import OPTIMIZE
 from bench.int8.suite import quantize, write_calibration, write_samples
 from bench.precision.bf16 import Runner, error_text, interleaved, ort_runner, ov_runner, score
 from mixprec.core.metrics import rel_l2_error, top1_agreement
+from mixprec.io.runtime_fields import props_of
+from mixprec.runtime.engines import options_from_metadata
+from mixprec.runtime.openvino import MARKS_CONFIG
+from mixprec.runtime.ov_marks import runtime_model_path
 
 Row = dict[str, Any]
 
@@ -86,8 +90,6 @@ def load(runtime: str, hint: str | None, path: Path,
 
 def chosen_runtime(path: Path) -> tuple[str, str | None]:
     """(runtime, hint) that optimize's output names in its metadata_props."""
-    from mixprec.runtime.engines import options_from_metadata
-
     options = options_from_metadata(onnx.load(str(path), load_external_data=False), 2)
     if options is None or options.name == "ort":
         return "onnxruntime", None
@@ -100,11 +102,7 @@ def served_file(path: Path) -> tuple[Path, dict[str, str]]:
     marks hold only then), else the file itself. Before, the bench compiled the ONNX file
     of such a pair, without its marks: OpenVINO's blanket bf16 under another name (MNIST:
     0.94x ORT there, 0.80x as optimize had timed the pair)."""
-    from mixprec.runtime.openvino import MARKS_CONFIG
-    from mixprec.runtime.ov_marks import runtime_model_path
-
-    proto = onnx.load(str(path), load_external_data=False)
-    props = {p.key: p.value for p in proto.metadata_props}
+    props = props_of(onnx.load(str(path), load_external_data=False))
     xml = runtime_model_path(props, path.parent)
     return (path, {}) if xml is None else (xml, dict(MARKS_CONFIG))
 
