@@ -59,6 +59,7 @@ class RecordingEngine:
 
     name = "recording"
     label = "Recording"
+    qdq_layout = "selectors"  # ONNX Runtime underneath
 
     def __init__(self, refuses_bf16: bool = True) -> None:
         self.sessions = 0

@@ -30,6 +30,7 @@ from mixprec.inputs.feeds import feeds_for, make_inputs
 from mixprec.int8.config import DYNAMIC_MAC_SHARE, PER_CHANNEL_OPSET, QuantizeConfig
 from mixprec.int8.dynamic import QuantizeDynamicPass, QuantizeDynamicResult
 from mixprec.int8.equalize import EqualizeLayersPass, EqualizeLayersResult
+from mixprec.int8.layout import FakeQuantizeLayoutPass, FakeQuantizeLayoutResult
 from mixprec.int8.plan import AnnotateInt8Pass, dynamic_candidate, int8_decision
 from mixprec.int8.qdq import QuantizeQDQPass, QuantizeQDQResult
 from mixprec.int8.rounding import SAMPLES as ROUNDING_SAMPLES
@@ -54,6 +55,7 @@ from mixprec.pipeline.convert import (
 from mixprec.pipeline.fallback import paint_fallback
 from mixprec.pipeline.report import NodeReport, Report
 from mixprec.pipeline.stages import Pipeline, Stage
+from mixprec.runtime.engines import engine_for
 from mixprec.runtime.kernels import integer_kernel_share
 
 __all__ = [
@@ -128,10 +130,12 @@ class QuantizePipeline(Pipeline):
         if name == "apply" and q.mode == "dynamic":
             return Stage(name, QuantizeDynamicPass(), common.RemoveUnusedNodesPass())
         if name == "apply":
+            layout = engine_for(q.runtime).qdq_layout == "fake-quantize"
             return Stage(
                 name,
                 *self._rounding(q),
                 QuantizeQDQPass(bias_correction=q.bias_correction),
+                *([FakeQuantizeLayoutPass()] if layout else []),
                 common.RemoveUnusedNodesPass(),
             )
         return super().build(name, model)
@@ -477,6 +481,11 @@ def fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) -> 
             report.quantization["smooth"] = smoothed.to_dict()
         if smoothed.inputs:
             report.notes.append(smoothed.summary())
+    laid = pipeline.stages["apply"].result(FakeQuantizeLayoutResult)
+    if laid is not None and report.quantization is not None:
+        report.quantization["layout"] = laid.summary()
+        report.notes.append(laid.note())
+        return  # ONNX Runtime's integer kernels are not what this layout serves
     # The share is over every Conv/MatMul/Gemm MAC of the model, INT8-planned or not.
     macs = {n.name: n.macs for n in report.nodes if n.macs}
     try:

@@ -30,6 +30,7 @@ __all__ = [
     "ORT_PROVIDERS",
     "PERFORMANCE_HINTS",
     "PRECISIONS",
+    "QDQ_LAYOUTS",
     "REGISTRY",
     "RUNTIME_NAMES",
     "TIMING_HINTS",
@@ -333,6 +334,13 @@ def free_dropped_graphs(model: ModelSource) -> None:
         gc.collect()
 
 
+#: How an engine reads INT8's Q/DQ pairs: "selectors" (ONNX Runtime: a pattern of DQs,
+#: an op and a Q becomes one integer kernel, so a layer's output is quantized too) or
+#: "fake-quantize" (OpenVINO: each pair is a FakeQuantize fused into the op before it;
+#: pairs belong on the inputs of layers only, see :mod:`mixprec.int8.layout`).
+QDQ_LAYOUTS = ("selectors", "fake-quantize")
+
+
 class Engine(Protocol):
     """An inference engine mixprec can validate and time models in.
 
@@ -344,6 +352,8 @@ class Engine(Protocol):
     name: str
     #: The engine's name for people ("ONNX Runtime", "OpenVINO").
     label: str
+    #: Where INT8's Q/DQ pairs serve its integer kernels (:data:`QDQ_LAYOUTS`).
+    qdq_layout: str
 
     def missing(self, options: RuntimeOptions | None = None) -> str | None:
         """``None`` when the engine (with ``options``' provider/device) can be used here,

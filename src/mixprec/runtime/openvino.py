@@ -369,6 +369,7 @@ class OpenVinoEngine:
 
     name = "openvino"
     label = "OpenVINO"
+    qdq_layout = "fake-quantize"
 
     def missing(self, options: RuntimeOptions | None = None) -> str | None:
         if _openvino() is None:

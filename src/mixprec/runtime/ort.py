@@ -87,6 +87,7 @@ class OrtEngine:
 
     name = "ort"
     label = "ONNX Runtime"
+    qdq_layout = "selectors"
 
     def missing(self, options: RuntimeOptions | None = None) -> str | None:
         provider = (options.provider if options is not None else None) or "cpu"
