@@ -13,6 +13,9 @@ timed in one interleaved loop (bf16.interleaved, 2 threads):
              a CPU without bf16 computes it in f32: the page says which)
   ort-u8s8   ORT's quantize_static U8S8 QDQ model in ONNX Runtime
   ov-u8s8    the same model in OpenVINO (hint f32)
+  ov-nncf    NNCF's INT8 (quantize_one.py ``nncf``: nncf.quantize, ONNX backend, default
+             preset, the same samples) in OpenVINO under the bf16 hint: OpenVINO's own
+             INT8 recipe, its float layers in bf16 where the CPU has it
   optimize   optimize's output, in the runtime its metadata names
              (mixprec.runtime.engines.options_from_metadata; absent: ONNX Runtime)
 
@@ -56,7 +59,10 @@ RECIPES: dict[str, tuple[str, str | None, str]] = {
     "ov-bf16": ("openvino", "bf16", "fp32"),
     U8S8: ("onnxruntime", None, "u8s8"),
     "ov-u8s8": ("openvino", "f32", "u8s8"),
+    "ov-nncf": ("openvino", "bf16", "nncf"),
 }
+#: which INT8 model -> the quantize_one.py tool that makes it
+PEER_TOOLS = {"u8s8": U8S8, "nncf": "nncf"}
 #: "accurate" (issue 36): a labelled probe drops at most 1 pt and agrees with FP32 on at
 #: least 98%; without a probe, agreement (top-1, cosine, decision F1) >= 0.98 and every
 #: other output's rel L2 to FP32 <= 0.1
@@ -225,8 +231,9 @@ def run_optimize(spec: ModelSpec, base: Baseline, work: Path, calib_dir: Path,
     return found, out if run.get("status") == "ok" and out.is_file() else None
 
 
-def _u8s8(spec: ModelSpec, work: Path, calib_dir: Path, timeout: float) -> tuple[Row, Path | None]:
-    row, out = quantize(spec, U8S8, work, calib_dir, timeout)
+def _peer(spec: ModelSpec, tool: str, work: Path, calib_dir: Path,
+          timeout: float) -> tuple[Row, Path | None]:
+    row, out = quantize(spec, tool, work, calib_dir, timeout)
     keep = {k: row.get(k) for k in ("status", "error", "convert_s", "wall_s", "peak_rss_mb")}
     return keep, out if row.get("status") == "ok" and out.is_file() else None
 
@@ -251,14 +258,15 @@ def run_model(spec: ModelSpec, base: Baseline, work: Path, timeout: float,
     run, chosen = run_optimize(spec, base, work, calib_dir, timeout, accept,
                                held_dir if count else None)
     run["held_out_samples"] = count
-    quantized, u8s8 = _u8s8(spec, work, calib_dir, timeout)
-    paths = {"fp32": base.path, "u8s8": u8s8}
+    peers = {which: _peer(spec, tool, work, calib_dir, timeout)
+             for which, tool in PEER_TOOLS.items()}
+    paths = {"fp32": base.path, **{which: out for which, (_, out) in peers.items()}}
     rows: dict[str, Row] = {}
     runners: dict[str, Runner] = {}
     for name, (runtime, hint, which) in RECIPES.items():
         rows[name] = _variant(spec, name, runtime, hint)
-        if which == "u8s8":
-            rows[name]["quantization"] = quantized
+        if which in peers:
+            rows[name]["quantization"] = peers[which][0]
         if (runner := measure(base, rows[name], paths[which])) is not None:
             runners[name] = runner
     rows[CHOSEN] = _chosen_row(spec, base, chosen, run, runners)
@@ -529,7 +537,9 @@ COLUMNS = (
     "LATENCY, compiled for the bench shape): ort-fp32 (the reference, ratio 1.00), ov-fp32, "
     "ov-bf16 (OpenVINO's blanket bf16 hint), ort-u8s8 (ORT quantize_static U8S8 QDQ, "
     "per-channel, MinMax, on the same 16 calibration samples) in ORT, ov-u8s8 (the same "
-    "model in OpenVINO). ratio = median latency / ort-fp32's at the model's bench shape. "
+    "model in OpenVINO), ov-nncf (NNCF's quantize, ONNX backend, default preset, the same "
+    "samples, in OpenVINO under the bf16 hint: OpenVINO's own INT8 recipe). "
+    "ratio = median latency / ort-fp32's at the model's bench shape. "
     "Accurate: where a labelled probe exists (PP-OCR det/rec/cls: ocr_text.py; MNIST: "
     f"held-out digits) accuracy drops at most {MAX_DROP * 100:.0f} pt and agreement with "
     f"FP32's answers >= {MIN_AGREEMENT}; elsewhere agreement with FP32 on the eval inputs "
