@@ -14,6 +14,7 @@ import mixprec
 from helpers import run_ort
 from mixprec.core.metrics import rel_l2_error
 from mixprec.int8.layout import FakeQuantizeLayoutPass
+from mixprec.int8.speed import candidate_placements
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import engine_for
 
@@ -169,3 +170,53 @@ def test_the_openvino_layout_runs_in_openvino_near_fp32() -> None:
     got = np.concatenate([session.run(f)["boxes"] for f in held])
     error = rel_l2_error(want, got)
     assert error < 0.05, f"OpenVINO's INT8 boxes against ORT FP32: rel L2 {error:.4f}"
+
+
+def _affine_cnn() -> onnx.ModelProto:
+    """Conv -> Mul(const) -> Add(const) -> Conv: a scale and shift between layers, as
+    PP-OCRv4 det's HardSwish blocks have them."""
+    rng = np.random.default_rng(4)
+    inits = [
+        _init(rng, "w1", 8, 3, 3, 3), _init(rng, "w2", 4, 8, 1, 1),
+        numpy_helper.from_array(np.full((8, 1, 1), 1.5, np.float32), "gain"),
+        numpy_helper.from_array(np.full((8, 1, 1), 0.2, np.float32), "shift"),
+    ]  # fmt: skip
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Mul", ["c1", "gain"], ["m"], name="scale"),
+        helper.make_node("Add", ["m", "shift"], ["a"], name="shift_add"),
+        helper.make_node("Conv", ["a", "w2"], ["y"], name="conv2"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "affine_cnn",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 12, 12])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_openvino_placements_quantize_layer_inputs_only() -> None:
+    """The speed plan offers a FakeQuantize runtime no placement that quantizes ops
+    without weights ('chains' put pairs inside PP-OCRv4 det's HardSwish blocks: 1.91x the
+    bf16 hint in OpenVINO, layer inputs only 0.95x)."""
+    model = ir.from_proto(_affine_cnn())
+    ort = candidate_placements(model, ())
+    ov = candidate_placements(model, (), "weighted")
+    assert any(p.ops == "every" for p in ort.values())
+    assert ov and {p.ops for p in ov.values()} == {"weighted"}, ov
+    result = mixprec.quantize(
+        _affine_cnn(),
+        _samples(6),
+        speed="off",
+        guard=False,
+        runtime="openvino",
+        placement="weighted",
+    )
+    quantized = sorted(
+        n.inputs[0].producer().op_type  # type: ignore[union-attr]
+        for n in result.model.graph
+        if n.op_type == "QuantizeLinear" and n.inputs[0].producer() is not None  # type: ignore[union-attr]
+    )
+    assert quantized == ["Add"], f"pairs on {quantized}: only conv2's input (x is an input)"

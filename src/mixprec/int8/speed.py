@@ -139,12 +139,20 @@ PROFILED_BYTES = 256 << 20
 STAY_FLOAT = Placement((".*",))
 
 
-def candidate_placements(model: ir.Model, user_excluded: tuple[str, ...]) -> dict[str, Placement]:
+def candidate_placements(
+    model: ir.Model, user_excluded: tuple[str, ...], ops: str = "chains"
+) -> dict[str, Placement]:
     """Placements to time, by label, in the order :func:`decide` prefers them on a tie:
     'all' first (every Conv/MatMul/Gemm and the ops their INT8 chains feed), then ORT
     quantize_static's 'every INT8 op' (the same MACs, more ops without weights quantized,
     so more rounding for at most a few percent: measured 0-6% on PP-OCRv4 det/rec), then
-    those with less INT8 work."""
+    those with less INT8 work.
+
+    ``ops`` "weighted" (a runtime that reads Q/DQ pairs as FakeQuantize, OpenVINO): only
+    the layers' inputs are quantized and the runtime chooses what else runs on INT8
+    data, so no placement quantizes ops without weights. PP-OCRv4 det all-INT8 in
+    OpenVINO under the bf16 hint (Xeon with AMX): 1.91x the bf16 hint with its
+    HardSwish chains quantized, 0.95x with layer inputs only (NNCF's INT8: 1.00x)."""
     macs = node_macs(model)
     total = sum(macs.values()) or 1
     depthwise = _depthwise(model)
@@ -156,9 +164,11 @@ def candidate_placements(model: ir.Model, user_excluded: tuple[str, ...]) -> dic
         unique.setdefault(names, label)
     user = tuple(user_excluded)
     placements = {
-        label: Placement(user + tuple(re.escape(n) for n in names))
+        label: Placement(user + tuple(re.escape(n) for n in names), ops)
         for names, label in unique.items()
     }
+    if ops == "weighted":
+        return placements
     every = {"every INT8 op (ORT quantize_static's placement)": Placement(user, "every")}
     return {"all": placements.pop("all"), **every, **placements}
 

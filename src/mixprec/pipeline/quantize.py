@@ -350,7 +350,10 @@ def timed_placement(
         label, extra = only
         placement = Placement(user + extra.exclude, extra.ops)
         return choose_placement(original, {label: placement}, build, feeds, config.runtime, False)
-    placements = candidate_placements(model, user)
+    layout = engine_for(config.runtime).qdq_layout
+    placements = candidate_placements(
+        model, user, "weighted" if layout == "fake-quantize" else "chains"
+    )
     return choose_placement(original, placements, build, feeds, config.runtime)
 
 
