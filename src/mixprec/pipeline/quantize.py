@@ -55,6 +55,7 @@ from mixprec.pipeline.convert import (
 from mixprec.pipeline.fallback import paint_fallback
 from mixprec.pipeline.report import NodeReport, Report
 from mixprec.pipeline.stages import Pipeline, Stage
+from mixprec.runtime.engine import FAKE_QUANTIZE
 from mixprec.runtime.engines import engine_for
 from mixprec.runtime.kernels import integer_kernel_share
 
@@ -130,12 +131,11 @@ class QuantizePipeline(Pipeline):
         if name == "apply" and q.mode == "dynamic":
             return Stage(name, QuantizeDynamicPass(), common.RemoveUnusedNodesPass())
         if name == "apply":
-            layout = engine_for(q.runtime).qdq_layout == "fake-quantize"
             return Stage(
                 name,
                 *self._rounding(q),
                 QuantizeQDQPass(bias_correction=q.bias_correction),
-                *([FakeQuantizeLayoutPass()] if layout else []),
+                *([FakeQuantizeLayoutPass()] if _fake_quantize(q) else []),
                 common.RemoveUnusedNodesPass(),
             )
         return super().build(name, model)
@@ -171,6 +171,11 @@ class QuantizePipeline(Pipeline):
             min_mac_share=least,
         )
         return data, [smooth, common.RemoveUnusedNodesPass()]
+
+
+def _fake_quantize(config: QuantizeConfig) -> bool:
+    """Whether the runtime reads Q/DQ pairs as FakeQuantize (:mod:`mixprec.int8.layout`)."""
+    return engine_for(config.runtime).qdq_layout == FAKE_QUANTIZE
 
 
 def resolve_qconfig(config: QuantizeConfig | None, options: dict[str, Any]) -> QuantizeConfig:
@@ -350,10 +355,8 @@ def timed_placement(
         label, extra = only
         placement = Placement(user + extra.exclude, extra.ops)
         return choose_placement(original, {label: placement}, build, feeds, config.runtime, False)
-    layout = engine_for(config.runtime).qdq_layout
-    placements = candidate_placements(
-        model, user, "weighted" if layout == "fake-quantize" else "chains"
-    )
+    ops = "weighted" if _fake_quantize(config) else "chains"  # layer inputs only for OpenVINO
+    placements = candidate_placements(model, user, ops)
     return choose_placement(original, placements, build, feeds, config.runtime)
 
 

@@ -26,6 +26,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.runtime.cpu import CpuFeatures
 
 __all__ = [
+    "FAKE_QUANTIZE",
     "GRAPH_OPTIMIZATIONS",
     "ORT_PROVIDERS",
     "PERFORMANCE_HINTS",
@@ -33,6 +34,7 @@ __all__ = [
     "QDQ_LAYOUTS",
     "REGISTRY",
     "RUNTIME_NAMES",
+    "SELECTORS",
     "TIMING_HINTS",
     "BoundRun",
     "DeviceBuffer",
@@ -338,7 +340,8 @@ def free_dropped_graphs(model: ModelSource) -> None:
 #: an op and a Q becomes one integer kernel, so a layer's output is quantized too) or
 #: "fake-quantize" (OpenVINO: each pair is a FakeQuantize fused into the op before it;
 #: pairs belong on the inputs of layers only, see :mod:`mixprec.int8.layout`).
-QDQ_LAYOUTS = ("selectors", "fake-quantize")
+SELECTORS, FAKE_QUANTIZE = "selectors", "fake-quantize"
+QDQ_LAYOUTS = (SELECTORS, FAKE_QUANTIZE)
 
 
 class Engine(Protocol):

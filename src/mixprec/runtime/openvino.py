@@ -34,6 +34,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.io.runtime_fields import fp32_nodes, props_of
 from mixprec.runtime.cpu import CpuFeatures, cpu_features, saturates_u8s8
 from mixprec.runtime.engine import (
+    FAKE_QUANTIZE,
     HostBound,
     LayerProfile,
     LoadHints,
@@ -369,7 +370,7 @@ class OpenVinoEngine:
 
     name = "openvino"
     label = "OpenVINO"
-    qdq_layout = "fake-quantize"
+    qdq_layout = FAKE_QUANTIZE
 
     def missing(self, options: RuntimeOptions | None = None) -> str | None:
         if _openvino() is None:

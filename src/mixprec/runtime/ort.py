@@ -24,6 +24,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.limits import INLINE_LIMIT
 from mixprec.runtime.cpu import CpuFeatures, cpu_features, saturates_u8s8
 from mixprec.runtime.engine import (
+    SELECTORS,
     TIMING_HINTS,
     LayerProfile,
     LoadHints,
@@ -87,7 +88,7 @@ class OrtEngine:
 
     name = "ort"
     label = "ONNX Runtime"
-    qdq_layout = "selectors"
+    qdq_layout = SELECTORS
 
     def missing(self, options: RuntimeOptions | None = None) -> str | None:
         provider = (options.provider if options is not None else None) or "cpu"
