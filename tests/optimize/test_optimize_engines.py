@@ -6,6 +6,7 @@ bf16 (asked, never read from the CPU here: this CPU has no bf16)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,3 +103,25 @@ def test_a_speed_plan_under_a_hint_is_said_to_be_against_that_hint() -> None:
         "faster than FP32 in openvino"
     )
     assert no_faster_placement(by_name["int8-ort"].options(2)).endswith("faster than FP32 in ort")
+
+
+def test_int8_candidates_ask_the_speed_plan_to_compete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """optimize's INT8 candidates keep the fastest placement not slower than the input
+    (speed "compete") and judge it in optimize's own loop; under speed "auto" a 5% gate
+    kept PP-OCRv4 det's INT8 (0.95x the bf16 hint) out of that loop."""
+    run = importlib.import_module("mixprec.optimize.run")  # mixprec.optimize: the function
+    asked: list[str] = []
+    real = run.guarded_quantize
+
+    def recording(source, config, *args):  # type: ignore[no-untyped-def]
+        asked.append(config.speed)
+        return real(source, config, *args)
+
+    monkeypatch.setattr(run, "guarded_quantize", recording)
+    model = tmp_path / "m.onnx"
+    onnx.save(separable_classifier(), model)
+    result = mixprec.optimize(str(model), separable_samples(12, rows=16), candidates=["int8-ort"])
+    assert asked == ["compete"], asked
+    assert any(row.name == "int8-ort" for row in result.table)

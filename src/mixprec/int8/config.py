@@ -27,6 +27,7 @@ __all__ = [
     "MODES",
     "PER_CHANNEL_OPSET",
     "PLACEMENTS",
+    "SPEEDS",
     "QuantizeConfig",
     "guard_spellings",
 ]
@@ -39,6 +40,8 @@ PER_CHANNEL_OPSET = 13
 MODES = ("static", "dynamic", "auto")
 #: How ops without weights join INT8 (:class:`~mixprec.int8.plan.AnnotateInt8Pass`).
 PLACEMENTS = ("chains", "every", "weighted")
+#: QuantizeConfig.speed (the margins: :data:`mixprec.int8.speed.SPEED_MARGINS`)
+SPEEDS = ("auto", "compete", "off")
 #: ``QuantizeConfig.smooth`` unless told otherwise (see its doc).
 DEFAULT_SMOOTH: float | str | None = "auto"
 #: mode="auto" goes dynamic when weighted MatMul/Gemm hold at least this MAC share.
@@ -74,7 +77,9 @@ class QuantizeConfig:
             op with an INT8 kernel, as ONNX Runtime's quantize_static places them; without
             depthwise convolutions; only the large Conv/MatMul/Gemm) against the user's
             FP32 model and keeps the fastest, never one slower than FP32 (the model then
-            stays float); "off" quantizes all.
+            stays float) and only one clearly (5%) faster; "compete" keeps the fastest
+            one not slower, for a caller that times the result against other candidates
+            itself (``mixprec optimize``); "off" quantizes all.
         latency_shapes: input shapes the speed plan times at (the deployment's, e.g. a
             serving batch); by default ``shapes``, else the calibration sample's.
         placement: "chains" (ops without weights join INT8 when an INT8 node feeds them),
@@ -202,8 +207,8 @@ class QuantizeConfig:
             raise MixprecError(
                 f"placement must be one of {', '.join(PLACEMENTS)}, not {self.placement!r}"
             )
-        if self.speed not in ("auto", "off"):
-            raise MixprecError(f"speed must be 'auto' or 'off', not {self.speed!r}")
+        if self.speed not in SPEEDS:
+            raise MixprecError(f"speed must be one of {', '.join(SPEEDS)}, not {self.speed!r}")
         if not isinstance(self.equalize, bool) and self.equalize != "auto":
             raise MixprecError(f"equalize must be True, False or 'auto', not {self.equalize!r}")
         _check_smooth(self.smooth)

@@ -39,6 +39,7 @@ from mixprec.runtime.timing import MAJORITY, MARGIN, MIN_ROUNDS, paired_ratios, 
 __all__ = [
     "BAND",
     "PROFILED_BYTES",
+    "SPEED_MARGINS",
     "STAY_FLOAT",
     "SURE",
     "Placement",
@@ -74,12 +75,16 @@ def decide(
     times: Mapping[str, Sequence[float]],
     order: Sequence[str],
     pairs: Mapping[str, Sequence[float]] | None = None,
+    margin: float = MARGIN,
 ) -> SpeedDecision:
     """The placement to keep from per-round seconds (``times["fp32"]`` is the FP32
     model's, the other labels are placements, ``order`` as
     :func:`candidate_placements` lists them, the tie order;
     ``pairs``: the FP32 rounds each placement was timed beside, when each was timed in
     its own rounds; default ``times["fp32"]`` for all).
+
+    ``margin``: how much faster than FP32 a placement must be in the median
+    (:data:`SPEED_MARGINS`: 0 for a caller that times the result against others itself).
 
     Returns ``chosen == "fp32"`` when no placement is clearly faster.
     """
@@ -90,11 +95,12 @@ def decide(
     faster = [
         label
         for label in order
-        if ratio[label] <= 1.0 - MARGIN and (ratio[label] <= SURE or share[label] >= MAJORITY)
+        if ratio[label] <= 1.0 - margin and (ratio[label] <= SURE or share[label] >= MAJORITY)
     ]
     if not faster:
         why = (
-            f"no INT8 placement was {MARGIN:.0%} faster than FP32 in the median and in "
+            f"no INT8 placement was {f'{margin:.0%} ' if margin else ''}faster than FP32 "
+            f"in the median and in "
             f"{MAJORITY:.0%} of the rounds: the model stays float"
         )
         return SpeedDecision("fp32", ms, ratio, share, len(times["fp32"]), why)
@@ -134,6 +140,13 @@ class Placement:
 #: The largest model whose layers the speed plan reads from the runtime's profile (it
 #: runs the FP32 and the all-INT8 model in two more sessions, beside the timed ones).
 PROFILED_BYTES = 256 << 20
+
+#: How much faster than FP32 a placement must be, by QuantizeConfig.speed: "auto" keeps
+#: the model float unless INT8 is clearly faster; "compete" (``mixprec optimize``) keeps
+#: the fastest placement not slower, which optimize then times against its other
+#: candidates with its own intervals and tie rule (a 5% gate here kept PP-OCRv4 det's
+#: INT8 out of optimize's loop, where NNCF's INT8 ran 0.92x the bf16 hint).
+SPEED_MARGINS = {"auto": MARGIN, "compete": 0.0}
 
 #: The model stays float (no INT8 placement was clearly faster).
 STAY_FLOAT = Placement((".*",))
@@ -180,6 +193,7 @@ def choose_placement(
     feeds: Mapping[str, np.ndarray],
     runtime: RuntimeOptions | None = None,
     profile: bool = True,
+    margin: float = MARGIN,
 ) -> tuple[Placement, dict[str, object], list[tuple[str, Placement]]]:
     """Times the user's ``fp32`` model and each placement built by ``build(placement)``
     on ``feeds`` (``placements`` in :func:`candidate_placements`' order) in the ``runtime`` the
@@ -221,7 +235,7 @@ def choose_placement(
         del candidate
         times[label], pairs[label] = timed[label], timed["fp32"]
         times["fp32"] += timed["fp32"]
-        alone = decide(timed, [label])
+        alone = decide(timed, [label], margin=margin)
         if alone.chosen == label:
             bar = min(alone.ratio[label], bar if bar is not None else math.inf)
     placements = {k: v for k, v in placements.items() if k not in refused}
@@ -229,7 +243,7 @@ def choose_placement(
     if not placements:
         decision = SpeedDecision("fp32", {}, {}, {}, 0, "the runtime refused every placement")
     else:
-        decision = decide(times, list(placements), pairs)
+        decision = decide(times, list(placements), pairs, margin)
         decision = replace(decision, rounds=max(len(t) for t in pairs.values()))
         # dropped early: stopped before the minimum number of rounds (hopeless)
         dropped = {k: len(v) for k, v in pairs.items() if len(v) < MIN_ROUNDS}

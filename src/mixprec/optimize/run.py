@@ -128,7 +128,9 @@ def _built(job: _Job, candidate: Candidate) -> tuple[onnx.ModelProto | None, str
     options = candidate.options(job.threads)
     # an unconfirmed INT8 pass comes back as INT8: optimize judges confirmation itself,
     # on its own held-out rows (:class:`Row`), and its table says so
-    fields: dict[str, Any] = {"runtime": options, "accept_unconfirmed": True}
+    # the speed plan keeps the fastest placement not slower than the input (speed
+    # "compete"): optimize's own loop then judges it against the others by its intervals
+    fields: dict[str, Any] = {"runtime": options, "accept_unconfirmed": True, "speed": "compete"}
     if job.shapes:  # the speed plan times its placements at the serving shape too
         fields["latency_shapes"] = {k: tuple(v) for k, v in job.shapes.items()}
     if job.metric is not None:

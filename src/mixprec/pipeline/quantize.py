@@ -42,7 +42,12 @@ from mixprec.int8.smooth import (
     head_of,
     smoothable_share,
 )
-from mixprec.int8.speed import Placement, candidate_placements, choose_placement
+from mixprec.int8.speed import (
+    SPEED_MARGINS,
+    Placement,
+    candidate_placements,
+    choose_placement,
+)
 from mixprec.io.external import clone_model
 from mixprec.passes.opset import upgrade_to
 from mixprec.pipeline.convert import (
@@ -248,7 +253,7 @@ def run_quantize(
         report.notes.append(pipeline.mode_choice)
     speed: dict[str, object] | None = None
     extra: dict[str, float] = {}
-    if config.speed == "auto":
+    if config.speed != "off":
         say("timing candidate INT8 placements")
         t = time.perf_counter()
         only = None
@@ -351,13 +356,16 @@ def timed_placement(
 
     feeds = latency_feeds(model, config, calibration_of(model).input_shapes)
     user = tuple(config.exclude_nodes)
+    margin = SPEED_MARGINS[config.speed]
     if only is not None and only[0] != "fp32":
         label, extra = only
         placement = Placement(user + extra.exclude, extra.ops)
-        return choose_placement(original, {label: placement}, build, feeds, config.runtime, False)
+        return choose_placement(
+            original, {label: placement}, build, feeds, config.runtime, False, margin
+        )
     ops = "weighted" if _fake_quantize(config) else "chains"  # layer inputs only for OpenVINO
     placements = candidate_placements(model, user, ops)
-    return choose_placement(original, placements, build, feeds, config.runtime)
+    return choose_placement(original, placements, build, feeds, config.runtime, margin=margin)
 
 
 def latency_feeds(

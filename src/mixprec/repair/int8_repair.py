@@ -26,7 +26,7 @@ from mixprec.checks.samples import Samples
 from mixprec.core.output_kinds import OutputKind
 from mixprec.inputs.feeds import feeds_for
 from mixprec.int8.config import QuantizeConfig
-from mixprec.int8.speed import decide
+from mixprec.int8.speed import SPEED_MARGINS, decide
 from mixprec.io.external import clone_model
 from mixprec.pipeline.quantize import Reuse, latency_feeds
 from mixprec.pipeline.report import Report
@@ -233,7 +233,7 @@ def tuner_or_input(
     }
     shapes = {k: list(np.shape(v)) for k, v in feeds_for(original, held.first()).items()}
     feeds = latency_feeds(original, config, shapes)  # the speed plan's inputs
-    decision = decide(time_paired(sessions, feeds), ["tuned"])
+    decision = decide(time_paired(sessions, feeds), ["tuned"], margin=SPEED_MARGINS[config.speed])
     if decision.chosen == "tuned":
         tuned.report.notes.append(
             "the speed plan's placement without the sensitive nodes missed the budget; "
