@@ -18,8 +18,9 @@ a per-tensor quantizer is monotone, so it commutes with taking a maximum, and an
 quantizer with selecting elements) and drops the pairs of the first kind (which only
 removes a rounding). What it leaves is NNCF's placement for OpenVINO: FakeQuantize on
 the inputs of the quantized layers, none on their outputs. On the Intel Xeon with AMX
-(2026-12-03, OpenVINO 2026.4, bf16 hint): MTCNN O-Net all-INT8 ran 1.12x the bf16 hint
-with the ONNX Runtime layout, 0.85x with this one (NNCF's INT8: 0.84x).
+(2026-12-03, OpenVINO 2026.4, bf16 hint; ``python -m bench.int8.layout``): MTCNN O-Net
+all-INT8 ran 1.15x the bf16 hint with the ONNX Runtime layout, 0.86x with this one
+(NNCF's INT8: 0.84x).
 
 Only the main graph holds Q/DQ pairs (the plan keeps subgraph nodes float); subgraphs
 are left as they are.

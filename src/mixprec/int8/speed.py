@@ -98,9 +98,9 @@ def decide(
         if ratio[label] <= 1.0 - margin and (ratio[label] <= SURE or share[label] >= MAJORITY)
     ]
     if not faster:
+        by = f"{margin:.0%} " if margin else ""
         why = (
-            f"no INT8 placement was {f'{margin:.0%} ' if margin else ''}faster than FP32 "
-            f"in the median and in "
+            f"no INT8 placement was {by}faster than FP32 in the median and in "
             f"{MAJORITY:.0%} of the rounds: the model stays float"
         )
         return SpeedDecision("fp32", ms, ratio, share, len(times["fp32"]), why)

@@ -220,7 +220,7 @@ def tuner_or_input(
 ) -> tuple[ir.Model, Report]:
     """The speed plan's placement without the sensitive nodes missed the budget: the
     tuner's model (every other node INT8) when it is clearly faster than the input on
-    this CPU (``speed="auto"``; :func:`mixprec.int8.speed.decide`), else the input
+    this CPU (by ``config.speed``'s margin; :func:`mixprec.int8.speed.decide`), else the input
     unchanged. ``data`` is (calibration, held-out) samples."""
     calib, held = data
     if config.speed == "off":
