@@ -36,7 +36,7 @@ import onnx_ir as ir
 from mixprec.core.constants import const_tensor
 from mixprec.core.layers import is_layer
 from mixprec.core.registry import node_info
-from mixprec.int8.plan import int8_decision
+from mixprec.int8.plan import runs_int8
 
 __all__ = ["FakeQuantizeLayoutPass", "FakeQuantizeLayoutResult"]
 
@@ -149,7 +149,7 @@ def _drop_after_layer(graph: ir.Graph, q: ir.Node) -> bool:
     if not _single_use(x):
         return False
     dq_out = dq.outputs[0]
-    if any(_runs_int8(use.node) for use in dq_out.uses()):
+    if any(_integer_reader(use.node) for use in dq_out.uses()):
         return False
     for use in list(dq_out.uses()):
         use.node.replace_input_with(use.idx, x)
@@ -163,9 +163,6 @@ def _drop_after_layer(graph: ir.Graph, q: ir.Node) -> bool:
     return True
 
 
-def _runs_int8(node: ir.Node) -> bool:
+def _integer_reader(node: ir.Node) -> bool:
     """A reader the plan made INT8, or a Q/DQ itself."""
-    if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
-        return True
-    decision = int8_decision(node)
-    return decision is not None and decision.int8
+    return node.op_type in ("QuantizeLinear", "DequantizeLinear") or runs_int8(node)

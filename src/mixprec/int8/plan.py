@@ -40,6 +40,7 @@ __all__ = [
     "dynamic_candidate",
     "int8_decision",
     "int8_spec_decision",
+    "runs_int8",
     "weight_spec",
 ]
 
@@ -72,6 +73,12 @@ class Int8Decision:
 def int8_decision(node: ir.Node) -> Int8Decision | None:
     found = node.meta.get(INT8)
     return found if isinstance(found, Int8Decision) else None
+
+
+def runs_int8(node: ir.Node) -> bool:
+    """Annotate made ``node`` INT8."""
+    decision = int8_decision(node)
+    return decision is not None and decision.int8
 
 
 def int8_spec_decision(node: ir.Node) -> Int8Decision:
@@ -202,7 +209,7 @@ class AnnotateInt8Pass(ir.passes.InPlacePass):
         fed = [
             v
             for v in node.inputs
-            if _float(v) and (p := v.producer()) is not None and _is_int8(p)  # type: ignore[union-attr]
+            if _float(v) and (p := v.producer()) is not None and runs_int8(p)  # type: ignore[union-attr]
         ]
         if self._every and role != "absorbed":
             return self._int8(node, role, f"{role}: INT8 wherever it has a float input")
@@ -224,11 +231,6 @@ def _constant_values(graph: ir.Graph) -> set[ir.Value]:
         ):
             found.update(node.outputs)
     return found
-
-
-def _is_int8(node: ir.Node) -> bool:
-    decision = int8_decision(node)
-    return decision is not None and decision.int8
 
 
 def dynamic_candidate(node: ir.Node) -> str | None:

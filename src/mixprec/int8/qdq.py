@@ -38,6 +38,7 @@ from mixprec.int8.plan import (
     activation_spec,
     int8_decision,
     int8_spec_decision,
+    runs_int8,
     weight_index,
     weight_spec,
 )
@@ -98,14 +99,14 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
         self._means = getattr(calibration_of(model), "channel_means", {}) or {}
         self._first = next(iter(model.graph), None)
         while True:  # a tensor left float demotes its nodes, and what they fed: plan again
-            nodes = [n for n in model.graph if _is_int8(n)]
+            nodes = [n for n in model.graph if runs_int8(n)]
             demoted = len(result.left_float)
             qparams = self._plan_tensors(nodes, result)
             if len(result.left_float) == demoted:
                 break
             _demote_unfed(model.graph, result)
         for node in nodes:
-            if not _is_int8(node):
+            if not runs_int8(node):
                 continue
             if node_role(node) == "weighted" and weight_index(node) is not None:
                 self._quantize_weight(node, qparams, result)
@@ -156,7 +157,7 @@ class QuantizeQDQPass(ir.passes.InPlacePass):
     def _shared_source(self, value: ir.Value, qparams: dict[ir.Value, QParams]) -> QParams | None:
         """Data movement keeps its input's qparams (ONNX Runtime then drops the pair)."""
         producer = value.producer()
-        if producer is None or node_role(producer) != "shared" or not _is_int8(producer):
+        if producer is None or node_role(producer) != "shared" or not runs_int8(producer):
             return None
         source = producer.inputs[0] if producer.inputs else None
         return qparams.get(source) if source is not None else None
@@ -384,7 +385,7 @@ def _demote_unfed(graph: ir.Graph, result: QuantizeQDQResult) -> None:
         if decision is None or not decision.int8 or decision.role == "weighted":
             continue
         fed = any(
-            v is not None and (p := v.producer()) is not None and _is_int8(p) for v in node.inputs
+            v is not None and (p := v.producer()) is not None and runs_int8(p) for v in node.inputs
         )
         if not fed:
             reason = "not fed by an INT8 node once its producer stayed float"
@@ -395,11 +396,6 @@ def _demote_unfed(graph: ir.Graph, result: QuantizeQDQResult) -> None:
 def node_role(node: ir.Node) -> str | None:
     decision = int8_decision(node)
     return decision.role if decision is not None else None
-
-
-def _is_int8(node: ir.Node) -> bool:
-    decision = int8_decision(node)
-    return decision is not None and decision.int8
 
 
 def _is_const(value: ir.Value) -> bool:
@@ -414,7 +410,7 @@ def _float_output(node: ir.Node, value: ir.Value) -> bool:
     would fuse the MatMul and a bias Add into a float Gemm first (:func:`_gemm_fusion`)."""
     if node.op_type != "MatMul" or node_role(node) != "weighted":
         return False
-    if any(_is_int8(use.node) for use in value.uses()):
+    if any(runs_int8(use.node) for use in value.uses()):
         return False
     return not _gemm_fusion(node, value)
 
@@ -439,4 +435,4 @@ def _absorbed_by_next(value: ir.Value) -> bool:
     if len(uses) != 1 or value.is_graph_output():
         return False
     reader = uses[0].node
-    return node_role(reader) == "absorbed" and _is_int8(reader) and uses[0].idx == 0
+    return node_role(reader) == "absorbed" and runs_int8(reader) and uses[0].idx == 0

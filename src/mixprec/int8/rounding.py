@@ -39,7 +39,7 @@ from mixprec.int8.adaround import (
     learn_rounding,
 )
 from mixprec.int8.params import quantize_weight
-from mixprec.int8.plan import INT8, int8_decision, weight_spec
+from mixprec.int8.plan import INT8, runs_int8, weight_spec
 from mixprec.int8.qdq import QuantizeQDQPass
 
 __all__ = [
@@ -184,8 +184,7 @@ class LearnedRoundingPass(ir.passes.InPlacePass):
         nodes: dict[str, ir.Node] = {}
         layers: list[LayerInput] = []
         for node in model.graph:
-            decision = int8_decision(node)
-            layer = layer_input(node) if decision is not None and decision.int8 else None
+            layer = layer_input(node) if runs_int8(node) else None
             if layer is not None and layer.node and layer.node not in nodes:
                 node.meta.pop(ROUNDING, None)
                 nodes[layer.node] = node

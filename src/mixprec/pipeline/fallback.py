@@ -18,7 +18,7 @@ import onnx_ir as ir
 
 from mixprec.core.config import ConvertConfig
 from mixprec.core.policy import default_policy
-from mixprec.int8.plan import int8_decision
+from mixprec.int8.plan import runs_int8
 from mixprec.passes.shapes import InferShapesPass
 from mixprec.pipeline.stages import Pipeline
 from mixprec.precision.paint import Precision, painted
@@ -35,11 +35,7 @@ def paint_fallback(
     added by it and stays float32. Returns the model and, by node name, the painted
     nodes' low-precision reason.
     """
-    keep = [
-        node.name or ""
-        for node in model.graph
-        if node not in planned or ((d := int8_decision(node)) is not None and d.int8)
-    ]
+    keep = [node.name or "" for node in model.graph if node not in planned or runs_int8(node)]
     policy = default_policy(target).with_changes(
         exclude_nodes=[re.escape(name) for name in keep if name]
     )

@@ -23,7 +23,7 @@ from mixprec.core.graphs import UniqueNames, iter_nodes
 from mixprec.core.ops import parse_dtype, weight_out_axis
 from mixprec.int8.config import MODES, PER_CHANNEL_OPSET, QuantizeConfig
 from mixprec.int8.params import activation_qparams, quantize_weight
-from mixprec.int8.plan import int8_decision, weight_index
+from mixprec.int8.plan import int8_decision, runs_int8, weight_index
 from mixprec.int8.spec import BackendQuantizer, QuantSpec
 from mixprec.passes.emulate import EmulateLowPrecisionPass
 from mixprec.pipeline.quantize import QuantizePipeline
@@ -128,9 +128,8 @@ class Int8Target:
         total = low = 0
         for node in iter_nodes(model.graph):
             macs = int(node.meta.get(MACS, 0))
-            d = int8_decision(node)
             total += macs
-            low += macs if d is not None and d.int8 else 0
+            low += macs if runs_int8(node) else 0
         return low / total if total else 0.0
 
     def rounder(self, model: ir.Model):
@@ -144,11 +143,6 @@ class Int8Target:
         # the accuracy guard grades; at the basic level they ran as DQ -> float -> Q, so
         # the search ranked nodes by an error the gate never measured
         return ir.to_proto(model), "all"
-
-
-def _is_int8(node: ir.Node) -> bool:
-    decision = int8_decision(node)
-    return decision is not None and decision.int8
 
 
 class QdqRounder(Rounder):
@@ -211,7 +205,7 @@ class QdqRounder(Rounder):
         if stats is None:
             return value
         nodes = [u.node for u in value.uses()] + [value.producer()]
-        owner = next((n for n in nodes if n is not None and _is_int8(n)), None)
+        owner = next((n for n in nodes if n is not None and runs_int8(n)), None)
         spec = self.quantizer.activation if owner is None else self._specs(owner)[0]
         qparams = activation_qparams(stats, spec.method, spec.unsigned)
         if isinstance(qparams, str):
