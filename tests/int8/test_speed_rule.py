@@ -135,4 +135,18 @@ def test_to_compete_a_placement_inside_the_margin_is_kept():
     slower = {"fp32": _rounds(10.0), "all": _rounds(10.3)}
     decision = decide(slower, ["all"], margin=SPEED_MARGINS["compete"])
     assert decision.chosen == "fp32"
-    assert "no INT8 placement was faster than FP32" in decision.why
+    assert "no INT8 placement was faster than FP32 in the median: " in decision.why
+    even = decide({"fp32": _rounds(10.0), "all": _rounds(10.0)}, ["all"], margin=0.0)
+    assert even.chosen == "fp32"  # no faster in the median: a tie is no reason to build
+
+
+def test_to_compete_a_faster_median_is_enough_without_most_rounds():
+    """PP-OCRv4 det's INT8 under the bf16 hint (Xeon with AMX): 0.93x in the median and
+    faster in 51-62% of the rounds, so under "compete" its speed plan kept it float in 2
+    of 3 bench runs, and NNCF's INT8 ran 1.04-1.10x faster than optimize's choice. Under
+    "compete" optimize's own loop judges the noise; "auto" still asks for most rounds."""
+    fp32 = [10.0] * 10
+    noisy = [9.0, 10.1] * 5  # paired ratios 0.90 and 1.01: median 0.955, faster in half
+    times = {"fp32": fp32, "all": noisy}
+    assert decide(times, ["all"], margin=SPEED_MARGINS["compete"]).chosen == "all"
+    assert decide(times, ["all"], margin=0.02).chosen == "fp32"  # a margin asks for most

@@ -84,7 +84,8 @@ def decide(
     its own rounds; default ``times["fp32"]`` for all).
 
     ``margin``: how much faster than FP32 a placement must be in the median
-    (:data:`SPEED_MARGINS`: 0 for a caller that times the result against others itself).
+    (:data:`SPEED_MARGINS`: 0 for a caller that times the result against others itself;
+    then a median under FP32's is enough, without the majority of rounds).
 
     Returns ``chosen == "fp32"`` when no placement is clearly faster.
     """
@@ -92,17 +93,21 @@ def decide(
     ratios = {label: paired_ratios(times, label, pairs) for label in times}
     ratio = {label: float(np.median(r)) for label, r in ratios.items()}
     share = {label: float(np.mean(r < 1.0)) for label, r in ratios.items()}
+    # margin 0: the caller times the result against others itself and judges the noise
+    # there (optimize's intervals), so a faster median is enough (PP-OCRv4 det's INT8
+    # under the bf16 hint: 0.93x in the median, faster in 51-62% of the rounds)
+    majority = MAJORITY if margin else 0.0
     faster = [
         label
         for label in order
-        if ratio[label] <= 1.0 - margin and (ratio[label] <= SURE or share[label] >= MAJORITY)
+        if (ratio[label] <= 1.0 - margin if margin else ratio[label] < 1.0)
+        and (ratio[label] <= SURE or share[label] >= majority)
     ]
     if not faster:
         by = f"{margin:.0%} " if margin else ""
-        why = (
-            f"no INT8 placement was {by}faster than FP32 in the median and in "
-            f"{MAJORITY:.0%} of the rounds: the model stays float"
-        )
+        rounds = f" and in {MAJORITY:.0%} of the rounds" if margin else ""
+        why = f"no INT8 placement was {by}faster than FP32 in the median{rounds}: the model "
+        why += "stays float"
         return SpeedDecision("fp32", ms, ratio, share, len(times["fp32"]), why)
     best = min(faster, key=lambda label: ratio[label])
     chosen = next(label for label in faster if ratio[label] <= ratio[best] + BAND)
