@@ -133,7 +133,7 @@ def test_accuracy_text_names_the_worst_check() -> None:
 
 def test_candidate_names_are_checked() -> None:
     assert [c.name for c in select_candidates(None)] == [c.name for c in CANDIDATES]
-    assert [c.runtime for c in select_candidates(None, "ort")] == ["ort", "ort"]
+    assert [c.runtime for c in select_candidates(None, "ort")] == ["ort", "ort", "ort"]
     picked = select_candidates(["int8-ort", "fp32-ort"])
     assert [c.name for c in picked] == ["fp32-ort", "int8-ort"]  # the built-in order
     with pytest.raises(MixprecError, match="unknown candidate 'fp64-ort'"):

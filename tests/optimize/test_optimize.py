@@ -81,6 +81,9 @@ def test_every_candidate_gets_a_verdict(model_file: Path, samples) -> None:
     if not ENGINES["openvino"].computes_bf16():
         assert rows["bf16-openvino"].verdict == "skipped"
         assert rows["bf16-openvino"].reason == "this CPU does not compute bf16"
+    # a classifier without LayerNormalization: ORT's transformer fusions have nothing to do
+    assert rows["fused-ort"].verdict == "skipped"
+    assert rows["fused-ort"].reason == "no LayerNormalization: no transformer fusion applies"
     for row in result.table:  # what the table shows of each: timed ones have rounds
         if row.status == "timed":
             assert row.timing is not None and row.timing.rounds >= PRUNE_AFTER

@@ -2,12 +2,13 @@
 
 A candidate names the engine it runs in, the engine's inference precision hint, and how
 its model is built from the input: ``"input"`` (the input as it is: FP32, or the engine's
-own lowering under a precision hint), ``"int8"`` (:func:`mixprec.quantize` with its
-default accuracy guard, timed and guarded in that engine), ``"bf16-marks"`` (the FP32
-model with the nodes mixprec's bf16 painting keeps FP32 marked for OpenVINO:
-:mod:`mixprec.pipeline.marks`), or a function of the input model (a caller's own
-candidate). :data:`CANDIDATES` lists the built-in ones in the order
-a tie goes to: the simplest first, ``fp32-ort`` (the input in ONNX Runtime) before all.
+own lowering under a precision hint), ``"ort-fusions"`` (the input with ONNX Runtime's
+transformer fusions: :mod:`mixprec.runtime.transformer_fusions`), ``"int8"``
+(:func:`mixprec.quantize` with its default accuracy guard, timed and guarded in that
+engine), ``"bf16-marks"`` (the FP32 model with the nodes mixprec's bf16 painting keeps
+FP32 marked for OpenVINO: :mod:`mixprec.pipeline.marks`), or a function of the input model
+(a caller's own candidate). :data:`CANDIDATES` lists the built-in ones in the order a tie
+goes to: the simplest first, ``fp32-ort`` (the input in ONNX Runtime) before all.
 """
 
 from __future__ import annotations
@@ -46,9 +47,10 @@ class Candidate:
         name: How the table and ``--candidates`` name it.
         runtime: The registered engine it runs in (``"ort"``, ``"openvino"``).
         precision: The engine's inference precision hint (None: the model's own dtypes).
-        build: ``"input"``, ``"int8"``, ``"fp16"``/``"bf16"`` (:func:`mixprec.convert`'s
-            lists), ``"bf16-marks"`` (the FP32 model with OpenVINO precision marks), or a
-            function from the input model to the candidate's model.
+        build: ``"input"``, ``"ort-fusions"``, ``"int8"``, ``"fp16"``/``"bf16"``
+            (:func:`mixprec.convert`'s lists), ``"bf16-marks"`` (the FP32 model with
+            OpenVINO precision marks), or a function from the input model to the
+            candidate's model.
         about: One line for people.
         provider: Where the engine computes (:attr:`RuntimeOptions.provider`: ``"cuda"``,
             ``"tensorrt"``); None: its default (the CPU).
@@ -65,6 +67,16 @@ class Candidate:
     about: str = ""
     provider: str | None = None
 
+    @property
+    def fits_nothing(self) -> bool:
+        """Built without the data: the input, or its graph rewritten exactly."""
+        return self.build in ("input", "ort-fusions")
+
+    @property
+    def fp32(self) -> bool:
+        """FP32 that only rounds differently from the input (no precision hint)."""
+        return self.fits_nothing and self.precision in (None, "f32")
+
     def options(self, threads: int) -> RuntimeOptions:
         """The runtime options it runs (and is timed) with."""
         return RuntimeOptions(
@@ -75,6 +87,13 @@ class Candidate:
 CANDIDATES: tuple[Candidate, ...] = (
     Candidate(BASELINE, "ort", None, "input", "the input in ONNX Runtime"),
     Candidate("fp32-openvino", "openvino", "f32", "input", "the input in OpenVINO"),
+    Candidate(
+        "fused-ort",
+        "ort",
+        None,
+        "ort-fusions",
+        "the input with ONNX Runtime's transformer fusions (Attention, SkipLayerNormalization)",
+    ),
     Candidate("bf16-openvino", "openvino", "bf16", "input", "the input, OpenVINO's bf16 hint"),
     Candidate(
         "bf16-lists-openvino",

@@ -141,8 +141,8 @@ def tolerance(candidate: Candidate, generated: bool) -> float | None:
     the input in any runtime); with data: None, the guard's own budget."""
     if not generated:
         return None
-    precision = candidate.precision if candidate.build == "input" else candidate.build
-    if precision in (None, "f32") or not isinstance(precision, str):
+    precision = candidate.precision if candidate.fits_nothing else candidate.build
+    if candidate.fp32 or not isinstance(precision, str):
         return FP32_RTOL
     lowered = parse_dtype(precision.removesuffix("-marks"), ("float16", "bfloat16"))
     return DEFAULT_RTOL[lowered]

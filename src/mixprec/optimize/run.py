@@ -70,6 +70,7 @@ from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import engine_for, runtime_hints
 from mixprec.runtime.timing import MAJORITY
 from mixprec.runtime.timing import session as timing_session
+from mixprec.runtime.transformer_fusions import transformer_fused
 
 __all__ = ["optimize_model"]
 
@@ -116,6 +117,8 @@ def _built(job: _Job, candidate: Candidate) -> tuple[onnx.ModelProto | None, str
         return source, ""
     if callable(candidate.build):
         return candidate.build(source), ""
+    if candidate.build == "ort-fusions":
+        return transformer_fused(source)
     if isinstance(candidate.build, str) and candidate.build in LOW_BUILDS:
         built = converted(source, candidate.build, job.calibration)
         return built, f"mixprec.convert to {parse_dtype(candidate.build)}, its default lists"
@@ -180,7 +183,7 @@ def _row(
     except MixprecError as e:  # the runtime cannot load or run it: a failed candidate
         return Row(candidate.name, candidate.runtime, hints, "failed", note=str(e)), None
     # FP32 in any runtime only rounds differently: its passes need no confirming rows
-    confirm = not (candidate.build == "input" and options.precision in (None, "f32"))
+    confirm = not candidate.fp32
     row = Row(
         candidate.name, candidate.runtime, hints, checks=checks, note=note,
         confirm=confirm, accepted=job.accept_unconfirmed,
@@ -318,12 +321,12 @@ def _tried(
     """Every candidate's row, in order, and the models of the listed ones that may win;
     each timed one that would win sets the bar later ones are pruned against.
     ``checked``: the held-out samples, and those a candidate that fits nothing to the
-    data (``build`` "input") is checked on (:func:`held_out`)."""
+    data (:attr:`Candidate.fits_nothing`) is checked on (:func:`held_out`)."""
     rows: list[Row] = []
     models = KeptModels(job.source)
     bar: float | None = None
     for candidate, listed in candidates:
-        held = checked[1] if candidate.build == "input" else checked[0]
+        held = checked[1] if candidate.fits_nothing else checked[0]
         row, proto = _row(job, held, candidate, timer, bar)
         rows.append(dataclasses.replace(row, listed=listed))
         t = row.timing
