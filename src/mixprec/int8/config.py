@@ -78,8 +78,9 @@ class QuantizeConfig:
             depthwise convolutions; only the large Conv/MatMul/Gemm) against the user's
             FP32 model and keeps the fastest, never one slower than FP32 (the model then
             stays float) and only one clearly (5%) faster; "compete" keeps the fastest
-            one not slower, for a caller that times the result against other candidates
-            itself (``mixprec optimize``); "off" quantizes all.
+            one faster in the median (no majority of rounds asked), for a caller that
+            times the result against other candidates itself (``mixprec optimize``);
+            "off" quantizes all.
         latency_shapes: input shapes the speed plan times at (the deployment's, e.g. a
             serving batch); by default ``shapes``, else the calibration sample's.
         placement: "chains" (ops without weights join INT8 when an INT8 node feeds them),

@@ -148,9 +148,10 @@ PROFILED_BYTES = 256 << 20
 
 #: How much faster than FP32 a placement must be, by QuantizeConfig.speed: "auto" keeps
 #: the model float unless INT8 is clearly faster; "compete" (``mixprec optimize``) keeps
-#: the fastest placement not slower, which optimize then times against its other
-#: candidates with its own intervals and tie rule (a 5% gate here kept PP-OCRv4 det's
-#: INT8 out of optimize's loop, where NNCF's INT8 ran 0.92x the bf16 hint).
+#: the fastest placement faster in the median (no majority of rounds), which optimize
+#: then times against its other candidates with its own intervals and tie rule (a 5%
+#: gate here kept PP-OCRv4 det's INT8 out of optimize's loop, where NNCF's INT8 ran
+#: 0.92x the bf16 hint).
 SPEED_MARGINS = {"auto": MARGIN, "compete": 0.0}
 
 #: The model stays float (no INT8 placement was clearly faster).
