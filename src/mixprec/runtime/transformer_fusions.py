@@ -79,10 +79,12 @@ def attention_shape(model: onnx.ModelProto) -> tuple[int, int]:
             dims = [0, 0] + [int(t.reshape(-1)[0]) for t in tail if t is not None and t.size]
         else:
             continue
-        if len(dims) == 4 and dims[3] > 0 and dims[2] in (-1, hidden // dims[3]):
-            pairs[hidden // dims[3]] += hidden % dims[3] == 0  # (heads, head size) or (-1, d)
-    heads = pairs.most_common(1)[0][0] if pairs else 0
-    return (heads, hidden) if heads > 0 and pairs[heads] else (0, 0)
+        if len(dims) != 4 or dims[3] <= 0 or hidden % dims[3]:
+            continue
+        heads = hidden // dims[3]
+        if dims[2] in (-1, heads):  # (heads, head size) or (-1, head size)
+            pairs[heads] += 1
+    return (pairs.most_common(1)[0][0], hidden) if pairs else (0, 0)
 
 
 @contextlib.contextmanager
