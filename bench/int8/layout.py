@@ -12,8 +12,9 @@ without bf16 computes f32, and the page says which CPU ran):
   ort-layout        mixprec.quantize(speed="off", runtime="ort"): pairs after each INT8
                     op's output, INT8 chains through the ops without weights
   ov-layout-chains  runtime="openvino", placement "chains": the FakeQuantize layout
-  ov-layout         runtime="openvino", placement "weighted": layer inputs only, what the
-                    speed plan offers OpenVINO
+  ov-layout         runtime="openvino", placement "weighted": layer inputs only
+  nncf-onnx         nncf.quantize on the ONNX model (ONNX backend), as the optimize part's
+                    ov-nncf recipe makes it
 
 The guard is off (speed only); calibration is the INT8 part's 16 samples.
 Writes bench/results/<date>-int8-layout.{json,md}.
@@ -58,9 +59,21 @@ def _nncf(spec: ModelSpec, calibration: list[dict[str, Any]], out: Path) -> Path
     return out
 
 
+def _nncf_onnx(spec: ModelSpec, calibration: list[dict[str, Any]], out: Path) -> Path:
+    import nncf
+    import onnx
+
+    quantized = nncf.quantize(
+        onnx.load(str(spec.path())), nncf.Dataset(calibration), subset_size=len(calibration)
+    )
+    onnx.save(quantized, str(out))
+    return out
+
+
 def _models(spec: ModelSpec, folder: Path) -> dict[str, Path]:
     calibration = int8_calibration(spec)
     paths = {"bf16": spec.path(), "nncf": _nncf(spec, calibration, folder / "nncf.xml")}
+    paths["nncf-onnx"] = _nncf_onnx(spec, calibration, folder / "nncf-onnx.onnx")
     for name, (runtime, placement) in MIXPREC.items():
         result = mixprec.quantize(
             str(spec.path()), calibration, speed="off", guard=False,
