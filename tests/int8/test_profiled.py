@@ -121,6 +121,26 @@ def test_layers_the_profile_finds_slower_stay_float_in_the_placement_tried_first
     assert producers.get(fed["c2"][1]) == "DequantizeLinear", fed["c2"]  # INT8 weights
 
 
+def test_to_compete_the_fullest_placement_wins_a_tie_with_the_profiled_one(monkeypatch):
+    """Under speed "compete" (optimize's INT8 candidates) the profiled placement is timed
+    after 'all', which wins a tie: PP-OCRv4 det under OpenVINO's bf16 hint timed 'all'
+    0.95x FP32 and the profiled placement 0.96x, and the profiled one, winning the plan's
+    tie, then tied the bf16 hint in optimize's loop where 'all' beat it."""
+    monkeypatch.setattr(speed, "slower_layers", lambda *a: {"c1": 1.2})
+
+    def even(sessions, _feeds, _bar=None):
+        return {label: [1e-3 if label == "fp32" else 5e-4] * 20 for label in sessions}
+
+    monkeypatch.setattr(speed, "time_paired", even)
+    result = mixprec.quantize(_model(), _samples(4), guard=False, speed="compete")
+    plan = result.report.quantization["speed"]
+    assert plan["chosen"] == "all" and plan["profiled"] == {"c1": 1.2}, plan["summary"]
+    assert "all but 1 layer(s)" in plan["summary"]  # timed, and lost the tie
+    fed = {n.name: list(n.input) for n in result.model_proto.graph.node}
+    producers = {o: n.op_type for n in result.model_proto.graph.node for o in n.output}
+    assert producers.get(fed["c1"][1]) == "DequantizeLinear", fed["c1"]  # INT8 weights
+
+
 def test_openvino_counts_read_as_a_graph_of_its_layers():
     """OpenVINO's performance counts, named as in its runtime model, come back with that
     model's layers as a graph (edges between them), so regions read as in ORT's."""

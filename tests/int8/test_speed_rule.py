@@ -150,16 +150,3 @@ def test_to_compete_a_faster_median_is_enough_without_most_rounds():
     times = {"fp32": fp32, "all": noisy}
     assert decide(times, ["all"], margin=SPEED_MARGINS["compete"]).chosen == "all"
     assert decide(times, ["all"], margin=0.02).chosen == "fp32"  # a margin asks for most
-
-
-def test_to_compete_the_fastest_median_wins_without_the_band():
-    """PP-OCRv4 det under the bf16 hint (Xeon with AMX, 55 rounds): 'all' 0.95x FP32, the
-    profiled placement listed before it 0.96x. The band gave the plan's choice to the
-    profiled one, whose INT8 then tied the hint in optimize's loop, where all-INT8 (and
-    NNCF's) beat it. Under "compete" the fastest median goes to optimize's loop; "auto"
-    keeps the band's preference for the placement listed first."""
-    order = ["profiled", "all"]
-    times = {"fp32": _rounds(10.0), "profiled": _rounds(9.6), "all": _rounds(9.5)}
-    assert decide(times, order, margin=SPEED_MARGINS["compete"]).chosen == "all"
-    tighter = {"fp32": _rounds(10.0), "profiled": _rounds(7.6), "all": _rounds(7.5)}
-    assert decide(tighter, order, margin=SPEED_MARGINS["auto"]).chosen == "profiled"

@@ -85,9 +85,7 @@ def decide(
 
     ``margin``: how much faster than FP32 a placement must be in the median
     (:data:`SPEED_MARGINS`: 0 for a caller that times the result against others itself;
-    then a median under FP32's is enough, without the majority of rounds, and the
-    fastest median wins, without :data:`BAND`'s preference for the placement listed
-    first).
+    then a median under FP32's is enough, without the majority of rounds).
 
     Returns ``chosen == "fp32"`` when no placement is clearly faster.
     """
@@ -113,11 +111,7 @@ def decide(
         why += "stays float"
         return SpeedDecision("fp32", ms, ratio, share, len(times["fp32"]), why)
     best = min(faster, key=lambda label: ratio[label])
-    # margin 0: the fastest median, for the caller's loop to time (PP-OCRv4 det under the
-    # bf16 hint: 'all' 0.95x FP32 lost to the profiled placement's 0.96x by this band,
-    # and optimize's INT8 then tied the hint where NNCF's all-INT8 beat it)
-    band = BAND if margin else 0.0
-    chosen = next(label for label in faster if ratio[label] <= ratio[best] + band)
+    chosen = next(label for label in faster if ratio[label] <= ratio[best] + BAND)
     why = f"{ratio[chosen]:.2f}x FP32 (median paired ratio; faster in {share[chosen]:.0%} "
     why += "of rounds)"
     if chosen != best:
@@ -228,7 +222,7 @@ def choose_placement(
     no_profile = ""
     if profile:
         build, placements, slower, no_profile = _with_profiled(
-            fp32, placements, build, feeds, runtime
+            fp32, placements, build, feeds, runtime, ahead=margin > 0
         )
     reference = session(fp32, runtime)
     times: dict[str, list[float]] = {"fp32": []}
@@ -289,13 +283,19 @@ def _with_profiled(
     build: Callable[[Placement], onnx.ModelProto],
     feeds: Mapping[str, np.ndarray],
     runtime: RuntimeOptions | None,
+    ahead: bool = True,
 ) -> tuple[Callable[[Placement], onnx.ModelProto], dict[str, Placement], dict[str, float], str]:
-    """The placements with one more in front where the runtime's profile
+    """The placements with one more where the runtime's profile
     (:mod:`mixprec.int8.profiled`) found layers of the first (fullest) placement no
-    faster in INT8 than in FP32: that placement with those layers kept float (listed
-    first, it wins a tie: as fast, and more of the model in FP32). Returns the build
-    (the first placement's model built once), the placements, the slower layers with
-    their regions' ratios, and why none were found (empty when some were)."""
+    faster in INT8 than in FP32: that placement with those layers kept float. ``ahead``:
+    listed first, it wins a tie (as fast, and more of the model in FP32); else listed
+    right after the fullest one, which wins a tie (speed "compete": optimize, whose guard
+    checks the result, wants the faster in the long run: PP-OCRv4 det under OpenVINO's
+    bf16 hint, Xeon with AMX, 'all' 0.93-0.95x FP32 in three plans, the profiled one
+    0.96-0.99x, and optimize kept the bf16 hint where the profiled INT8 won the plan's
+    tie, took INT8 where 'all' did). Returns the build (the first placement's model
+    built once), the placements, the slower layers with their regions' ratios, and why
+    none were found (empty when some were)."""
     first_label, first = next(iter(placements.items()))
     if fp32.ByteSize() > PROFILED_BYTES:  # two more sessions and copies of a large model
         return build, dict(placements), {}, f"the model is over {PROFILED_BYTES >> 20} MB"
@@ -317,7 +317,10 @@ def _with_profiled(
         return cached, dict(placements), {}, "it found every layer no faster in INT8"
     kept = Placement(first.exclude + tuple(re.escape(n) for n in slower), first.ops)
     label = f"{first_label} but {len(slower)} layer(s) the profile found no faster in INT8"
-    return cached, {label: kept, **placements}, slower, ""
+    if ahead:
+        return cached, {label: kept, **placements}, slower, ""
+    rest = {k: v for k, v in placements.items() if k != first_label}
+    return cached, {first_label: first, label: kept, **rest}, slower, ""
 
 
 def _profile(
