@@ -346,9 +346,9 @@ def _head_to_head(
     job: _Job,
     base: str,
 ) -> HeadToHead | None:
-    """Where a later candidate, faster in the median, tied with the earlier one that
-    would win (:func:`~mixprec.optimize.choice.contender`): the two timed beside each
-    other; None where there is no such tie."""
+    """Where a later candidate tied with the earlier one that would win
+    (:func:`~mixprec.optimize.choice.contender`): the two timed beside each other; None
+    where there is no such tie."""
     pair = contender(rows, base)
     if pair is None or not all(name in models for name in pair):
         return None
