@@ -203,41 +203,37 @@ class HeadToHead:
         }
 
 
-def _timed_pool(rows: Sequence[Row], baseline: str) -> list[Row]:
-    """The timed candidates that may win, in the table's order."""
+def _tied(rows: Sequence[Row], baseline: str) -> tuple[list[Row], Row | None]:
+    """The candidates that may win and tie with the fastest one, in the table's order
+    (the first is the winner), and the fastest one; ``[]`` and None where none may win."""
     pool = [r for r in rows if r.eligible()]
     if any(r.name == baseline and r.listed for r in rows):
         pool = [r for r in pool if _beats_input(r)]
-    return [r for r in pool if r.ratio is not None]
+    timed = [r for r in pool if r.ratio is not None]
+    if not timed:
+        return [], None
+    best = min(timed, key=lambda r: r.ratio or 0.0)
+    return [r for r in timed if _ties(r, best)], best
 
 
 def _standings(rows: Sequence[Row], baseline: str) -> tuple[str, Row | None]:
     """The earliest candidate that ties with the fastest (the input where none may
     win), and the fastest one."""
-    timed = _timed_pool(rows, baseline)
-    if not timed:
-        return baseline, None
-    best = min(timed, key=lambda r: r.ratio or 0.0)
-    return next(r.name for r in timed if _ties(r, best)), best
+    tied, best = _tied(rows, baseline)
+    return (tied[0].name if tied else baseline), best
 
 
 def contender(rows: Sequence[Row], baseline: str = BASELINE) -> tuple[str, str] | None:
-    """The earlier winner and a later candidate that tied with it, to be timed head to
-    head: the fastest one in the median where that is a later one, else the fastest of
-    the later ones that tie with the winner (each timed beside the input in 15 rounds,
+    """The earlier winner and the fastest later candidate that tied with it, to be timed
+    head to head: the fastest one overall where that is a later one, and also where
+    the winner is the fastest in the median (each timed beside the input in 15 rounds,
     two candidates 4% apart swap places: PP-OCRv4 det's INT8 under the bf16 hint ran
     0.25x ORT FP32 against the hint's 0.24x in one run, 0.96x the hint head to head in
     another); None where no later candidate ties with the winner."""
-    winner, best = _standings(rows, baseline)
-    if best is None or winner == baseline:
+    tied, _ = _tied(rows, baseline)
+    if len(tied) < 2 or tied[0].name == baseline:
         return None
-    if best.name != winner:
-        return winner, best.name
-    timed = _timed_pool(rows, baseline)
-    after = [r for r in timed[[r.name for r in timed].index(winner) + 1 :] if _ties(r, best)]
-    if not after:
-        return None
-    return winner, min(after, key=lambda r: r.ratio or 0.0).name
+    return tied[0].name, min(tied[1:], key=lambda r: r.ratio or 0.0).name
 
 
 def choose(
