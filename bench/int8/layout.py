@@ -35,6 +35,7 @@ import mixprec
 from bench.harness.common import RESULTS_DIR, cpu_summary
 from bench.harness.evaluate import first_line
 from bench.harness.models import MODELS, ModelSpec, int8_calibration
+from bench.int8.quantize_one import nncf_onnx
 from bench.precision.bf16 import interleaved, ov_runner
 
 DEFAULT_MODELS = ("mtcnn_onet", "mtcnn_rnet", "ppocr_det", "ppocr_cls", "mnist_cnn")
@@ -60,12 +61,9 @@ def _nncf(spec: ModelSpec, calibration: list[dict[str, Any]], out: Path) -> Path
 
 
 def _nncf_onnx(spec: ModelSpec, calibration: list[dict[str, Any]], out: Path) -> Path:
-    import nncf
     import onnx
 
-    quantized = nncf.quantize(
-        onnx.load(str(spec.path())), nncf.Dataset(calibration), subset_size=len(calibration)
-    )
+    quantized, _ = nncf_onnx(str(spec.path()), calibration)
     onnx.save(quantized, str(out))
     return out
 

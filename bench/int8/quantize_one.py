@@ -174,15 +174,24 @@ def _nncf(args: argparse.Namespace) -> Callable[[], dict[str, Any]]:
         raise Unavailable(f"nncf not importable: {exc}") from exc
 
     def run() -> dict[str, Any]:
-        with tempfile.TemporaryDirectory(prefix="bench-nncf-") as folder:
-            source, notes = opset13(args.model, folder)
-            model = onnx.load(source)
-        data = list(samples(args.calib_dir))
-        quantized = nncf.quantize(model, nncf.Dataset(data), subset_size=len(data))
+        quantized, notes = nncf_onnx(args.model, list(samples(args.calib_dir)))
         onnx.save(quantized, args.out)
         return {"version": nncf.__version__, **notes}
 
     return run
+
+
+def nncf_onnx(model_path: str, data: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+    """nncf.quantize on the ONNX model (ONNX backend, default preset) over ``data``, the
+    model raised to opset 13 first where below (:func:`opset13`): the quantized model and
+    the notes on that conversion."""
+    import nncf
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="bench-nncf-") as folder:
+        source, notes = opset13(model_path, folder)
+        model = onnx.load(source)
+    return nncf.quantize(model, nncf.Dataset(data), subset_size=len(data)), notes
 
 
 #: the --optimize part's tool (optimize.py): run here the same way, not in the INT8 part
