@@ -17,7 +17,7 @@ import onnx_ir as ir
 from mixprec.inputs.feeds import Feeds
 from mixprec.pipeline.streamed import Source
 from mixprec.pipeline.weight_only import GuardContext, WeightsReport, let_go
-from mixprec.tune.bracket import halving, narrow
+from mixprec.tune.moves import Move, climb, halvings
 from mixprec.weights.config import LayerChoice, WeightsConfig
 from mixprec.weights.mixed_bits import LayerScore, SizeBudget, rank_layers, recorded_scores
 
@@ -116,26 +116,27 @@ def _steps(count: int, int4: bool) -> list[tuple[int, str]]:
     return ([(k, "int8") for k in counts] if int4 else []) + [(k, "float") for k in counts]
 
 
+def _moves(ranked: list[LayerScore], to: str) -> list[Move]:
+    """The ranked layers to ``to`` ("int8" or "float"), each costing the bytes it adds
+    over 4 bits."""
+    return [Move(s.name, to, s.score, s.extra8 if to == "int8" else s.extra_float) for s in ranked]
+
+
 def _layers(
-    ranked: list[LayerScore],
-    now: dict[str, str],
-    step: tuple[int, str],
-    what: str,
-    missed: str,
+    moves: list[Move], now: dict[str, str], k: int, what: str, missed: str
 ) -> dict[str, LayerChoice]:
-    """The first ``k`` ranked layers at ``to`` (int8: those at int4 now); with ``to``
-    float, the rest of the int4 ones at 8 bits (the 8-bit steps before it all missed)."""
-    k, to = step
+    """The first ``k`` moves made (to int8: of the layers at int4 now); with moves to
+    float, the rest of the int4 layers at 8 bits (the 8-bit steps before it all missed)."""
     layers = {}
-    for rank, layer in enumerate(ranked, 1):
-        precision = to if rank <= k else "int8"
-        if precision == now.get(layer.name) or (rank > k and to == "int8"):
+    for rank, move in enumerate(moves, 1):
+        precision = move.to if rank <= k else "int8"
+        if precision == now.get(move.name) or (rank > k and move.to == "int8"):
             continue
         why = (
-            f"{REPAIRED}: sensitivity rank {rank} of {len(ranked)} ({what} {layer.score:.3g});"
+            f"{REPAIRED}: sensitivity rank {rank} of {len(moves)} ({what} {move.score:.3g});"
             f" {missed}"
         )
-        layers[layer.name] = LayerChoice(precision, why)
+        layers[move.name] = LayerChoice(precision, why)
     return layers
 
 
@@ -153,13 +154,15 @@ Candidate = tuple[ir.Model | None, WeightsReport, dict[str, Any], list[str]]
 
 
 class Repair:
-    """The repair's search (module doc): the ranked layers promoted in growing steps
-    until one passes, then bisected between that step and the failing one before it
-    (:data:`BISECT_ROUNDS`), so no more layers than needed leave 4 bits. ``best`` is the
-    passing candidate with the fewest promoted layers, ``chosen`` its step; while none
-    passes, the last one measured (the first measure before any step). A streamed run
-    keeps only the best's config while it quantizes another candidate (two quantized
-    models of a large model need not fit), and quantizes it again at the end if needed."""
+    """The repair of weight-only layers to 8 bits, then to float
+    (:class:`mixprec.tune.moves.Moves`: a move's cost is the bytes it adds; module doc):
+    the ranked layers promoted in growing steps until one passes, then bisected between
+    that step and the failing one before it (:data:`BISECT_ROUNDS`), so no more layers
+    than needed leave 4 bits. ``best`` is the passing candidate with the fewest promoted
+    layers, ``chosen`` its step; while none passes, the last one measured (the first
+    measure before any step). A streamed run keeps only the best's config while it
+    quantizes another candidate (two quantized models of a large model need not fit),
+    and quantizes it again at the end if needed."""
 
     def __init__(
         self, checker: Checker, budget: object, context: GuardContext, first: Candidate
@@ -173,6 +176,10 @@ class Repair:
         self.chosen: dict[str, Any] | None = None
         #: what the size budget kept the repair from trying (None: nothing)
         self.limit: str | None = None
+        #: the moves of the phase under way (to 8 bits, then to float), most sensitive first
+        self.moves: list[Move] = []
+        self.now: dict[str, str] = {}
+        self.why = ("", "")  # what ranks the layers, what the first check missed
 
     def run(self, now: dict[str, str]) -> None:
         context = self.context
@@ -186,17 +193,15 @@ class Repair:
             list(now),
             streamed=context.runs.streamed,
         )
-        missed = "; ".join(self.best[3])
-        lo = 0
-        last_to = ""
+        self.now, self.why = now, (what, "; ".join(self.best[3]))
         ranked, steps = self._affordable(ranked, now)
-        for k, to in steps:
-            lo = lo if to == last_to else 0
-            last_to = to
-            if self._try(ranked, now, (k, to), what, missed):
-                self._bisect(ranked, now, (lo, k, to), what, missed)
+        for to in ("int8", "float"):
+            counts = [k for k, t in steps if t == to]
+            if not counts:
+                continue
+            self.moves = _moves(ranked, to)
+            if climb(self, counts, halvings(BISECT_ROUNDS)) is not None:
                 return
-            lo = k
 
     def _affordable(
         self, ranked: list[LayerScore], now: dict[str, str]
@@ -228,7 +233,7 @@ class Repair:
         steps = [
             (k, to)
             for k, to in _steps(len(fit), any(now.get(s.name) == "int4" for s in fit))
-            if _cost(fit, now, _layers(fit, now, (k, to), "", "")) <= room
+            if _cost(fit, now, _layers(_moves(fit, to), now, k, "", "")) <= room
         ]
         int4 = [name for name, p in now.items() if p == "int4"]
         if promoted < len(int4):
@@ -239,33 +244,10 @@ class Repair:
             )
         return fit, steps
 
-    def _bisect(
-        self,
-        ranked: list[LayerScore],
-        now: dict[str, str],
-        span: tuple[int, int, str],
-        what: str,
-        missed: str,
-    ) -> None:
-        lo, hi, to = span
-        rounds = iter(range(BISECT_ROUNDS))
-
-        def step(lo: int, hi: int) -> int | None:
-            return halving(lo, hi) if next(rounds, None) is not None else None
-
-        narrow(lambda k: self._try(ranked, now, (k, to), what, missed), lo, hi, step)
-
-    def _try(
-        self,
-        ranked: list[LayerScore],
-        now: dict[str, str],
-        step: tuple[int, str],
-        what: str,
-        missed: str,
-    ) -> bool:
-        """Quantize and measure one step; it becomes ``best`` when it passes (or while
-        nothing has)."""
-        layers = _layers(ranked, now, step, what, missed)
+    def grade(self, k: int) -> bool:
+        """Quantize and measure the first ``k`` moves made; the candidate becomes
+        ``best`` when it passes (or while nothing has)."""
+        layers = _layers(self.moves, self.now, k, *self.why)
         key = frozenset((name, c.precision) for name, c in layers.items())
         if not layers or key in self.tried:  # the model as it was, or a step made already
             return bool(layers) and self.tried[key]
@@ -276,7 +258,7 @@ class Repair:
         model, report = self.context.requantize(config)
         stats = self.checker.measure(model)
         misses = self.checker.misses(stats, self.budget)
-        self.steps.append({"layers": step[0], "to": step[1], **stats, "passed": not misses})
+        self.steps.append({"layers": k, "to": self.moves[0].to, **stats, "passed": not misses})
         self.tried[key] = not misses
         if not misses or self.best[3]:
             self.best = (model, report, stats, misses)

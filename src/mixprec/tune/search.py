@@ -46,8 +46,8 @@ from mixprec.passes.emulate import emulate_low_precision
 from mixprec.pipeline.stages import Stage
 from mixprec.runtime.engine import RuntimeLoadError, RuntimeOptions, RuntimeRunError, Session
 from mixprec.runtime.engines import engine_for
-from mixprec.tune.bracket import halving, narrow
 from mixprec.tune.metrics import Budget, Metric
+from mixprec.tune.moves import Move, halving, midpoint, narrow, shares
 from mixprec.tune.result import Step
 from mixprec.tune.sensitivity import NodeSensitivity
 
@@ -74,7 +74,9 @@ ENERGY_RESOLUTION = 0.01
 
 
 class Search:
-    """Builds, runs and scores candidates; keeps the counts and the path."""
+    """The repair search of INT8 or bf16/fp16 nodes back to float
+    (:class:`mixprec.tune.moves.Moves`: a move's cost is its MACs): builds, runs and
+    scores candidates; keeps the counts and the path."""
 
     def __init__(
         self,
@@ -94,11 +96,11 @@ class Search:
         # Serialized afresh per candidate (the apply stage may take over weight buffers),
         # not kept as bytes beside it: MiniLM's 90 MB once more at the search's peak.
         self.base = base
-        self.base_meta = {k: base.meta[k] for k in (CALIBRATION, SHAPES) if k in base.meta}
         self.macs = {n.name or "": int(n.meta.get(MACS, 0)) for n in iter_nodes(base.graph)}
         self.order = list(candidates)  # ranked once measured
         self.measure = measure
         self.ranked: list[NodeSensitivity] = []
+        self.moves: list[Move] = []  # the ranked nodes to float
         self.metric = metric
         self.samples = samples
         self.reference = reference
@@ -120,21 +122,16 @@ class Search:
         """Measure the sensitivities (only once the all-low model misses the budget)."""
         ranked = self.measure()
         self.ranked = ranked
-        self.order = [s.name for s in ranked]
-        cumulative = np.cumsum([0] + [s.macs for s in ranked])
+        self.moves = [Move(s.name, "float", s.score, s.macs) for s in ranked]
+        self.order = [m.name for m in self.moves]
         total = float(sum(self.macs.values())) or 1.0
-        self.moved_share = [float(c) / total for c in cumulative]
-        squares = [min(s.score, 1e6) ** 2 if s.measured else 0.0 for s in ranked]
-        energy = np.cumsum([0.0, *squares])
-        self.energy = [float(e) / max(float(energy[-1]), 1e-300) for e in energy]
+        self.moved_share = shares([m.cost for m in self.moves], total)
+        self.energy = shares([min(s.score, 1e6) ** 2 if s.measured else 0.0 for s in ranked])
 
-    @staticmethod
-    def midpoint(axis: Sequence[float], lo: int, hi: int) -> int:
-        """The ``k`` strictly inside (lo, hi) where ``axis`` (cumulative, rising) is
-        halfway between its values at ``lo`` and ``hi``."""
-        half = (axis[lo] + axis[hi]) / 2
-        k = int(np.searchsorted(np.asarray(axis), half, side="left"))
-        return min(max(k, lo + 1), hi - 1)
+    def grade(self, k: int) -> bool:
+        """Whether the first ``k`` ranked nodes moved to float meet the budget on every
+        sample."""
+        return self.passes(k, None)
 
     def next_subset_step(self, lo: int, hi: int) -> int | None:
         """Where the subset bisection looks next, or None when it is done.
@@ -156,11 +153,11 @@ class Search:
             free -= 1
             if lo < free < hi and self.energy[free] - self.energy[lo] >= FREE_ENERGY:
                 return free
-            return self.midpoint(self.moved_share, lo, hi)
+            return midpoint(self.moved_share, lo, hi)
         if self.energy[hi] - self.energy[lo] >= ENERGY_RESOLUTION:
             if time.perf_counter() > self.deadline:
                 return None  # a refinement, like the give-back: within the time budget
-            return self.midpoint(self.energy, lo, hi)
+            return midpoint(self.energy, lo, hi)
         return None
 
     def open_bracket(self, lo: int, hi: int) -> bool:
@@ -182,7 +179,8 @@ class Search:
         float. Annotate re-runs without counting MACs again (they and the shapes are the
         base model's)."""
         model = ir.from_proto(ir.to_proto(self.base))
-        model.meta.update(self.base_meta)
+        meta = self.base.meta
+        model.meta.update({k: meta[k] for k in (CALIBRATION, SHAPES) if k in meta})
         for node in iter_nodes(model.graph):
             node.meta[MACS] = self.macs.get(node.name or "", 0)
         pipeline = self.target.pipeline(self.names(k), check=finish)
@@ -326,10 +324,7 @@ class Search:
                 return self._give_back(found, worst)
             lo = next((k for k, s in self.full.items() if k > 0 and not s.passed), 0)
         _, hi = narrow(
-            lambda k: self.passes(k, None),
-            lo,
-            n,
-            lambda lo, hi: halving(lo, hi) if self.open_bracket(lo, hi) else None,
+            self.grade, lo, n, lambda lo, hi: halving(lo, hi) if self.open_bracket(lo, hi) else None
         )
         if hi not in self.full and not self.exhausted():
             self.score(hi, None)
