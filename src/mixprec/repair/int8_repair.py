@@ -42,6 +42,7 @@ from mixprec.repair.int8_runs import (
 )
 from mixprec.runtime.timing import session as timing_session
 from mixprec.runtime.timing import time_paired
+from mixprec.tune.moves import climb
 from mixprec.tune.options import tune_from_options
 
 __all__ = ["Job", "other_placement", "repaired"]
@@ -175,32 +176,50 @@ def _excluding(config: QuantizeConfig, names: Iterable[str]) -> QuantizeConfig:
     return dataclasses.replace(config, exclude_nodes=config.exclude_nodes + exact)
 
 
+class _Widening:
+    """The guard's last repair (:class:`mixprec.tune.moves.Moves`): the nodes of the
+    tuner's ranking not yet float (``names`` are), most harmful first, go to float a
+    quarter of them at a time, each step quantized again and checked on the ``graded``
+    samples; the last step is the input unchanged (every node float, FP32 fallback),
+    which passes any budget the FP32 model meets. ``last`` holds the step graded last."""
+
+    def __init__(self, job: Job, tuned: Any, names: tuple[str, ...], graded: Held) -> None:
+        self.job, self.names, self.graded = job, names, graded
+        self.moves = [s.move() for s in tuned.ranking if s.name not in set(names)]
+        self.last: tuple[ir.Model, Report, list[OutputCheck], tuple[str, ...]] | None = None
+
+    def counts(self) -> list[int]:
+        step = max(1, math.ceil(len(self.moves) / 4))
+        return [*range(step, len(self.moves), step), len(self.moves)]
+
+    def grade(self, k: int) -> bool:
+        job, config = self.job, self.job.config
+        wider = self.names + tuple(m.name for m in self.moves[:k])
+        every = k == len(self.moves)  # every candidate float: the input unchanged
+        what = "every node (the input unchanged)" if every else f"{len(wider)} node(s)"
+        (job.progress or (lambda _msg: None))(
+            f"the repair missed on the graded samples: keeping {what} float"
+        )
+        wide = input_unchanged(config) if every else _excluding(config, wider)
+        work, report = quantize_once(job.source, wide, job.calib, job.progress, job.reuse)
+        checks = checked(work, self.graded, config, job.how)
+        self.last = (work, report, checks, wider)
+        return all(c.passed for c in checks) or every
+
+
 def _widened(
     job: Job, tuned: Any, names: tuple[str, ...], graded: Held
 ) -> tuple[ir.Model, Report, list[OutputCheck], tuple[str, ...]]:
-    """The repair missed on the graded samples: keep more nodes float, in the tuner's
-    ranking (most harmful first), a quarter of the rest at a time, until the graded
-    samples pass. The graded samples only pick where to stop; the last step is the input
-    unchanged (every node float, FP32 fallback), which passes any budget the FP32 model
-    meets."""
-    config = job.config
-    say = job.progress or (lambda _msg: None)
-    rest = [s.name for s in tuned.ranking if s.name not in set(names)]
-    step = max(1, math.ceil(len(rest) / 4))
-    counts = [*range(step, len(rest), step), len(rest)]
-    for count in counts:
-        wider = names + tuple(rest[:count])
-        last = count == counts[-1]  # every candidate float: the input unchanged
-        what = "every node (the input unchanged)" if last else f"{len(wider)} node(s)"
-        say(f"the repair missed on the graded samples: keeping {what} float")
-        wide = input_unchanged(config) if last else _excluding(config, wider)
-        work, report = quantize_once(job.source, wide, job.calib, job.progress, job.reuse)
-        checks = checked(work, graded, config, job.how)
-        if all(c.passed for c in checks) or last:
-            break
+    """The repair missed on the graded samples: keep more nodes float
+    (:class:`_Widening`) until the graded samples pass. The graded samples only pick
+    where to stop."""
+    widening = _Widening(job, tuned, names, graded)
+    climb(widening, widening.counts(), lambda lo, hi: None)  # growing steps, no narrowing
+    assert widening.last is not None  # the last count always passes
+    work, report, checks, wider = widening.last
     why = f"the repair ({len(names)} node(s) float) "
     why += "met the budget on the search samples " if tuned.passed else "missed the budget "
-    if last:
+    if len(wider) - len(names) == len(widening.moves):
         why += "but no placement in the tuner's ranking met it on the graded ones: the input "
         why += "is written unchanged"
     else:

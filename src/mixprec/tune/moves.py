@@ -5,7 +5,8 @@ where it goes and what going there costs (:class:`Move`). Its **grader** builds 
 the candidate with the first ``k`` moves made (:meth:`Moves.grade`). The strategies:
 
 - INT8 nodes back to float, and bf16/fp16 nodes back to FP32: :class:`mixprec.tune.search.Search`
-  (the cost of a move: the MACs that leave low precision);
+  (the cost of a move: the MACs that leave low precision), and the INT8 guard's widening
+  of the tuner's answer (:mod:`mixprec.repair.int8_repair`);
 - weight-only layers to 8 bits, then to float: :class:`mixprec.repair.lm_repair.Repair`
   (the cost: the bytes a layer adds).
 

@@ -122,7 +122,7 @@ class Search:
         """Measure the sensitivities (only once the all-low model misses the budget)."""
         ranked = self.measure()
         self.ranked = ranked
-        self.moves = [Move(s.name, "float", s.score, s.macs) for s in ranked]
+        self.moves = [s.move() for s in ranked]
         self.order = [m.name for m in self.moves]
         total = float(sum(self.macs.values())) or 1.0
         self.moved_share = shares([m.cost for m in self.moves], total)

@@ -39,6 +39,7 @@ from mixprec.core.jsonio import json_ready
 from mixprec.inputs.feeds import feeds_for
 from mixprec.runtime.engine import LoadHints, RuntimeOptions, RuntimeRunError, Session
 from mixprec.runtime.engines import engine_for
+from mixprec.tune.moves import Move
 
 __all__ = ["NodeSensitivity", "Rounder", "measure_sensitivity", "rank"]
 
@@ -86,6 +87,10 @@ class NodeSensitivity:
     def score(self) -> float:
         """The ranking key: the larger of the local and downstream errors."""
         return max(self.local, self.downstream)
+
+    def move(self) -> Move:
+        """The repair move of this node: back to float, costing its MACs."""
+        return Move(self.name, "float", self.score, self.macs)
 
     def to_dict(self) -> dict[str, object]:
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
