@@ -58,6 +58,7 @@ from bench.harness.models import Feeds, ModelSpec
 from bench.harness.report import median_of, num, pct
 from bench.int8.suite import min_sample_cosine
 from mixprec.core.metrics import rel_l2_error, worst_rel_l2
+from mixprec.runtime.ov_marks import runtime_layers
 
 Row = dict[str, Any]
 Converter = Callable[[], tuple[Row, Path]]
@@ -139,16 +140,13 @@ def runtime_precision(compiled: Any) -> dict[str, Any]:
     """The precision hint OpenVINO applied and the runtime precision of its MAC layers."""
     layers: dict[str, int] = {}
     macs = bf16_macs = 0
-    for op in compiled.get_runtime_model().get_ordered_ops():
-        info = op.get_rt_info()
-        kind = info["layerType"].astype(str)
-        precision = info["runtimePrecision"].astype(str)
-        if kind in ("Const", "Input", "Output"):
+    for layer in runtime_layers(compiled):
+        if layer.type in ("Const", "Input", "Output"):
             continue
-        layers[precision] = layers.get(precision, 0) + 1
-        if kind in MAC_LAYERS:
+        layers[layer.precision] = layers.get(layer.precision, 0) + 1
+        if layer.type in MAC_LAYERS:
             macs += 1
-            bf16_macs += precision == "bf16"
+            bf16_macs += layer.precision == "bf16"
     return {"precision_hint": compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name(),
             "mac_layers": macs, "bf16_mac_layers": bf16_macs, "layers_by_precision": layers}
 
