@@ -28,8 +28,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +35,7 @@ from typing import Any
 import onnx
 
 from mixprec.core.errors import MixprecError
-from mixprec.io.models import check_output_path, write_text
+from mixprec.io.models import copy_model_file, write_text
 
 __all__ = [
     "GENAI_CONFIG",
@@ -338,20 +336,6 @@ def genai_config(
     }
 
 
-def _copy_atomic(source: Path, target: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(source, tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's file is private; a copy reads as a file
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_genai_files(
     config: dict[str, Any],
     model_path: str | os.PathLike[str],
@@ -367,7 +351,7 @@ def write_genai_files(
     written = []
     for name in TOKENIZER_FILES:
         if (source / name).is_file() and source != folder:
-            _copy_atomic(source / name, check_output_path(folder / name))
+            copy_model_file(source / name, folder / name)
             written.append(folder / name)
     target = folder / GENAI_CONFIG
     write_text(target, json.dumps(config, indent=2) + "\n")

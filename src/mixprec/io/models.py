@@ -21,6 +21,7 @@ import signal
 import stat
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -39,8 +40,10 @@ from mixprec.io.protos import iter_proto_tensors
 
 __all__ = [
     "ModelLike",
+    "atomic_file",
     "check_output_path",
     "copy_model_file",
+    "current_umask",
     "input_kind",
     "load_input",
     "load_model",
@@ -165,9 +168,10 @@ class _Writing:
     files are being removed, waits until they are done.
     """
 
-    def __init__(self, shown: Path, what: str = "the model") -> None:
+    def __init__(self, shown: Path, what: str = "the model", *, wrap: bool = True) -> None:
         self.shown = shown
         self.what = what
+        self.wrap = wrap  # errors become one MixprecError line naming ``shown``
         self.files: list[str] = []
         self._previous: dict[int, Any] = {}
         self._raising = False
@@ -221,6 +225,8 @@ class _Writing:
             signal.signal(sig, old)
         if self._pending is not None:
             self._redeliver(self._pending)
+        if not self.wrap:
+            return
         if isinstance(exc, OSError):
             raise MixprecError(
                 f"{self.shown}: cannot write {self.what} ({exc.strerror or exc}); nothing written"
@@ -334,12 +340,7 @@ def save_model(
         protected[f"{p}.data"] = f"{target}.data"
     _refuse_inputs(model, protected)
     with _Writing(p) as writing:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
-        writing.add(tmp)
-        os.close(fd)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; a saved model follows the umask
+        tmp = _temp_beside(p.name, folder, writing)
         data_name = None
         if use_external:
             data_name = _claim_data_file(folder, p.name, _data_refs(target))
@@ -374,35 +375,52 @@ def copy_model_file(source: str | os.PathLike[str], path: str | os.PathLike[str]
     """Write the bytes of the model file ``source`` to ``path`` atomically (a model that
     mixprec decided not to change is written as it was given, byte for byte)."""
     p = check_output_path(path)
-    folder = os.path.realpath(p.parent)
-    target = os.path.join(folder, p.name)
+    target = os.path.join(os.path.realpath(p.parent), p.name)
     if os.path.exists(target) and os.path.samefile(source, target):
         raise MixprecError(f"{path}: output would overwrite the input model")
-    with _Writing(p) as writing:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
-        writing.add(tmp)
-        os.close(fd)
+    with atomic_file(path, "the model") as tmp:
         shutil.copyfile(source, tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        writing.commit(tmp, target)
 
 
-def write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write a text file (a report page, a JSON overlay) atomically: a temporary file in
-    the same folder, then a rename, removed again on any error or SIGINT/SIGTERM."""
-    p = check_output_path(path)
+def write_text(path: str | os.PathLike[str], text: str | bytes, *, wrap: bool = True) -> None:
+    """Write a text (or bytes) file, a report page or a JSON overlay, atomically
+    (:func:`atomic_file`)."""
+    with atomic_file(path, wrap=wrap) as tmp, open(tmp, "wb") as fh:
+        fh.write(text.encode("utf-8") if isinstance(text, str) else text)
+
+
+@contextlib.contextmanager
+def atomic_file(
+    path: str | os.PathLike[str], what: str = "the file", *, wrap: bool = True
+) -> Iterator[str]:
+    """The one way mixprec writes a file: the block fills a temporary file in the same
+    folder (its path yielded), which then takes the umask's permissions and is renamed to
+    ``path``; on any error, SIGINT/SIGTERM included, it is removed and nothing is written
+    (:class:`_Writing`). ``wrap``: the path is checked first and an error becomes one
+    line naming it; else (a caller that names the error itself) errors pass as raised."""
+    p = check_output_path(path) if wrap else Path(path)
     folder = os.path.realpath(p.parent)
-    with _Writing(p, "the file") as writing:
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=folder)
-        writing.add(tmp)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+    with _Writing(p, what, wrap=wrap) as writing:
+        tmp = _temp_beside(p.name, folder, writing)
+        yield tmp
         writing.commit(tmp, os.path.join(folder, p.name))
+
+
+def _temp_beside(name: str, folder: str, writing: _Writing) -> str:
+    """An empty temporary file for ``name`` in ``folder``, removed if the save fails, with
+    the permissions of a file written there (mkstemp makes it 0600)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    writing.add(tmp)
+    os.close(fd)
+    os.chmod(tmp, 0o666 & ~current_umask())
+    return tmp
+
+
+def current_umask() -> int:
+    """The process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _varint(n: int) -> bytes:

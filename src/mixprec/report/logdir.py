@@ -3,13 +3,11 @@ error with its traceback (``error.txt``) beside the CLI's full log (``mixprec.lo
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
 import shlex
 import sys
-import tempfile
 import traceback
 from collections import defaultdict
 from collections.abc import Sequence
@@ -23,6 +21,7 @@ from mixprec.core.errors import MixprecError
 from mixprec.core.limits import INLINE_LIMIT
 from mixprec.core.version import __version__
 from mixprec.io.external import input_files
+from mixprec.io.models import write_text
 from mixprec.io.protos import iter_proto_tensors
 from mixprec.pipeline.report import Report
 
@@ -52,29 +51,15 @@ def _strip_weights(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _write(folder: Path, name: str, data: bytes | str, protected: frozenset[str]) -> None:
-    """Write ``folder/name`` atomically (a unique temporary file, then a rename)."""
+    """Write ``folder/name`` atomically (:func:`mixprec.io.models.write_text`; its errors
+    are named by :func:`write_log_dir`)."""
     path = folder / name
     if os.path.realpath(path) in protected:
         raise MixprecError(
             f"--log-dir {folder}: {name} is a file the input model reads; refusing to write "
             "over it (choose another log folder)"
         )
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data.encode() if isinstance(data, str) else data)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    write_text(path, data, wrap=False)
 
 
 def write_log_dir(folder: Path, before: onnx.ModelProto, after: ir.Model, report: Report) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mixprec.core.jsonio import json_text
+from mixprec.io.models import atomic_file, write_text
 from mixprec.report.html import write_report_html
 
 if TYPE_CHECKING:
@@ -65,8 +66,11 @@ def _plot(result: TuneResult, path: Path) -> str | None:
     ax.set_title(f"mixprec tune: {result.metric} along the search path")
     ax.legend(fontsize="small")
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    try:
+        with atomic_file(path) as tmp:
+            fig.savefig(tmp, dpi=100, format="png")
+    finally:
+        plt.close(fig)
     return None
 
 
@@ -102,5 +106,5 @@ def write_tune_log(folder: str | os.PathLike[str], result: TuneResult) -> list[s
     data = result.to_dict()
     data["ranking"] = [s.to_dict() for s in result.ranking]
     data["notes"] = notes
-    (out / JSON_FILE).write_text(json_text(data, indent=2))
+    write_text(out / JSON_FILE, json_text(data, indent=2))
     return notes

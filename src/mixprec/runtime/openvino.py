@@ -31,6 +31,7 @@ import onnx
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
+from mixprec.io.models import current_umask
 from mixprec.io.runtime_fields import fp32_nodes, props_of
 from mixprec.runtime.cpu import CpuFeatures, cpu_features, saturates_u8s8
 from mixprec.runtime.engine import (
@@ -191,10 +192,8 @@ def _write_marked(
                 f"({len(marked_names(back))} of {len(result.marked)} ops): cannot write "
                 f"{xml.name}"
             )
-        umask = os.umask(0)
-        os.umask(umask)
         for made in (tmp_xml, tmp_bin):  # mkstemp makes 0600; written files follow the umask
-            os.chmod(made, 0o666 & ~umask)
+            os.chmod(made, 0o666 & ~current_umask())
         os.replace(tmp_bin, xml.with_suffix(".bin"))
         os.replace(tmp_xml, xml)
     finally:

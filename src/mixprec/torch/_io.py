@@ -18,7 +18,7 @@ from typing import Any
 import onnx_ir as ir
 
 from mixprec.core.errors import MixprecError
-from mixprec.io.models import load_model, save_model
+from mixprec.io.models import load_model, save_model, write_text
 from mixprec.pipeline.report import NodeReport, Report
 
 __all__ = ["read_saved", "save_converted"]
@@ -38,8 +38,8 @@ def save_converted(
         raise MixprecError(f"{folder}: exists and is not a folder")
     folder.mkdir(parents=True, exist_ok=True)
     save_model(model, folder / MODEL_FILE)
-    (folder / SPEC_FILE).write_text(json.dumps(dict(spec), indent=2) + "\n")
-    (folder / REPORT_FILE).write_text(report.to_json() + "\n")
+    write_text(folder / SPEC_FILE, json.dumps(dict(spec), indent=2) + "\n")
+    write_text(folder / REPORT_FILE, report.to_json() + "\n")
 
 
 def report_from_dict(data: Mapping[str, Any]) -> Report:
