@@ -13,7 +13,7 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from mixprec.calibrate.measure import MACS, calibration_of
+from mixprec.calibrate.measure import calibration_of
 from mixprec.core.config import ConvertConfig
 from mixprec.core.constants import const_tensor
 from mixprec.core.errors import MixprecError
@@ -28,7 +28,7 @@ from mixprec.passes.fold import FoldBatchNormResult, FoldCastsResult
 from mixprec.passes.opset import UpgradeOpsetResult
 from mixprec.passes.sanitize import SanitizeResult
 from mixprec.passes.shapes import InferShapesResult, ReconcileDeclaredShapesResult
-from mixprec.pipeline.report import NodeReport, Report
+from mixprec.pipeline.report import Report, node_row
 from mixprec.pipeline.stages import Pipeline, Stage
 from mixprec.precision.paint import painted
 from mixprec.precision.rewrite import ApplyPrecisionResult, RemoveRedundantCastsResult
@@ -200,18 +200,7 @@ def report_stages(report: Report, stages: Mapping[str, Stage], model: ir.Model) 
         report.calibrated = calibration.samples > 0
         report.notes.extend(calibration.notes)
     if "annotate" in stages:
-        report.nodes = [
-            NodeReport(
-                name=node.name or "",
-                op_type=node.op_type,
-                precision=d.precision.value,
-                op_class=d.op_class.value,
-                step=d.step,
-                reason=d.reason,
-                macs=int(node.meta.get(MACS, 0)),
-            )
-            for node, d in painted(model)
-        ]
+        report.nodes = [row for node, _ in painted(model) if (row := node_row(node))]
 
 
 def _report_result(report: Report, stage: str, result: ir.passes.PassResult) -> None:

@@ -21,7 +21,7 @@ import onnx
 import onnx_ir as ir
 import onnx_ir.passes.common as common
 
-from mixprec.calibrate.measure import MACS, CalibratePass, CountMacsPass, calibration_of, node_macs
+from mixprec.calibrate.measure import CalibratePass, CountMacsPass, calibration_of, node_macs
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import iter_nodes
 from mixprec.core.layers import is_layer
@@ -31,7 +31,7 @@ from mixprec.int8.config import DYNAMIC_MAC_SHARE, PER_CHANNEL_OPSET, QuantizeCo
 from mixprec.int8.dynamic import QuantizeDynamicPass, QuantizeDynamicResult
 from mixprec.int8.equalize import EqualizeLayersPass, EqualizeLayersResult
 from mixprec.int8.layout import FakeQuantizeLayoutPass, FakeQuantizeLayoutResult
-from mixprec.int8.plan import AnnotateInt8Pass, dynamic_candidate, int8_decision
+from mixprec.int8.plan import AnnotateInt8Pass, dynamic_candidate
 from mixprec.int8.qdq import QuantizeQDQPass, QuantizeQDQResult
 from mixprec.int8.rounding import SAMPLES as ROUNDING_SAMPLES
 from mixprec.int8.rounding import LearnedRoundingPass, LearnedRoundingResult
@@ -58,7 +58,7 @@ from mixprec.pipeline.convert import (
     report_stages,
 )
 from mixprec.pipeline.fallback import paint_fallback
-from mixprec.pipeline.report import NodeReport, Report
+from mixprec.pipeline.report import NodeReport, Report, node_row
 from mixprec.pipeline.stages import Pipeline, Stage
 from mixprec.runtime.engine import FAKE_QUANTIZE
 from mixprec.runtime.engines import engine_for
@@ -437,19 +437,8 @@ def plan_model(
 def int8_node_reports(model: ir.Model) -> list[NodeReport]:
     """The report rows of the INT8 decisions recorded on the nodes, subgraphs included
     (a layer in an If branch is a row that says why it stays float)."""
-    return [
-        NodeReport(
-            name=node.name or "",
-            op_type=node.op_type,
-            precision="int8" if d.int8 else "fp32",
-            op_class=d.role or "none",
-            step="int8",
-            reason=d.reason,
-            macs=int(node.meta.get(MACS, 0)),
-        )
-        for node in iter_nodes(model.graph)
-        if (d := int8_decision(node)) is not None and node.op_type not in QDQ_OPS
-    ]
+    rows = (node_row(n, paint=False) for n in iter_nodes(model.graph) if n.op_type not in QDQ_OPS)
+    return [row for row in rows if row is not None]
 
 
 def fill_report(report: Report, pipeline: QuantizePipeline, model: ir.Model) -> None:

@@ -6,9 +6,14 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 
-from mixprec.core.jsonio import json_text
+import onnx_ir as ir
 
-__all__ = ["NodeReport", "Report"]
+from mixprec.calibrate.measure import MACS
+from mixprec.core.jsonio import json_text
+from mixprec.int8.plan import int8_decision
+from mixprec.precision.paint import decision_of
+
+__all__ = ["NodeReport", "Report", "node_row"]
 
 
 #: Node precisions that count as reduced: fp16/bf16 ("low"), INT8 and weight-only int4/int8.
@@ -24,6 +29,19 @@ class NodeReport:
     step: str
     reason: str
     macs: int = 0
+
+
+def node_row(node: ir.Node, *, paint: bool = True) -> NodeReport | None:
+    """The report row of the decision recorded on ``node``: its fp16/bf16 painting (unless
+    ``paint`` is False), else its INT8 decision; None where it carries neither."""
+    name, macs = node.name or "", int(node.meta.get(MACS, 0))
+    if paint and (d := decision_of(node)) is not None:
+        precision, op_class = d.precision.value, d.op_class.value
+        return NodeReport(name, node.op_type, precision, op_class, d.step, d.reason, macs)
+    if (q := int8_decision(node)) is not None:
+        precision = "int8" if q.int8 else "fp32"
+        return NodeReport(name, node.op_type, precision, q.role or "none", "int8", q.reason, macs)
+    return None
 
 
 @dataclass

@@ -23,10 +23,8 @@ from mixprec.core.graphs import subgraphs_of
 from mixprec.core.ops import FLOAT_TYPES, QDQ_OPS, is_onnx_domain
 from mixprec.core.policy import SHAPE_ONLY_OPS
 from mixprec.int8.params import activation_qparams
-from mixprec.int8.plan import int8_decision
 from mixprec.io.protos import iter_proto_graphs, weightless_proto
-from mixprec.pipeline.report import NodeReport, Report
-from mixprec.precision.paint import decision_of
+from mixprec.pipeline.report import NodeReport, Report, node_row
 
 __all__ = ["GraphView", "NodeView", "build_views", "node_precision"]
 
@@ -175,34 +173,8 @@ def node_precision(
 
 def _rows_from_meta(model: ir.Model, graphs: list[ir.Graph]) -> dict[str, NodeReport]:
     """Report rows read straight from ``node.meta`` (a model given without a report)."""
-    rows: dict[str, NodeReport] = {}
-    for graph in graphs:
-        for node in graph:
-            macs = int(node.meta.get(MACS, 0))
-            d = decision_of(node)
-            if d is not None:
-                rows[node.name or ""] = NodeReport(
-                    node.name or "",
-                    node.op_type,
-                    d.precision.value,
-                    d.op_class.value,
-                    d.step,
-                    d.reason,
-                    macs,
-                )
-                continue
-            q = int8_decision(node)
-            if q is not None:
-                rows[node.name or ""] = NodeReport(
-                    node.name or "",
-                    node.op_type,
-                    "int8" if q.int8 else "fp32",
-                    q.role or "none",
-                    "int8",
-                    q.reason,
-                    macs,
-                )
-    return rows
+    rows = (node_row(node) for graph in graphs for node in graph)
+    return {row.name: row for row in rows if row is not None}
 
 
 def _walk(graph: ir.Graph, gid: str, title: str) -> Iterator[tuple[ir.Graph, str, str]]:
