@@ -54,6 +54,7 @@ __all__ = [
     "Job",
     "external_files",
     "find_jobs",
+    "model_bytes",
     "output_name",
 ]
 
@@ -218,6 +219,11 @@ def external_files(model: Path) -> list[Path]:
         return []
     names = external_locations(proto)
     return [model.parent / n for n in names if (model.parent / n).is_file()]
+
+
+def model_bytes(model: Path) -> int:
+    """A model's bytes, its external data beside it included."""
+    return model.stat().st_size + sum(f.stat().st_size for f in external_files(model))
 
 
 def job_key(model: Path, options: Mapping[str, Any]) -> str:

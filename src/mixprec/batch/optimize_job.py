@@ -17,7 +17,8 @@ from typing import Any
 
 from mixprec.api.optimize import optimize
 from mixprec.api.validate import validate
-from mixprec.batch.jobs import external_files
+from mixprec.batch.jobs import model_bytes
+from mixprec.batch.results import validation_summary
 from mixprec.core.errors import MixprecError
 from mixprec.optimize.choice import accuracy_text
 from mixprec.optimize.result import OptimizeResult
@@ -30,10 +31,6 @@ NO_DATA = (
     "optimize needs calibration data: put NAME.calib.npz (or NAME.calib/) beside the model, "
     "or give --calibration-data"
 )
-
-
-def _size(path: Path) -> int:
-    return path.stat().st_size + sum(f.stat().st_size for f in external_files(path))
 
 
 def summary_of(result: OptimizeResult) -> dict[str, Any]:
@@ -65,13 +62,7 @@ def _validation(job: dict[str, Any], model: Any) -> dict[str, Any] | None:
         job["source"], model, inputs=opts["inputs"] or None, rtol=opts["rtol"],
         runtime=opts["runtime"],
     )  # fmt: skip
-    outputs = report.outputs
-    return {
-        "passed": report.passed,
-        "checked_in": report.kind,
-        "worst_rel_l2": max((o.rel_l2_error for o in outputs), default=0.0),
-        "max_abs": max((o.max_abs_error for o in outputs), default=0.0),
-    }
+    return validation_summary(report)
 
 
 def optimize_row(job: dict[str, Any], staging: Path) -> dict[str, Any]:
@@ -97,7 +88,7 @@ def optimize_row(job: dict[str, Any], staging: Path) -> dict[str, Any]:
         "status": "ok" if passed else "failed",
         "real_data": True,
         "report": Path(job["output"]).with_suffix(".html").as_posix(),
-        "bytes_before": _size(Path(job["source"])),
+        "bytes_before": model_bytes(Path(job["source"])),
         "unchanged": result.unchanged,
         "optimize": summary_of(result),
         "validation": validation,
@@ -105,7 +96,7 @@ def optimize_row(job: dict[str, Any], staging: Path) -> dict[str, Any]:
     if passed:
         result.save(output, external_data=bool(opts["external_data"]))
         row["output"] = job["output"]
-        row["bytes_after"] = _size(output)
+        row["bytes_after"] = model_bytes(output)
     else:
         worst = validation["worst_rel_l2"] if validation else 0.0
         row["error"] = f"validation failed: worst rel L2 {worst:.3g}"

@@ -22,6 +22,7 @@ __all__ = [
     "append_row",
     "read_rows",
     "still_good",
+    "validation_summary",
 ]
 
 RESULTS = "results.jsonl"
@@ -133,3 +134,15 @@ class BatchResult:
             "page": None if self.page is None else str(self.page),
             "rows": self.rows,
         }
+
+
+def validation_summary(report: Any) -> dict[str, Any]:
+    """A row's ``validation``: whether the written model passed ``--validate`` (a
+    :class:`mixprec.ValidationReport`), where it was checked, its worst errors."""
+    outputs = report.outputs
+    return {
+        "passed": report.passed,
+        "checked_in": report.kind,
+        "worst_rel_l2": max((o.rel_l2_error for o in outputs), default=0.0),
+        "max_abs": max((o.max_abs_error for o in outputs), default=0.0),
+    }

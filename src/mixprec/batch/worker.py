@@ -40,8 +40,9 @@ from mixprec.api.convert import convert
 from mixprec.api.quantize import quantize
 from mixprec.api.tune import tune
 from mixprec.api.validate import validate
-from mixprec.batch.jobs import external_files
+from mixprec.batch.jobs import model_bytes
 from mixprec.batch.optimize_job import optimize_row
+from mixprec.batch.results import validation_summary
 from mixprec.core.config import BATCH_PARENT_ENV
 from mixprec.core.errors import MixprecError
 from mixprec.core.jsonio import json_text
@@ -104,11 +105,6 @@ def _result(job: dict[str, Any]) -> tuple[Any, bool]:
     return result, True
 
 
-def _size(path: Path) -> int:
-    """A model's bytes, its external data beside it included."""
-    return path.stat().st_size + sum(f.stat().st_size for f in external_files(path))
-
-
 def _validation(job: dict[str, Any], result: Any) -> dict[str, Any] | None:
     opts = job["options"]
     if not opts["validate"]:
@@ -122,13 +118,7 @@ def _validation(job: dict[str, Any], result: Any) -> dict[str, Any] | None:
         runtime=opts["runtime"],
     )
     result.report.validation = {**report.to_dict(), "table": report.format_table()}
-    outputs = report.outputs
-    return {
-        "passed": report.passed,
-        "checked_in": report.kind,
-        "worst_rel_l2": max((o.rel_l2_error for o in outputs), default=0.0),
-        "max_abs": max((o.max_abs_error for o in outputs), default=0.0),
-    }
+    return validation_summary(report)
 
 
 def real_data(options: dict[str, Any]) -> bool:
@@ -168,7 +158,7 @@ def run_job(job: dict[str, Any], staging: Path) -> dict[str, Any]:
         "low_mac_share": round(report.low_mac_share, 6),
         "casts": report.casts_after,
         "casts_inserted": report.casts_inserted,
-        "bytes_before": _size(Path(job["source"])),
+        "bytes_before": model_bytes(Path(job["source"])),
         "unchanged": report.unchanged,
         "validation": validation,
     }
@@ -180,7 +170,7 @@ def run_job(job: dict[str, Any], staging: Path) -> dict[str, Any]:
     if passed:
         result.save(output, external_data=bool(job["options"]["external_data"]))
         row["output"] = job["output"]
-        row["bytes_after"] = _size(output)
+        row["bytes_after"] = model_bytes(output)
         if row["status"] == "unchecked":
             row["error"] = UNCHECKED
     else:
