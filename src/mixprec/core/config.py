@@ -27,6 +27,7 @@ __all__ = [
     "ConvertConfig",
     "ListChanges",
     "check_budget",
+    "check_choice",
     "ort_log_severity",
     "resolve_policy",
 ]
@@ -159,6 +160,13 @@ def check_budget(name: str, value: object, high: float = 1.0) -> float | None:
     if not 0.0 < float(value) < high:
         raise MixprecError(f"{name} must lie in (0, {high:g}), got {value!r}")
     return float(value)
+
+
+def check_choice(name: str, value: object, choices: Sequence[object]) -> None:
+    """One clear error naming the option when ``value`` is not one of ``choices``."""
+    if value not in choices:
+        listed = ", ".join(str(c) for c in choices)
+        raise MixprecError(f"{name} must be one of {listed}, not {value!r}")
 
 
 def resolve_log_dir(log_dir: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None):

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from mixprec.core.config import check_choice
 from mixprec.core.errors import MixprecError
 from mixprec.core.held_out import held_out_draw
 
@@ -125,10 +126,7 @@ class RoundingFit:
 
 def backend_name(backend: str) -> str:
     """The backend that runs: "torch" when asked or ("auto") importable, else "numpy"."""
-    if backend not in BACKENDS:
-        raise MixprecError(
-            f"rounding backend must be one of {', '.join(BACKENDS)}, not {backend!r}"
-        )
+    check_choice("rounding backend", backend, BACKENDS)
     if backend == "auto":
         return "torch" if importlib.util.find_spec("torch") is not None else "numpy"
     if backend == "torch" and importlib.util.find_spec("torch") is None:

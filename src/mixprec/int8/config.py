@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mixprec.core.callables import load_callable
-from mixprec.core.config import ConvertConfig, check_budget
+from mixprec.core.config import ConvertConfig, check_budget, check_choice
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import exclude_patterns
 from mixprec.core.policy import default_policy
@@ -198,31 +198,19 @@ class QuantizeConfig:
             object.__setattr__(self, "log_dir", Path(self.log_dir))
         for name in ("guard_drop", "guard_rel_l2", "guard_cosine"):
             object.__setattr__(self, name, check_budget(name, getattr(self, name)))
-        if self.fallback not in FALLBACKS:
-            raise MixprecError(
-                f"fallback must be one of {', '.join(FALLBACKS)}, not {self.fallback!r}"
-            )
-        if self.mode not in MODES:
-            raise MixprecError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
-        if self.placement not in PLACEMENTS:
-            raise MixprecError(
-                f"placement must be one of {', '.join(PLACEMENTS)}, not {self.placement!r}"
-            )
-        if self.speed not in SPEEDS:
-            raise MixprecError(f"speed must be one of {', '.join(SPEEDS)}, not {self.speed!r}")
+        for name, choices in (
+            ("fallback", FALLBACKS),
+            ("mode", MODES),
+            ("placement", PLACEMENTS),
+            ("speed", SPEEDS),
+            ("rounding", ROUNDINGS),
+            ("method", METHODS),
+            ("activations", _ACTIVATIONS),
+        ):
+            check_choice(name, getattr(self, name), choices)
         if not isinstance(self.equalize, bool) and self.equalize != "auto":
             raise MixprecError(f"equalize must be True, False or 'auto', not {self.equalize!r}")
         _check_smooth(self.smooth)
-        if self.rounding not in ROUNDINGS:
-            raise MixprecError(
-                f"rounding must be one of {', '.join(ROUNDINGS)}, not {self.rounding!r}"
-            )
-        if self.method not in METHODS:
-            raise MixprecError(f"method must be one of {', '.join(METHODS)}, not {self.method!r}")
-        if self.activations not in _ACTIVATIONS:
-            raise MixprecError(
-                f"activations must be one of {', '.join(_ACTIVATIONS)}, not {self.activations!r}"
-            )
         object.__setattr__(self, "exclude_nodes", exclude_patterns(self.exclude_nodes))
 
     @property

@@ -28,8 +28,8 @@ import onnx_ir as ir
 import onnx_ir.passes.common as common
 
 from mixprec.calibrate.capture import LayerInput, capture_inputs, layer_input
+from mixprec.core.config import check_choice
 from mixprec.core.constants import const_tensor
-from mixprec.core.errors import MixprecError
 from mixprec.core.ops import weight_out_axis
 from mixprec.int8.adaround import (
     ROUNDING,
@@ -170,8 +170,7 @@ class LearnedRoundingPass(ir.passes.InPlacePass):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        if inputs not in INPUTS:
-            raise MixprecError(f"inputs must be one of {', '.join(INPUTS)}, not {inputs!r}")
+        check_choice("inputs", inputs, INPUTS)
         self.samples = list(samples)
         self.inputs = inputs
         self.budget = budget or RoundingBudget()

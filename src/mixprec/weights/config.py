@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mixprec.core.config import check_budget
+from mixprec.core.config import check_budget, check_choice
 from mixprec.core.errors import MixprecError
 from mixprec.core.graphs import exclude_patterns
 from mixprec.runtime.cpu import CpuFeatures
@@ -158,10 +158,7 @@ class WeightsConfig:
             raise MixprecError(f"ratio (weights at 4 bits) must lie in [0, 1], not {ratio!r}")
         _check_max_size(self.max_size, self.bits, ratio)
         for name in ("lm_head", "embeddings"):
-            if getattr(self, name) not in PRECISIONS:
-                raise MixprecError(
-                    f"{name} must be one of {', '.join(PRECISIONS)}, not {getattr(self, name)!r}"
-                )
+            check_choice(name, getattr(self, name), PRECISIONS)
         object.__setattr__(self, "exclude_nodes", exclude_patterns(self.exclude_nodes))
         object.__setattr__(self, "layers", _layer_choices(self.layers))
         object.__setattr__(self, "shapes", {k: tuple(v) for k, v in self.shapes.items()})
