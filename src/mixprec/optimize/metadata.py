@@ -30,6 +30,7 @@ from mixprec.io.runtime_fields import (
     RUNTIME_KEY,
     RUNTIME_MODEL_KEY,
     runtime_fields_of,
+    with_props,
 )
 from mixprec.runtime.engine import RuntimeOptions
 from mixprec.runtime.engines import runtime_hints, write_marked_ir
@@ -47,28 +48,13 @@ def runtime_metadata(options: RuntimeOptions) -> dict[str, str]:
 def stamp(model: onnx.ModelProto, options: RuntimeOptions) -> onnx.ModelProto:
     """A copy of ``model`` whose ``metadata_props`` say to run it with ``options`` (fields
     of an earlier stamp replaced, the model's other fields kept)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    fields = runtime_metadata(options)
-    kept = [(p.key, p.value) for p in out.metadata_props if p.key not in fields]
-    del out.metadata_props[:]
-    for key, value in [*kept, *fields.items()]:
-        out.metadata_props.add(key=key, value=value)
-    return out
+    return with_props(model, add=runtime_metadata(options))
 
 
 def unstamped(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` without the runtime fields (the model itself when it has none): what
     runs in ONNX Runtime, as the fields' absence says."""
-    if not runtime_fields_of(model):
-        return model
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    kept = [(p.key, p.value) for p in out.metadata_props if p.key not in RUNTIME_FIELDS]
-    del out.metadata_props[:]
-    for key, value in kept:
-        out.metadata_props.add(key=key, value=value)
-    return out
+    return with_props(model, drop=RUNTIME_FIELDS) if runtime_fields_of(model) else model
 
 
 def save_marked(
@@ -92,10 +78,7 @@ def save_marked(
     check_output_path(xml)
     write_marked_ir(model, xml)
     named = stamp(model, RuntimeOptions("openvino", precision="bf16"))
-    kept = [(p.key, p.value) for p in named.metadata_props if p.key != RUNTIME_MODEL_KEY]
-    del named.metadata_props[:]
-    for key, value in [*kept, (RUNTIME_MODEL_KEY, xml.name)]:
-        named.metadata_props.add(key=key, value=value)
+    named = with_props(named, add={RUNTIME_MODEL_KEY: xml.name})
     try:
         save_model(ir.from_proto(named), out, external_data=external_data)
     except BaseException:

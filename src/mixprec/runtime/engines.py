@@ -15,7 +15,6 @@ mixprec keeps FP32 marked) are written through here too (:func:`write_marked_ir`
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ import numpy as np
 import onnx
 
 from mixprec.core.errors import MixprecError
-from mixprec.io.runtime_fields import HINTS_KEY, RUNTIME_KEY
+from mixprec.io.runtime_fields import HINTS_KEY, RUNTIME_KEY, json_field, props_of
 from mixprec.runtime.cpu import cpu_features
 from mixprec.runtime.engine import (
     REGISTRY,
@@ -186,16 +185,11 @@ def options_from_metadata(model: onnx.ModelProto, threads: int = 2) -> RuntimeOp
         MixprecError: one line, when the fields name an unknown runtime or one not
             installed here, are not a JSON object, or carry a property mixprec cannot set.
     """
-    props = {p.key: p.value for p in model.metadata_props}
+    props = props_of(model)
     name = props.get(RUNTIME_KEY)
     if name is None:
         return None
-    try:
-        hints = json.loads(props.get(HINTS_KEY) or "{}")
-    except json.JSONDecodeError as e:
-        raise MixprecError(f"metadata {HINTS_KEY} is not JSON ({e.msg})") from None
-    if not isinstance(hints, dict):
-        raise MixprecError(f"metadata {HINTS_KEY} must be a JSON object, not {hints!r}")
+    hints = json_field(model, HINTS_KEY, dict, "a JSON object") if props.get(HINTS_KEY) else {}
     unknown = sorted(set(hints) - set(_HINTS))
     if unknown:
         raise MixprecError(
