@@ -34,6 +34,7 @@ from google.protobuf.message import DecodeError
 from mixprec.core.errors import MixprecError
 from mixprec.core.limits import INLINE_LIMIT
 from mixprec.core.ops import is_onnx_domain
+from mixprec.core.sigstack import ensure_signal_stack
 from mixprec.io.data_files import MissingDataFile, real_folder
 from mixprec.io.external import add_input_files, folder_of, input_files, model_from_proto
 from mixprec.io.protos import iter_proto_tensors
@@ -201,6 +202,7 @@ class _Writing:
 
     def __enter__(self) -> _Writing:
         if threading.current_thread() is threading.main_thread():
+            ensure_signal_stack()  # a handler on a freed stack would crash, not clean up
             for sig in (signal.SIGINT, signal.SIGTERM):
                 old = signal.getsignal(sig)
                 if old is signal.SIG_IGN or old is None:
