@@ -18,8 +18,8 @@ from procs import SAFETY_S, alive, janitors_done, stuck_dot, wait_for
 import mixprec
 from mixprec.batch.process import STAGING_PREFIX
 from mixprec.batch.results import read_rows
-from mixprec.report import layout
-from mixprec.report.layout import DOT_MAX_S, dot_time_limit
+from mixprec.report import graph_layout
+from mixprec.report.graph_layout import DOT_MAX_S, dot_time_limit
 
 pytestmark = [
     pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs /proc (Linux)"),
@@ -220,10 +220,10 @@ def test_a_layout_past_its_time_limit_falls_back_and_says_so(tmp_path, monkeypat
     env, pids = stuck_dot(tmp_path / "bin")
     monkeypatch.setenv("PATH", env["PATH"])
     monkeypatch.setenv("STUCK_DOT_PIDS", env["STUCK_DOT_PIDS"])
-    monkeypatch.setattr(layout, "DOT_BASE_S", 0.5)  # the default limit, made short
-    monkeypatch.setattr(layout, "DOT_PER_ITEM_S", 0.1)
-    with caplog.at_level(logging.WARNING, logger="mixprec.report.layout"):
-        found = layout.layout_graph([60.0] * 3, [20.0] * 3, [(0, 1), (1, 2)])
+    monkeypatch.setattr(graph_layout, "DOT_BASE_S", 0.5)  # the default limit, made short
+    monkeypatch.setattr(graph_layout, "DOT_PER_ITEM_S", 0.1)
+    with caplog.at_level(logging.WARNING, logger="mixprec.report.graph_layout"):
+        found = graph_layout.layout_graph([60.0] * 3, [20.0] * 3, [(0, 1), (1, 2)])
     # only the limit's timeout ends the stand-in (it sleeps an hour): the layout is back
     assert found.engine == "layered (graphviz dot took more than 1 s for 3 nodes)"
     assert found.notes and "graphviz dot took more than 1 s" in caplog.text

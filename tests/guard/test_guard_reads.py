@@ -22,11 +22,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import mixprec
-import mixprec.checks.samples as held_out
+import mixprec.checks.guard_samples as held_out
 from guard_models import wide_range_classifier, wide_range_samples
 from helpers import run_ort
+from mixprec.checks.guard_samples import held_out_indices, split_for_guard
 from mixprec.checks.outputs import GuardBudget, OutputCheck, check_outputs, shown
-from mixprec.checks.samples import held_out_indices, split_for_guard
 from mixprec.cli.main import main
 from mixprec.core.metrics import neighbour_agreement
 from mixprec.inputs.samples import NpzSamples

@@ -22,13 +22,13 @@ from guard_models import (
     wide_range_samples,
 )
 from helpers import run_ort
+from mixprec.checks.guard_samples import held_out_indices
 from mixprec.checks.outputs import (
     GuardBudget,
     check_outputs,
     output_kinds,
     search_and_grade,
 )
-from mixprec.checks.samples import held_out_indices
 from mixprec.cli.main import main
 from mixprec.core.metrics import rel_l2_error
 from mixprec.runtime.cpu import parse_cpuinfo
@@ -422,7 +422,7 @@ def test_plentiful_one_row_samples_hold_out_enough_rows_to_confirm():
     top-1 >= 0.99, so the default kept the model float. Now samples of few rows are held
     out up to 300 rows' worth (their FP32 outputs under 256 MiB): the pass is confirmed
     and the INT8 model written. Batches of 16 rows still hold out 64 samples."""
-    from mixprec.checks.samples import MAX_HELD_OUT, ROWS_TO_CONFIRM, held_out_cap
+    from mixprec.checks.guard_samples import MAX_HELD_OUT, ROWS_TO_CONFIRM, held_out_cap
 
     model = separable_classifier()
     result = mixprec.quantize(model, separable_samples(700, rows=1), speed="off")

@@ -21,7 +21,7 @@ import mixprec
 from helpers import run_ort
 from llm_models import DecoderConfig, greedy_decode, tiny_decoder
 from mixprec.checks.greedy import PROMPT as GREEDY_PROMPT
-from mixprec.checks.samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
+from mixprec.checks.guard_samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
 from mixprec.cli.main import main
 from mixprec.core.errors import MixprecError
 from mixprec.inputs.text import TextSamples, find_tokenizer

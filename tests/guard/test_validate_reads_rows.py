@@ -13,7 +13,7 @@ import pytest
 
 import mixprec
 from mixprec.cli.main import main
-from mixprec.cli.outputs import _worst
+from mixprec.cli.writing import _worst
 from text_models import filled_model
 
 RNG = np.random.default_rng(7)

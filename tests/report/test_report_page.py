@@ -15,9 +15,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from mixprec.api.convert import annotate
-from mixprec.cli.outputs import model_explorer_data
+from mixprec.cli.writing import model_explorer_data
+from mixprec.report.graph_layout import layout_graph
 from mixprec.report.html import render_page
-from mixprec.report.layout import layout_graph
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -372,7 +372,7 @@ def test_a_streamed_language_model_is_guarded_and_repaired(
     pytest.importorskip("tokenizers", reason="the [llm] extra (tokenizers) is missing")
     from guard.test_language_guard import CFG, _folder, _numpy_guard
     from llm_models import tiny_decoder
-    from mixprec.checks.samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
+    from mixprec.checks.guard_samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
     from mixprec.inputs.text import TextSamples
 
     path = _folder(tmp_path, tiny_decoder(CFG, seed=3))

@@ -583,7 +583,7 @@ def test_the_check_samples_are_held_out_of_the_calibration() -> None:
     """The weight-only check draws its samples from the guard's one split (a seeded fifth
     of the calibration samples, at most 4), so a data-aware method is never checked on
     the samples it fitted; with too few samples every one does both, and says so."""
-    from mixprec.checks.samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
+    from mixprec.checks.guard_samples import WINDOWS_HELD_OUT_SHARE, held_out_indices
 
     model, _ = _linear(64, 48)
     data = [{"x": RNG.standard_normal((2, 3, 64)).astype(np.float32)} for _ in range(10)]

@@ -62,7 +62,7 @@ def quantize(
             inputs are labels for ``metric``); by default a seeded random half of the
             calibration samples (at most 64, or enough for 300 rows where samples hold
             few rows each) is held out, streamed from its source
-            (:mod:`mixprec.checks.samples`).
+            (:mod:`mixprec.checks.guard_samples`).
         weights: "int4" or "int8" (or a :class:`~mixprec.weights.config.WeightsConfig`):
             weight-only quantization instead of INT8; ``options`` are then its fields and
             the INT8 ones are refused.

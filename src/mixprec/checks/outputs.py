@@ -38,7 +38,7 @@ import numpy as np
 import onnx_ir as ir
 
 from mixprec.checks.confidence import CONFIDENCE, lower_bound, rows_to_confirm
-from mixprec.checks.samples import GUARD_MIN_SAMPLES
+from mixprec.checks.guard_samples import GUARD_MIN_SAMPLES
 from mixprec.checks.user_metric import Candidate, Labels, call_user_metric, shape_miss
 from mixprec.core.detections import detection_f1 as _detection_f1
 from mixprec.core.detections import head_layout

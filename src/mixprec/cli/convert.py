@@ -14,7 +14,7 @@ from mixprec.cli.options import (
     load_feeds,
     progress,
 )
-from mixprec.cli.outputs import add_output_args, checked_output, validate_and_write
+from mixprec.cli.writing import add_output_args, checked_output, validate_and_write
 
 __all__ = ["add_convert_parser", "cmd_convert"]
 

@@ -19,8 +19,8 @@ from mixprec.cli.options import (
     runtime_of,
     shape_arg,
 )
-from mixprec.cli.outputs import add_output_args, checked_output, validate_and_write
 from mixprec.cli.weight_only import add_weight_args, check_weight_args, cmd_weights
+from mixprec.cli.writing import add_output_args, checked_output, validate_and_write
 from mixprec.core.errors import MixprecError
 from mixprec.int8.config import DEFAULT_SMOOTH
 from mixprec.int8.params import METHODS

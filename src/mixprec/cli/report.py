@@ -17,7 +17,7 @@ from mixprec.cli.options import (
     load_feeds,
     progress,
 )
-from mixprec.cli.outputs import check_output_args, write_outputs
+from mixprec.cli.writing import check_output_args, write_outputs
 from mixprec.core.jsonio import json_text
 from mixprec.io.models import check_output_path
 from mixprec.pipeline.report import Report

@@ -19,7 +19,7 @@ from mixprec.cli.options import (
     add_shape_arg,
     progress,
 )
-from mixprec.cli.outputs import checked_output
+from mixprec.cli.writing import checked_output
 from mixprec.core.jsonio import json_text
 from mixprec.inputs.feeds import iter_calibration_npz
 from mixprec.io.models import load_model

@@ -9,7 +9,7 @@ from typing import Any
 
 from mixprec.api.weight_only import quantize_weights
 from mixprec.cli.options import calibration_data, progress, runtime_of
-from mixprec.cli.outputs import validate_and_write
+from mixprec.cli.writing import validate_and_write
 from mixprec.core.errors import MixprecError
 from mixprec.inputs.text import DEFAULT_WINDOW, is_text_path
 from mixprec.repair.language_guard import (

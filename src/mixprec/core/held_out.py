@@ -1,6 +1,6 @@
 """The one held-out draw: which of ``count`` items (samples, windows, a layer's rows) are
 kept apart to check a fit on, never to fit it. The guard's split of the calibration
-samples (:mod:`mixprec.checks.samples`), the weight-only check samples and AdaRound's
+samples (:mod:`mixprec.checks.guard_samples`), the weight-only check samples and AdaRound's
 held-out rows all draw here, so that "held out" means the same thing everywhere: a
 seeded random share, the same every run."""
 

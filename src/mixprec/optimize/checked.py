@@ -16,8 +16,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from mixprec.checks.guard_samples import MAX_HELD_OUT, Samples, label_dicts, split_for_guard
 from mixprec.checks.outputs import GuardBudget, OutputCheck, UserMetric, check_outputs, output_kinds
-from mixprec.checks.samples import MAX_HELD_OUT, Samples, label_dicts, split_for_guard
 from mixprec.core.callables import load_callable
 from mixprec.core.errors import MixprecError
 from mixprec.core.metrics import DEFAULT_RTOL

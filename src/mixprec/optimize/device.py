@@ -27,7 +27,7 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
-from mixprec.checks.samples import split_for_guard
+from mixprec.checks.guard_samples import split_for_guard
 from mixprec.core.config import ConvertConfig
 from mixprec.core.errors import MixprecError
 from mixprec.inputs.samples import feeds_for

@@ -1,6 +1,6 @@
 """The driver of ``mixprec optimize``: build each candidate, check it, time it, choose.
 
-1. The held-out samples (:func:`~mixprec.checks.samples.split_for_guard`: ``eval_data``,
+1. The held-out samples (:func:`~mixprec.checks.guard_samples.split_for_guard`: ``eval_data``,
    else a seeded random half of the calibration samples, at most 64 or enough for 300
    rows) and the input's outputs on them in ONNX Runtime: every candidate is held to
    those, by the checks (:func:`~mixprec.checks.outputs.check_outputs`: each
@@ -36,8 +36,8 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from mixprec.checks.guard_samples import Samples, samples_of
 from mixprec.checks.outputs import UserMetric, least_confirmed
-from mixprec.checks.samples import Samples, samples_of
 from mixprec.core.errors import MixprecError
 from mixprec.core.ops import parse_dtype
 from mixprec.core.output_kinds import OutputKind

@@ -4,7 +4,7 @@
    samples, at most 64 or enough for 300 rows, when there are at least five; fewer:
    every sample both calibrates and checks, with a warning). Ranges never see the
    held-out samples. The samples stream from their source at each pass
-   (:mod:`mixprec.checks.samples`): only the held-out samples' FP32 outputs and labels
+   (:mod:`mixprec.checks.guard_samples`): only the held-out samples' FP32 outputs and labels
    are kept.
 2. Quantize as asked (speed plan included) and hold each output to its check
    (:mod:`mixprec.checks.outputs`: top-1 on class scores, cosine on embeddings, rel L2
@@ -41,6 +41,7 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
+from mixprec.checks.guard_samples import Samples, split_for_guard
 from mixprec.checks.outputs import (
     GuardBudget,
     OutputCheck,
@@ -48,7 +49,6 @@ from mixprec.checks.outputs import (
     output_kinds,
     shown,
 )
-from mixprec.checks.samples import Samples, split_for_guard
 from mixprec.core.readings import with_user_kinds
 from mixprec.int8.config import QuantizeConfig
 from mixprec.int8.plan import IN_SUBGRAPH

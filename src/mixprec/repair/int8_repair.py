@@ -16,13 +16,13 @@ import numpy as np
 import onnx
 import onnx_ir as ir
 
+from mixprec.checks.guard_samples import Samples
 from mixprec.checks.outputs import (
     GuardBudget,
     OutputCheck,
     guard_metric,
     search_and_grade,
 )
-from mixprec.checks.samples import Samples
 from mixprec.core.output_kinds import OutputKind
 from mixprec.inputs.feeds import feeds_for
 from mixprec.int8.config import QuantizeConfig

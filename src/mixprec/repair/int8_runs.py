@@ -14,6 +14,7 @@ from typing import Any
 import onnx
 import onnx_ir as ir
 
+from mixprec.checks.guard_samples import Samples
 from mixprec.checks.outputs import (
     GuardBudget,
     OutputCheck,
@@ -21,7 +22,6 @@ from mixprec.checks.outputs import (
     check_outputs,
     missed,
 )
-from mixprec.checks.samples import Samples
 from mixprec.checks.user_metric import Labels
 from mixprec.checks.validate import detect_low_dtype
 from mixprec.core.errors import MixprecError

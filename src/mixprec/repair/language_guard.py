@@ -49,8 +49,8 @@ import onnx_ir as ir
 
 from mixprec.checks.greedy import TOKENS as GREEDY_TOKENS
 from mixprec.checks.greedy import Continuations
+from mixprec.checks.guard_samples import MAX_HELD_OUT, WINDOWS_HELD_OUT_SHARE, split_for_guard
 from mixprec.checks.outputs import OutputCheck
-from mixprec.checks.samples import MAX_HELD_OUT, WINDOWS_HELD_OUT_SHARE, split_for_guard
 from mixprec.inputs.feeds import feeds_for
 from mixprec.inputs.signature import declared_dims, graph_inputs
 from mixprec.pipeline.weight_only import GuardContext, WeightsGuard, WeightsReport

@@ -18,8 +18,8 @@ from typing import Any
 
 import onnx_ir as ir
 
+from mixprec.checks.guard_samples import WINDOWS_HELD_OUT_SHARE, split_for_guard
 from mixprec.checks.outputs import GuardBudget, OutputCheck, check_outputs
-from mixprec.checks.samples import WINDOWS_HELD_OUT_SHARE, split_for_guard
 from mixprec.core.metrics import worst_rel_l2
 from mixprec.core.output_kinds import OutputKind, classify_outputs
 from mixprec.inputs.feeds import feeds_for
@@ -36,10 +36,10 @@ def output_check_data(
 ) -> tuple[Any, Any, WeightsGuard]:
     """The output check's data and guard: ``eval_data`` when given, else the check samples
     held out of the calibration samples by the guard's one split
-    (:func:`~mixprec.checks.samples.split_for_guard`: a seeded fifth, at most
+    (:func:`~mixprec.checks.guard_samples.split_for_guard`: a seeded fifth, at most
     :data:`~mixprec.pipeline.weight_only.CHECK_SAMPLES`), so that a data-aware method (AWQ,
     GPTQ) is not checked on the samples it fitted; fewer than
-    :data:`~mixprec.checks.samples.GUARD_MIN_SAMPLES`: every one does both."""
+    :data:`~mixprec.checks.guard_samples.GUARD_MIN_SAMPLES`: every one does both."""
     if eval_data is not None or calibration_data is None:
         return calibration_data, eval_data, output_check
     split = split_for_guard(calibration_data, None, work, WINDOWS_HELD_OUT_SHARE, CHECK_SAMPLES)

@@ -1,6 +1,6 @@
 """``mixprec report``'s page: one self-contained HTML file of the painted graph.
 
-The graph is laid out here (:mod:`mixprec.report.layout`) and drawn as static SVG, one box per
+The graph is laid out here (:mod:`mixprec.report.graph_layout`) and drawn as static SVG, one box per
 node with its precision as a CSS class and its decision in a tooltip; the page's own
 script (``report_assets/report.js``, embedded) adds pan and zoom, search, the FP32 filter
 and the detail panel. Nothing is fetched when the page opens: no network, no server.
@@ -20,6 +20,7 @@ import onnx_ir as ir
 
 from mixprec.io.models import write_text
 from mixprec.pipeline.report import Report
+from mixprec.report.graph_layout import Layout, layout_graph
 from mixprec.report.graph_view import PRECISION_LABELS, GraphView, NodeView, build_views
 from mixprec.report.html_parts import (
     guard_checks,
@@ -29,7 +30,6 @@ from mixprec.report.html_parts import (
     summary_rows,
     validation,
 )
-from mixprec.report.layout import Layout, layout_graph
 
 __all__ = ["render_page", "write_report_html"]
 
@@ -142,7 +142,7 @@ def render_page(
         converted: whether ``model`` is the written result (casts and bytes "after").
         extra: more summary rows (label -> value), e.g. from a tuner.
         curve: points (x, y) of a search curve, drawn as a small chart.
-        engine: layout engine for :func:`mixprec.report.layout.layout_graph`.
+        engine: layout engine for :func:`mixprec.report.graph_layout.layout_graph`.
         top: a section of HTML (escaped by its maker) shown full width above the graph,
             e.g. ``mixprec optimize``'s candidate table.
     """
