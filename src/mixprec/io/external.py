@@ -248,22 +248,16 @@ def _external_tensors(model: ir.Model) -> Iterator[ir.ExternalTensor]:
             yield tensor
 
 
-def _all_tensors(model: ir.Model) -> Iterator[ir.TensorProtocol]:
-    for graph in _ir_graphs(model):
-        for value in graph.initializers.values():
-            if value.const_value is not None:
-                yield value.const_value
-        for node in graph:
-            for value in node.outputs:
-                if value.const_value is not None:
-                    yield value.const_value
-            for attr in node.attributes.values():
-                if attr.is_ref():
-                    continue
-                if attr.type == ir.AttributeType.TENSOR and attr.value is not None:
-                    yield attr.value
-                elif attr.type == ir.AttributeType.TENSORS and attr.value is not None:
-                    yield from attr.value
+def _all_tensors(model: ir.Model) -> list[ir.TensorProtocol]:
+    """Every tensor of ``model``, subgraphs included (:func:`_replace_tensors`' walk)."""
+    found: list[ir.TensorProtocol] = []
+
+    def note(tensor: ir.TensorProtocol) -> ir.TensorProtocol:
+        found.append(tensor)
+        return tensor
+
+    _replace_tensors(model, note)
+    return found
 
 
 def folder_of(model: ir.Model, base_dir: str | os.PathLike[str] | None) -> str | None:
