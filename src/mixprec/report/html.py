@@ -8,7 +8,6 @@ and the detail panel. Nothing is fetched when the page opens: no network, no ser
 
 from __future__ import annotations
 
-import html
 import json
 import os
 import time
@@ -23,6 +22,7 @@ from mixprec.pipeline.report import Report
 from mixprec.report.graph_layout import Layout, layout_graph
 from mixprec.report.graph_view import PRECISION_LABELS, GraphView, NodeView, build_views
 from mixprec.report.html_parts import (
+    esc,
     guard_checks,
     mac_chart,
     reason_groups,
@@ -40,10 +40,6 @@ _CHAR_W = 6.6
 
 def _asset(name: str) -> str:
     return resources.files("mixprec").joinpath("report_assets", name).read_text("utf-8")
-
-
-def _esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
 
 
 def _short(text: str, limit: int = 26) -> str:
@@ -88,14 +84,14 @@ def _svg(view: GraphView, lay: Layout, widths: list[float], hidden: bool) -> str
         if node.small:
             label = '<text class="nm" y="3">const</text>'
         elif second:
-            label = f'<text y="-3">{_esc(_short(node.label))}</text>'
-            label += f'<text class="nm" y="11">{_esc(second)}</text>'
+            label = f'<text y="-3">{esc(_short(node.label))}</text>'
+            label += f'<text class="nm" y="11">{esc(second)}</text>'
         else:
-            label = f'<text y="4">{_esc(_short(node.label))}</text>'
+            label = f'<text y="4">{esc(_short(node.label))}</text>'
         parts.append(
             f'<g class="n p-{node.precision}" id="{node.id}" data-i="{i}" '
             f'transform="translate({x:.1f},{y:.1f})">'
-            f"<title>{_esc(_tooltip(node))}</title>"
+            f"<title>{esc(_tooltip(node))}</title>"
             f'<rect x="{-w / 2:.1f}" y="{-h / 2:.1f}" width="{w:.1f}" height="{h:.0f}" rx="5"/>'
             f"{label}</g>"
         )
@@ -105,7 +101,7 @@ def _svg(view: GraphView, lay: Layout, widths: list[float], hidden: bool) -> str
 
 def _legend() -> str:
     items = "".join(
-        f'<span class="lg"><i class="sw p-{key}"></i>{_esc(label)}</span>'
+        f'<span class="lg"><i class="sw p-{key}"></i>{esc(label)}</span>'
         for key, label in PRECISION_LABELS.items()
     )
     edges = "".join(
@@ -168,9 +164,9 @@ def render_page(
     rows += [(str(k), str(v)) for k, v in (extra or {}).items()]
     payload = json.dumps({"graphs": data}, separators=(",", ":"), default=str)
     options = "".join(
-        f'<option value="{v.id}">{_esc(v.title)} ({len(v.nodes)} nodes)</option>' for v in views
+        f'<option value="{v.id}">{esc(v.title)} ({len(v.nodes)} nodes)</option>' for v in views
     )
-    summary = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
+    summary = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
     side = [
         f'<table class="summary">{summary}</table>',
         reason_groups(report, views),
@@ -180,7 +176,7 @@ def render_page(
         search_curve(curve, curve_labels),
     ]
     return _PAGE.format(
-        title=_esc(title),
+        title=esc(title),
         css=_asset("report.css"),
         js=_asset("report.js"),
         data=payload.replace("<", "\\u003c"),  # no "</script>" or "<!--" inside the script

@@ -11,6 +11,7 @@ from mixprec.pipeline.report import Report
 from mixprec.report.graph_view import PRECISION_LABELS, GraphView
 
 __all__ = [
+    "esc",
     "guard_checks",
     "mac_chart",
     "reason_groups",
@@ -20,7 +21,8 @@ __all__ = [
 ]
 
 
-def _esc(text: object) -> str:
+def esc(text: object) -> str:
+    """``text`` escaped for the report pages' HTML (quotes included)."""
     return html.escape(str(text), quote=True)
 
 
@@ -98,8 +100,8 @@ def reason_groups(report: Report | None, views: Sequence[GraphView]) -> str:
     items = []
     for (step, reason), ids in sorted(groups.items(), key=lambda kv: -len(kv[1])):
         items.append(
-            f'<li><button type="button" class="group" data-nodes="{_esc(" ".join(ids))}">'
-            f'<b>{len(ids)}</b> <span class="step">[{_esc(step)}]</span> {_esc(reason)}'
+            f'<li><button type="button" class="group" data-nodes="{esc(" ".join(ids))}">'
+            f'<b>{len(ids)}</b> <span class="step">[{esc(step)}]</span> {esc(reason)}'
             "</button></li>"
         )
     total = sum(len(ids) for ids in groups.values())
@@ -120,10 +122,9 @@ def validation(report: Report | None) -> str:
         return ""
     preferred = [k for k in _VALIDATION_KEYS if k in outputs[0]]
     keys = preferred or [k for k, v in outputs[0].items() if not isinstance(v, list | dict)]
-    head = "".join(f"<th>{_esc(k)}</th>" for k in keys)
+    head = "".join(f"<th>{esc(k)}</th>" for k in keys)
     body = "".join(
-        "<tr>" + "".join(f"<td>{_esc(_fmt(o.get(k)))}</td>" for k in keys) + "</tr>"
-        for o in outputs
+        "<tr>" + "".join(f"<td>{esc(_fmt(o.get(k)))}</td>" for k in keys) + "</tr>" for o in outputs
     )
     verdict = "passed" if data.get("passed") else "FAILED"
     checks = data.get("checks")  # the rows' readings (each output's rel L2: the table above)
@@ -131,7 +132,7 @@ def validation(report: Report | None) -> str:
         checks = [c for c in checks if not (isinstance(c, dict) and c.get("kind") == "rel-l2")]
     return (
         f'<h2>Validation: <span class="v-{verdict.lower()}">{verdict}</span> '
-        f"(rtol {_esc(_fmt(data.get('rtol')))}, {_esc(data.get('kind', ''))})</h2>"
+        f"(rtol {esc(_fmt(data.get('rtol')))}, {esc(data.get('kind', ''))})</h2>"
         f'<table class="validation"><tr>{head}</tr>{body}</table>'
         + (f"<h3>Each output read as rows</h3>{_checks_table(checks)}" if checks else "")
     )
@@ -151,16 +152,16 @@ def guard_checks(report: Report | None) -> str:
     verdict = "passed" if guard.get("passed") else "FAILED"  # type: ignore[union-attr]
     return (
         f'<h2>Accuracy guard: <span class="v-{verdict.lower()}">{verdict}</span></h2>'
-        f"<p>{_esc(guard.get('summary', ''))}</p>" + _checks_table(checks)  # type: ignore[union-attr]
+        f"<p>{esc(guard.get('summary', ''))}</p>" + _checks_table(checks)  # type: ignore[union-attr]
     )
 
 
 def _checks_table(checks: object) -> str:
     """The checks (dicts), a row each: the output, how it was read, and what it measured."""
     rows = [c for c in checks if isinstance(c, dict)] if isinstance(checks, list) else []
-    head = "".join(f"<th>{_esc(k)}</th>" for k in _GUARD_KEYS)
+    head = "".join(f"<th>{esc(k)}</th>" for k in _GUARD_KEYS)
     body = "".join(
-        "<tr>" + "".join(f"<td>{_esc(_fmt(c.get(k)))}</td>" for k in _GUARD_KEYS) + "</tr>"
+        "<tr>" + "".join(f"<td>{esc(_fmt(c.get(k)))}</td>" for k in _GUARD_KEYS) + "</tr>"
         for c in rows
     )
     return f'<table class="validation"><tr>{head}</tr>{body}</table>'
@@ -187,11 +188,11 @@ def mac_chart(views: Sequence[GraphView]) -> str:
         total = sum(counts.values())
         segments = "".join(
             f'<i class="p-{p}" style="width:{100.0 * m / top:.2f}%" '
-            f'title="{_esc(PRECISION_LABELS.get(p, p))}: {m / 1e6:.2f} M"></i>'
+            f'title="{esc(PRECISION_LABELS.get(p, p))}: {m / 1e6:.2f} M"></i>'
             for p, m in sorted(counts.items())
         )
         rows.append(
-            f'<div class="bar"><span class="op">{_esc(op)}</span><span class="track">'
+            f'<div class="bar"><span class="op">{esc(op)}</span><span class="track">'
             f'{segments}</span><span class="num">{total / 1e6:.1f} M</span></div>'
         )
     return f'<h2>MACs by op type and precision</h2><div class="chart">{"".join(rows)}</div>'
@@ -221,6 +222,6 @@ def search_curve(curve: Sequence[tuple[float, float]] | None, labels: tuple[str,
     return (
         f'<h2>Search</h2><svg class="curve" width="{w:.0f}" height="{h:.0f}">'
         f'<polyline points="{points}"/>{dots}'
-        f'<text x="{w / 2:.0f}" y="{h - 4:.0f}">{_esc(labels[0])}</text>'
-        f'<text x="4" y="12">{_esc(labels[1])}</text></svg>'
+        f'<text x="{w / 2:.0f}" y="{h - 4:.0f}">{esc(labels[0])}</text>'
+        f'<text x="4" y="12">{esc(labels[1])}</text></svg>'
     )

@@ -10,7 +10,6 @@ model (:func:`mixprec.report.html.render_page`), and the page is written atomica
 
 from __future__ import annotations
 
-import html
 import json
 import os
 
@@ -21,14 +20,11 @@ from mixprec.io.models import write_text
 from mixprec.optimize.choice import Row, accuracy_text
 from mixprec.optimize.result import OptimizeResult
 from mixprec.report.html import render_page
+from mixprec.report.html_parts import esc
 
 __all__ = ["candidates_html", "write_optimize_html"]
 
 _HEAD = ("candidate", "runtime", "hints", "vs ORT FP32", "ms", "rounds", "accuracy", "verdict")
-
-
-def _esc(text: object) -> str:
-    return html.escape(str(text), quote=True)
 
 
 def _row(row: Row) -> str:
@@ -39,14 +35,14 @@ def _row(row: Row) -> str:
     hints = json.dumps(row.hints, sort_keys=True) if row.hints else ""
     verdict = f"{row.verdict}: {row.reason}" if row.reason else row.verdict
     cells = [
-        f"<td>{_esc(row.name)}</td>",
-        f"<td>{_esc(row.runtime)}</td>",
-        f"<td>{_esc(hints)}</td>",
-        f'<td class="num">{_esc(ratio)}</td>',
+        f"<td>{esc(row.name)}</td>",
+        f"<td>{esc(row.runtime)}</td>",
+        f"<td>{esc(hints)}</td>",
+        f'<td class="num">{esc(ratio)}</td>',
         f'<td class="num">{ms}</td>',
         f'<td class="num">{rounds}</td>',
-        f"<td>{_esc(accuracy_text(row.checks) or '-')}</td>",
-        f'<td class="verdict-{_esc(row.verdict)}">{_esc(verdict)}</td>',
+        f"<td>{esc(accuracy_text(row.checks) or '-')}</td>",
+        f'<td class="verdict-{esc(row.verdict)}">{esc(verdict)}</td>',
     ]
     klass = ' class="wins"' if row.verdict == "wins" else ""
     return f"<tr{klass}>{''.join(cells)}</tr>"
@@ -57,15 +53,15 @@ def candidates_html(result: OptimizeResult) -> str:
     names = [result.versus if h == "vs ORT FP32" else h for h in _HEAD]
     head = "".join(f"<th>{h}</th>" for h in names)
     body = "".join(_row(r) for r in result.table)
-    notes = "".join(f"<li>{_esc(n)}</li>" for n in result.notes)
+    notes = "".join(f"<li>{esc(n)}</li>" for n in result.notes)
     checked = next((r.checks for r in result.table if r.checks), ())
     read = reading_lines([c.to_dict() for c in checked])
-    reads = "".join(f"<li>{_esc(line)}</li>" for line in read)
+    reads = "".join(f"<li>{esc(line)}</li>" for line in read)
     return (
         '<section class="top"><h2>Candidates</h2>'
         f'<table class="candidates"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-        f'<p class="summary-line">{_esc(result.summary)}</p>'
-        + (f"<p>{_esc(result.timed_at.text())}</p>" if result.timed_at is not None else "")
+        f'<p class="summary-line">{esc(result.summary)}</p>'
+        + (f"<p>{esc(result.timed_at.text())}</p>" if result.timed_at is not None else "")
         + (f'<h3>How each output was read</h3><ul class="readings">{reads}</ul>' if reads else "")
         + (f"<ul>{notes}</ul>" if notes else "")
         + "</section>"
