@@ -29,12 +29,15 @@ class _Stack(ctypes.Structure):  # Linux's stack_t
     _fields_ = [("sp", ctypes.c_void_p), ("flags", ctypes.c_int), ("size", ctypes.c_size_t)]
 
 
-def _mapped(address: int) -> bool:
-    """Whether ``address`` lies in a mapping of this process (``/proc/self/maps``)."""
+def _mapped(*addresses: int) -> bool:
+    """Whether every one of ``addresses`` lies in a mapping of this process (one read of
+    ``/proc/self/maps``)."""
+    left = set(addresses)
     with open("/proc/self/maps", encoding="ascii", errors="replace") as maps:
         for line in maps:
             low, _, high = line.partition(" ")[0].partition("-")
-            if int(low, 16) <= address < int(high, 16):
+            left = {a for a in left if not int(low, 16) <= a < int(high, 16)}
+            if not left:
                 return True
     return False
 
@@ -50,7 +53,7 @@ def ensure_signal_stack() -> bool:
         if libc.sigaltstack(None, ctypes.byref(now)) != 0 or now.flags & _SS_DISABLE:
             return False
         start = now.sp or 0
-        if _mapped(start) and _mapped(start + max(now.size, 1) - 1):
+        if _mapped(start, start + max(now.size, 1) - 1):
             return False
         off = _Stack(None, _SS_DISABLE, 0)
         return bool(libc.sigaltstack(ctypes.byref(off), None) == 0)
