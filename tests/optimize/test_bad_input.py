@@ -26,8 +26,8 @@ pytest.importorskip("openvino")
 
 
 def _slow(matmuls: int = 200, size: int = 192) -> onnx.ModelProto:
-    """x[size,size] through ``matmuls`` MatMuls with Tanh: milliseconds per run (192:
-    about 11 ms on a 2-core Xeon with AMX; 512: about 20x that)."""
+    """x[size,size] through ``matmuls`` MatMuls with Tanh: milliseconds per run (on a
+    2-core Xeon with AMX, 192: 11-12 ms; 512: about 140 ms)."""
     w = (np.random.default_rng(0).standard_normal((size, size)) / size**0.5).astype(np.float32)
     nodes, last = [], "x"
     for k in range(matmuls):
@@ -93,7 +93,7 @@ def test_cli_a_budget_too_small_names_the_minimum(tmp_path: Path, capsys) -> Non
 def test_the_minimum_grows_with_the_model(tmp_path: Path) -> None:
     """A budget above the least for any model, below this slow model's: refused once the
     input's run time is known, before any candidate is built, with this model's least.
-    The model runs about 20x the least run the budget assumes (10 ms), so that no CPU this
+    The model runs about 14x the least run the budget assumes (10 ms), so that no CPU this
     suite runs on makes it fast enough to pass (192x192 ran at 11-12 ms: 1.1x or less)."""
     model = _slow(size=512)
     rng = np.random.default_rng(0)
